@@ -1,0 +1,26 @@
+# One-command set-up: `make demo` runs the main job, `make test` the whole test suite.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export MUJOCO_GL ?= egl
+export PYTHONUNBUFFERED := 1
+
+.PHONY: demo test venv clean-venv expert-demo
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements-ros.txt setup.py package.xml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m vla_accel_ros.cli demos --episodes 3 --seed 1000 --out outputs/demo_expert
+
+test: $(STAMP)
+	$(PY) -m pytest -q test
+
+clean-venv:
+	rm -rf $(VENV)

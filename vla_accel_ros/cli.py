@@ -1,0 +1,42 @@
+"""The ``vla-accel`` command: every run the ros2 CLI would do, for machines without it.
+
+Each subcommand lives in its own module, which exposes ``add_arguments(parser)`` and
+``run(args) -> int``; modules are imported only when their subcommand runs, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demos": ("vla_accel_ros.sim.demos", "record scripted-expert demonstrations in the MuJoCo sim"),
+}
+
+
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vla-accel", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == selected:
+            importlib.import_module(module_name).add_arguments(sub_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    selected = next((a for a in argv if not a.startswith("-")), None)
+    if selected is not None and selected not in COMMANDS:
+        build_parser().error(f"unknown command '{selected}' (choose from {', '.join(COMMANDS)})")
+    args = build_parser(selected).parse_args(argv)
+    if args.command is None:
+        build_parser().print_help()
+        return 2
+    return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""The one observation type shared by the sim, the policy, the controller and the node."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the policy sees at one control step.
+
+    image: RGB uint8, shape (H, W, 3).
+    instruction: free text, e.g. "pick up the red cube".
+    joint_pos: arm joint positions in the arm's joint order (rad or m), shape (n_arm,).
+    gripper: finger opening in metres (sum of both fingers' travel is not used: one finger's).
+    stamp: time of the observation in seconds (sim or ROS time).
+    """
+
+    image: np.ndarray
+    instruction: str
+    joint_pos: np.ndarray
+    gripper: float
+    stamp: float = 0.0
+
+    @property
+    def proprio(self) -> np.ndarray:
+        """Proprioception vector fed to the policy: arm joints then gripper opening."""
+        return np.concatenate([np.asarray(self.joint_pos, np.float32), np.float32([self.gripper])])

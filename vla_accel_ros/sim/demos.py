@@ -1,0 +1,99 @@
+"""``vla-accel demos``: record scripted-expert demonstrations.
+
+On-disk format (one directory):
+
+- ``episode_00000.npz`` … (``numpy.savez_compressed``; load with ``allow_pickle=False``), holding
+  ``images`` uint8 (T, H, W, 3) RGB from the front camera; ``joint_pos`` float32 (T, 7) in the arm's
+  joint order; ``gripper`` float32 (T,) one finger's opening in m; ``actions`` float32 (T, 7), the
+  expert's action taken at step t (OpenVLA convention); ``near_contact`` bool (T,) and
+  ``target_clearance`` float32 (T,) (gripper-to-target distance at the observation); ``tcp_pos``
+  float32 (T, 3); and 0-d ``instruction`` (str), ``color`` (str), ``success`` (bool), ``seed`` (int).
+- ``summary.json``: ``episodes``, ``success_rate``, ``seed``, ``image_size``, ``control_hz``,
+  ``max_steps``, ``steps_total``, ``failed_seeds``.
+
+Episode ``i`` uses seed ``seed + i``. Training demos use seeds below 100000; evaluation uses seeds
+from 100000 up, so evaluation scenes are never training scenes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
+from vla_accel_ros.sim.expert import run_expert_episode
+
+EVAL_SEED_START = 100_000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--episodes", type=int, required=True, help="number of episodes")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first episode (episode i uses seed+i)")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--image-size", type=int, default=128, help="camera image side in pixels")
+    parser.add_argument("--max-steps", type=int, default=120, help="episode step limit at 20 Hz")
+    parser.add_argument("--only-successes", action="store_true", help="keep only successful episodes on disk")
+
+
+def record_demos(
+    out: Path, episodes: int, seed: int, config: SimConfig, only_successes: bool = False, progress: bool = True
+) -> dict:
+    if episodes < 1:
+        raise ValueError(f"--episodes must be >= 1, got {episodes}")
+    out.mkdir(parents=True, exist_ok=True)
+    successes, steps_total, failed = 0, 0, []
+    start = time.perf_counter()
+    with PickCubeEnv(config) as env:
+        bar = tqdm(range(episodes), desc="demos", unit="ep", disable=not progress)
+        for i in bar:
+            episode_seed = seed + i
+            result = run_expert_episode(env, episode_seed, record=True)
+            successes += int(result["success"])
+            steps_total += result["steps"]
+            if not result["success"]:
+                failed.append(episode_seed)
+            bar.set_postfix(success=f"{successes / (i + 1):.0%}")
+            if only_successes and not result["success"]:
+                continue
+            np.savez_compressed(
+                out / f"episode_{i:05d}.npz",
+                images=np.stack(result["images"]),
+                joint_pos=np.stack(result["joint_pos"]),
+                gripper=np.asarray(result["gripper"], np.float32),
+                actions=np.stack(result["actions"]).astype(np.float32),
+                near_contact=np.asarray(result["near_contact"], bool),
+                target_clearance=np.asarray(result["target_clearance"], np.float32),
+                tcp_pos=np.stack(result["tcp_pos"]).astype(np.float32),
+                instruction=np.array(result["instruction"]),
+                color=np.array(result["color"]),
+                success=np.array(bool(result["success"])),
+                seed=np.array(episode_seed, np.int64),
+            )
+    summary = {
+        "episodes": episodes,
+        "success_rate": successes / episodes,
+        "seed": seed,
+        "image_size": config.image_size,
+        "control_hz": config.control_hz,
+        "max_steps": config.max_steps,
+        "steps_total": steps_total,
+        "failed_seeds": failed,
+        "wall_s": round(time.perf_counter() - start, 2),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    config = SimConfig(image_size=args.image_size, max_steps=args.max_steps)
+    summary = record_demos(args.out, args.episodes, args.seed, config, args.only_successes)
+    print(
+        f"expert: {summary['success_rate']:.1%} success over {summary['episodes']} episodes "
+        f"(seeds {args.seed}..{args.seed + args.episodes - 1}), {summary['steps_total']} steps -> {args.out}"
+    )
+    return 0

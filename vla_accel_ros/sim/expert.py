@@ -1,0 +1,112 @@
+"""A scripted expert for the pick-cube task, in the OpenVLA action convention.
+
+It reads the privileged sim state (cube pose, TCP pose) and moves through four phases: above the
+cube, down to it, close the gripper, lift. Each action is an end-effector delta for one control
+step, executed by the environment through the same IK path the node uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pinocchio as pin
+
+from vla_accel_ros.observation import Observation
+from vla_accel_ros.sim.env import NEAR_CONTACT_DISTANCE, PickCubeEnv
+
+# The TCP's home orientation: gripper pointing straight down.
+R_DOWN = np.diag([1.0, -1.0, -1.0])
+
+
+@dataclass(frozen=True)
+class ExpertConfig:
+    max_translation: float = 0.02  # m per step (0.4 m/s at 20 Hz)
+    max_rotation: float = 0.06  # rad per step
+    gain: float = 0.7  # fraction of the remaining error removed per step
+    hover_height: float = 0.10  # above the cube centre before descending
+    grasp_height: float = 0.0  # TCP height over the cube centre when closing
+    lift_height: float = 0.16
+    xy_tolerance: float = 0.008
+    z_tolerance: float = 0.008
+    close_steps: int = 6
+
+
+def _yaw_target(cube_rotation: np.ndarray, tcp_rotation: np.ndarray) -> float:
+    """Gripper yaw aligned with the cube, choosing the closest of its 90-degree symmetric faces."""
+    cube_yaw = np.arctan2(cube_rotation[1, 0], cube_rotation[0, 0])
+    tcp_yaw = np.arctan2(tcp_rotation[1, 0], tcp_rotation[0, 0])
+    return tcp_yaw + (cube_yaw - tcp_yaw + np.pi / 4) % (np.pi / 2) - np.pi / 4
+
+
+def _rz(yaw: float) -> np.ndarray:
+    c, s = np.cos(yaw), np.sin(yaw)
+    return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+
+
+class ScriptedExpert:
+    """Phase machine: approach -> descend -> close -> lift."""
+
+    def __init__(self, env: PickCubeEnv, config: ExpertConfig | None = None) -> None:
+        self.env = env
+        self.config = config or ExpertConfig()
+        self.reset()
+
+    def reset(self) -> None:
+        self.phase = "approach"
+        self._closed_steps = 0
+        self._yaw: float | None = None
+
+    def act(self, obs: Observation | None = None) -> np.ndarray:
+        cfg = self.config
+        env = self.env
+        cube = env.cube_position(env.color)
+        tcp, tcp_rot = env.tcp_pose()
+        if self._yaw is None:
+            self._yaw = _yaw_target(env.cube_rotation(env.color), tcp_rot)
+        gripper = 1.0
+        if self.phase == "approach":
+            goal = cube + np.array([0.0, 0.0, cfg.hover_height])
+            if np.linalg.norm((goal - tcp)[:2]) < cfg.xy_tolerance and abs(goal[2] - tcp[2]) < 0.02:
+                self.phase = "descend"
+        if self.phase == "descend":
+            goal = cube + np.array([0.0, 0.0, cfg.grasp_height])
+            if np.linalg.norm((goal - tcp)[:2]) < 1.5 * cfg.xy_tolerance and abs(goal[2] - tcp[2]) < cfg.z_tolerance:
+                self.phase = "close"
+        if self.phase == "close":
+            goal = tcp.copy()
+            gripper = 0.0
+            self._closed_steps += 1
+            if self._closed_steps >= cfg.close_steps:
+                self.phase = "lift"
+        if self.phase == "lift":
+            goal = np.array([tcp[0], tcp[1], cube[2] + cfg.lift_height])
+            gripper = 0.0
+
+        translation = cfg.gain * (goal - tcp)
+        norm = np.linalg.norm(translation)
+        if norm > cfg.max_translation:
+            translation *= cfg.max_translation / norm
+        rotation = pin.log3(_rz(self._yaw) @ R_DOWN @ tcp_rot.T)
+        rotation = np.clip(cfg.gain * rotation, -cfg.max_rotation, cfg.max_rotation)
+        return np.concatenate([translation, rotation, [gripper]]).astype(np.float32)
+
+
+def run_expert_episode(env: PickCubeEnv, seed: int, record: bool = False) -> dict:
+    """Run one expert episode; return success and, if ``record``, every step's data."""
+    expert = ScriptedExpert(env)
+    obs = env.reset(seed)
+    steps: dict[str, list] = {k: [] for k in ("images", "joint_pos", "gripper", "actions", "near_contact", "target_clearance", "tcp_pos")}
+    while not env.done:
+        action = expert.act(obs)
+        if record:
+            steps["images"].append(obs.image)
+            steps["joint_pos"].append(obs.joint_pos.astype(np.float32))
+            steps["gripper"].append(np.float32(obs.gripper))
+            steps["actions"].append(action)
+            clearance = env.target_clearance()  # at the observation, the label a contact head learns
+            steps["near_contact"].append(clearance < NEAR_CONTACT_DISTANCE)
+            steps["target_clearance"].append(np.float32(clearance))
+            steps["tcp_pos"].append(env.tcp_pose()[0])
+        obs, _ = env.step(action)
+    return {"success": env.success(), "steps": env.steps, "color": env.color, "instruction": env.instruction, **steps}

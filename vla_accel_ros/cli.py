@@ -13,6 +13,8 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demos": ("vla_accel_ros.sim.demos", "record scripted-expert demonstrations in the MuJoCo sim"),
+    "train": ("vla_accel_ros.train", "train the policy (target VLA, draft head, contact head) on demonstrations"),
+    "sim-speed": ("vla_accel_ros.sim.throughput", "measure sim steps/s with and without rendering"),
 }
 
 

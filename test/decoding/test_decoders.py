@@ -1,0 +1,189 @@
+"""Every decoder on a tiny real policy (random weights): exactness, pass counts, deadlines."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from vla_accel_ros.decoding import DECODERS, DecodeContext, EpisodeHistory, make_decoder, run_policy_step
+from vla_accel_ros.kalman import JointKalmanFilter
+from vla_accel_ros.kinematics import ArmKinematics
+from vla_accel_ros.models import Policy, VLAConfig
+from vla_accel_ros.observation import Observation
+from vla_accel_ros.resources import default_urdf
+from vla_accel_ros.tokenizer import ActionTokenizer
+
+torch.set_num_threads(1)
+Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
+IMAGE = 32
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    config = VLAConfig(
+        image_size=IMAGE, patch_size=16, d_model=32, n_heads=2, n_layers=2, vision_layers=1,
+        max_text_len=16, local_channels=8, contact_hidden=8,
+    )
+    tokenizer = ActionTokenizer(-np.full(7, 0.02), np.full(7, 0.02))
+    return Policy.create(config, tokenizer, seed=3)
+
+
+@pytest.fixture(scope="module")
+def kin() -> ArmKinematics:
+    return ArmKinematics(default_urdf())
+
+
+def observations(n: int, seed: int = 0) -> list[Observation]:
+    rng = np.random.default_rng(seed)
+    return [
+        Observation(
+            image=rng.integers(0, 256, (IMAGE, IMAGE, 3), dtype=np.uint8),
+            instruction=f"pick up the {'red green blue'.split()[i % 3]} cube",
+            joint_pos=Q_HOME + rng.normal(0, 0.1, 7),
+            gripper=0.04,
+            stamp=0.05 * i,
+        )
+        for i in range(n)
+    ]
+
+
+def converged_filter(kin: ArmKinematics) -> JointKalmanFilter:
+    kf = JointKalmanFilter(kin, dt=0.05)
+    for i in range(6):
+        kf.update(Q_HOME + np.array([0.05, -0.03, 0.02, 0.04, 0.0, 0.03, 0.0]) * i, 0.05 * i)
+    return kf
+
+
+class TickClock:
+    """A clock that moves on by ``tick`` seconds each time it is read: decisions are reproducible."""
+
+    def __init__(self, tick: float) -> None:
+        self.counter = itertools.count()
+        self.tick = tick
+
+    def __call__(self) -> float:
+        return next(self.counter) * self.tick
+
+
+def test_registry_names_and_errors() -> None:
+    assert DECODERS == ("ar", "sd", "kerv_released", "kerv", "world_aware", "deadline")
+    for name in DECODERS:
+        assert make_decoder(name).name == name
+    with pytest.raises(ValueError, match="unknown decoder 'beam'"):
+        make_decoder("beam")
+    with pytest.raises(ValueError, match="sd"):
+        make_decoder("sd", r_min=3)
+    with pytest.raises(ValueError, match="r_min"):
+        make_decoder("kerv", r_min=9, r_max=2)
+    with pytest.raises(ValueError, match="r"):
+        make_decoder("sd", r=-1)
+
+
+def test_ar_matches_policy_greedy_decoding(policy: Policy) -> None:
+    for obs in observations(3):
+        prefix = policy.prefill(obs)
+        result = make_decoder("ar").decode(policy, prefix, DecodeContext())
+        np.testing.assert_array_equal(result.tokens, policy.greedy_decode(prefix)[0].numpy())
+        assert result.target_passes == 7 and result.draft_passes == 0
+        np.testing.assert_allclose(result.action, policy.tokens_to_action(result.tokens))
+
+
+def test_exact_sd_and_kerv_agree_with_ar(policy: Policy, kin: ArmKinematics) -> None:
+    """r = 0: sd always gives AR's tokens; kerv gives them up to its bonus, and wholly when every
+    draft token was accepted."""
+    kf = converged_filter(kin)
+    sd, kerv, ar = make_decoder("sd", r=0), make_decoder("kerv", r_min=0, r_max=0), make_decoder("ar")
+    for obs in observations(8, seed=1):
+        prefix = policy.prefill(obs)
+        expected = ar.decode(policy, prefix, DecodeContext()).tokens
+        sd_result = sd.decode(policy, prefix, DecodeContext())
+        np.testing.assert_array_equal(sd_result.tokens, expected)
+        assert sd_result.rounds == sd_result.target_passes >= 1
+        for context in (DecodeContext(), DecodeContext(kalman=kf, gripper_history=(1.0,))):
+            k = kerv.decode(policy, prefix, context)
+            n = k.accepted_len
+            np.testing.assert_array_equal(k.tokens[: n + 1], expected[: n + 1])
+            if n == 7:
+                np.testing.assert_array_equal(k.tokens, expected)
+
+
+def test_kerv_and_world_aware_make_one_verify_pass(policy: Policy, kin: ArmKinematics) -> None:
+    kf = converged_filter(kin)
+    contexts = [
+        DecodeContext(),
+        DecodeContext(kalman=kf, gripper_history=(0.0,), joint_positions=np.stack([Q_HOME] * 5)),
+        DecodeContext(kalman=kf, target_clearance=0.0),
+    ]
+    for name, r in itertools.product(("kerv", "world_aware"), (0, 5, 15)):
+        decoder = make_decoder(name, r_min=r, r_max=r)
+        for obs, context in itertools.product(observations(4, seed=2), contexts):
+            result = decoder.decode(policy, policy.prefill(obs), context)
+            assert result.target_passes == 1 and result.rounds == 1
+            assert result.draft_passes == 7
+            assert result.tokens.shape == (7,) and np.all((0 <= result.tokens) & (result.tokens <= 254))
+            assert np.all(np.isfinite(result.action))
+
+
+def test_kerv_released_one_pass_on_forced_steps(policy: Policy) -> None:
+    decoder = make_decoder("kerv_released", r_start=0, r_min=0)
+    history = np.tile(np.arange(7, dtype=np.int64) * 30, (3, 1))
+    for obs in observations(4, seed=3):
+        prefix = policy.prefill(obs)
+        forced = decoder.decode(policy, prefix, DecodeContext(step=3, token_history=history))
+        assert forced.target_passes == 1 and forced.kf_filled == 7 - forced.accepted_len
+        ordinary = decoder.decode(policy, prefix, DecodeContext(step=2, token_history=history))
+        expected = make_decoder("ar").decode(policy, prefix, DecodeContext()).tokens
+        np.testing.assert_array_equal(ordinary.tokens, expected)  # r(t) = 0 here: exact SD
+
+
+def deadline_rounds(policy: Policy, obs: Observation, kf: JointKalmanFilter, time_left: float | None) -> tuple[int, int, int]:
+    decoder = make_decoder("deadline", r_min=0, r_max=0, margin_s=0.0, draft_step_s=0.0005, verify_s=0.004)
+    context = DecodeContext(kalman=kf, gripper_history=(1.0,), time_left_s=time_left, clock=TickClock(0.001))
+    result = decoder.decode(policy, policy.prefill(obs), context)
+    assert result.target_passes == result.rounds
+    assert result.tokens.shape == (7,)
+    return result.rounds, result.kf_filled, result.accepted_len
+
+
+def test_deadline_makes_fewer_rounds_as_time_runs_out(policy: Policy, kin: ArmKinematics) -> None:
+    kf = converged_filter(kin)
+    for obs in observations(3, seed=4):
+        budgets = [None, 0.2, 0.03, 0.015, 0.008, 0.003, 0.0, -0.01]
+        runs = [deadline_rounds(policy, obs, kf, t) for t in budgets]
+        rounds = [r for r, _, _ in runs]
+        assert all(b <= a for a, b in zip(rounds, rounds[1:])), rounds
+        assert rounds[0] > 1  # with r = 0 and a random draft head, unlimited time takes several rounds
+        assert rounds[-1] == 0 and runs[-1][1] == 7  # no time: the KF fills the whole action
+        no_deadline = make_decoder("sd", r=0).decode(policy, policy.prefill(obs), DecodeContext())
+        assert rounds[0] == no_deadline.rounds
+        for rounds_used, kf_filled, _ in runs:
+            assert (kf_filled > 0) == (rounds_used < rounds[0])
+
+
+def test_deadline_learns_pass_costs(policy: Policy, kin: ArmKinematics) -> None:
+    decoder = make_decoder("deadline")
+    assert decoder.verify_s is None
+    context = DecodeContext(kalman=converged_filter(kin), time_left_s=1.0, clock=TickClock(0.002))
+    decoder.decode(policy, policy.prefill(observations(1)[0]), context)
+    assert decoder.verify_s == pytest.approx(0.002)  # one tick around each pass
+    assert 0 < decoder.draft_step_s <= 0.002
+
+
+def test_run_policy_step_over_an_episode(policy: Policy, kin: ArmKinematics) -> None:
+    for name in DECODERS:
+        history = EpisodeHistory(JointKalmanFilter(kin, dt=0.05), max_steps=10, control_period_s=0.05)
+        for i, obs in enumerate(observations(5, seed=5)):
+            assert history.observe_joints(obs.joint_pos * 0 + Q_HOME + 0.01 * i, obs.stamp)
+            result = run_policy_step(policy, obs, make_decoder(name), history.context(time_left_s=0.05))
+            history.record(result)
+            assert set(result.timings) == {"prefill", "draft", "verify", "decode", "total"}
+            assert result.timings["total"] >= result.timings["prefill"] > 0
+            assert result.timings["total"] >= result.timings["decode"] >= result.timings["verify"]
+            assert result.decoder == name
+        context = history.context()
+        assert context.step == 5 and context.token_history.shape == (5, 7)
+        assert len(context.gripper_history) == 5 and context.kalman.converged
+    assert history.observe_joints(np.full(7, np.nan), 1.0) is False

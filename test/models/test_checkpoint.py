@@ -1,0 +1,167 @@
+"""Checkpoint round trip and every kind of bad checkpoint (each must name the file at fault)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from vla_accel_ros.models import CheckpointError, Policy, VLAConfig, load_checkpoint, save_checkpoint
+from vla_accel_ros.tokenizer import ActionTokenizer
+
+torch.set_num_threads(1)
+TINY = dict(image_size=32, patch_size=8, d_model=32, n_heads=2, n_layers=2, vision_layers=1, max_text_len=8,
+            local_channels=8, contact_hidden=8)
+RECIPE = {"seed": 3, "data": "demos/", "epochs": 1, "lr": 1e-3, "command": "vla-accel train --data demos/ --out x"}
+
+
+def make_policy() -> Policy:
+    policy = Policy.create(VLAConfig(**TINY), ActionTokenizer(np.linspace(-1, 0, 7), np.linspace(0.5, 2, 7)),
+                           proprio_mean=np.arange(8.0), proprio_std=np.full(8, 0.5), seed=1)
+    with torch.no_grad():  # make every part (draft, contact head included) non-trivial
+        for module in (policy.target, policy.draft, policy.contact_head):
+            for p in module.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.1)
+    return policy
+
+
+def outputs(policy: Policy) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8, generator=g)
+    text = torch.randint(0, 257, (2, 8), generator=g)
+    proprio = torch.randn(2, 8, generator=g)
+    prefix = policy.prefill_batch(images, text, proprio)
+    tokens = policy.greedy_decode(prefix)
+    return [policy.score(prefix, tokens).logits, *policy.draft_tokens(prefix, 7, None), policy.contact_logits(prefix)]
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> tuple[Policy, Path]:
+    policy = make_policy()
+    return policy, save_checkpoint(policy, tmp_path / "ckpt", RECIPE, metrics={"target_token_acc": 0.5})
+
+
+def test_round_trip_gives_identical_outputs(saved) -> None:
+    policy, path = saved
+    assert sorted(p.name for p in path.iterdir()) == ["model.json", "model.safetensors"]
+    loaded = load_checkpoint(path)
+    for a, b in zip(outputs(policy), outputs(loaded)):
+        assert torch.equal(a, b)
+    assert loaded.config == policy.config
+    np.testing.assert_array_equal(loaded.tokenizer.q01, policy.tokenizer.q01)
+    np.testing.assert_array_equal(loaded.tokenizer.q99, policy.tokenizer.q99)
+    np.testing.assert_array_equal(loaded.proprio_std, policy.proprio_std)
+    np.testing.assert_array_equal(loaded.proprio_mean, policy.proprio_mean)
+    assert loaded.info["recipe"] == RECIPE and loaded.info["metrics"]["target_token_acc"] == 0.5
+    meta = json.loads((path / "model.json").read_text())
+    assert {"format_version", "config", "tokenizer", "proprio_stats", "recipe"} <= set(meta)
+
+
+def test_float16_weights_load_close(tmp_path: Path) -> None:
+    policy = make_policy()
+    path = save_checkpoint(policy, tmp_path / "half", RECIPE, dtype="float16")
+    assert all(t.dtype == torch.float16 for t in load_file(str(path / "model.safetensors")).values())
+    loaded = load_checkpoint(path)
+    torch.testing.assert_close(outputs(loaded)[0], outputs(policy)[0], atol=0.05, rtol=0.05)
+
+
+def expect_error(path: Path, file_name: str, *fragments: str) -> None:
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert file_name in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_missing_directory(tmp_path: Path) -> None:
+    expect_error(tmp_path / "nowhere", "nowhere", "not found")
+
+
+@pytest.mark.parametrize("name", ["model.json", "model.safetensors"])
+def test_missing_file(saved, name: str) -> None:
+    _, path = saved
+    (path / name).unlink()
+    expect_error(path, name, "not found")
+
+
+def test_truncated_safetensors(saved) -> None:
+    _, path = saved
+    weights = path / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    expect_error(path, "model.safetensors", "cannot read")
+
+
+def test_garbage_safetensors(saved) -> None:
+    _, path = saved
+    (path / "model.safetensors").write_bytes(b"\x00\x01not a safetensors file" * 3)
+    expect_error(path, "model.safetensors", "cannot read")
+
+
+def test_bad_json(saved) -> None:
+    _, path = saved
+    (path / "model.json").write_text('{"format_version": 1, "config": ')
+    expect_error(path, "model.json", "invalid JSON")
+
+
+@pytest.mark.parametrize("key", ["config", "tokenizer", "proprio_stats", "format_version"])
+def test_missing_json_key(saved, key: str) -> None:
+    _, path = saved
+    meta = json.loads((path / "model.json").read_text())
+    del meta[key]
+    (path / "model.json").write_text(json.dumps(meta))
+    expect_error(path, "model.json", f"missing key '{key}'")
+
+
+def test_unknown_format_version(saved) -> None:
+    _, path = saved
+    meta = json.loads((path / "model.json").read_text())
+    meta["format_version"] = 99
+    (path / "model.json").write_text(json.dumps(meta))
+    expect_error(path, "model.json", "unknown format_version 99")
+
+
+def test_bad_config_values(saved) -> None:
+    _, path = saved
+    meta = json.loads((path / "model.json").read_text())
+    meta["config"]["n_heads"] = 5
+    (path / "model.json").write_text(json.dumps(meta))
+    expect_error(path, "model.json", "bad config")
+
+
+def test_missing_tensor(saved) -> None:
+    _, path = saved
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["draft.fc.weight"]
+    save_file(tensors, str(path / "model.safetensors"))
+    expect_error(path, "model.safetensors", "missing tensors", "draft.fc.weight")
+
+
+def test_shape_mismatch(saved) -> None:
+    _, path = saved
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["target.lm_head.weight"] = torch.zeros(256, 16)
+    save_file(tensors, str(path / "model.safetensors"))
+    expect_error(path, "model.safetensors", "target.lm_head.weight", "(256, 16)", "(256, 32)")
+
+
+def test_config_that_does_not_match_the_weights(saved, tmp_path: Path) -> None:
+    _, path = saved
+    other = tmp_path / "other"
+    shutil.copytree(path, other)
+    meta = json.loads((other / "model.json").read_text())
+    meta["config"]["d_model"] = 64
+    (other / "model.json").write_text(json.dumps(meta))
+    expect_error(other, "model.safetensors", "shape")
+
+
+def test_non_finite_weights(saved) -> None:
+    _, path = saved
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["contact_head.net.0.bias"][0] = float("nan")
+    save_file(tensors, str(path / "model.safetensors"))
+    expect_error(path, "model.safetensors", "contact_head.net.0.bias")

@@ -1,0 +1,246 @@
+"""Target VLA, prefixes with a KV cache, scoring, truncation and the draft head (tiny random models)."""
+
+import numpy as np
+import pytest
+import torch
+
+from vla_accel_ros.models import BOS, Policy, Prefix, VLAConfig
+from vla_accel_ros.observation import Observation
+from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer
+
+torch.set_num_threads(1)
+TINY = dict(image_size=32, patch_size=8, d_model=32, n_heads=2, n_layers=2, vision_layers=1, max_text_len=8,
+            local_channels=8, contact_hidden=8)
+TOL = 1e-5
+
+
+def make_policy(seed: int = 0) -> Policy:
+    policy = Policy.create(VLAConfig(**TINY), ActionTokenizer(np.full(7, -1.0), np.full(7, 1.0)),
+                           proprio_mean=np.linspace(-1, 1, 8), proprio_std=np.linspace(0.5, 2, 8), seed=seed)
+    # Break the near-uniform logits of a fresh init so greedy tokens vary with the input.
+    with torch.no_grad():
+        for p in policy.target.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.2)
+    return policy
+
+
+def make_batch(b: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (b, 32, 32, 3), dtype=torch.uint8, generator=g)
+    text = torch.randint(0, 257, (b, 8), generator=g)
+    proprio = torch.randn(b, 8, generator=g)
+    return images, text, proprio
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return make_policy()
+
+
+@pytest.fixture(scope="module")
+def batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return make_batch(2)
+
+
+def random_tokens(b: int, k: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, N_BINS - 1, (b, k), generator=torch.Generator().manual_seed(seed))
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="multiple of patch_size"):
+        VLAConfig(image_size=30, patch_size=8)
+    with pytest.raises(ValueError, match="divisible by n_heads"):
+        VLAConfig(d_model=30, n_heads=4)
+    with pytest.raises(ValueError, match="d_model"):
+        VLAConfig(d_model=0)
+    with pytest.raises(ValueError, match="unknown"):
+        VLAConfig.from_dict({**VLAConfig().to_dict(), "bogus": 1})
+    assert VLAConfig.from_dict(VLAConfig(**TINY).to_dict()) == VLAConfig(**TINY)
+    assert VLAConfig().n_patches == 64 and VLAConfig(**TINY).prefix_len == 16 + 8 + 2
+
+
+def test_kv_cached_decoding_equals_full_recompute(policy: Policy, batch) -> None:
+    images, text, proprio = batch
+    tokens = random_tokens(2, 7)
+    with torch.inference_mode():
+        full = policy.target(images, text, policy.normalise_proprio(proprio), tokens)  # (B, 7, 256), no cache
+    prefix = policy.prefill_batch(images, text, proprio)
+    cached = [policy.score(prefix, tokens[:, :0]).logits[:, 0]]
+    for i in range(6):
+        out = policy.score(prefix, tokens[:, i : i + 1])
+        prefix = out.prefix
+        cached.append(out.logits[:, -1])
+    torch.testing.assert_close(torch.stack(cached, 1), full, atol=TOL, rtol=0)
+    assert prefix.length == policy.config.prefix_len + 6 and prefix.n_tokens == 6
+
+
+@pytest.mark.parametrize("start, k", [(0, 7), (0, 1), (2, 3), (3, 4)])
+def test_score_k_tokens_equals_k_single_steps(policy: Policy, batch, start: int, k: int) -> None:
+    images, text, proprio = batch
+    tokens = random_tokens(2, start + k, seed=start + k)
+    prefix = policy.prefill_batch(images, text, proprio)
+    if start:
+        prefix = policy.score(prefix, tokens[:, :start]).prefix
+    one_pass = policy.score(prefix, tokens[:, start:])
+    assert one_pass.logits.shape == (2, k + 1, N_BINS)
+    step = prefix
+    for i in range(k + 1):
+        out = policy.score(step, tokens[:, start + i : start + i + 1] if i < k else tokens[:, :0])
+        torch.testing.assert_close(one_pass.logits[:, i], out.logits[:, 0], atol=TOL, rtol=0)
+        step = out.prefix
+    for (k1, v1), (k2, v2) in zip(one_pass.prefix.kv, step.kv):
+        torch.testing.assert_close(k1, k2, atol=TOL, rtol=0)
+        torch.testing.assert_close(v1, v2, atol=TOL, rtol=0)
+    torch.testing.assert_close(one_pass.prefix.hidden_last, step.hidden_last, atol=TOL, rtol=0)
+    assert torch.equal(one_pass.prefix.tokens, tokens)
+
+
+def test_score_leaves_the_prefix_untouched(policy: Policy, batch) -> None:
+    prefix = policy.prefill_batch(*batch)
+    before = [t.clone() for kv in prefix.kv for t in kv] + [prefix.hidden_last.clone()]
+    policy.score(prefix, random_tokens(2, 5))
+    after = [t for kv in prefix.kv for t in kv] + [prefix.hidden_last]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert prefix.n_tokens == 0 and prefix.length == policy.config.prefix_len
+
+
+def test_truncate(policy: Policy, batch) -> None:
+    tokens = random_tokens(2, 7, seed=5)
+    base = policy.score(policy.prefill_batch(*batch), tokens[:, :2]).prefix
+    extended = policy.score(base, tokens[:, 2:7]).prefix
+    for m in range(6):
+        cut = extended.truncate(m)
+        direct = policy.score(base, tokens[:, 2 : 2 + m]).prefix
+        assert cut.length == direct.length == policy.config.prefix_len + 2 + m
+        assert torch.equal(cut.tokens, tokens[:, : 2 + m])
+        torch.testing.assert_close(cut.hidden_last, direct.hidden_last, atol=TOL, rtol=0)
+        # continuing from a truncated prefix equals continuing from a directly built one
+        if cut.n_tokens < 7:
+            nxt = tokens[:, :1]
+            from_cut, from_direct = policy.score(cut, nxt).logits, policy.score(direct, nxt).logits
+            torch.testing.assert_close(from_cut, from_direct, atol=TOL, rtol=0)
+    zero = extended.truncate(0)
+    torch.testing.assert_close(zero.hidden_last, base.hidden_last, atol=0, rtol=0)
+    with pytest.raises(ValueError):
+        extended.truncate(6)
+    with pytest.raises(ValueError):
+        extended.truncate(-1)
+    assert extended.n_tokens == 7  # truncate never changes the prefix it is called on
+
+
+def test_score_rejects_bad_tokens_and_overlong_actions(policy: Policy, batch) -> None:
+    prefix = policy.prefill_batch(*batch)
+    with pytest.raises(ValueError):
+        policy.score(prefix, torch.full((2, 1), BOS))
+    with pytest.raises(ValueError):
+        policy.score(prefix, torch.zeros(1, 1, dtype=torch.long))
+    with pytest.raises(ValueError):
+        policy.score(prefix, torch.zeros(2, 1, dtype=torch.int32))
+    full = policy.score(prefix, random_tokens(2, 7)).prefix
+    with pytest.raises(ValueError, match="exceed"):
+        policy.score(full, random_tokens(2, 1))
+
+
+def test_draft_tokens_shapes_determinism_and_first_token(policy: Policy, batch) -> None:
+    prefix = policy.prefill_batch(*batch)
+    tokens, logits = policy.draft_tokens(prefix, 7, None)
+    assert tokens.shape == (2, 7) and tokens.dtype == torch.long and logits.shape == (2, 7, N_BINS)
+    assert torch.equal(tokens, logits.argmax(-1))
+    again, again_logits = policy.draft_tokens(prefix, 7, None)
+    assert torch.equal(tokens, again) and torch.equal(logits, again_logits)
+    # the first proposal is the target's own greedy token
+    greedy = policy.greedy_decode(prefix)
+    assert torch.equal(tokens[:, 0], greedy[:, 0])
+    torch.testing.assert_close(logits[:, 0], policy.score(prefix, greedy[:, :0]).logits[:, 0], atol=TOL, rtol=0)
+    # shorter drafts are prefixes of longer ones
+    assert torch.equal(policy.draft_tokens(prefix, 3, None)[0], tokens[:, :3])
+    empty, empty_logits = policy.draft_tokens(prefix, 0, None)
+    assert empty.shape == (2, 0) and empty_logits.shape == (2, 0, N_BINS)
+
+
+def test_draft_tokens_after_consumed_tokens(policy: Policy, batch) -> None:
+    prefix = policy.prefill_batch(*batch)
+    consumed = random_tokens(2, 4, seed=9)
+    mid = policy.score(prefix, consumed).prefix.truncate(3)
+    tokens, _ = policy.draft_tokens(mid, 4, consumed[:, 2])
+    assert tokens.shape == (2, 4)
+    assert torch.equal(tokens[:, 0], policy.score(mid, consumed[:, :0]).logits[:, 0].argmax(-1))
+    with pytest.raises(ValueError, match="last_token"):
+        policy.draft_tokens(mid, 4, (consumed[:, 2] + 1) % 255)
+    with pytest.raises(ValueError, match="start of the action"):
+        policy.draft_tokens(mid, 4, None)
+    with_bos = policy.draft_tokens(prefix, 2, torch.full((2,), BOS))[0]
+    assert torch.equal(with_bos, policy.draft_tokens(prefix, 2, None)[0])
+    with pytest.raises(ValueError):
+        policy.draft_tokens(prefix, -1, None)
+
+
+def test_draft_depends_on_the_draft_head(batch) -> None:
+    a, b = make_policy(), make_policy()
+    with torch.no_grad():
+        for p in b.draft.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)))
+    prefix_a, prefix_b = a.prefill_batch(*batch), b.prefill_batch(*batch)
+    logits_a, logits_b = a.draft_tokens(prefix_a, 7, None)[1], b.draft_tokens(prefix_b, 7, None)[1]
+    torch.testing.assert_close(logits_a[:, 0], logits_b[:, 0])  # step 0 is the target's
+    assert not torch.allclose(logits_a[:, 1:], logits_b[:, 1:])
+
+
+def test_greedy_decode_matches_manual_loop(policy: Policy, batch) -> None:
+    prefix = policy.prefill_batch(*batch)
+    manual, step = [], prefix
+    logits = policy.score(step, random_tokens(2, 0)).logits[:, -1]
+    for i in range(7):
+        token = logits.argmax(-1, keepdim=True)
+        manual.append(token)
+        if i < 6:
+            out = policy.score(step, token)
+            step, logits = out.prefix, out.logits[:, -1]
+    assert torch.equal(policy.greedy_decode(prefix), torch.cat(manual, 1))
+
+
+def test_patch_encoder_is_local(policy: Policy) -> None:
+    images, _, _ = make_batch(1, seed=3)
+    target = policy.target
+    with torch.inference_mode():
+        patches = target.patchify(images)
+        local = target.encode_patches(patches)
+        subset = target.encode_patches(patches[:, [1, 5, 7]])
+        torch.testing.assert_close(subset, local[:, [1, 5, 7]], atol=TOL, rtol=0)
+        changed = images.clone()
+        changed[0, :8, 8:16] = 255 - changed[0, :8, 8:16]  # patch 1 (row 0, column 1)
+        local2 = target.encode_patches(target.patchify(changed))
+    moved = (local2 - local).abs().amax(-1)[0]
+    assert moved[1] > 0 and torch.all(moved[torch.arange(16) != 1] == 0)
+
+
+def test_patchify_keeps_colour(policy: Policy) -> None:
+    red = torch.zeros(1, 32, 32, 3, dtype=torch.uint8)
+    red[..., 0] = 255
+    patches = policy.target.patchify(red)
+    assert patches.shape == (1, 16, 3, 8, 8)
+    assert torch.all(patches[:, :, 0] == 1.0) and torch.all(patches[:, :, 1:] == -1.0)
+    with pytest.raises(ValueError):
+        policy.target.patchify(torch.zeros(1, 16, 16, 3, dtype=torch.uint8))
+
+
+def test_prefill_observation_and_local_tokens(policy: Policy) -> None:
+    rng = np.random.default_rng(0)
+    obs = Observation(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "red",
+                      rng.normal(size=7).astype(np.float32), 0.02)
+    prefix = policy.prefill(obs)
+    assert isinstance(prefix, Prefix) and prefix.batch_size == 1
+    assert prefix.hidden_last.shape == (1, 32) and prefix.pooled.shape == (1, 32)
+    images, text, proprio = policy.observation_tensors(obs)
+    reused = policy.prefill(obs, local_tokens=policy.encode_local(images))
+    torch.testing.assert_close(reused.hidden_last, prefix.hidden_last, atol=TOL, rtol=0)
+    other = policy.prefill(Observation(obs.image, "blue", obs.joint_pos, obs.gripper))
+    assert not torch.allclose(other.hidden_last, prefix.hidden_last)  # the instruction matters
+    p = policy.contact_probability(prefix)
+    assert 0.0 < p < 1.0
+    action = policy.tokens_to_action(policy.greedy_decode(prefix)[0])
+    assert action.shape == (7,) and np.all(np.abs(action) <= 1.0)
+    with pytest.raises(ValueError, match="image"):
+        policy.prefill(Observation(np.zeros((16, 16, 3), np.uint8), "x", obs.joint_pos, 0.0))
+    with pytest.raises(ValueError, match="proprio"):
+        policy.prefill(Observation(obs.image, "x", np.full(7, np.nan, np.float32), 0.0))

@@ -1,0 +1,204 @@
+"""``vla-accel bench``: every decoder on the same seeded episodes, side by side, in one process.
+
+Seeds are the outer loop and decoders the inner one, so machine noise hits every decoder alike;
+speed-ups are ratios of latencies measured in this one run. Besides the named decoders, an
+r sweep of ``sd`` (fixed r) and ``kerv`` (r_max = r, r_min = max(1, r // 3)) traces success
+against speed-up.
+
+Outputs in DIR: ``summary.json`` (decoder name -> ``success_rate``, ``ncf_rate``, ``ncf_share``,
+``mean_accepted_len``, ``target_passes_per_action``, ``decode_ms_p50``, ``total_ms_p50``,
+``total_ms_p99``, ``speedup_vs_ar``, ``decode_speedup_vs_ar``, …), ``sweep.json``, ``table.md``,
+``pareto.png`` (success vs speed-up over the sweep) and ``threshold_trace.png`` (r and acceptance
+per step of one episode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from vla_accel_ros.decoding import DECODERS, EpisodeHistory, make_decoder
+from vla_accel_ros.evaluate import EpisodeRecord, checkpoint_megabytes, peak_rss_mb, run_episode, summarize
+from vla_accel_ros.kalman import JointKalmanFilter
+from vla_accel_ros.models import load_checkpoint
+from vla_accel_ros.resources import default_checkpoint
+from vla_accel_ros.sim.demos import EVAL_SEED_START
+from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
+
+SWEEP_R = (3, 5, 9, 15, 20)
+
+
+@dataclass(frozen=True)
+class BenchEntry:
+    """One column of the bench: a decoder with its settings under a display name."""
+
+    name: str
+    decoder: str
+    settings: tuple[tuple[str, Any], ...] = ()
+    sweep_r: int | None = None
+
+
+def bench_entries(decoders: list[str], sweep: bool) -> list[BenchEntry]:
+    entries = [BenchEntry(name, name) for name in decoders]
+    if sweep:
+        for r in SWEEP_R:
+            entries.append(BenchEntry(f"sd@r={r}", "sd", (("r", r),), r))
+            entries.append(BenchEntry(f"kerv@r={r}", "kerv", (("r_min", max(1, r // 3)), ("r_max", r)), r))
+    return entries
+
+
+def row(summary: dict[str, Any], ar: dict[str, Any] | None) -> dict[str, Any]:
+    lat = summary["latency_ms"]
+    out = {
+        "success_rate": summary["success_rate"],
+        "ncf_rate": summary["ncf_rate"],
+        "ncf_share": summary["ncf_share"],
+        "mean_accepted_len": summary["mean_accepted_len"],
+        "acceptance_rate": summary["acceptance_rate"],
+        "target_passes_per_action": summary["target_passes_per_action"],
+        "prefill_ms_p50": lat["prefill_p50"],
+        "decode_ms_p50": lat["decode_p50"],
+        "total_ms_p50": lat["total_p50"],
+        "total_ms_p99": lat["total_p99"],
+        "episodes": summary["episodes"],
+    }
+    if ar is not None:
+        out["speedup_vs_ar"] = ar["latency_ms"]["total_p50"] / lat["total_p50"]
+        out["decode_speedup_vs_ar"] = ar["latency_ms"]["decode_p50"] / lat["decode_p50"]
+    return out
+
+
+def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
+    header = "| decoder | SR | NCF rate | NCF share | accepted len | target passes/action | decode ms p50 | total ms p50 | total ms p99 | decode speed-up | e2e speed-up |"
+    lines = [header, "|" + "---|" * 11]
+    for name, r in rows.items():
+        lines.append(
+            f"| {name} | {r['success_rate']:.0%} | {r['ncf_rate']:.0%} | {r['ncf_share']:.0%} | {r['mean_accepted_len']:.2f} | "
+            f"{r['target_passes_per_action']:.2f} | {r['decode_ms_p50']:.2f} | {r['total_ms_p50']:.2f} | "
+            f"{r['total_ms_p99']:.2f} | {r.get('decode_speedup_vs_ar', float('nan')):.2f}x | {r.get('speedup_vs_ar', float('nan')):.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def plot_pareto(sweep: dict[str, dict[str, Any]], main: dict[str, dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for family, color in (("sd", "tab:orange"), ("kerv", "tab:blue")):
+        pts = sorted((v["sweep_r"], v["speedup_vs_ar"], v["success_rate"]) for k, v in sweep.items() if k.startswith(family + "@"))
+        if pts:
+            ax.plot([p[1] for p in pts], [p[2] for p in pts], "o-", color=color, label=f"{family} (r sweep)")
+            for r, x, y in pts:
+                ax.annotate(f"r={r}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for name, v in main.items():
+        ax.scatter([v.get("speedup_vs_ar", 1.0)], [v["success_rate"]], marker="s", s=40, label=name, zorder=3)
+    ax.set_xlabel("end-to-end speed-up vs AR (same run)")
+    ax.set_ylabel("success rate")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_threshold_trace(records: dict[str, EpisodeRecord], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_a) = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
+    for name, rec in records.items():
+        ax_r.plot(rec.thresholds, label=name)
+        ax_a.plot(rec.accepted, label=name)
+    ax_r.set_ylabel("threshold r (bins)")
+    ax_a.set_ylabel("accepted draft tokens")
+    ax_a.set_xlabel(f"control step (seed {next(iter(records.values())).seed})")
+    ax_r.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--episodes", type=int, default=50, help="episodes per decoder (same seeds for all)")
+    parser.add_argument("--seed", type=int, default=EVAL_SEED_START, help="first seed (held out)")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: shipped)")
+    parser.add_argument("--decoders", default=",".join(DECODERS), help="comma-separated decoder names")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the r sweep of sd and kerv")
+    parser.add_argument("--max-steps", type=int, default=120)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+
+
+def run(args: argparse.Namespace) -> int:
+    decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
+    unknown = [d for d in decoders if d not in DECODERS]
+    if unknown:
+        raise SystemExit(f"unknown decoders: {', '.join(unknown)} (choose from {', '.join(DECODERS)})")
+    if "ar" not in decoders:
+        decoders.insert(0, "ar")  # every speed-up is relative to AR from this same run
+    torch.set_num_threads(args.threads)
+    ckpt = args.checkpoint or default_checkpoint()
+    policy = load_checkpoint(ckpt)
+    entries = bench_entries(decoders, sweep=not args.no_sweep)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    records: dict[str, list[EpisodeRecord]] = {e.name: [] for e in entries}
+    with PickCubeEnv(SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)) as env:
+        runners = {
+            e.name: (
+                make_decoder(e.decoder, **dict(e.settings)),
+                EpisodeHistory(JointKalmanFilter(env.kin, env.control_dt), max_steps=args.max_steps, control_period_s=env.control_dt),
+            )
+            for e in entries
+        }
+        bar = tqdm(total=args.episodes * len(entries), desc="bench", unit="ep")
+        for i in range(args.episodes):
+            for entry in entries:
+                decoder, history = runners[entry.name]
+                records[entry.name].append(run_episode(env, policy, decoder, history, args.seed + i))
+                bar.update(1)
+            bar.set_postfix({n: f"{np.mean([r.success for r in records[n]]):.0%}" for n in decoders[:4]})
+        bar.close()
+
+    summaries = {name: summarize(recs) for name, recs in records.items()}
+    ar = summaries["ar"]
+    main_rows = {e.name: row(summaries[e.name], ar) for e in entries if e.sweep_r is None}
+    sweep_rows = {e.name: dict(row(summaries[e.name], ar), sweep_r=e.sweep_r, decoder=e.decoder) for e in entries if e.sweep_r is not None}
+    meta = {
+        "seed": args.seed,
+        "episodes": args.episodes,
+        "checkpoint": str(ckpt),
+        "checkpoint_mb": checkpoint_megabytes(ckpt),
+        "peak_rss_mb": peak_rss_mb(),
+        "wall_s": time.perf_counter() - start,
+        "threads": args.threads,
+    }
+    (args.out / "summary.json").write_text(json.dumps(main_rows, indent=2))
+    (args.out / "sweep.json").write_text(json.dumps(sweep_rows, indent=2))
+    (args.out / "meta.json").write_text(json.dumps(meta, indent=2))
+    table = markdown_table(main_rows)
+    sweep_table = markdown_table(sweep_rows) if sweep_rows else ""
+    (args.out / "table.md").write_text(table + ("\n\nr sweep:\n\n" + sweep_table if sweep_table else "") + "\n")
+    if sweep_rows:
+        plot_pareto(sweep_rows, main_rows, args.out / "pareto.png")
+    traced = {n: records[n][0] for n in ("kerv", "world_aware", "sd", "kerv_released") if n in records}
+    if traced:
+        plot_threshold_trace(traced, args.out / "threshold_trace.png")
+    print(table)
+    if sweep_table:
+        print("\nr sweep:\n" + sweep_table)
+    print(f"bench: {args.episodes} episodes x {len(entries)} decoder settings in {meta['wall_s']:.0f} s -> {args.out}")
+    return 0

@@ -1,0 +1,29 @@
+"""Autoregressive greedy decoding: the baseline, 7 sequential target passes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vla_accel_ros.decoding.base import N_ACTION_TOKENS, DecodeContext, DecodeResult, PassLedger, PolicyLike
+
+
+class ARDecoder:
+    """Greedy: the first pass scores the bare prefix (k=0), each later one feeds the previous token
+    (k=1) on the prefix extended so far."""
+
+    name = "ar"
+
+    def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
+        started = context.clock()
+        ledger = PassLedger(policy, context.clock)
+        with torch.inference_mode():
+            argmax, _ = ledger.score(prefix, [])
+            tokens = [int(argmax[0])]
+            while len(tokens) < N_ACTION_TOKENS:
+                argmax, prefix = ledger.score(prefix, [tokens[-1]])
+                tokens.append(int(argmax[1]))
+        return ledger.result(
+            self.name, tokens, accepted_len=0, drafted=0, rounds=0, kf_filled=0, threshold=None, started=started
+        )

@@ -1,0 +1,127 @@
+"""Deadline-aware decoding: as many draft/verify rounds as the control period still affords.
+
+Policy, re-evaluated before every round on ``context.clock``:
+1. budget = time left until the deadline (``context.time_left_s`` after the decode started)
+   minus a safety margin;
+2. a round drafting n tokens costs ``n * draft_step + verify`` by running averages (exponential,
+   weight ``ema``) of this decoder's own measured pass costs (optimistic 0 until first measured,
+   unless priors are configured);
+3. if a round with at least one draft token fits, draft the largest affordable n (at most the
+   tokens still missing), verify once with the kinematic threshold (as in ``kerv``), keep the
+   accepted prefix and the target's bonus token, and go back to 1;
+4. otherwise (out of time, or ``max_rounds`` used) the joint-space KF fills the missing positions;
+   positions it cannot fill (no converged filter; the gripper without history) take draft tokens,
+   the cheapest model output.
+Without a deadline (``time_left_s`` None) this is relaxed speculative decoding with the kinematic r.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from vla_accel_ros.decoding.base import (
+    DecodeContext,
+    DecodeResult,
+    PassLedger,
+    PolicyLike,
+    SpecState,
+    speculative_round,
+)
+from vla_accel_ros.decoding.kerv import KervConfig, KervDecoder, kf_completion_tokens
+
+
+@dataclass(frozen=True)
+class DeadlineConfig(KervConfig):
+    margin_s: float = 0.001
+    ema: float = 0.3
+    draft_step_s: float | None = None
+    verify_s: float | None = None
+    max_rounds: int = 7
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (math.isfinite(self.margin_s) and self.margin_s >= 0):
+            raise ValueError(f"DeadlineConfig.margin_s must be >= 0 seconds, got {self.margin_s}")
+        if not 0 < self.ema <= 1:
+            raise ValueError(f"DeadlineConfig.ema must be in (0, 1], got {self.ema}")
+        for name in ("draft_step_s", "verify_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"DeadlineConfig.{name} must be None or >= 0 seconds, got {value}")
+        if self.max_rounds < 1:
+            raise ValueError(f"DeadlineConfig.max_rounds must be >= 1, got {self.max_rounds}")
+
+
+class DeadlineDecoder(KervDecoder):
+    name = "deadline"
+    config_type = DeadlineConfig
+
+    def __init__(self, **cfg: Any) -> None:
+        super().__init__(**cfg)
+        self.draft_step_s: float | None = self.config.draft_step_s
+        self.verify_s: float | None = self.config.verify_s
+
+    def _average(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.config.ema) * old + self.config.ema * new
+
+    def round_cost(self, n_draft: int) -> float:
+        """Expected seconds of one round drafting n tokens (0 for costs not yet measured)."""
+        return n_draft * (self.draft_step_s or 0.0) + (self.verify_s or 0.0)
+
+    def affordable_draft(self, budget_s: float, missing: int) -> int:
+        """Largest draft length in 1..missing whose round fits the budget; 0 if none does."""
+        for n in range(missing, 0, -1):
+            if self.round_cost(n) <= budget_s:
+                return n
+        return 0
+
+    def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
+        cfg = self.config
+        clock = context.clock
+        started = clock()
+        deadline = math.inf if context.time_left_s is None else started + context.time_left_s
+        ledger = PassLedger(policy, clock)
+        state = SpecState(prefix=prefix)
+        kf_filled = 0
+        with torch.inference_mode():
+            r = self.threshold(policy, prefix, context)
+            while state.remaining > 0 and state.rounds < cfg.max_rounds:
+                n = self.affordable_draft(deadline - clock() - cfg.margin_s, state.remaining)
+                if n == 0:
+                    break
+                speculative_round(ledger, state, r, n)
+                self.draft_step_s = self._average(self.draft_step_s, ledger.last_draft_s / n)
+                self.verify_s = self._average(self.verify_s, ledger.last_verify_s)
+            if state.remaining > 0:
+                kf_filled = self._complete(ledger, state, policy, context)
+        return ledger.result(
+            self.name,
+            state.tokens,
+            accepted_len=state.accepted,
+            drafted=state.drafted,
+            rounds=state.rounds,
+            kf_filled=kf_filled,
+            threshold=r,
+            started=started,
+        )
+
+    def _complete(self, ledger: PassLedger, state: SpecState, policy: PolicyLike, context: DecodeContext) -> int:
+        """Fill the missing positions: KF tokens where known, draft tokens elsewhere."""
+        start = len(state.tokens)
+        missing = np.arange(start, len(state.tokens) + state.remaining)
+        filled = np.full(len(missing), -1, dtype=np.int64)
+        completion = kf_completion_tokens(policy, context)
+        if completion is not None:
+            fill, known = completion
+            filled = np.where(known[missing], fill[missing], -1)
+        if np.any(filled < 0):
+            draft = ledger.draft(state.prefix, len(missing), state.consumed_last, state.pending)
+            filled = np.where(filled < 0, draft, filled)
+        n_kf = int(np.sum(known[missing])) if completion is not None else 0
+        state.tokens.extend(int(t) for t in filled)
+        return n_kf

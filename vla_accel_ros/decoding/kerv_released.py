@@ -1,0 +1,105 @@
+"""KERV as its public code behaves: a token-space random-walk Kalman filter and a time-decayed r.
+
+Per action dimension, a random-walk KF runs over the token ids of every previous step of the
+episode (x0 = the first step's token, Q = 1, R = 1e-3, P0 = 10); its rounded, clamped state
+predicts the next token. With R much smaller than Q this is in effect "repeat the last token".
+
+On every 4th step, ``(step + 1) % 4 == 0``, completion is forced: one draft/verify round, the
+relaxed-accepted prefix is kept and the filter fills the rest, with no second pass. Every other
+step runs ordinary relaxed speculative decoding until all 7 tokens exist. r decays with the step
+index (see :func:`thresholds.released_schedule_threshold`); nothing here looks at kinematics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from vla_accel_ros.decoding.base import (
+    MAX_TOKEN_ID,
+    N_ACTION_TOKENS,
+    DecodeContext,
+    DecodeResult,
+    PassLedger,
+    PolicyLike,
+    SpecState,
+    accepted_length,
+    speculative_round,
+)
+from vla_accel_ros.decoding.thresholds import released_schedule_threshold
+
+
+@dataclass(frozen=True)
+class KervReleasedConfig:
+    r_start: int = 15
+    r_min: int = 3
+    q: float = 1.0
+    r_noise: float = 1e-3
+    p0: float = 10.0
+    period: int = 4
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.r_min <= self.r_start:
+            raise ValueError(f"KervReleasedConfig needs 0 <= r_min <= r_start, got {self.r_min}, {self.r_start}")
+        if self.q <= 0 or self.r_noise <= 0 or self.p0 <= 0:
+            raise ValueError("KervReleasedConfig q, r_noise and p0 must be > 0")
+        if self.period < 1:
+            raise ValueError(f"KervReleasedConfig.period must be >= 1, got {self.period}")
+
+
+def token_filter_prediction(history: np.ndarray, q: float = 1.0, r: float = 1e-3, p0: float = 10.0) -> np.ndarray:
+    """Random-walk KF over a (S, 7) token history; returns the predicted next tokens (7,)."""
+    hist = np.asarray(history, dtype=float).reshape(-1, N_ACTION_TOKENS)
+    if len(hist) == 0:
+        raise ValueError("token_filter_prediction needs at least one step of token history")
+    x = hist[0].copy()
+    p = np.full(N_ACTION_TOKENS, p0)
+    for z in hist:
+        p_prior = p + q
+        gain = p_prior / (p_prior + r)
+        x = x + gain * (z - x)
+        p = (1.0 - gain) * p_prior
+    return np.clip(np.rint(x), 0, MAX_TOKEN_ID).astype(np.int64)
+
+
+class KervReleasedDecoder:
+    name = "kerv_released"
+
+    def __init__(self, **cfg: Any) -> None:
+        self.config = KervReleasedConfig(**cfg)
+
+    def forced(self, step: int) -> bool:
+        return (step + 1) % self.config.period == 0
+
+    def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
+        started = context.clock()
+        cfg = self.config
+        r = released_schedule_threshold(context.step, context.max_steps, cfg.r_start, cfg.r_min)
+        ledger = PassLedger(policy, context.clock)
+        state = SpecState(prefix=prefix)
+        kf_filled = 0
+        with torch.inference_mode():
+            if self.forced(context.step) and len(context.token_history) > 0:
+                draft = ledger.draft(state.prefix, N_ACTION_TOKENS)
+                argmax, _ = ledger.score(state.prefix, draft.tolist())
+                n_acc = accepted_length(draft, argmax[:N_ACTION_TOKENS], r)
+                fill = token_filter_prediction(context.token_history, cfg.q, cfg.r_noise, cfg.p0)
+                state.tokens = draft[:n_acc].tolist() + fill[n_acc:].tolist()
+                state.accepted, state.drafted, state.rounds = n_acc, N_ACTION_TOKENS, 1
+                kf_filled = N_ACTION_TOKENS - n_acc
+            else:
+                while state.remaining > 0:
+                    speculative_round(ledger, state, r)
+        return ledger.result(
+            self.name,
+            state.tokens,
+            accepted_len=state.accepted,
+            drafted=state.drafted,
+            rounds=state.rounds,
+            kf_filled=kf_filled,
+            threshold=r,
+            started=started,
+        )

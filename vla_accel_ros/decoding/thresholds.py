@@ -1,0 +1,176 @@
+"""Acceptance thresholds r (in token bins) for relaxed speculative decoding.
+
+The kinematic threshold is built from *looseness* factors in [0, 1]: 1 means "this signal says the
+motion is smooth and predictable, a loose r is safe", 0 means "tight". Each factor is a linear ramp
+between two named constants and is monotone in its input; the threshold uses the smallest factor
+(the most worried signal decides) and maps it linearly onto [r_min, r_max].
+
+Signals and why they matter:
+- KF innovation: the filter's measurements disagree with its constant-acceleration model, so the
+  motion is changing and neither the draft nor the KF completion should be trusted loosely.
+- End-effector acceleration: fast changes of the commanded delta; a bin of error matters more.
+- Path curvature: a small radius of the circle through the last 5 end-effector positions means the
+  arm is turning (approach, re-orientation), where per-dimension token errors bend the path.
+- Joint-limit margin: near a limit the IK is ill-conditioned and clamps bite; be exact.
+- Contact (world-aware only): near the object a bin of error decides a grasp.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# KF normalised innovation magnitude (about 1 when the model fits).
+INNOVATION_LOOSE = 1.5
+INNOVATION_TIGHT = 5.0
+# End-effector linear acceleration, m/s^2.
+EE_ACCEL_LOOSE = 0.5
+EE_ACCEL_TIGHT = 3.0
+# Radius of the least-squares circle through the recent end-effector path, m.
+RADIUS_TIGHT = 0.02
+RADIUS_LOOSE = 0.15
+# Smallest joint-limit margin, as a fraction of the joint range (kin.limit_margin).
+LIMIT_MARGIN_TIGHT = 0.02
+LIMIT_MARGIN_LOOSE = 0.10
+# Gripper-to-target clearance, m (2 cm is the near-contact distance of the NCF metric).
+CLEARANCE_TIGHT = 0.02
+CLEARANCE_LOOSE = 0.10
+# Learned near-contact probability.
+CONTACT_PROB_LOOSE = 0.2
+CONTACT_PROB_TIGHT = 0.8
+# Below this spread (m) the recent path is too short for a meaningful circle fit.
+MIN_PATH_SPREAD = 1e-4
+# Relative second singular value below which the recent path counts as a straight line.
+COLLINEAR_RATIO = 1e-3
+
+# World-aware scaling of the kinematic r: near contact it shrinks to NEAR_CONTACT_SCALE * r,
+# in free space it grows to FREE_SPACE_SCALE * r; the result is bounded to [R_FLOOR, R_CEILING].
+NEAR_CONTACT_SCALE = 0.4
+FREE_SPACE_SCALE = 1.25
+R_FLOOR = 2
+R_CEILING = 18
+
+N_CURVATURE_POINTS = 5
+
+
+def _ramp_down(x: float, loose_below: float, tight_above: float) -> float:
+    """1 for x <= loose_below, 0 for x >= tight_above, linear in between (monotone non-increasing)."""
+    if not math.isfinite(x):
+        return 0.0 if x > 0 or math.isnan(x) else 1.0
+    return float(np.clip((tight_above - x) / (tight_above - loose_below), 0.0, 1.0))
+
+
+def _ramp_up(x: float, tight_below: float, loose_above: float) -> float:
+    """0 for x <= tight_below, 1 for x >= loose_above, linear in between (monotone non-decreasing)."""
+    if math.isnan(x):
+        return 0.0
+    if math.isinf(x):
+        return 1.0 if x > 0 else 0.0
+    return float(np.clip((x - tight_below) / (loose_above - tight_below), 0.0, 1.0))
+
+
+def innovation_looseness(innovation: float) -> float:
+    """Non-increasing in the KF's normalised innovation magnitude."""
+    return _ramp_down(innovation, INNOVATION_LOOSE, INNOVATION_TIGHT)
+
+
+def acceleration_looseness(ee_acceleration: float) -> float:
+    """Non-increasing in the end-effector acceleration (m/s^2)."""
+    return _ramp_down(ee_acceleration, EE_ACCEL_LOOSE, EE_ACCEL_TIGHT)
+
+
+def curvature_looseness(radius: float) -> float:
+    """Non-decreasing in the path's curvature radius (m): a sharp turn (small radius) is tight,
+    a straight path (radius inf) loose."""
+    return _ramp_up(radius, RADIUS_TIGHT, RADIUS_LOOSE)
+
+
+def limit_looseness(min_limit_margin: float) -> float:
+    """Non-decreasing in the smallest joint-limit margin (0 at a limit, 0.5 mid-range)."""
+    return _ramp_up(min_limit_margin, LIMIT_MARGIN_TIGHT, LIMIT_MARGIN_LOOSE)
+
+
+def clearance_looseness(clearance: float) -> float:
+    """Non-decreasing in the gripper-to-target clearance (m)."""
+    return _ramp_up(clearance, CLEARANCE_TIGHT, CLEARANCE_LOOSE)
+
+
+def contact_probability_looseness(probability: float) -> float:
+    """Non-increasing in the learned near-contact probability."""
+    return _ramp_down(probability, CONTACT_PROB_LOOSE, CONTACT_PROB_TIGHT)
+
+
+def fit_circle_radius(points: np.ndarray) -> float:
+    """Radius (m) of the least-squares circle through 3-D points, fitted in their best-fit plane.
+
+    The plane comes from an SVD of the centred points; the circle is the algebraic least-squares
+    fit ``x^2 + y^2 + a x + b y + c = 0`` in plane coordinates. Returns inf for a straight path and
+    for a path too short to say (spread below MIN_PATH_SPREAD), and inf for fewer than 3 points.
+    """
+    pts = np.asarray(points, dtype=float)
+    if pts.ndim != 2 or pts.shape[1] != 3 or len(pts) < 3 or not np.all(np.isfinite(pts)):
+        return math.inf
+    centred = pts - pts.mean(axis=0)
+    _, sing, vt = np.linalg.svd(centred, full_matrices=False)
+    if sing[0] < MIN_PATH_SPREAD or sing[1] < COLLINEAR_RATIO * sing[0]:
+        return math.inf
+    xy = centred @ vt[:2].T
+    a = np.column_stack([xy, np.ones(len(xy))])
+    rhs = -(xy**2).sum(axis=1)
+    (ca, cb, cc), *_ = np.linalg.lstsq(a, rhs, rcond=None)
+    r2 = (ca * ca + cb * cb) / 4.0 - cc
+    return float(math.sqrt(r2)) if r2 > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class KinematicSignals:
+    """What the kinematic threshold looks at; defaults describe smooth free motion."""
+
+    innovation: float = 0.0
+    ee_acceleration: float = 0.0
+    path_radius: float = math.inf
+    min_limit_margin: float = 0.5
+
+    def factors(self) -> dict[str, float]:
+        return {
+            "innovation": innovation_looseness(self.innovation),
+            "ee_acceleration": acceleration_looseness(self.ee_acceleration),
+            "curvature": curvature_looseness(self.path_radius),
+            "joint_limit": limit_looseness(self.min_limit_margin),
+        }
+
+    def looseness(self) -> float:
+        """The smallest factor: the most worried signal decides."""
+        return min(self.factors().values())
+
+
+def _check_bounds(r_min: int, r_max: int) -> None:
+    if not (0 <= r_min <= r_max):
+        raise ValueError(f"threshold bounds need 0 <= r_min <= r_max, got r_min={r_min}, r_max={r_max}")
+
+
+def kinematic_threshold(signals: KinematicSignals, r_min: int = 5, r_max: int = 15) -> int:
+    """r in [r_min, r_max]: r_max in smooth free motion, r_min when any signal is at its tight end."""
+    _check_bounds(r_min, r_max)
+    return int(round(r_min + (r_max - r_min) * signals.looseness()))
+
+
+def world_aware_threshold(r_kinematic: int, contact_looseness: float) -> int:
+    """Scale the kinematic r by the contact looseness (0 = at contact, 1 = free space):
+    from NEAR_CONTACT_SCALE * r to FREE_SPACE_SCALE * r, bounded to [R_FLOOR, R_CEILING]."""
+    c = float(np.clip(contact_looseness, 0.0, 1.0)) if math.isfinite(contact_looseness) else 0.0
+    scale = NEAR_CONTACT_SCALE + (FREE_SPACE_SCALE - NEAR_CONTACT_SCALE) * c
+    return int(np.clip(round(r_kinematic * scale), R_FLOOR, R_CEILING))
+
+
+def released_schedule_threshold(step: int, max_steps: int, r_start: int = 15, r_min: int = 3) -> float:
+    """Time-step decay of the released KERV code: r_min + (r_start - r_min) exp(-(t/tau)^3),
+    tau = T / (-ln 1e-30)^(1/3), T = the episode step limit. Returned unrounded, as that code
+    compares token distances with it (so r behaves as its floor)."""
+    if max_steps <= 0:
+        raise ValueError(f"max_steps must be > 0, got {max_steps}")
+    _check_bounds(r_min, r_start)
+    tau = max_steps / (-math.log(1e-30)) ** (1.0 / 3.0)
+    return float(r_min + (r_start - r_min) * math.exp(-((max(step, 0) / tau) ** 3)))

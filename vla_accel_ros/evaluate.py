@@ -1,0 +1,204 @@
+"""``vla-accel eval``: closed-loop episodes of the policy in the MuJoCo sim.
+
+Each control step: the newest observation is prefilled, the decoder produces one action, and the
+sim executes it through the same IK path the node uses. Episodes use held-out seeds (from
+100000 up; demonstrations for training use seeds below that).
+
+Outputs ``DIR/summary.json`` (``episodes``, ``success_rate``, ``ncf_rate``, ``ncf_share``,
+``target_passes_per_action``, ``mean_accepted_len``, ``latency_ms`` {``prefill_p50``,
+``decode_p50``, ``total_p50``, ``total_p99``}, ``params``, ``checkpoint_mb``, ``peak_rss_mb``, …),
+``DIR/latency.png`` (per-step latency) and a one-line summary on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from vla_accel_ros.decoding import DECODERS, EpisodeHistory, make_decoder, run_policy_step
+from vla_accel_ros.kalman import JointKalmanFilter
+from vla_accel_ros.models import Policy, load_checkpoint
+from vla_accel_ros.resources import default_checkpoint
+from vla_accel_ros.sim.demos import EVAL_SEED_START
+from vla_accel_ros.sim.env import NEAR_CONTACT_DISTANCE, PickCubeEnv, SimConfig
+
+
+@dataclass
+class EpisodeRecord:
+    """Everything measured in one closed-loop episode."""
+
+    seed: int
+    decoder: str
+    success: bool = False
+    steps: int = 0
+    min_clearance: float = float("inf")
+    prefill_ms: list[float] = field(default_factory=list)
+    decode_ms: list[float] = field(default_factory=list)
+    total_ms: list[float] = field(default_factory=list)
+    target_passes: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+    thresholds: list[float] = field(default_factory=list)
+
+    @property
+    def near_contact_failure(self) -> bool:
+        return not self.success and self.min_clearance < NEAR_CONTACT_DISTANCE
+
+
+def run_episode(
+    env: PickCubeEnv,
+    policy: Policy,
+    decoder: Any,
+    history: EpisodeHistory,
+    seed: int,
+    scene_clearance: bool = True,
+) -> EpisodeRecord:
+    """One closed-loop episode. ``scene_clearance`` gives decoders the sim's gripper-to-target
+    clearance (world-aware acceptance); without it they fall back to the policy's contact head."""
+    record = EpisodeRecord(seed=seed, decoder=getattr(decoder, "name", type(decoder).__name__))
+    obs = env.reset(seed)
+    history.reset()
+    while not env.done:
+        history.observe_joints(obs.joint_pos, obs.stamp)
+        clearance = env.target_clearance()
+        record.min_clearance = min(record.min_clearance, clearance)
+        context = history.context(
+            time_left_s=history.control_period_s, target_clearance=clearance if scene_clearance else None
+        )
+        result = run_policy_step(policy, obs, decoder, context)
+        history.record(result)
+        obs, _ = env.step(result.action)
+        record.prefill_ms.append(result.timings["prefill"])
+        record.decode_ms.append(result.timings["decode"])
+        record.total_ms.append(result.timings["total"])
+        record.target_passes.append(result.target_passes)
+        record.accepted.append(result.accepted_len)
+        record.drafted.append(result.drafted)
+        record.thresholds.append(float("nan") if result.threshold is None else float(result.threshold))
+    record.min_clearance = min(record.min_clearance, env.target_clearance())
+    record.success = env.success()
+    record.steps = env.steps
+    return record
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
+    """The metrics of DESIGN §6 over a list of episodes of one decoder."""
+    n = len(records)
+    failures = [r for r in records if not r.success]
+    ncf = sum(r.near_contact_failure for r in records)
+    cat = lambda attr: [v for r in records for v in getattr(r, attr)]  # noqa: E731
+    passes, accepted, drafted = cat("target_passes"), cat("accepted"), cat("drafted")
+    return {
+        "episodes": n,
+        "success_rate": sum(r.success for r in records) / n,
+        "ncf_rate": ncf / n,
+        "ncf_share": ncf / len(failures) if failures else 0.0,
+        "actions": len(passes),
+        "target_passes_per_action": float(np.mean(passes)),
+        "mean_accepted_len": float(np.mean(accepted)),
+        "acceptance_rate": float(np.sum(accepted) / np.sum(drafted)) if np.sum(drafted) else 0.0,
+        "latency_ms": {
+            "prefill_p50": percentile(cat("prefill_ms"), 50),
+            "decode_p50": percentile(cat("decode_ms"), 50),
+            "decode_p99": percentile(cat("decode_ms"), 99),
+            "total_p50": percentile(cat("total_ms"), 50),
+            "total_p99": percentile(cat("total_ms"), 99),
+        },
+        "mean_episode_steps": float(np.mean([r.steps for r in records])),
+    }
+
+
+def checkpoint_megabytes(path: Path) -> float:
+    return sum(f.stat().st_size for f in Path(path).glob("*") if f.is_file()) / 1e6
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def plot_latency(records: list[EpisodeRecord], out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    offset = 0
+    for r in records:
+        steps = np.arange(offset, offset + len(r.total_ms))
+        ax.plot(steps, r.total_ms, color="tab:blue", lw=0.8)
+        ax.plot(steps, r.prefill_ms, color="tab:orange", lw=0.8)
+        offset += len(r.total_ms)
+    ax.set_xlabel("control step (episodes back to back)")
+    ax.set_ylabel("ms")
+    ax.legend(["total (prefill + decode)", "prefill"], loc="upper right")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--decoder", default="ar", choices=DECODERS, help="decoding method")
+    parser.add_argument("--episodes", type=int, default=50, help="number of episodes")
+    parser.add_argument("--seed", type=int, default=EVAL_SEED_START, help=f"first seed (held out: >= {EVAL_SEED_START})")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: the shipped one)")
+    parser.add_argument("--max-steps", type=int, default=120, help="episode step limit (20 Hz)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.episodes < 1:
+        raise SystemExit("--episodes must be >= 1")
+    if args.seed < EVAL_SEED_START:
+        print(f"warning: seed {args.seed} < {EVAL_SEED_START} may overlap the training demonstrations")
+    torch.set_num_threads(args.threads)
+    ckpt = args.checkpoint or default_checkpoint()
+    policy = load_checkpoint(ckpt)
+    decoder = make_decoder(args.decoder)
+    args.out.mkdir(parents=True, exist_ok=True)
+    sim_config = SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)
+    records = []
+    start = time.perf_counter()
+    with PickCubeEnv(sim_config) as env:
+        history = EpisodeHistory(JointKalmanFilter(env.kin, env.control_dt), max_steps=args.max_steps, control_period_s=env.control_dt)
+        bar = tqdm(range(args.episodes), desc=f"eval {args.decoder}", unit="ep")
+        for i in bar:
+            records.append(run_episode(env, policy, decoder, history, args.seed + i))
+            bar.set_postfix(success=f"{np.mean([r.success for r in records]):.0%}")
+    summary = summarize(records)
+    summary.update(
+        decoder=args.decoder,
+        seed=args.seed,
+        checkpoint=str(ckpt),
+        params=sum(policy.n_parameters().values()),
+        params_by_part=policy.n_parameters(),
+        checkpoint_mb=checkpoint_megabytes(ckpt),
+        peak_rss_mb=peak_rss_mb(),
+        wall_s=time.perf_counter() - start,
+        per_episode=[{"seed": r.seed, "success": r.success, "steps": r.steps, "min_clearance": r.min_clearance} for r in records],
+    )
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_latency(records, args.out / "latency.png", f"{args.decoder}: per-step latency")
+    lat = summary["latency_ms"]
+    print(
+        f"eval {args.decoder}: success {summary['success_rate']:.1%} over {summary['episodes']} episodes, "
+        f"NCF {summary['ncf_rate']:.1%}, {summary['target_passes_per_action']:.2f} target passes/action, "
+        f"prefill {lat['prefill_p50']:.2f} ms, decode {lat['decode_p50']:.2f} ms, total p50 {lat['total_p50']:.2f} "
+        f"/ p99 {lat['total_p99']:.2f} ms -> {args.out}"
+    )
+    return 0

@@ -1,0 +1,335 @@
+"""The policy bundle the decoders and the node use: target VLA + draft head + contact head +
+action tokenizer + proprio statistics, with prefill / score / draft operating on immutable
+prefixes.
+
+Public calls run in ``torch.inference_mode``; the underscored twins are mode-agnostic so that
+training can reuse them under ``torch.no_grad`` (inference tensors cannot feed autograd).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from vla_accel_ros.models.draft import ContactHead, DraftHead
+from vla_accel_ros.models.vla import BOS, PROPRIO_DIM, KVCache, VLAConfig, VLATarget, count_parameters
+from vla_accel_ros.observation import Observation
+from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer, encode_instruction
+
+
+@dataclass(frozen=True, eq=False)
+class Prefix:
+    """Decoder state after the observation prefix (ending in BOS) and any action tokens consumed.
+
+    kv: per-layer (k, v) cache, each (B, H, length, hd). action_hidden: (B, n+1, d) final-norm
+    hidden states at BOS and after each of the n consumed tokens. tokens: (B, n) consumed tokens.
+    pooled: (B, d) mean of the final hidden states over the observation prefix. prefix_len:
+    positions of the observation prefix (BOS included). base: tokens consumed before the latest
+    ``score`` extension; ``truncate`` counts from there. Tensors are never written in place.
+    """
+
+    kv: KVCache
+    action_hidden: torch.Tensor
+    tokens: torch.Tensor
+    pooled: torch.Tensor
+    prefix_len: int
+    base: int = 0
+
+    @property
+    def hidden_last(self) -> torch.Tensor:
+        """(B, d) target hidden state at the current end; the LM head of it gives the next token."""
+        return self.action_hidden[:, -1]
+
+    @property
+    def length(self) -> int:
+        return self.kv[0][0].shape[2]
+
+    @property
+    def n_tokens(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    def truncate(self, m: int) -> Prefix:
+        """Keep the prefix as it was before the latest extension plus its first m new tokens."""
+        added = self.n_tokens - self.base
+        if not 0 <= m <= added:
+            raise ValueError(f"truncate({m}): the latest extension added {added} tokens")
+        keep = self.base + m
+        end = self.prefix_len + keep
+        return Prefix(
+            kv=tuple((k[:, :, :end], v[:, :, :end]) for k, v in self.kv),
+            action_hidden=self.action_hidden[:, : keep + 1],
+            tokens=self.tokens[:, :keep],
+            pooled=self.pooled,
+            prefix_len=self.prefix_len,
+            base=self.base,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreOutput:
+    """logits (B, k+1, 256): logits[:, i] is the next-token distribution after tokens[:, :i]."""
+
+    logits: torch.Tensor
+    prefix: Prefix
+
+
+class Policy:
+    def __init__(
+        self,
+        config: VLAConfig,
+        tokenizer: ActionTokenizer,
+        target: VLATarget,
+        draft: DraftHead,
+        contact_head: ContactHead,
+        proprio_mean: np.ndarray,
+        proprio_std: np.ndarray,
+        info: dict[str, Any] | None = None,
+    ) -> None:
+        proprio_mean = np.asarray(proprio_mean, dtype=np.float32).reshape(-1)
+        proprio_std = np.asarray(proprio_std, dtype=np.float32).reshape(-1)
+        if proprio_mean.shape != (PROPRIO_DIM,) or proprio_std.shape != (PROPRIO_DIM,):
+            raise ValueError(f"proprio mean/std must have shape ({PROPRIO_DIM},)")
+        if not (np.all(np.isfinite(proprio_mean)) and np.all(np.isfinite(proprio_std)) and np.all(proprio_std > 0)):
+            raise ValueError("proprio mean must be finite and std finite and positive")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.target = target.eval()
+        self.draft = draft.eval()
+        self.contact_head = contact_head.eval()
+        self.proprio_mean = proprio_mean
+        self.proprio_std = proprio_std
+        self.info: dict[str, Any] = dict(info or {})  # recipe / metrics from the checkpoint
+
+    @classmethod
+    def create(
+        cls,
+        config: VLAConfig,
+        tokenizer: ActionTokenizer,
+        proprio_mean: np.ndarray | None = None,
+        proprio_std: np.ndarray | None = None,
+        seed: int = 0,
+    ) -> Policy:
+        """A freshly initialised (untrained) policy; seeded so that two calls give the same weights."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            target, draft, contact = VLATarget(config), DraftHead(config), ContactHead(config)
+        mean = np.zeros(PROPRIO_DIM, np.float32) if proprio_mean is None else proprio_mean
+        std = np.ones(PROPRIO_DIM, np.float32) if proprio_std is None else proprio_std
+        return cls(config, tokenizer, target, draft, contact, mean, std)
+
+    @property
+    def n_action_tokens(self) -> int:
+        return self.config.n_action_tokens
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.lm_head.weight.device
+
+    def n_parameters(self) -> dict[str, int]:
+        return {
+            "target": count_parameters(self.target),
+            "draft": count_parameters(self.draft),
+            "contact_head": count_parameters(self.contact_head),
+        }
+
+    def to(self, device: str | torch.device) -> Policy:
+        for module in (self.target, self.draft, self.contact_head):
+            module.to(device)
+        return self
+
+    # --- inputs -------------------------------------------------------------------------------
+    def normalise_proprio(self, proprio: torch.Tensor) -> torch.Tensor:
+        mean = torch.as_tensor(self.proprio_mean, device=proprio.device)
+        std = torch.as_tensor(self.proprio_std, device=proprio.device)
+        return (proprio.to(torch.float32) - mean) / std
+
+    def observation_tensors(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(images (1, H, W, 3) uint8, text ids (1, T), raw proprio (1, 8)) for one observation."""
+        size = self.config.image_size
+        image = np.asarray(obs.image)
+        if image.dtype != np.uint8 or image.shape != (size, size, 3):
+            raise ValueError(f"image must be uint8 ({size}, {size}, 3) RGB, got {image.dtype} {image.shape}")
+        proprio = obs.proprio
+        if proprio.shape != (PROPRIO_DIM,) or not np.all(np.isfinite(proprio)):
+            raise ValueError(f"proprio must be {PROPRIO_DIM} finite numbers, got {proprio}")
+        text = encode_instruction(obs.instruction, self.config.max_text_len)
+        device = self.device
+        return (
+            torch.from_numpy(np.ascontiguousarray(image)).unsqueeze(0).to(device),
+            torch.from_numpy(text).unsqueeze(0).to(device),
+            torch.from_numpy(proprio).unsqueeze(0).to(device),
+        )
+
+    # --- target -------------------------------------------------------------------------------
+    def encode_local(self, images: torch.Tensor) -> torch.Tensor:
+        """Local (per-patch) vision tokens (B, P, d) of uint8 images (B, H, W, 3)."""
+        with torch.inference_mode():
+            return self.target.encode_patches(self.target.patchify(images))
+
+    def prefill(self, obs: Observation, local_tokens: torch.Tensor | None = None) -> Prefix:
+        """Run the target over one observation's prefix. ``local_tokens`` (1, P, d), if given, are
+        reused instead of re-encoding the image (the caller refreshes changed patches itself)."""
+        images, text, proprio = self.observation_tensors(obs)
+        return self.prefill_batch(images, text, proprio, local_tokens)
+
+    def prefill_batch(
+        self,
+        images: torch.Tensor,
+        text: torch.Tensor,
+        proprio: torch.Tensor,
+        local_tokens: torch.Tensor | None = None,
+    ) -> Prefix:
+        """Batched prefill: images (B, H, W, 3) uint8, text (B, T) ids, raw proprio (B, 8)."""
+        with torch.inference_mode():
+            return self._prefill(images, text, proprio, local_tokens)
+
+    def _prefill(
+        self,
+        images: torch.Tensor,
+        text: torch.Tensor,
+        proprio: torch.Tensor,
+        local_tokens: torch.Tensor | None = None,
+    ) -> Prefix:
+        target = self.target
+        if local_tokens is None:
+            local_tokens = target.encode_patches(target.patchify(images))
+        x = target.embed_prefix(target.global_vision(local_tokens), text, self.normalise_proprio(proprio))
+        hidden, kv = target.decode(x)
+        b = hidden.shape[0]
+        return Prefix(
+            kv=kv,
+            action_hidden=hidden[:, -1:],
+            tokens=torch.empty(b, 0, dtype=torch.long, device=hidden.device),
+            pooled=hidden.mean(dim=1),
+            prefix_len=hidden.shape[1],
+        )
+
+    def score(self, prefix: Prefix, tokens: torch.Tensor) -> ScoreOutput:
+        """ONE target forward over k new tokens (B, k) after the prefix; logits (B, k+1, 256)."""
+        with torch.inference_mode():
+            return self._score(prefix, tokens)
+
+    def _score(self, prefix: Prefix, tokens: torch.Tensor) -> ScoreOutput:
+        if tokens.dim() != 2 or tokens.shape[0] != prefix.batch_size:
+            raise ValueError(f"tokens must be (B={prefix.batch_size}, k), got {tuple(tokens.shape)}")
+        if tokens.dtype != torch.long:
+            raise ValueError(f"tokens must be int64, got {tokens.dtype}")
+        k = tokens.shape[1]
+        if k == 0:  # nothing to run: the prefix's last hidden state already predicts the next token
+            logits = self.target.lm_head(prefix.hidden_last).unsqueeze(1)
+            return ScoreOutput(logits, replace(prefix, base=prefix.n_tokens))
+        if int(tokens.min()) < 0 or int(tokens.max()) >= N_BINS:
+            raise ValueError(f"action tokens must lie in [0, {N_BINS})")
+        x = self.target.embed_actions(tokens, prefix.length)
+        hidden, kv = self.target.decode(x, prefix.kv)
+        action_hidden = torch.cat([prefix.action_hidden, hidden], dim=1)
+        extended = Prefix(
+            kv=kv,
+            action_hidden=action_hidden,
+            tokens=torch.cat([prefix.tokens, tokens], dim=1),
+            pooled=prefix.pooled,
+            prefix_len=prefix.prefix_len,
+            base=prefix.n_tokens,
+        )
+        return ScoreOutput(self.target.lm_head(action_hidden[:, -(k + 1) :]), extended)
+
+    def greedy_decode(self, prefix: Prefix) -> torch.Tensor:
+        """Plain autoregressive greedy decoding of the remaining action tokens -> (B, 7)."""
+        with torch.inference_mode():
+            tokens, _ = self._greedy(prefix)
+            return tokens
+
+    def _greedy(self, prefix: Prefix) -> tuple[torch.Tensor, Prefix]:
+        """Greedy tokens of the whole action (B, 7) and the prefix after consuming all but the last."""
+        if prefix.n_tokens >= self.n_action_tokens:
+            raise ValueError(f"the prefix already holds {prefix.n_tokens} action tokens")
+        current = prefix
+        tokens = [current.tokens]
+        token = self.target.lm_head(current.hidden_last).argmax(-1, keepdim=True)
+        for _ in range(self.n_action_tokens - prefix.n_tokens - 1):
+            tokens.append(token)
+            out = self._score(current, token)
+            current = out.prefix
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(token)
+        return torch.cat(tokens, dim=1), current
+
+    # --- draft --------------------------------------------------------------------------------
+    def draft_tokens(
+        self, prefix: Prefix, n: int, last_token: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Propose n tokens after the prefix: (tokens (B, n), logits (B, n, 256)).
+
+        ``last_token`` is the token whose hidden state is ``prefix.hidden_last`` (the last one the
+        prefix consumed); None means the start of the action (BOS). The first proposal is the
+        LM head of ``prefix.hidden_last``, i.e. exactly the target's greedy token; later ones
+        come from the draft head, whose feature starts at ``prefix.hidden_last`` and then is its
+        own output. No target forward pass is run.
+        """
+        with torch.inference_mode():
+            return self._draft(prefix, n, last_token)
+
+    def _draft(
+        self, prefix: Prefix, n: int, last_token: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check_last_token(prefix, last_token)
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        b, device = prefix.batch_size, prefix.hidden_last.device
+        if n == 0:
+            return torch.empty(b, 0, dtype=torch.long, device=device), torch.empty(b, 0, N_BINS, device=device)
+        lm_head, action_emb = self.target.lm_head, self.target.action_emb
+        feature = prefix.hidden_last.unsqueeze(1)
+        logits = [lm_head(feature)]
+        tokens = [logits[-1].argmax(-1)]
+        memory = prefix.kv[-1]
+        for i in range(1, n):
+            index = torch.tensor([min(prefix.n_tokens + i, self.n_action_tokens - 1)], device=device)
+            feature = self.draft(action_emb(tokens[-1]), feature, index, memory)
+            logits.append(lm_head(feature))
+            tokens.append(logits[-1].argmax(-1))
+        return torch.cat(tokens, dim=1), torch.cat(logits, dim=1)
+
+    @staticmethod
+    def _check_last_token(prefix: Prefix, last_token: torch.Tensor | None) -> None:
+        if last_token is None:
+            if prefix.n_tokens:
+                raise ValueError(
+                    f"last_token=None means the start of the action, but the prefix holds {prefix.n_tokens} tokens"
+                )
+            return
+        if last_token.shape != (prefix.batch_size,):
+            raise ValueError(f"last_token must be (B={prefix.batch_size},), got {tuple(last_token.shape)}")
+        expected = prefix.tokens[:, -1] if prefix.n_tokens else torch.full_like(last_token, BOS)
+        if not torch.equal(last_token.to(expected.device), expected):
+            raise ValueError(
+                "last_token must be the token the prefix consumed last (BOS at the start of the action): "
+                f"got {last_token.tolist()}, the prefix ends with {expected.tolist()}"
+            )
+
+    # --- contact & actions --------------------------------------------------------------------
+    def contact_logits(self, prefix: Prefix) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.contact_head(prefix.pooled)
+
+    def contact_probability(self, prefix: Prefix) -> float:
+        """P(near contact) for a single-observation prefix (B = 1)."""
+        if prefix.batch_size != 1:
+            raise ValueError(f"contact_probability needs B=1, got B={prefix.batch_size}; use contact_logits")
+        return float(torch.sigmoid(self.contact_logits(prefix))[0])
+
+    def tokens_to_action(self, tokens: torch.Tensor | np.ndarray) -> np.ndarray:
+        """Action (7,) float64 at the bin centres of 7 tokens."""
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.detach().cpu().numpy()
+        tokens = np.asarray(tokens).reshape(-1)
+        if tokens.shape != (self.n_action_tokens,):
+            raise ValueError(f"expected {self.n_action_tokens} tokens, got shape {tokens.shape}")
+        return self.tokenizer.decode(tokens)

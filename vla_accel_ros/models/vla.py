@@ -1,0 +1,271 @@
+"""The target VLA: patch-local vision encoder, global vision transformer, byte-level instruction,
+proprioception token and a causal decoder with a KV cache that emits 7 action tokens.
+
+Decoder sequence (positions):  [vision (P) | text (T) | proprio (1) | BOS (1) | a0 .. a6]
+The prefix ends with BOS, so the decoder's hidden state at the prefix's last position already
+predicts the first action token. Every decoder hidden state returned here is the final-norm
+output, i.e. exactly what the LM head reads (and what the draft head uses as its "feature").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vla_accel_ros.tokenizer import ACTION_DIM, N_BINS, TEXT_VOCAB
+
+BOS = N_BINS  # action-embedding id that starts the action (vocabulary 257 = 256 bins + BOS)
+PROPRIO_DIM = 8
+
+KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (k, v), each (B, H, L, hd)
+
+
+@dataclass(frozen=True)
+class VLAConfig:
+    image_size: int = 128
+    patch_size: int = 16
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 3  # decoder
+    vision_layers: int = 1  # global vision transformer
+    mlp_ratio: int = 4
+    max_text_len: int = 32
+    local_channels: int = 32  # width of the per-patch stem
+    draft_mlp_ratio: int = 2
+    contact_hidden: int = 64
+    n_action_tokens: int = ACTION_DIM
+    proprio_dim: int = PROPRIO_DIM
+
+    def __post_init__(self) -> None:
+        positive = ("image_size", "patch_size", "d_model", "n_heads", "n_layers", "mlp_ratio", "max_text_len",
+                    "local_channels", "draft_mlp_ratio", "contact_hidden", "n_action_tokens", "proprio_dim")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"VLAConfig.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.vision_layers, int) or self.vision_layers < 0:
+            raise ValueError(f"VLAConfig.vision_layers must be an int >= 0, got {self.vision_layers!r}")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if self.patch_size % 4:
+            raise ValueError(f"patch_size must be a multiple of 4 (the 4x4 patch stem), got {self.patch_size}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        if self.n_action_tokens != ACTION_DIM:
+            raise ValueError(f"n_action_tokens must be {ACTION_DIM}, got {self.n_action_tokens}")
+        if self.proprio_dim != PROPRIO_DIM:
+            raise ValueError(f"proprio_dim must be {PROPRIO_DIM}, got {self.proprio_dim}")
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def prefix_len(self) -> int:
+        """Decoder positions before the first action token: vision, text, proprio, BOS."""
+        return self.n_patches + self.max_text_len + 2
+
+    @property
+    def max_len(self) -> int:
+        return self.prefix_len + self.n_action_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VLAConfig:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown VLAConfig fields: {unknown}")
+        return cls(**data)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention that can extend a KV cache."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        causal: bool = True,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        past_len = 0
+        if past is not None:
+            past_len = past[0].shape[2]
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        if not causal or t == 1:
+            y = F.scaled_dot_product_attention(q, k, v)  # one new token sees the whole cache
+        elif past_len == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            # new token i sees the cache and new tokens 0..i (bottom-right aligned causal mask)
+            mask = torch.ones(t, past_len + t, dtype=torch.bool, device=x.device).tril(diagonal=past_len)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d)), (k, v)
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, ratio: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d_model, ratio * d_model)
+        self.proj = nn.Linear(ratio * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block."""
+
+    def __init__(self, d_model: int, n_heads: int, mlp_ratio: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = Attention(d_model, n_heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = MLP(d_model, mlp_ratio)
+
+    def forward(
+        self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None, causal: bool = True
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        a, kv = self.attn(self.ln1(x), past, causal)
+        x = x + a
+        return x + self.mlp(self.ln2(x)), kv
+
+
+class PatchEncoder(nn.Module):
+    """Encodes each patch on its own (no cross-patch context), so a changed patch can be re-encoded
+    alone. A stride-4 "stem" (a linear map of every 4x4 sub-patch, i.e. a 4x4/4 convolution written
+    as one matmul, which is far faster than conv2d on CPU) and then an MLP over the sub-patch grid.
+    Pixels enter as RGB scaled to [-1, 1] with no per-channel normalisation: the task turns on
+    colour (red/green/blue cube), which must survive into the tokens."""
+
+    SUB = 4  # sub-patch side of the stem
+
+    def __init__(self, patch_size: int, channels: int, d_model: int) -> None:
+        super().__init__()
+        self.grid = patch_size // self.SUB
+        self.stem = nn.Linear(3 * self.SUB * self.SUB, channels)
+        self.fc = nn.Linear(self.grid * self.grid * channels, 2 * d_model)
+        self.proj = nn.Linear(2 * d_model, d_model)
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        """patches (B, P, 3, ps, ps) float in [-1, 1] -> local tokens (B, P, d)."""
+        b, p, g, s = patches.shape[0], patches.shape[1], self.grid, self.SUB
+        x = patches.reshape(b, p, 3, g, s, g, s).permute(0, 1, 3, 5, 2, 4, 6).reshape(b, p, g * g, 3 * s * s)
+        x = F.gelu(self.stem(x)).reshape(b, p, -1)
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class VLATarget(nn.Module):
+    def __init__(self, config: VLAConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        self.patch_encoder = PatchEncoder(config.patch_size, config.local_channels, d)
+        self.vision_pos = nn.Parameter(torch.zeros(config.n_patches, d))
+        self.vision_blocks = nn.ModuleList(
+            Block(d, config.n_heads, config.mlp_ratio) for _ in range(config.vision_layers)
+        )
+        self.vision_ln = nn.LayerNorm(d)
+        self.text_emb = nn.Embedding(TEXT_VOCAB, d)
+        self.proprio_proj = nn.Linear(config.proprio_dim, d)
+        self.action_emb = nn.Embedding(N_BINS + 1, d)  # 256 bins + BOS
+        self.pos_emb = nn.Parameter(torch.zeros(config.max_len, d))
+        self.blocks = nn.ModuleList(Block(d, config.n_heads, config.mlp_ratio) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, N_BINS, bias=False)
+        self.apply(self._init_weights)
+        nn.init.normal_(self.vision_pos, std=0.02)
+        nn.init.normal_(self.pos_emb, std=0.02)
+        for name, param in self.named_parameters():  # GPT-2 style scaled init of residual projections
+            if name.endswith("proj.weight") and "patch_encoder" not in name and "proprio" not in name:
+                nn.init.normal_(param, std=0.02 / math.sqrt(2 * config.n_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    # --- vision -------------------------------------------------------------------------------
+    def patchify(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 images (B, H, W, 3) -> patch pixels (B, P, 3, ps, ps) float in [-1, 1], row-major."""
+        c = self.config
+        if images.dim() != 4 or tuple(images.shape[1:]) != (c.image_size, c.image_size, 3):
+            raise ValueError(f"images must be (B, {c.image_size}, {c.image_size}, 3), got {tuple(images.shape)}")
+        b, g, ps = images.shape[0], c.image_size // c.patch_size, c.patch_size
+        x = images.to(torch.float32).mul_(2.0 / 255.0).sub_(1.0)
+        x = x.view(b, g, ps, g, ps, 3).permute(0, 1, 3, 5, 2, 4)  # B, gy, gx, 3, ps, ps
+        return x.reshape(b, g * g, 3, ps, ps)
+
+    def encode_patches(self, patch_pixels: torch.Tensor) -> torch.Tensor:
+        """Per-patch local tokens (B, P', d) for any subset of patches (B, P', 3, ps, ps)."""
+        return self.patch_encoder(patch_pixels)
+
+    def global_vision(self, local_tokens: torch.Tensor) -> torch.Tensor:
+        """Local tokens (B, P, d) of all patches -> vision tokens (B, P, d) (position embeddings added here)."""
+        x = local_tokens + self.vision_pos
+        for block in self.vision_blocks:
+            x, _ = block(x, causal=False)
+        return self.vision_ln(x)
+
+    # --- decoder ------------------------------------------------------------------------------
+    def embed_prefix(self, vision: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
+        """Decoder input embeddings (B, prefix_len, d): vision tokens, text ids (B, T), normalised proprio (B, 8)."""
+        b = vision.shape[0]
+        bos = self.action_emb.weight[BOS].expand(b, 1, -1)
+        x = torch.cat([vision, self.text_emb(text), self.proprio_proj(proprio).unsqueeze(1), bos], dim=1)
+        return x + self.pos_emb[: x.shape[1]]
+
+    def embed_actions(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Embeddings of action tokens (B, k) placed at decoder positions start .. start+k-1."""
+        end = start + tokens.shape[1]
+        if end > self.config.max_len:
+            raise ValueError(
+                f"decoder positions {start}..{end - 1} exceed the maximum {self.config.max_len - 1} "
+                f"(at most {self.config.n_action_tokens} action tokens after the prefix)"
+            )
+        return self.action_emb(tokens) + self.pos_emb[start:end]
+
+    def decode(self, x: torch.Tensor, past: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
+        """Run the causal decoder over embeddings x (B, t, d) after an optional cache.
+        Returns final-norm hidden states (B, t, d) and the extended cache."""
+        new_cache = []
+        for i, block in enumerate(self.blocks):
+            x, kv = block(x, None if past is None else past[i], causal=True)
+            new_cache.append(kv)
+        return self.ln_f(x), tuple(new_cache)
+
+    def vision_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        return self.global_vision(self.encode_patches(self.patchify(images)))
+
+    def forward(
+        self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor, actions: torch.Tensor
+    ) -> torch.Tensor:
+        """Teacher-forced logits (B, 7, 256): logits[:, i] predicts actions[:, i] from actions[:, :i]."""
+        prefix = self.embed_prefix(self.vision_tokens(images), text, proprio)
+        x = torch.cat([prefix, self.embed_actions(actions[:, :-1], prefix.shape[1])], dim=1)
+        hidden, _ = self.decode(x)
+        return self.lm_head(hidden[:, prefix.shape[1] - 1 :])
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

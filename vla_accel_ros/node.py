@@ -1,0 +1,461 @@
+"""``vla_accel_node``: the rclpy adapter around the control core and the inference worker.
+
+Interface (all names relative to the node unless absolute; every parameter is declared with a
+description and range, see ``config.NodeConfig`` and config/vla_accel.yaml):
+
+- subscribes ``image_topic`` (sensor_msgs/Image, or CompressedImage), ``joint_states_topic``
+  (sensor-data QoS), ``~/instruction`` (std_msgs/String) and, when the URDF is not given by
+  parameter, ``/robot_description`` (transient local);
+- publishes every tick, reliably, one of: ``/<controller>/commands`` (Float64MultiArray, in
+  ``controller_joints`` order), ``/<controller>/joint_trajectory`` (one point at one period) or
+  ``joint_command_topic`` (JointState, arm + fingers); plus ``/<gripper_controller>/commands``;
+- ``/diagnostics`` and ``~/stats`` (JSON) at ``stats_rate_hz``; service ``~/enable`` (SetBool).
+
+The control timer runs on the node clock (``use_sim_time`` works) in its own mutually exclusive
+callback group; inference runs in a worker thread, never in a callback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import rclpy
+from builtin_interfaces.msg import Duration
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType, SetParametersResult
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.qos import (DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data)
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import Float64MultiArray, String
+from std_srvs.srv import SetBool
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from vla_accel_ros.config import ConfigError, NodeConfig, ParamSpec, from_params, parameter_specs
+from vla_accel_ros.controller import Controller, TickResult
+from vla_accel_ros.inference import InferenceWorker, PolicyRunner
+from vla_accel_ros.kinematics import ArmKinematics
+from vla_accel_ros.resources import default_checkpoint, default_urdf
+
+NODE_NAME = "vla_accel_node"
+COMMAND_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+LATCHED_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+# encoding -> (channels, OpenCV conversion to RGB or None)
+ENCODINGS: dict[str, tuple[int, int | None]] = {
+    "rgb8": (3, None),
+    "bgr8": (3, cv2.COLOR_BGR2RGB),
+    "rgba8": (4, cv2.COLOR_RGBA2RGB),
+    "bgra8": (4, cv2.COLOR_BGRA2RGB),
+    "mono8": (1, cv2.COLOR_GRAY2RGB),
+}
+SOURCE_CODES = {"policy": 0, "fallback": 1, "hold": 2}
+MAX_TICK_LOG = 200_000
+
+
+# --- message conversion (no per-pixel Python) ----------------------------------------------------
+def _resize(rgb: np.ndarray, size: int) -> np.ndarray:
+    if rgb.shape[:2] != (size, size):
+        # INTER_AREA averages the source pixels: no aliasing when a camera image shrinks.
+        rgb = cv2.resize(rgb, (size, size), interpolation=cv2.INTER_AREA)
+    return np.ascontiguousarray(rgb)
+
+
+def image_to_rgb(msg: Image, size: int) -> np.ndarray:
+    """sensor_msgs/Image -> RGB uint8 (size, size, 3); ValueError naming what is wrong."""
+    encoding = msg.encoding.lower()
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unsupported image encoding '{msg.encoding}' (supported: {', '.join(ENCODINGS)})")
+    channels, conversion = ENCODINGS[encoding]
+    h, w, step = int(msg.height), int(msg.width), int(msg.step)
+    if h <= 0 or w <= 0:
+        raise ValueError(f"image has size {w}x{h}")
+    if step < w * channels or len(msg.data) < h * step:
+        raise ValueError(f"image data ({len(msg.data)} bytes, step {step}) too small for {w}x{h} {encoding}")
+    rows = np.frombuffer(msg.data, dtype=np.uint8, count=h * step).reshape(h, step)
+    pixels = rows[:, : w * channels].reshape(h, w, channels)
+    rgb = pixels if conversion is None else cv2.cvtColor(pixels, conversion)
+    return _resize(rgb, size)
+
+
+def compressed_to_rgb(msg: CompressedImage, size: int) -> np.ndarray:
+    """sensor_msgs/CompressedImage (jpeg/png) -> RGB uint8 (size, size, 3)."""
+    bgr = cv2.imdecode(np.frombuffer(msg.data, dtype=np.uint8), cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise ValueError(f"cannot decode compressed image (format '{msg.format}', {len(msg.data)} bytes)")
+    return _resize(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), size)
+
+
+def _descriptor(spec: ParamSpec) -> ParameterDescriptor:
+    kinds = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
+             float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING,
+             tuple: ParameterType.PARAMETER_STRING_ARRAY}
+    text = spec.description + (f" (one of: {', '.join(spec.choices)})" if spec.choices else "")
+    desc = ParameterDescriptor(name=spec.name, type=kinds[spec.kind], description=text, read_only=not spec.dynamic)
+    if spec.range is not None and spec.kind is float:
+        desc.floating_point_range = [FloatingPointRange(from_value=float(spec.range[0]), to_value=float(spec.range[1]))]
+    elif spec.range is not None and spec.kind is int:
+        desc.integer_range = [IntegerRange(from_value=int(spec.range[0]), to_value=int(spec.range[1]), step=1)]
+    if spec.choices:
+        desc.additional_constraints = f"one of: {', '.join(spec.choices)}"
+    return desc
+
+
+def _rss_mb() -> float:
+    """Peak resident set size of this process (MiB)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class VlaAccelNode(Node):
+    """See the module docstring. Raises ConfigError (a ValueError) on invalid parameters, URDF or
+    checkpoint, with a message naming the problem."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        self.cfg = self._declare_parameters()
+        cfg = self.cfg
+        sys.setswitchinterval(cfg.switch_interval_s)
+        self.kin = self._load_kinematics()
+        self.controller_joints = self._check_controller_joints(cfg.controller_joints or self.kin.joint_names)
+        self.controller = Controller(self.kin, cfg.controller_config())
+        self.controller.set_enabled(cfg.autostart)
+        if cfg.instruction.strip():
+            self.controller.set_instruction(cfg.instruction)
+
+        self.runner: PolicyRunner | None = None
+        if cfg.inference:
+            checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else default_checkpoint()
+            try:
+                self.runner = PolicyRunner.load(checkpoint, cfg.decoder, self.kin, action_dt_s=cfg.action_dt_s,
+                                                period_s=cfg.period_s)
+            except (OSError, ValueError, KeyError) as err:
+                raise ConfigError(f"cannot load policy checkpoint '{checkpoint}' with decoder '{cfg.decoder}': {err}") from err
+        self.image_size = cfg.image_size or (self.runner.image_size if self.runner else 128)
+        if self.runner and self.image_size != self.runner.image_size:
+            raise ConfigError(f"parameter 'image_size' = {cfg.image_size} but the checkpoint expects "
+                              f"{self.runner.image_size}; set 0 to use the checkpoint's size")
+
+        self._input_errors = 0
+        self._last_input_error = ""
+        self._last_tick: TickResult | None = None
+        self._tick_log: list[tuple[Any, ...]] = []
+        self._started_wall = time.monotonic()
+
+        # Inputs: sensor data best effort (matches reliable publishers too), in their own group so
+        # that under a MultiThreadedExecutor they never wait behind the control tick.
+        self._timer_group = MutuallyExclusiveCallbackGroup()
+        self._io_group = MutuallyExclusiveCallbackGroup()
+        if cfg.compressed_image:
+            self.create_subscription(CompressedImage, cfg.image_topic, self._on_compressed, qos_profile_sensor_data,
+                                     callback_group=self._io_group)
+        else:
+            self.create_subscription(Image, cfg.image_topic, self._on_image, qos_profile_sensor_data,
+                                     callback_group=self._io_group)
+        self.create_subscription(JointState, cfg.joint_states_topic, self._on_joint_state, qos_profile_sensor_data,
+                                 callback_group=self._io_group)
+        self.create_subscription(String, "~/instruction", self._on_instruction, 10, callback_group=self._io_group)
+        self.create_service(SetBool, "~/enable", self._on_enable, callback_group=self._io_group)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+
+        # Outputs, reliable.
+        controller = cfg.controller.strip("/")
+        self._pub_forward = self._pub_trajectory = self._pub_joint_command = None
+        if cfg.output == "forward_position":
+            self._pub_forward = self.create_publisher(Float64MultiArray, f"/{controller}/commands", COMMAND_QOS)
+        elif cfg.output == "joint_trajectory":
+            self._pub_trajectory = self.create_publisher(JointTrajectory, f"/{controller}/joint_trajectory",
+                                                         COMMAND_QOS)
+        else:
+            self._pub_joint_command = self.create_publisher(JointState, cfg.joint_command_topic, COMMAND_QOS)
+        gripper = cfg.gripper_controller.strip("/")
+        self._pub_gripper = (self.create_publisher(Float64MultiArray, f"/{gripper}/commands", COMMAND_QOS)
+                             if gripper and self.kin.gripper_joint_names else None)
+        self._pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._pub_stats = self.create_publisher(String, "~/stats", 10)
+
+        self.worker: InferenceWorker | None = None
+        if self.runner is not None:
+            self.worker = InferenceWorker(self.controller, self.runner, self._now, torch_threads=cfg.torch_threads)
+            self.worker.start()
+        # The timer uses the node clock: with use_sim_time it follows /clock.
+        self._timer = self.create_timer(cfg.period_s, self._on_tick, callback_group=self._timer_group)
+        self._stats_timer = self.create_timer(1.0 / cfg.stats_rate_hz, self._publish_stats,
+                                              callback_group=self._io_group)
+        self.get_logger().info(
+            f"ready: {cfg.control_rate_hz:g} Hz, output {cfg.output}, joints {list(self.controller_joints)}, "
+            f"decoder {cfg.decoder if self.runner else '(inference off)'}, image {self.image_size}px, "
+            f"{'enabled' if cfg.autostart else 'disabled until ~/enable'}")
+
+    # --- set-up -------------------------------------------------------------------------------
+    def _declare_parameters(self) -> NodeConfig:
+        values: dict[str, Any] = {}
+        overrides = getattr(self, "_parameter_overrides", {})
+        for spec in parameter_specs(NodeConfig):
+            if spec.kind is float and spec.name in overrides and overrides[spec.name].type_ == Parameter.Type.INTEGER:
+                # YAML and launch files often write 50 for 50.0; accept it instead of failing.
+                overrides[spec.name] = Parameter(spec.name, Parameter.Type.DOUBLE, float(overrides[spec.name].value))
+            try:
+                if spec.kind is tuple:  # an empty default list would be typed as a byte array
+                    param = self.declare_parameter(spec.name, Parameter.Type.STRING_ARRAY, _descriptor(spec))
+                    value = list(param.value) if param.value is not None else list(spec.default)
+                else:
+                    value = self.declare_parameter(spec.name, spec.default, _descriptor(spec)).value
+            except Exception as err:  # rclpy's type/range exceptions: re-raise with the parameter's meaning
+                raise ConfigError(f"invalid parameter '{spec.name}': {err} ({spec.description})") from err
+            values[spec.name] = value
+        return from_params(NodeConfig, values)
+
+    def _load_kinematics(self) -> ArmKinematics:
+        cfg = self.cfg
+        if cfg.robot_description.strip():
+            source, label = cfg.robot_description, "parameter robot_description"
+        elif cfg.urdf_file:
+            source, label = cfg.urdf_file, f"urdf_file {cfg.urdf_file}"
+        else:
+            xml = self._wait_robot_description(cfg.robot_description_timeout_s)
+            source, label = (xml, "topic /robot_description") if xml else (str(default_urdf()), "package URDF")
+        try:
+            kin = ArmKinematics(source, tcp_frame=cfg.tcp_frame)
+        except ValueError as err:
+            raise ConfigError(f"bad URDF from {label}: {err}") from err
+        self.get_logger().info(f"URDF from {label}: arm joints {list(kin.joint_names)}, "
+                               f"gripper {list(kin.gripper_joint_names)}")
+        return kin
+
+    def _wait_robot_description(self, timeout_s: float) -> str:
+        if timeout_s <= 0:
+            return ""
+        received: list[str] = []
+        sub = self.create_subscription(String, "/robot_description", lambda m: received.append(m.data), LATCHED_QOS)
+        executor = SingleThreadedExecutor(context=self.context)
+        executor.add_node(self)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not received and time.monotonic() < deadline:
+                executor.spin_once(timeout_sec=0.05)
+        finally:
+            executor.remove_node(self)
+            executor.shutdown()
+            self.destroy_subscription(sub)
+        return received[-1] if received else ""
+
+    def _check_controller_joints(self, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+        names = tuple(names)
+        unknown = [n for n in names if n not in self.kin.joint_names]
+        missing = [n for n in self.kin.joint_names if n not in names]
+        if unknown or missing:
+            raise ConfigError(f"parameter 'controller_joints' must list each arm joint once; unknown: {unknown}, "
+                              f"missing: {missing}; arm joints are {list(self.kin.joint_names)}")
+        return names
+
+    def _now(self) -> float:
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    # --- inputs -------------------------------------------------------------------------------
+    def _reject(self, message: str) -> None:
+        self._input_errors += 1
+        self._last_input_error = message
+        self.get_logger().warn(message, throttle_duration_sec=2.0)
+
+    def _on_image(self, msg: Image) -> None:
+        try:
+            rgb = image_to_rgb(msg, self.image_size)
+        except ValueError as err:
+            self._reject(f"image on {self.cfg.image_topic} rejected: {err}")
+            return
+        if (error := self.controller.on_image(rgb, self._now())) is not None:
+            self._reject(error)
+
+    def _on_compressed(self, msg: CompressedImage) -> None:
+        try:
+            rgb = compressed_to_rgb(msg, self.image_size)
+        except ValueError as err:
+            self._reject(f"image on {self.cfg.image_topic} rejected: {err}")
+            return
+        if (error := self.controller.on_image(rgb, self._now())) is not None:
+            self._reject(error)
+
+    def _on_joint_state(self, msg: JointState) -> None:
+        try:
+            q = self.kin.from_named(msg.name, msg.position)
+        except ValueError as err:
+            self._reject(f"joint state rejected: {err}")
+            return
+        fingers = [p for n, p in zip(msg.name, msg.position) if n in self.kin.gripper_joint_names]
+        gripper = float(np.mean(fingers)) if fingers else None
+        if (error := self.controller.on_joint_state(q, gripper, self._now())) is not None:
+            self._reject(error)
+
+    def _on_instruction(self, msg: String) -> None:
+        previous = self.controller.instruction
+        if (error := self.controller.set_instruction(msg.data)) is not None:
+            self._reject(error)
+        elif self.controller.instruction != previous:
+            self.get_logger().info(f"instruction: '{self.controller.instruction}'")
+
+    def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
+        for p in params:
+            if p.name == "instruction":
+                if not str(p.value).strip():
+                    return SetParametersResult(successful=False, reason="instruction must not be empty")
+                self.controller.set_instruction(str(p.value))
+        return SetParametersResult(successful=True)
+
+    def _on_enable(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
+        self.controller.set_enabled(request.data)
+        response.success = True
+        response.message = "enabled" if request.data else "disabled: holding the measured position"
+        self.get_logger().info(response.message)
+        return response
+
+    # --- the tick -----------------------------------------------------------------------------
+    def _on_tick(self) -> None:
+        wall = time.monotonic()
+        result = self.controller.tick(self._now())
+        self._last_tick = result
+        if result.q_command is not None:
+            self._publish_command(result)
+        if len(self._tick_log) < MAX_TICK_LOG:
+            meas = result.q_measured if result.q_measured is not None else np.full(self.kin.n, np.nan)
+            cmd = result.q_command if result.q_command is not None else np.full(self.kin.n, np.nan)
+            self._tick_log.append((wall, result.stamp, SOURCE_CODES[result.source], cmd, meas))
+
+    def _publish_command(self, result: TickResult) -> None:
+        assert result.q_command is not None
+        positions = self.kin.to_named(result.q_command, self.controller_joints).tolist()
+        fingers = result.finger_positions.tolist()
+        if self._pub_forward is not None:
+            self._pub_forward.publish(Float64MultiArray(data=positions))
+        elif self._pub_trajectory is not None:
+            sec = self.cfg.period_s
+            point = JointTrajectoryPoint(positions=positions,
+                                         time_from_start=Duration(sec=int(sec), nanosec=int((sec % 1.0) * 1e9)))
+            # A zero header stamp means "start now" to joint_trajectory_controller.
+            self._pub_trajectory.publish(JointTrajectory(joint_names=list(self.controller_joints), points=[point]))
+        elif self._pub_joint_command is not None:
+            msg = JointState(name=list(self.controller_joints) + list(self.kin.gripper_joint_names),
+                             position=positions + fingers)
+            msg.header.stamp = self.get_clock().now().to_msg()
+            self._pub_joint_command.publish(msg)
+        if self._pub_gripper is not None and fingers:
+            self._pub_gripper.publish(Float64MultiArray(data=fingers))
+
+    # --- reporting ----------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        counters = self.controller.stats
+        out: dict[str, Any] = {
+            "enabled": self.controller.enabled,
+            "instruction": self.controller.instruction,
+            "source": self._last_tick.source if self._last_tick else "",
+            "reason": self._last_tick.reason if self._last_tick else "",
+            "hold_reason": self.controller.hold_reason,
+            "control_rate_hz": self.cfg.control_rate_hz,
+            **counters.__dict__,
+            **self.controller.timing(),
+            "input_errors": self._input_errors,
+            "last_input_error": self._last_input_error,
+            "peak_rss_mb": _rss_mb(),
+            "decoder": self.cfg.decoder if self.runner else "",
+        }
+        if self.worker is not None:
+            out.update({f"inference_{k}": v for k, v in self.worker.stats().items()})
+            out["inference_alive"] = self.worker.alive
+        return out
+
+    def _publish_stats(self) -> None:
+        stats = self.stats()
+        self._pub_stats.publish(String(data=json.dumps(stats)))
+        status = DiagnosticStatus(name=f"{self.get_name()}: control loop", hardware_id="vla_accel_ros")
+        if self._last_tick is None or self._last_tick.q_command is None:
+            status.level, status.message = DiagnosticStatus.ERROR, stats["reason"] or "no tick yet"
+        elif self._last_tick.source == "hold":
+            status.level, status.message = DiagnosticStatus.WARN, f"holding: {self._last_tick.reason}"
+        elif self.worker is not None and not self.worker.alive:
+            status.level, status.message = DiagnosticStatus.ERROR, "inference worker stopped"
+        else:
+            status.level, status.message = DiagnosticStatus.OK, f"running ({self._last_tick.source})"
+        status.values = [KeyValue(key=k, value=str(v)) for k, v in stats.items()]
+        diag = DiagnosticArray(status=[status])
+        diag.header.stamp = self.get_clock().now().to_msg()
+        self._pub_diag.publish(diag)
+
+    def run_summary(self) -> dict[str, Any]:
+        """Statistics of the whole run plus the tick log (for ``stats_file``)."""
+        log = self._tick_log
+        wall = np.array([t[0] for t in log], dtype=float)
+        ros = np.array([t[1] for t in log], dtype=float)
+        period = self.cfg.period_s
+        jitter = np.abs(np.diff(ros) - period) * 1e3 if ros.size > 1 else np.zeros(0)
+        summary = self.stats()
+        summary.update({
+            "period_jitter_ms_p50": float(np.percentile(jitter, 50)) if jitter.size else 0.0,
+            "period_jitter_ms_p99": float(np.percentile(jitter, 99)) if jitter.size else 0.0,
+            "period_jitter_ms_max": float(jitter.max()) if jitter.size else 0.0,
+            "executor": self.cfg.executor,
+            "switch_interval_s": self.cfg.switch_interval_s,
+            "joint_names": list(self.kin.joint_names),
+            "tick_log": {
+                "wall": wall.tolist(),
+                "ros": ros.tolist(),
+                "source": [t[2] for t in log],
+                "command": [np.asarray(t[3]).tolist() for t in log],
+                "measured": [np.asarray(t[4]).tolist() for t in log],
+            },
+        })
+        return summary
+
+    def shutdown(self) -> None:
+        """Stop the worker and write ``stats_file`` if set."""
+        if self.worker is not None:
+            self.worker.stop()
+        if self.cfg.stats_file:
+            path = Path(self.cfg.stats_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(json.dumps(self.run_summary()))  # NaN marks ticks without a command
+            os.replace(tmp, path)
+
+
+def make_executor(kind: str) -> SingleThreadedExecutor | MultiThreadedExecutor:
+    return MultiThreadedExecutor(num_threads=2) if kind == "multi" else SingleThreadedExecutor()
+
+
+def main(args: list[str] | None = None) -> int:
+    rclpy.init(args=args)
+    try:
+        node = VlaAccelNode()
+    except ValueError as err:  # ConfigError, bad URDF or checkpoint: refuse to start, say why
+        print(f"[{NODE_NAME}] refusing to start: {err}", file=sys.stderr, flush=True)
+        rclpy.try_shutdown()
+        return 2
+    executor = make_executor(node.cfg.executor)
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.shutdown()
+        executor.shutdown(timeout_sec=1.0)
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

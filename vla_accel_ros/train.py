@@ -1,0 +1,429 @@
+"""``vla-accel train``: demonstrations -> checkpoint.
+
+Three phases on the same in-memory dataset:
+1. behaviour cloning of the target (teacher-forced cross-entropy over 256 bins for the 7 tokens);
+2. with the target frozen, the draft head (matching the target's greedy tokens, plus EAGLE-style
+   regression onto the target's features) and the contact head (BCE on near-contact labels);
+3. held-out evaluation (last episodes): target-vs-expert token accuracy, draft-vs-target agreement
+   and one-round speculative acceptance lengths, written into model.json and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shlex
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from vla_accel_ros.dataset import DemoDataset, load_demos
+from vla_accel_ros.models.checkpoint import save_checkpoint
+from vla_accel_ros.models.policy import Policy
+from vla_accel_ros.models.vla import VLAConfig
+from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer
+
+ACCEPT_RADII = (0, 2, 9)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str
+    out: str
+    epochs: int = 5
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 100
+    grad_clip: float = 1.0
+    augment_shift: int = 3  # max random image shift in pixels (0 = off)
+    draft_epochs: int = 2
+    draft_lr: float = 1e-3
+    feature_weight: float = 1.0  # weight of the draft's feature regression next to its token loss
+    seed: int = 0
+    max_episodes: int | None = None
+    val_fraction: float = 0.1
+    include_failures: bool = False
+    d_model: int = 128
+    n_layers: int = 3
+    n_heads: int = 4
+    vision_layers: int = 1
+    max_text_len: int = 32
+    patch_size: int = 16
+    local_channels: int = 32
+    eval_batch_size: int = 256
+    save_dtype: str = "float32"
+    device: str = "cpu"
+    threads: int = 2
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "eval_batch_size", "threads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("epochs", "draft_epochs", "warmup_steps", "augment_shift"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0 or self.draft_lr <= 0:
+            raise ValueError("learning rates must be positive")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.max_episodes is not None and self.max_episodes <= 0:
+            raise ValueError(f"max_episodes must be positive, got {self.max_episodes}")
+
+    def command(self) -> str:
+        """The ``vla-accel train`` command line that reproduces this run."""
+        parts = ["vla-accel", "train"]
+        defaults = TrainConfig(data="", out="")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("data", "out") or value != getattr(defaults, f.name):
+                flag = "--" + f.name.replace("_", "-")
+                if isinstance(value, bool):
+                    parts.append(flag if value else "--no-" + f.name.replace("_", "-"))
+                else:
+                    parts += [flag, str(value)]
+        return shlex.join(parts)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def cosine_schedule(step: int, total: int, warmup: int, floor: float = 0.1) -> float:
+    """LR multiplier: linear warm-up, then cosine decay to ``floor``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
+    """Shift each uint8 image (B, H, W, 3) by up to ``max_shift`` pixels, repeating the border."""
+    if max_shift == 0:
+        return images
+    b, h, w, _ = images.shape
+    dy, dx = torch.randint(-max_shift, max_shift + 1, (2, b, 1), generator=generator)
+    rows = (torch.arange(h) + dy).clamp_(0, h - 1)
+    cols = (torch.arange(w) + dx).clamp_(0, w - 1)
+    return images[torch.arange(b)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, data: DemoDataset) -> None:
+        self.cfg = cfg
+        self.data = data
+        self.device = torch.device(cfg.device)
+        self.train_idx, self.val_idx = data.split(cfg.val_fraction)
+        train_actions = data.actions[self.train_idx].numpy()
+        self.tokenizer = ActionTokenizer.from_actions(train_actions)
+        self.tokens = torch.from_numpy(self.tokenizer.encode(data.actions.numpy()))
+        proprio = data.proprio[self.train_idx]
+        std = proprio.std(dim=0).clamp_min(1e-3)  # the gripper can be constant over a small set
+        config = VLAConfig(
+            image_size=data.image_size, patch_size=cfg.patch_size, d_model=cfg.d_model, n_heads=cfg.n_heads,
+            n_layers=cfg.n_layers, vision_layers=cfg.vision_layers, max_text_len=data.text.shape[1],
+            local_channels=cfg.local_channels,
+        )
+        self.policy = Policy.create(config, self.tokenizer, proprio.mean(dim=0).numpy(), std.numpy(), cfg.seed)
+        self.policy.to(self.device)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.history: dict[str, list[float]] = {"bc": [], "bc_val": [], "draft": [], "contact": []}
+
+    def batch(self, idx: torch.Tensor, augment: bool) -> dict[str, torch.Tensor]:
+        images = self.data.images[idx]
+        if augment:
+            images = random_shift(images, self.cfg.augment_shift, self.generator)
+        batch = {
+            "images": images,
+            "text": self.data.text[idx],
+            "proprio": self.data.proprio[idx],
+            "tokens": self.tokens[idx],
+            "contact": self.data.near_contact[idx].float(),
+        }
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def batches(self, idx: torch.Tensor, batch_size: int, shuffle: bool) -> list[torch.Tensor]:
+        order = idx[torch.randperm(len(idx), generator=self.generator)] if shuffle else idx
+        return list(order.split(batch_size))
+
+    # --- phase 1: behaviour cloning -----------------------------------------------------------
+    def bc_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        proprio = self.policy.normalise_proprio(b["proprio"])
+        logits = self.policy.target(b["images"], b["text"], proprio, b["tokens"])
+        loss = F.cross_entropy(logits.reshape(-1, N_BINS), b["tokens"].reshape(-1))
+        return loss, logits.argmax(-1)
+
+    def train_target(self) -> None:
+        cfg, target = self.cfg, self.policy.target
+        if cfg.epochs == 0:
+            return
+        optimizer = torch.optim.AdamW(target.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        total = cfg.epochs * math.ceil(len(self.train_idx) / cfg.batch_size)
+        warmup = min(cfg.warmup_steps, total // 5)
+        sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_schedule(s, total, warmup))
+        for epoch in range(cfg.epochs):
+            target.train()
+            bar = tqdm(self.batches(self.train_idx, cfg.batch_size, True), desc=f"target {epoch + 1}/{cfg.epochs}",
+                       disable=not cfg.progress, dynamic_ncols=True)
+            for idx in bar:
+                loss, _ = self.bc_loss(self.batch(idx, augment=True))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(target.parameters(), cfg.grad_clip)
+                optimizer.step()
+                sched.step()
+                self.history["bc"].append(loss.item())
+                bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{sched.get_last_lr()[0]:.1e}")
+            if len(self.val_idx):
+                val_loss, val_acc = self.eval_teacher_forced()
+                self.history["bc_val"].append(val_loss)
+                tqdm.write(f"epoch {epoch + 1}: val loss {val_loss:.3f}, teacher-forced token accuracy {val_acc:.3f}")
+        target.eval()
+
+    @torch.no_grad()
+    def eval_teacher_forced(self) -> tuple[float, float]:
+        self.policy.target.eval()
+        total_loss, correct, n = 0.0, 0, 0
+        for idx in self.batches(self.val_idx, self.cfg.eval_batch_size, False):
+            b = self.batch(idx, augment=False)
+            loss, pred = self.bc_loss(b)
+            total_loss += loss.item() * len(idx)
+            correct += int((pred == b["tokens"]).sum())
+            n += len(idx)
+        return total_loss / n, correct / (n * self.policy.n_action_tokens)
+
+    # --- phase 2: draft head and contact head -------------------------------------------------
+    def draft_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        policy, target, draft = self.policy, self.policy.target, self.policy.draft
+        n_act = policy.n_action_tokens
+        with torch.no_grad():  # the frozen target's greedy rollout gives tokens, features and KV
+            prefix = policy._prefill(b["images"], b["text"], b["proprio"])
+            greedy, final = policy._greedy(prefix)
+            features = final.action_hidden  # (B, 7, d): at BOS and after each of the first 6 tokens
+            memory = final.kv[-1]
+            pooled = prefix.pooled
+        contact_loss = F.binary_cross_entropy_with_logits(policy.contact_head(pooled), b["contact"])
+        n_prefix = prefix.prefix_len
+
+        def step_loss(pred: torch.Tensor, want_tokens: torch.Tensor, want_features: torch.Tensor) -> torch.Tensor:
+            ce = F.cross_entropy(target.lm_head(pred).reshape(-1, N_BINS), want_tokens.reshape(-1))
+            return ce + self.cfg.feature_weight * F.smooth_l1_loss(pred, want_features)
+
+        # (a) one step from every start: query j reads the target's feature after j tokens and the
+        # KV of the prefix plus those j tokens, exactly what draft_tokens sees after truncation.
+        j = torch.arange(n_act - 1, device=self.device)
+        mask = torch.arange(memory[0].shape[2], device=self.device)[None, :] < (n_prefix + j)[:, None]
+        pred = draft(target.action_emb(greedy[:, :-1]), features[:, :-1], j + 1, memory, mask)
+        loss = step_loss(pred, greedy[:, 1:], features[:, 1:])
+        # (b) a multi-step unroll on the draft's own features from a random start p.
+        p = 0 if torch.rand((), generator=self.generator) < 0.5 else int(
+            torch.randint(0, n_act - 1, (), generator=self.generator))
+        mem = (memory[0][:, :, : n_prefix + p], memory[1][:, :, : n_prefix + p])
+        feature, unroll = features[:, p : p + 1], []
+        for i in range(p + 1, n_act):
+            index = torch.tensor([i], device=self.device)
+            feature = draft(target.action_emb(greedy[:, i - 1 : i]), feature, index, mem)
+            unroll.append(step_loss(feature, greedy[:, i : i + 1], features[:, i : i + 1]))
+        loss = loss + torch.stack(unroll).mean()
+        return loss, contact_loss
+
+    def train_heads(self) -> None:
+        cfg, policy = self.cfg, self.policy
+        if cfg.draft_epochs == 0:
+            return
+        policy.target.eval().requires_grad_(False)
+        params = [*policy.draft.parameters(), *policy.contact_head.parameters()]
+        optimizer = torch.optim.AdamW(params, lr=cfg.draft_lr, weight_decay=cfg.weight_decay)
+        total = cfg.draft_epochs * math.ceil(len(self.train_idx) / cfg.batch_size)
+        warmup = min(cfg.warmup_steps, total // 5)
+        sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_schedule(s, total, warmup))
+        policy.draft.train()
+        policy.contact_head.train()
+        for epoch in range(cfg.draft_epochs):
+            bar = tqdm(self.batches(self.train_idx, cfg.batch_size, True), desc=f"draft {epoch + 1}/{cfg.draft_epochs}",
+                       disable=not cfg.progress, dynamic_ncols=True)
+            for idx in bar:
+                draft_loss, contact_loss = self.draft_loss(self.batch(idx, augment=False))
+                optimizer.zero_grad(set_to_none=True)
+                (draft_loss + contact_loss).backward()
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                optimizer.step()
+                sched.step()
+                self.history["draft"].append(draft_loss.item())
+                self.history["contact"].append(contact_loss.item())
+                bar.set_postfix(draft=f"{draft_loss.item():.3f}", contact=f"{contact_loss.item():.3f}")
+        policy.draft.eval()
+        policy.contact_head.eval()
+        policy.target.requires_grad_(True)
+
+    # --- phase 3: held-out evaluation ---------------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        """Metrics on the held-out episodes (closed-form, no sim): see the module docstring."""
+        policy, idx_all = self.policy, self.val_idx
+        if len(idx_all) == 0:
+            return {"val_samples": 0}
+        n_act = policy.n_action_tokens
+        sums: dict[str, torch.Tensor] = {}
+
+        def add(name: str, value: torch.Tensor) -> None:
+            sums[name] = sums.get(name, 0) + value.double().sum(dim=0)
+
+        contact_logits, contact_labels = [], []
+        for idx in self.batches(idx_all, self.cfg.eval_batch_size, False):
+            b = self.batch(idx, augment=False)
+            prefix = policy.prefill_batch(b["images"], b["text"], b["proprio"])
+            greedy = policy.greedy_decode(prefix)
+            expert = b["tokens"]
+            add("target_exact", (greedy == expert).float())
+            add("target_within2", ((greedy - expert).abs() <= 2).float())
+            add("target_abs_bins", (greedy - expert).abs().float())
+            draft, _ = policy.draft_tokens(prefix, n_act, None)
+            add("draft_exact", (draft == greedy).float())
+            add("draft_within2", ((draft - greedy).abs() <= 2).float())
+            # one speculative round from BOS: the target verifies the whole draft in one pass
+            verify = policy.score(prefix, draft).logits[:, :n_act].argmax(-1)
+            for r in ACCEPT_RADII:
+                accepted = ((draft - verify).abs() <= r).long().cumprod(dim=1).sum(dim=1, keepdim=True)
+                add(f"accept_len_r{r}", accepted.float())
+            contact_logits.append(policy.contact_logits(prefix))
+            contact_labels.append(b["contact"])
+        n = len(idx_all)
+        per_dim = {k: (v / n).tolist() for k, v in sums.items()}
+        logits, labels = torch.cat(contact_logits), torch.cat(contact_labels)
+        metrics: dict[str, Any] = {
+            "val_episodes": int(self.data.episode[idx_all].unique().numel()),
+            "val_samples": n,
+            "target_token_acc": float(np.mean(per_dim["target_exact"])),
+            "target_token_acc_within2": float(np.mean(per_dim["target_within2"])),
+            "target_mean_abs_bin_error": float(np.mean(per_dim["target_abs_bins"])),
+            "target_token_acc_per_dim": per_dim["target_exact"],
+            # position 0 of a draft is the target's own greedy token, so agreement is also
+            # reported over the positions the draft head actually predicts (1..6)
+            "draft_agreement": float(np.mean(per_dim["draft_exact"])),
+            "draft_agreement_pos1_6": float(np.mean(per_dim["draft_exact"][1:])),
+            "draft_agreement_within2": float(np.mean(per_dim["draft_within2"])),
+            "draft_agreement_within2_pos1_6": float(np.mean(per_dim["draft_within2"][1:])),
+            "draft_agreement_per_pos": per_dim["draft_exact"],
+            "contact_bce": float(F.binary_cross_entropy_with_logits(logits, labels)),
+            "contact_acc": float(((logits > 0).float() == labels).float().mean()),
+            "contact_positive_rate": float(labels.mean()),
+        }
+        for r in ACCEPT_RADII:
+            metrics[f"accept_len_r{r}"] = per_dim[f"accept_len_r{r}"][0]
+        if self.history["bc_val"]:
+            metrics["target_val_loss"] = self.history["bc_val"][-1]
+        return metrics
+
+
+def plot_losses(history: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    panels = (("target (BC cross-entropy)", "bc"), ("draft head", "draft"), ("contact head (BCE)", "contact"))
+    for ax, (title, key) in zip(axes, panels):
+        values = np.asarray(history[key], dtype=np.float64)
+        if values.size:
+            ax.plot(values, alpha=0.35, label="train (per step)")
+            window = max(1, values.size // 50)
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            ax.plot(np.arange(smooth.size) + window - 1, smooth, label=f"train (mean of {window})")
+        if key == "bc" and history["bc_val"]:
+            steps_per_epoch = max(1, len(history["bc"]) // len(history["bc_val"]))
+            epochs_end = steps_per_epoch * np.arange(1, len(history["bc_val"]) + 1) - 1
+            ax.plot(epochs_end, history["bc_val"], "o-", label="held-out")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_yscale("log" if values.size and values.min() > 0 else "linear")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Run all phases and write the checkpoint to ``cfg.out``; returns the held-out metrics."""
+    start = time.perf_counter()
+    torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    data = load_demos(cfg.data, cfg.max_text_len, cfg.max_episodes, not cfg.include_failures, cfg.progress)
+    trainer = Trainer(cfg, data)
+    print(
+        f"{data.n_episodes} episodes, {len(data)} steps ({len(trainer.train_idx)} train / {len(trainer.val_idx)} "
+        f"held-out); parameters {trainer.policy.n_parameters()}"
+    )
+    trainer.train_target()
+    trainer.train_heads()
+    metrics = trainer.evaluate()
+    metrics["train_seconds"] = round(time.perf_counter() - start, 1)
+    out = Path(cfg.out)
+    recipe = {
+        **{k: v for k, v in asdict(cfg).items() if k not in ("progress", "out")},
+        "data": str(Path(cfg.data).resolve()),
+        "n_episodes": data.n_episodes,
+        "n_train_samples": len(trainer.train_idx),
+        "n_val_samples": len(trainer.val_idx),
+        "optimizer": "AdamW",
+        "schedule": "linear warm-up + cosine to 10%",
+        "command": cfg.command(),
+    }
+    save_checkpoint(trainer.policy, out, recipe, metrics, dtype=cfg.save_dtype)
+    plot_losses(trainer.history, out / "loss_curves.png")
+    (out / "loss_history.json").write_text(json.dumps(trainer.history))
+    report = {k: v for k, v in metrics.items() if not isinstance(v, list)}
+    print("held-out metrics:\n" + "\n".join(f"  {k}: {v:.4f}" if isinstance(v, float) else f"  {k}: {v}"
+                                            for k, v in report.items()))
+    print(f"checkpoint written to {out}")
+    return metrics
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = TrainConfig(data="", out="")
+    parser.add_argument("--data", required=True, help="demo directory with episode_*.npz")
+    parser.add_argument("--out", required=True, help="checkpoint directory to write")
+    parser.add_argument("--epochs", type=int, default=d.epochs, help="target behaviour-cloning epochs")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--lr", type=float, default=d.lr, help="peak learning rate of the target")
+    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    parser.add_argument("--grad-clip", type=float, default=d.grad_clip)
+    parser.add_argument("--augment-shift", type=int, default=d.augment_shift, help="max random image shift (px)")
+    parser.add_argument("--draft-epochs", type=int, default=d.draft_epochs, help="draft + contact head epochs")
+    parser.add_argument("--draft-lr", type=float, default=d.draft_lr)
+    parser.add_argument("--feature-weight", type=float, default=d.feature_weight)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--max-episodes", type=int, default=None)
+    parser.add_argument("--val-fraction", type=float, default=d.val_fraction, help="held-out share of episodes")
+    parser.add_argument("--include-failures", action="store_true", help="also train on failed episodes")
+    parser.add_argument("--d-model", type=int, default=d.d_model)
+    parser.add_argument("--n-layers", type=int, default=d.n_layers, help="decoder layers")
+    parser.add_argument("--n-heads", type=int, default=d.n_heads)
+    parser.add_argument("--vision-layers", type=int, default=d.vision_layers)
+    parser.add_argument("--max-text-len", type=int, default=d.max_text_len)
+    parser.add_argument("--patch-size", type=int, default=d.patch_size)
+    parser.add_argument("--local-channels", type=int, default=d.local_channels)
+    parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
+    parser.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default=d.save_dtype)
+    parser.add_argument("--device", default=d.device)
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    names = {f.name for f in fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+    train(cfg)
+    return 0

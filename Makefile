@@ -16,8 +16,9 @@ $(STAMP): requirements.txt requirements-ros.txt setup.py package.xml
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
+# The whole system: the MuJoCo sim bridge and the VLA node as two ROS 2 processes over DDS.
 demo: $(STAMP)
-	$(PY) -m vla_accel_ros.cli demos --episodes 3 --seed 1000 --out outputs/demo_expert
+	$(PY) -m vla_accel_ros.cli sim --episodes 3 --control-rate 20 --decoder kerv --seed 100000 --out outputs/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q test

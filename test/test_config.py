@@ -95,3 +95,16 @@ def test_bad_yaml_file_is_reported(tmp_path):
     path.write_text("a: [1, 2\n")
     with pytest.raises(ConfigError, match="bad.yaml"):
         load_yaml_params(path, "vla_accel_node")
+
+
+def test_inference_mode_restarts_and_realtime_priority_are_validated():
+    cfg = NodeConfig()
+    assert cfg.inference_mode == "process" and cfg.inference_restarts >= 0 and 0 <= cfg.realtime_priority <= 98
+    assert NodeConfig(inference_mode="thread", realtime_priority=0).inference_mode == "thread"
+    for params, words in [({"inference_mode": "fork"}, ["inference_mode", "thread", "process"]),
+                          ({"inference_restarts": -1}, ["inference_restarts", "out of range"]),
+                          ({"realtime_priority": 99}, ["realtime_priority", "out of range"])]:
+        with pytest.raises(ConfigError) as err:
+            from_params(NodeConfig, params)
+        for word in words:
+            assert word in str(err.value)

@@ -20,6 +20,7 @@ import yaml
 
 OUTPUT_FORMATS = ("forward_position", "joint_trajectory", "joint_state")
 EXECUTORS = ("single", "multi")
+INFERENCE_MODES = ("thread", "process")
 
 
 class ConfigError(ValueError):
@@ -131,6 +132,15 @@ class NodeConfig:
     switch_interval_s: float = _p(0.001, "Python thread switch interval (sys.setswitchinterval): smaller lets "
                                   "the control timer preempt inference sooner", range=(1e-5, 0.1))
     torch_threads: int = _p(1, "torch intra-op threads of the inference worker", range=(1, 256))
+    inference_mode: str = _p("process", "Where the policy runs: thread (beside the control timer, sharing the "
+                             "Python interpreter) or process (a child process fed through shared memory; its "
+                             "Python never delays a tick)", choices=INFERENCE_MODES)
+    realtime_priority: int = _p(20, "SCHED_FIFO priority (1-98) of the thread that spins the executor and so runs "
+                                "the control timer; 0 = normal scheduling. Other busy processes otherwise delay "
+                                "ticks by a scheduler slice (3-5 ms). Needs root, CAP_SYS_NICE or an rtprio limit; "
+                                "when refused the node warns and runs with normal scheduling", range=(0, 98))
+    inference_restarts: int = _p(3, "process mode: how often a dead inference process is restarted (the arm "
+                                 "holds meanwhile) before the node stays in hold and reports it", range=(0, 1000))
     stats_rate_hz: float = _p(1.0, "Rate of /diagnostics and ~/stats", range=(0.05, 50.0))
     stats_file: str = _p("", "If set, write the run's statistics and tick log (JSON) here at shutdown")
 

@@ -122,6 +122,8 @@ class Controller:
         self._last_tick: float | None = None
         self._hold_q: np.ndarray | None = None
         self._hold_reason = ""
+        self._inference_fault = ""  # why the inference worker is down ('' = up): hold meanwhile
+        self._config_fault = ""  # e.g. a robot description that contradicts the URDF in use: hold
         self._periods: deque[float] = deque(maxlen=self.config.jitter_window)
         self._max_opening = float(kin.gripper_limits.upper.max()) if kin.gripper_joint_names else 0.0
         # Reach of the arm from its measured position within one command's horizon.
@@ -129,22 +131,27 @@ class Controller:
 
     # --- inputs (any thread) ------------------------------------------------------------------
     def on_joint_state(self, q: np.ndarray, gripper_opening: float | None, now: float) -> str | None:
-        """Store a measurement (arm order). Returns an error message if it was rejected."""
+        """Store a measurement (arm order). Returns an error message if it was rejected, or a notice
+        when the clock went back by more than a period (then the sample is taken, see
+        ``_clock_went_back_locked``)."""
         q = np.asarray(q, dtype=float)
+        notice = None
         with self._lock:
             if q.shape != (self.kin.n,) or not np.all(np.isfinite(q)):
                 self._counters.add("inputs_rejected")
                 return f"joint state rejected: expected {self.kin.n} finite positions, got {q}"
             if now < self._q_rx:
-                self._counters.add("inputs_rejected")
-                return f"joint state rejected: time went backwards ({now:.6f} < {self._q_rx:.6f})"
+                if self._q_rx - now <= self.config.period_s:
+                    self._counters.add("inputs_rejected")
+                    return f"joint state rejected: time went backwards ({now:.6f} < {self._q_rx:.6f})"
+                notice = self._clock_went_back_locked("joint state", now, self._q_rx)
             if self._q is not None and self._is_jump(q, now):
                 self._restart_locked()
             self._kf.update(q, now)  # equal stamps are skipped by the filter
             self._q, self._q_rx = q, now
             if gripper_opening is not None and math.isfinite(gripper_opening):
                 self._gripper_opening = float(gripper_opening)
-        return None
+        return notice
 
     def on_image(self, image: np.ndarray, now: float) -> str | None:
         """Store an RGB uint8 image (already at the model's input size)."""
@@ -152,13 +159,27 @@ class Controller:
             if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
                 self._counters.add("inputs_rejected")
                 return f"image rejected: expected uint8 HxWx3 RGB, got {image.dtype} {image.shape}"
+            notice = None
             if now < self._image_rx:
-                self._counters.add("inputs_rejected")
-                return f"image rejected: time went backwards ({now:.6f} < {self._image_rx:.6f})"
+                if self._image_rx - now <= self.config.period_s:
+                    self._counters.add("inputs_rejected")
+                    return f"image rejected: time went backwards ({now:.6f} < {self._image_rx:.6f})"
+                notice = self._clock_went_back_locked("image", now, self._image_rx)
             self._image, self._image_rx = image, now
             self._obs_seq += 1
             self._new_obs.notify_all()
-        return None
+        return notice
+
+    def _clock_went_back_locked(self, what: str, now: float, before: float) -> str:
+        """The clock itself went back (sim reset, bag played again): arrival times are on that
+        clock, so the sample is current. Motion history and pending actions belong to the old
+        timeline; the other input keeps its old, now future, stamp and counts as stale until it
+        arrives again (the watchdog holds meanwhile)."""
+        self._kf.reset()
+        self._action = None
+        self._last_tick = None
+        return (f"{what}: time went backwards by {before - now:.3f} s ({now:.6f} < {before:.6f}): clock reset, "
+                f"filter and pending action dropped, holding until every input is current")
 
     def set_instruction(self, text: str) -> str | None:
         text = text.strip()
@@ -176,6 +197,23 @@ class Controller:
             if enabled and not self._enabled:
                 self._action = None  # nothing decided while disabled is executed later
             self._enabled = bool(enabled)
+
+    def set_inference_fault(self, reason: str) -> None:
+        """The inference worker is down (its process died, ...): hold the measured position and report
+        ``reason`` until it is cleared with ''. Extrapolating with the filter for the seconds a
+        restart takes would carry the arm's last motion on."""
+        with self._lock:
+            self._inference_fault = reason.strip()
+            if self._inference_fault:
+                self._action = None
+
+    def set_config_fault(self, reason: str) -> None:
+        """Hold the measured position with ``reason`` until cleared with '' (the node's set-up no
+        longer matches the robot, e.g. a late robot description that differs)."""
+        with self._lock:
+            self._config_fault = reason.strip()
+            if self._config_fault:
+                self._action = None
 
     @property
     def enabled(self) -> bool:
@@ -221,6 +259,8 @@ class Controller:
     # --- the tick -----------------------------------------------------------------------------
     def tick(self, now: float) -> TickResult:
         with self._lock:
+            if self._last_tick is not None and now < self._last_tick - self.config.period_s:
+                self._clock_went_back_locked("tick", now, self._last_tick)  # the watchdog holds below
             period = math.nan if self._last_tick is None else now - self._last_tick
             self._counters.add("ticks")
             if math.isfinite(period):
@@ -250,14 +290,22 @@ class Controller:
             return "no joint state received"
         if now - self._q_rx > self.config.joint_state_timeout_s:
             return f"joint states stale ({now - self._q_rx:.3f} s > {self.config.joint_state_timeout_s} s)"
+        if self._q_rx - now > self.config.period_s:
+            return f"joint states stale (stamped {self._q_rx - now:.3f} s ahead: the clock went back)"
         if self._image is None:
             return "no camera image received"
         if now - self._image_rx > self.config.camera_timeout_s:
             return f"camera stale ({now - self._image_rx:.3f} s > {self.config.camera_timeout_s} s)"
+        if self._image_rx - now > self.config.period_s:
+            return f"camera stale (stamped {self._image_rx - now:.3f} s ahead: the clock went back)"
         if not self._enabled:
             return "disabled"
         if not self._instruction:
             return "waiting for an instruction"
+        if self._inference_fault:
+            return f"inference unavailable: {self._inference_fault}"
+        if self._config_fault:
+            return self._config_fault
         return ""
 
     def _hold_locked(self, reason: str) -> np.ndarray | None:

@@ -12,16 +12,22 @@ description and range, see ``config.NodeConfig`` and config/vla_accel.yaml):
 - ``/diagnostics`` and ``~/stats`` (JSON) at ``stats_rate_hz``; service ``~/enable`` (SetBool).
 
 The control timer runs on the node clock (``use_sim_time`` works) in its own mutually exclusive
-callback group; inference runs in a worker thread, never in a callback.
+callback group; inference never runs in a callback: by default in a child process
+(``inference_mode: process``, ``inference_process.py``), optionally in a worker thread. The thread
+that spins the executor runs under SCHED_FIFO (``realtime_priority``) where the system allows it.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import math
 import os
+import re
 import resource
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +50,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from vla_accel_ros.config import ConfigError, NodeConfig, ParamSpec, from_params, parameter_specs
 from vla_accel_ros.controller import Controller, TickResult
 from vla_accel_ros.inference import InferenceWorker, PolicyRunner
+from vla_accel_ros.inference_process import ChildSpec, ProcessInferenceWorker
 from vla_accel_ros.kinematics import ArmKinematics
 from vla_accel_ros.resources import default_checkpoint, default_urdf
 
@@ -60,6 +67,7 @@ ENCODINGS: dict[str, tuple[int, int | None]] = {
 }
 SOURCE_CODES = {"policy": 0, "fallback": 1, "hold": 2}
 MAX_TICK_LOG = 200_000
+LOG_THROTTLE_S = 10.0  # each kind of input problem is logged at most once per this long
 
 
 # --- message conversion (no per-pixel Python) ----------------------------------------------------
@@ -79,8 +87,12 @@ def image_to_rgb(msg: Image, size: int) -> np.ndarray:
     h, w, step = int(msg.height), int(msg.width), int(msg.step)
     if h <= 0 or w <= 0:
         raise ValueError(f"image has size {w}x{h}")
-    if step < w * channels or len(msg.data) < h * step:
+    if step < w * channels:
+        raise ValueError(f"image step {step} is smaller than width {w} x {channels} channels of {encoding}")
+    if len(msg.data) < h * step:
         raise ValueError(f"image data ({len(msg.data)} bytes, step {step}) too small for {w}x{h} {encoding}")
+    if len(msg.data) != h * step:  # sensor_msgs/Image: data is exactly step x height bytes
+        raise ValueError(f"image data length {len(msg.data)} does not match step {step} x height {h} = {h * step}")
     rows = np.frombuffer(msg.data, dtype=np.uint8, count=h * step).reshape(h, step)
     pixels = rows[:, : w * channels].reshape(h, w, channels)
     rgb = pixels if conversion is None else cv2.cvtColor(pixels, conversion)
@@ -89,10 +101,49 @@ def image_to_rgb(msg: Image, size: int) -> np.ndarray:
 
 def compressed_to_rgb(msg: CompressedImage, size: int) -> np.ndarray:
     """sensor_msgs/CompressedImage (jpeg/png) -> RGB uint8 (size, size, 3)."""
-    bgr = cv2.imdecode(np.frombuffer(msg.data, dtype=np.uint8), cv2.IMREAD_COLOR)
+    if len(msg.data) == 0:
+        raise ValueError(f"compressed image (format '{msg.format}') has no data")
+    try:
+        bgr = cv2.imdecode(np.frombuffer(msg.data, dtype=np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error:  # OpenCV asserts on some malformed headers instead of returning None
+        bgr = None
     if bgr is None:
         raise ValueError(f"cannot decode compressed image (format '{msg.format}', {len(msg.data)} bytes)")
     return _resize(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), size)
+
+
+def joint_state_to_arm(kin: ArmKinematics, names: Any, positions: Any) -> tuple[np.ndarray, float | None]:
+    """JointState names/positions (any order, extra joints, no velocity or effort needed) -> arm
+    positions in URDF order and the mean finger opening (None without finite finger values);
+    ValueError naming what is wrong (lengths, duplicated or missing arm joints, NaN/inf)."""
+    names, positions = list(names), [float(p) for p in positions]
+    if len(names) != len(positions):
+        raise ValueError(f"{len(names)} joint names but {len(positions)} positions")
+    doubled = sorted({n for n in names if n in kin.joint_names and names.count(n) > 1})
+    if doubled:
+        raise ValueError(f"arm joint(s) named more than once: {', '.join(doubled)}")
+    q = kin.from_named(names, positions)  # MissingJointsError names the missing arm joints
+    bad = [f"{n}={v}" for n, v in zip(kin.joint_names, q) if not np.isfinite(v)]
+    if bad:
+        raise ValueError(f"non-finite joint positions: {', '.join(bad)}")
+    fingers = [p for n, p in zip(names, positions) if n in kin.gripper_joint_names and np.isfinite(p)]
+    return q, (float(np.mean(fingers)) if fingers else None)
+
+
+def kinematics_difference(a: ArmKinematics, b: ArmKinematics) -> str:
+    """'' if ``b`` describes the same arm as ``a`` (joints, limits, geometry), else what differs."""
+    if tuple(a.joint_names) != tuple(b.joint_names):
+        return f"names arm joints {list(b.joint_names)}, not {list(a.joint_names)}"
+    if tuple(a.gripper_joint_names) != tuple(b.gripper_joint_names):
+        return f"names gripper joints {list(b.gripper_joint_names)}, not {list(a.gripper_joint_names)}"
+    for name in ("lower", "upper", "velocity"):
+        if not np.allclose(getattr(a.limits, name), getattr(b.limits, name), equal_nan=True):
+            return f"has other {name} joint limits ({getattr(b.limits, name)} vs {getattr(a.limits, name)})"
+    q = np.clip(np.zeros(a.n), a.limits.lower, a.limits.upper) + 0.1 * np.arange(a.n) / a.n
+    pa, pb = a.fk(q), b.fk(q)
+    if not (np.allclose(pa.position, pb.position, atol=1e-9) and np.allclose(pa.rotation, pb.rotation, atol=1e-9)):
+        return "has other link geometry (its forward kinematics differ)"
+    return ""
 
 
 def _descriptor(spec: ParamSpec) -> ParameterDescriptor:
@@ -137,24 +188,43 @@ class VlaAccelNode(Node):
         if cfg.instruction.strip():
             self.controller.set_instruction(cfg.instruction)
 
-        self.runner: PolicyRunner | None = None
+        self.runner: PolicyRunner | None = None  # thread mode only; process mode keeps it in the child
+        self.worker: InferenceWorker | ProcessInferenceWorker | None = None
+        model_size = 0
         if cfg.inference:
             checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else default_checkpoint()
             try:
-                self.runner = PolicyRunner.load(checkpoint, cfg.decoder, self.kin, action_dt_s=cfg.action_dt_s,
-                                                period_s=cfg.period_s)
+                if cfg.inference_mode == "process":  # started here: it reports the model's image size
+                    spec = ChildSpec(str(checkpoint), cfg.decoder, self.kin.urdf_xml, self.kin.tcp_frame,
+                                     cfg.action_dt_s, cfg.period_s, cfg.torch_threads)
+                    self.worker = ProcessInferenceWorker(self.controller, spec, self._now,
+                                                         max_restarts=cfg.inference_restarts)
+                    self.worker.start()
+                    model_size = self.worker.image_size
+                else:
+                    self.runner = PolicyRunner.load(checkpoint, cfg.decoder, self.kin, action_dt_s=cfg.action_dt_s,
+                                                    period_s=cfg.period_s)
+                    model_size = self.runner.image_size
             except (OSError, ValueError, KeyError) as err:
                 raise ConfigError(f"cannot load policy checkpoint '{checkpoint}' with decoder '{cfg.decoder}': {err}") from err
-        self.image_size = cfg.image_size or (self.runner.image_size if self.runner else 128)
-        if self.runner and self.image_size != self.runner.image_size:
+        self.image_size = cfg.image_size or model_size or 128
+        if model_size and self.image_size != model_size:
+            if self.worker is not None:
+                self.worker.stop()
             raise ConfigError(f"parameter 'image_size' = {cfg.image_size} but the checkpoint expects "
-                              f"{self.runner.image_size}; set 0 to use the checkpoint's size")
+                              f"{model_size}; set 0 to use the checkpoint's size")
 
         self._input_errors = 0
+        self._realtime_priority = 0  # set by apply_realtime_priority()
         self._last_input_error = ""
         self._last_tick: TickResult | None = None
         self._tick_log: list[tuple[Any, ...]] = []
         self._started_wall = time.monotonic()
+        self._logged: dict[str, float] = {}  # kind of problem -> when it was last logged
+        self._recent_errors: deque[tuple[float, str]] = deque(maxlen=64)  # (monotonic, message)
+        self._header_stamps: dict[str, float] = {}
+        self._inference_errors_seen = 0
+        self._last_policy_stamp: float | None = None
 
         # Inputs: sensor data best effort (matches reliable publishers too), in their own group so
         # that under a MultiThreadedExecutor they never wait behind the control tick.
@@ -169,6 +239,9 @@ class VlaAccelNode(Node):
         self.create_subscription(JointState, cfg.joint_states_topic, self._on_joint_state, qos_profile_sensor_data,
                                  callback_group=self._io_group)
         self.create_subscription(String, "~/instruction", self._on_instruction, 10, callback_group=self._io_group)
+        if self._description_fallback:  # a robot_state_publisher that starts after us is checked
+            self.create_subscription(String, "/robot_description", self._on_late_description, LATCHED_QOS,
+                                     callback_group=self._io_group)
         self.create_service(SetBool, "~/enable", self._on_enable, callback_group=self._io_group)
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
@@ -188,7 +261,6 @@ class VlaAccelNode(Node):
         self._pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._pub_stats = self.create_publisher(String, "~/stats", 10)
 
-        self.worker: InferenceWorker | None = None
         if self.runner is not None:
             self.worker = InferenceWorker(self.controller, self.runner, self._now, torch_threads=cfg.torch_threads)
             self.worker.start()
@@ -198,8 +270,12 @@ class VlaAccelNode(Node):
                                               callback_group=self._io_group)
         self.get_logger().info(
             f"ready: {cfg.control_rate_hz:g} Hz, output {cfg.output}, joints {list(self.controller_joints)}, "
-            f"decoder {cfg.decoder if self.runner else '(inference off)'}, image {self.image_size}px, "
-            f"{'enabled' if cfg.autostart else 'disabled until ~/enable'}")
+            f"decoder {cfg.decoder if self.worker else '(inference off)'} ({cfg.inference_mode}), image "
+            f"{self.image_size}px, {'enabled' if cfg.autostart else 'disabled until ~/enable'}")
+        # Start-up garbage (imports, model, URDF) is never scanned again: a full collection over it
+        # took 20-80 ms, i.e. whole missed ticks, when it happened to run in the executor thread.
+        gc.collect()
+        gc.freeze()
 
     # --- set-up -------------------------------------------------------------------------------
     def _declare_parameters(self) -> NodeConfig:
@@ -222,6 +298,7 @@ class VlaAccelNode(Node):
 
     def _load_kinematics(self) -> ArmKinematics:
         cfg = self.cfg
+        self._description_fallback = False
         if cfg.robot_description.strip():
             source, label = cfg.robot_description, "parameter robot_description"
         elif cfg.urdf_file:
@@ -229,6 +306,7 @@ class VlaAccelNode(Node):
         else:
             xml = self._wait_robot_description(cfg.robot_description_timeout_s)
             source, label = (xml, "topic /robot_description") if xml else (str(default_urdf()), "package URDF")
+            self._description_fallback = not xml
         try:
             kin = ArmKinematics(source, tcp_frame=cfg.tcp_frame)
         except ValueError as err:
@@ -268,11 +346,51 @@ class VlaAccelNode(Node):
 
     # --- inputs -------------------------------------------------------------------------------
     def _reject(self, message: str) -> None:
+        """Count, keep for /diagnostics, and log each kind of problem once per LOG_THROTTLE_S."""
         self._input_errors += 1
         self._last_input_error = message
-        self.get_logger().warn(message, throttle_duration_sec=2.0)
+        now = time.monotonic()
+        self._recent_errors.append((now, message))
+        kind = re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", message)  # the same problem with other numbers
+        if now - self._logged.get(kind, -math.inf) >= LOG_THROTTLE_S:
+            self._logged[kind] = now
+            self.get_logger().warn(message)
+
+    def _header_in_order(self, what: str, msg: Any) -> bool:
+        """Header stamps a little older than the previous one: out-of-order delivery, drop it;
+        much older (past the watchdogs): the sender's clock was reset, report it and go on."""
+        stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+        last = self._header_stamps.get(what)
+        if stamp <= 0.0 or last is None or stamp >= last:
+            self._header_stamps[what] = max(stamp, last or 0.0)
+            return True
+        back = last - stamp
+        if back <= max(self.cfg.camera_timeout_s, self.cfg.joint_state_timeout_s):
+            self._reject(f"{what} dropped: header stamp {stamp:.6f} is {back:.3f} s older than the previous "
+                         f"one (out-of-order delivery)")
+            return False
+        self._header_stamps[what] = stamp
+        self._reject(f"{what}: header stamps went back by {back:.3f} s (sender clock reset?); following them")
+        return True
+
+    def _on_late_description(self, msg: String) -> None:
+        """/robot_description published after start-up (the package URDF is in use): hold while it
+        describes another arm, carry on when it matches (restart the node to adopt a new one)."""
+        try:
+            problem = kinematics_difference(self.kin, ArmKinematics(msg.data, tcp_frame=self.cfg.tcp_frame))
+        except ValueError as err:
+            problem = f"is not a usable URDF: {err}"
+        if problem:
+            reason = f"robot_description received after start-up {problem}; holding (restart the node to use it)"
+            self.controller.set_config_fault(reason)
+            self._reject(reason)
+        else:
+            self.controller.set_config_fault("")
+            self.get_logger().info("robot_description received after start-up matches the URDF in use")
 
     def _on_image(self, msg: Image) -> None:
+        if not self._header_in_order("image", msg):
+            return
         try:
             rgb = image_to_rgb(msg, self.image_size)
         except ValueError as err:
@@ -282,6 +400,8 @@ class VlaAccelNode(Node):
             self._reject(error)
 
     def _on_compressed(self, msg: CompressedImage) -> None:
+        if not self._header_in_order("image", msg):
+            return
         try:
             rgb = compressed_to_rgb(msg, self.image_size)
         except ValueError as err:
@@ -291,13 +411,13 @@ class VlaAccelNode(Node):
             self._reject(error)
 
     def _on_joint_state(self, msg: JointState) -> None:
+        if not self._header_in_order("joint state", msg):
+            return
         try:
-            q = self.kin.from_named(msg.name, msg.position)
+            q, gripper = joint_state_to_arm(self.kin, msg.name, msg.position)
         except ValueError as err:
             self._reject(f"joint state rejected: {err}")
             return
-        fingers = [p for n, p in zip(msg.name, msg.position) if n in self.kin.gripper_joint_names]
-        gripper = float(np.mean(fingers)) if fingers else None
         if (error := self.controller.on_joint_state(q, gripper, self._now())) is not None:
             self._reject(error)
 
@@ -328,6 +448,8 @@ class VlaAccelNode(Node):
         wall = time.monotonic()
         result = self.controller.tick(self._now())
         self._last_tick = result
+        if result.source == "policy" or self._last_policy_stamp is None:
+            self._last_policy_stamp = result.stamp
         if result.q_command is not None:
             self._publish_command(result)
         if len(self._tick_log) < MAX_TICK_LOG:
@@ -370,7 +492,8 @@ class VlaAccelNode(Node):
             "input_errors": self._input_errors,
             "last_input_error": self._last_input_error,
             "peak_rss_mb": _rss_mb(),
-            "decoder": self.cfg.decoder if self.runner else "",
+            "realtime_priority": self._realtime_priority,
+            "decoder": self.cfg.decoder if self.worker else "",
         }
         if self.worker is not None:
             out.update({f"inference_{k}": v for k, v in self.worker.stats().items()})
@@ -383,16 +506,41 @@ class VlaAccelNode(Node):
         status = DiagnosticStatus(name=f"{self.get_name()}: control loop", hardware_id="vla_accel_ros")
         if self._last_tick is None or self._last_tick.q_command is None:
             status.level, status.message = DiagnosticStatus.ERROR, stats["reason"] or "no tick yet"
+        elif self.worker is not None and not self.worker.alive:
+            why = stats.get("inference_down_reason") or stats.get("inference_last_error") or "thread ended"
+            status.level, status.message = DiagnosticStatus.ERROR, f"inference worker stopped: {why}"
         elif self._last_tick.source == "hold":
             status.level, status.message = DiagnosticStatus.WARN, f"holding: {self._last_tick.reason}"
-        elif self.worker is not None and not self.worker.alive:
-            status.level, status.message = DiagnosticStatus.ERROR, "inference worker stopped"
         else:
             status.level, status.message = DiagnosticStatus.OK, f"running ({self._last_tick.source})"
+        warning, recent = self._warning(stats)
+        if warning:
+            status.level = max(status.level, DiagnosticStatus.WARN)
+            status.message = warning if status.message.startswith("running") else f"{status.message}; {warning}"
         status.values = [KeyValue(key=k, value=str(v)) for k, v in stats.items()]
+        status.values += [KeyValue(key=f"recent_input_error_{i}", value=m) for i, m in enumerate(recent)]
         diag = DiagnosticArray(status=[status])
         diag.header.stamp = self.get_clock().now().to_msg()
         self._pub_diag.publish(diag)
+
+    def _warning(self, stats: dict[str, Any]) -> tuple[str, list[str]]:
+        """What degrades a running node since the last report: input rejected, inference failing
+        or too slow to give fresh actions; and the distinct input problems of that window."""
+        window = max(2.0, 1.0 / self.cfg.stats_rate_hz)
+        now = time.monotonic()
+        recent = list(dict.fromkeys(m for t, m in self._recent_errors if now - t <= window))
+        warnings = []
+        errors = int(stats.get("inference_errors", 0) or 0)
+        new_errors, self._inference_errors_seen = errors - self._inference_errors_seen, errors
+        if new_errors > 0:
+            warnings.append(f"inference failed {new_errors} time(s): {stats.get('inference_last_error', '')}")
+        if recent:
+            warnings.append(f"input rejected: {recent[-1]}")
+        stale = self._now() - (self._last_policy_stamp if self._last_policy_stamp is not None else self._now())
+        if (self.worker is not None and self._last_tick is not None and self._last_tick.source == "fallback"
+                and stale > max(self.cfg.action_timeout_s, 3 * self.cfg.period_s)):
+            warnings.append(f"no fresh policy action for {stale:.2f} s (inference slow or stuck): Kalman fallback")
+        return "; ".join(warnings), recent
 
     def run_summary(self) -> dict[str, Any]:
         """Statistics of the whole run plus the tick log (for ``stats_file``)."""
@@ -418,6 +566,27 @@ class VlaAccelNode(Node):
             },
         })
         return summary
+
+    def apply_realtime_priority(self) -> int:
+        """Put the calling thread (the one about to spin the executor) under SCHED_FIFO at
+        ``realtime_priority``, so that other processes on the machine cannot delay the control tick
+        by a scheduler slice. Threads it creates later (executor pools) inherit it; an inference
+        thread does not (it would take a core). The process mode's feeder thread gets it too: it
+        shares the GIL with this thread. Returns the priority in effect (0: normal scheduling)."""
+        prio = self.cfg.realtime_priority
+        if prio > 0:
+            try:
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(prio))
+                if isinstance(self.worker, ProcessInferenceWorker):
+                    self.worker.set_realtime_priority(prio)
+                self._realtime_priority = prio
+                self.get_logger().info(f"control loop runs at SCHED_FIFO priority {prio}")
+            except (OSError, AttributeError) as err:
+                self.get_logger().warn(
+                    f"could not run the control loop at SCHED_FIFO priority {prio} ({err}); it runs with normal "
+                    f"scheduling, so busy processes can delay ticks by a few ms. Grant CAP_SYS_NICE or an rtprio "
+                    f"limit, or set realtime_priority: 0 to silence this")
+        return self._realtime_priority
 
     def shutdown(self) -> None:
         """Stop the worker and write ``stats_file`` if set."""
@@ -445,6 +614,7 @@ def main(args: list[str] | None = None) -> int:
         return 2
     executor = make_executor(node.cfg.executor)
     executor.add_node(node)
+    node.apply_realtime_priority()  # this thread spins the executor, so it runs the control timer
     try:
         executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -162,8 +163,11 @@ class _Monitor:
         self._thread.join(timeout=2.0)
 
 
-def run_sim(opts: SimRunOptions, progress: bool = True) -> dict[str, Any]:
-    """Run ``opts.episodes`` episodes through ROS topics; returns the summary (also written to disk)."""
+def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """Run ``opts.episodes`` episodes through ROS topics; returns the summary (also written to disk).
+
+    ``attach(domain_id)`` starts something else on the run's domain (the bag recorder) once the
+    processes are launched; its ``close()`` is called before they are stopped."""
     from tqdm import tqdm
 
     out = Path(opts.out)
@@ -187,7 +191,9 @@ def run_sim(opts: SimRunOptions, progress: bool = True) -> dict[str, Any]:
                             env=env, stdout=logs[1], stderr=subprocess.STDOUT)
     monitor = _Monitor(domain)
     peak_rss = float("nan")
+    attached = None
     try:
+        attached = attach(domain) if attach is not None else None
         ready = monitor.wait_for(lambda: bool(monitor.stats) and monitor.joint_states > 0 or
                                  node.poll() is not None or sim.poll() is not None, READY_TIMEOUT_S)
         if not ready or node.poll() is not None or sim.poll() is not None:
@@ -204,6 +210,8 @@ def run_sim(opts: SimRunOptions, progress: bool = True) -> dict[str, Any]:
             bar.set_postfix(success=sum(e["success"] for e in monitor.episodes) / len(monitor.episodes))
         peak_rss = _peak_rss_mb(node.pid)
     finally:
+        if attached is not None:
+            attached.close()
         _stop(node)
         _stop(sim)
         monitor.close()

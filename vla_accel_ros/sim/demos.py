@@ -38,10 +38,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-size", type=int, default=128, help="camera image side in pixels")
     parser.add_argument("--max-steps", type=int, default=120, help="episode step limit at 20 Hz")
     parser.add_argument("--only-successes", action="store_true", help="keep only successful episodes on disk")
+    parser.add_argument(
+        "--action-noise", type=float, default=0.0,
+        help="execute expert actions perturbed by this fraction of the step limits, record the clean ones",
+    )
 
 
 def record_demos(
-    out: Path, episodes: int, seed: int, config: SimConfig, only_successes: bool = False, progress: bool = True
+    out: Path,
+    episodes: int,
+    seed: int,
+    config: SimConfig,
+    only_successes: bool = False,
+    progress: bool = True,
+    action_noise: float = 0.0,
 ) -> dict:
     if episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {episodes}")
@@ -52,7 +62,7 @@ def record_demos(
         bar = tqdm(range(episodes), desc="demos", unit="ep", disable=not progress)
         for i in bar:
             episode_seed = seed + i
-            result = run_expert_episode(env, episode_seed, record=True)
+            result = run_expert_episode(env, episode_seed, record=True, action_noise=action_noise)
             successes += int(result["success"])
             steps_total += result["steps"]
             if not result["success"]:
@@ -83,6 +93,7 @@ def record_demos(
         "max_steps": config.max_steps,
         "steps_total": steps_total,
         "failed_seeds": failed,
+        "action_noise": action_noise,
         "wall_s": round(time.perf_counter() - start, 2),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -91,7 +102,7 @@ def record_demos(
 
 def run(args: argparse.Namespace) -> int:
     config = SimConfig(image_size=args.image_size, max_steps=args.max_steps)
-    summary = record_demos(args.out, args.episodes, args.seed, config, args.only_successes)
+    summary = record_demos(args.out, args.episodes, args.seed, config, args.only_successes, action_noise=args.action_noise)
     print(
         f"expert: {summary['success_rate']:.1%} success over {summary['episodes']} episodes "
         f"(seeds {args.seed}..{args.seed + args.episodes - 1}), {summary['steps_total']} steps -> {args.out}"

@@ -92,9 +92,16 @@ class ScriptedExpert:
         return np.concatenate([translation, rotation, [gripper]]).astype(np.float32)
 
 
-def run_expert_episode(env: PickCubeEnv, seed: int, record: bool = False) -> dict:
-    """Run one expert episode; return success and, if ``record``, every step's data."""
+def run_expert_episode(env: PickCubeEnv, seed: int, record: bool = False, action_noise: float = 0.0) -> dict:
+    """Run one expert episode; return success and, if ``record``, every step's data.
+
+    ``action_noise`` > 0 executes a perturbed action (Gaussian, that fraction of the per-step
+    translation/rotation limits) while recording the expert's clean action. Training on such
+    episodes teaches the policy to recover from its own small errors (noise injection, "DART").
+    """
     expert = ScriptedExpert(env)
+    noise_rng = np.random.default_rng([seed, 1])
+    noise_scale = action_noise * np.array([expert.config.max_translation] * 3 + [expert.config.max_rotation] * 3 + [0.0])
     obs = env.reset(seed)
     steps: dict[str, list] = {k: [] for k in ("images", "joint_pos", "gripper", "actions", "near_contact", "target_clearance", "tcp_pos")}
     while not env.done:
@@ -108,5 +115,6 @@ def run_expert_episode(env: PickCubeEnv, seed: int, record: bool = False) -> dic
             steps["near_contact"].append(clearance < NEAR_CONTACT_DISTANCE)
             steps["target_clearance"].append(np.float32(clearance))
             steps["tcp_pos"].append(env.tcp_pose()[0])
-        obs, _ = env.step(action)
+        executed = action + noise_scale * noise_rng.standard_normal(7) if action_noise > 0 else action
+        obs, _ = env.step(executed)
     return {"success": env.success(), "steps": env.steps, "color": env.color, "instruction": env.instruction, **steps}

@@ -1,0 +1,39 @@
+"""Closed-loop smoke runs of `vla-accel eval` and `vla-accel bench` with the shipped checkpoint."""
+
+import json
+
+import pytest
+
+from vla_accel_ros.cli import main
+from vla_accel_ros.resources import default_checkpoint
+
+CHECKPOINT = default_checkpoint()
+pytestmark = pytest.mark.skipif(not (CHECKPOINT / "model.json").is_file(), reason="no shipped checkpoint")
+
+
+def test_eval_writes_summary_and_plot(tmp_path):
+    out = tmp_path / "eval"
+    assert main(["eval", "--decoder", "ar", "--episodes", "1", "--max-steps", "8", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("episodes", "success_rate", "ncf_rate", "target_passes_per_action", "params", "checkpoint_mb"):
+        assert key in summary
+    assert set(summary["latency_ms"]) >= {"prefill_p50", "decode_p50", "total_p50", "total_p99"}
+    assert summary["episodes"] == 1 and summary["actions"] == 8
+    assert summary["target_passes_per_action"] == 7.0  # AR: one pass per token
+    assert 0 < summary["checkpoint_mb"] <= 15
+    assert (out / "latency.png").stat().st_size > 0
+
+
+def test_bench_compares_decoders_on_the_same_episodes(tmp_path):
+    out = tmp_path / "bench"
+    args = ["bench", "--episodes", "1", "--max-steps", "6", "--decoders", "ar,kerv", "--no-sweep", "--out", str(out)]
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"ar", "kerv"}
+    for row in summary.values():
+        for key in ("success_rate", "ncf_rate", "mean_accepted_len", "target_passes_per_action", "decode_ms_p50",
+                    "total_ms_p50", "total_ms_p99", "speedup_vs_ar"):
+            assert key in row
+    assert summary["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert summary["kerv"]["target_passes_per_action"] == 1.0
+    assert (out / "table.md").read_text().startswith("| decoder")

@@ -38,30 +38,19 @@ def generate_launch_description() -> LaunchDescription:
             description="Policy checkpoint directory; empty = the package's checkpoints/default",
         ),
     ]
-    sim = Node(
-        package=PACKAGE,
-        executable="sim_node",
-        name="sim_node",
-        output="screen",
-        parameters=[
-            LaunchConfiguration("params_file"),
-            {"seed": ParameterValue(LaunchConfiguration("seed"), value_type=int)},
-        ],
-    )
-    node = Node(
-        package=PACKAGE,
-        executable="vla_accel_node",
-        name="vla_accel_node",
-        output="screen",
-        parameters=[
-            LaunchConfiguration("params_file"),
-            {
-                "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool),
-                "control_rate_hz": ParameterValue(LaunchConfiguration("control_rate_hz"), value_type=float),
-                "decoder": LaunchConfiguration("decoder"),
-                "output": LaunchConfiguration("output"),
-                "checkpoint": LaunchConfiguration("checkpoint"),
-            },
-        ],
-    )
+    # Both nodes read the parameter file, then the launch arguments. (The Node calls spell their
+    # executables out: test_launch checks them in the source.)
+    params_file = LaunchConfiguration("params_file")
+    sim = Node(package=PACKAGE, executable="sim_node", name="sim_node", output="screen",
+               parameters=[params_file, {"seed": ParameterValue(LaunchConfiguration("seed"), value_type=int)}])
+    node = Node(package=PACKAGE, executable="vla_accel_node", name="vla_accel_node", output="screen", parameters=[
+        params_file,
+        {
+            "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool),
+            "control_rate_hz": ParameterValue(LaunchConfiguration("control_rate_hz"), value_type=float),
+            "decoder": LaunchConfiguration("decoder"),
+            "output": LaunchConfiguration("output"),
+            "checkpoint": LaunchConfiguration("checkpoint"),
+        },
+    ])
     return LaunchDescription([*args, sim, node])

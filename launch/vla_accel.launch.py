@@ -19,6 +19,12 @@ from launch_ros.substitutions import FindPackageShare
 PACKAGE = "vla_accel_ros"
 
 
+def _node(overrides: dict, condition: IfCondition | UnlessCondition) -> Node:
+    """vla_accel_node: the parameter file, then ``overrides`` (launch arguments, robot_description)."""
+    return Node(package=PACKAGE, executable="vla_accel_node", name="vla_accel_node", output="screen",
+                parameters=[LaunchConfiguration("params_file"), overrides], condition=condition)
+
+
 def generate_launch_description() -> LaunchDescription:
     args = [
         DeclareLaunchArgument(
@@ -26,26 +32,19 @@ def generate_launch_description() -> LaunchDescription:
             default_value=PathJoinSubstitution([FindPackageShare(PACKAGE), "config", "vla_accel.yaml"]),
             description="ROS 2 parameter file for vla_accel_node (see config/vla_accel.yaml for every parameter)",
         ),
-        DeclareLaunchArgument(
-            "xacro_file", default_value="",
-            description="URDF or xacro file expanded by xacro into robot_description; empty = not used",
-        ),
-        DeclareLaunchArgument(
-            "robot_description", default_value="",
-            description="URDF XML text; empty = urdf_file, then the /robot_description topic",
-        ),
-        DeclareLaunchArgument(
-            "urdf_file", default_value="",
-            description="URDF file; empty = the /robot_description topic, then the package's urdf/arm7.urdf",
-        ),
+        DeclareLaunchArgument("xacro_file", default_value="",
+                              description="URDF or xacro file expanded by xacro into robot_description; "
+                                          "empty = not used"),
+        DeclareLaunchArgument("robot_description", default_value="",
+                              description="URDF XML text; empty = urdf_file, then the /robot_description topic"),
+        DeclareLaunchArgument("urdf_file", default_value="", description="URDF file; empty = the /robot_description "
+                                                                         "topic, then the package's urdf/arm7.urdf"),
         DeclareLaunchArgument("image_topic", default_value="/camera/image_raw",
                               description="Camera topic (sensor_msgs/Image)"),
         DeclareLaunchArgument("joint_states_topic", default_value="/joint_states",
                               description="sensor_msgs/JointState topic of the arm"),
-        DeclareLaunchArgument(
-            "output", default_value="forward_position",
-            description="Command format: forward_position | joint_trajectory | joint_state",
-        ),
+        DeclareLaunchArgument("output", default_value="forward_position",
+                              description="Command format: forward_position | joint_trajectory | joint_state"),
         DeclareLaunchArgument("controller", default_value="arm_controller",
                               description="ros2_control arm controller name (topic prefix of the commands)"),
         DeclareLaunchArgument("use_sim_time", default_value="false",
@@ -69,20 +68,6 @@ def generate_launch_description() -> LaunchDescription:
     )
     text_description = ParameterValue(LaunchConfiguration("robot_description"), value_type=str)
 
-    node_with_xacro = Node(
-        package=PACKAGE,
-        executable="vla_accel_node",
-        name="vla_accel_node",
-        output="screen",
-        parameters=[LaunchConfiguration("params_file"), {**common, "robot_description": xacro_description}],
-        condition=IfCondition(use_xacro),
-    )
-    node = Node(
-        package=PACKAGE,
-        executable="vla_accel_node",
-        name="vla_accel_node",
-        output="screen",
-        parameters=[LaunchConfiguration("params_file"), {**common, "robot_description": text_description}],
-        condition=UnlessCondition(use_xacro),
-    )
+    node_with_xacro = _node({**common, "robot_description": xacro_description}, IfCondition(use_xacro))
+    node = _node({**common, "robot_description": text_description}, UnlessCondition(use_xacro))
     return LaunchDescription([*args, node_with_xacro, node])

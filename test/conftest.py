@@ -1,6 +1,27 @@
-"""Shared test set-up: headless rendering and one torch thread (the CI box has 2 cores)."""
+"""Shared test set-up: headless rendering and one torch thread (the CI box has 2 cores), plus the
+helpers several test modules use, as fixtures (pytest runs with --import-mode=importlib, so test
+modules cannot import this file):
 
+- ``tiny_checkpoint(path, **config)``: a randomly initialised small policy saved as a real checkpoint;
+- ``wait_until(predicate, timeout=10.0, every=None)``: poll until true or the timeout;
+- ``ros_context(domain_id)``: a private rclpy context on its own ROS_DOMAIN_ID (a context manager);
+- ``dds_rig(domain_id, peer_name)``: a :class:`DdsRig`, a node under test and a peer node spun in
+  background threads. Each test module keeps its own domain ids so that modules never share DDS
+  traffic.
+"""
+
+from __future__ import annotations
+
+import contextlib
 import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
@@ -10,3 +31,113 @@ try:
     torch.set_num_threads(1)
 except ImportError:  # the kinematics and sim tests do not need torch
     pass
+
+
+def _tiny_checkpoint(path: Path, **config: Any) -> Path:
+    """A randomly initialised policy saved as a real checkpoint (safetensors + JSON); ``config``
+    overrides the small default VLAConfig (64 px images, one layer)."""
+    from vla_accel_ros.models import Policy, VLAConfig, save_checkpoint
+    from vla_accel_ros.tokenizer import ActionTokenizer
+
+    tokenizer = ActionTokenizer(np.array([-0.01] * 3 + [-0.02] * 3 + [0.0]), np.array([0.01] * 3 + [0.02] * 3 + [1.0]))
+    settings = dict(image_size=64, patch_size=16, d_model=32, n_heads=2, n_layers=1, local_channels=8,
+                    contact_hidden=8) | config
+    save_checkpoint(Policy.create(VLAConfig(**settings), tokenizer, seed=0), path, recipe={"test": "random"})
+    return path
+
+
+def _wait_until(predicate: Callable[[], Any], timeout: float = 10.0, every: Callable[[], None] | None = None) -> bool:
+    """True as soon as ``predicate()`` is, polled every 20 ms (after ``every()`` when given);
+    False after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if every is not None:
+            every()
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@contextlib.contextmanager
+def _ros_context(domain_id: int) -> Iterator[Any]:
+    import rclpy
+    from rclpy.context import Context
+
+    context = Context()
+    rclpy.init(context=context, domain_id=domain_id)
+    try:
+        yield context
+    finally:
+        rclpy.try_shutdown(context=context)
+
+
+class DdsRig:
+    """A private rclpy context on ``domain_id`` with a peer node (``peer``, the robot or test
+    driver); ``spin(node)`` spins the node under test and the peer in daemon threads, ``close()``
+    stops them (``stop`` is set first: feeder loops wait on it) and tears everything down."""
+
+    wait = staticmethod(_wait_until)
+
+    def __init__(self, domain_id: int, peer_name: str) -> None:
+        import rclpy
+        from rclpy.context import Context
+
+        self.context = Context()
+        rclpy.init(context=self.context, domain_id=domain_id)
+        self.peer = rclpy.create_node(peer_name, context=self.context)
+        self.node: Any = None
+        self.executors: list[Any] = []
+        self.stop = threading.Event()
+
+    def spin(self, node: Any, *, executor: str = "multi", feed: Callable[[], None] | None = None) -> None:
+        """``executor``: "multi" (node and peer on one 3-thread executor), "single" (one
+        single-threaded executor) or "split" (a single-threaded executor each). ``feed`` runs in
+        its own daemon thread."""
+        from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
+
+        self.node = node
+        if executor == "multi":
+            self.executors = [MultiThreadedExecutor(num_threads=3, context=self.context)]
+        else:
+            self.executors = [SingleThreadedExecutor(context=self.context) for _ in range(2 if executor == "split" else 1)]
+        self.executors[0].add_node(node)
+        self.executors[-1].add_node(self.peer)
+        threads = [threading.Thread(target=e.spin, daemon=True) for e in self.executors]
+        if feed is not None:
+            threads.append(threading.Thread(target=feed, daemon=True))
+        for t in threads:
+            t.start()
+
+    def close(self) -> None:
+        import rclpy
+
+        self.stop.set()
+        if self.node is not None:
+            self.node.shutdown()
+        for e in self.executors:
+            e.shutdown(timeout_sec=2.0)
+        if self.node is not None:
+            self.node.destroy_node()
+        self.peer.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint() -> Callable[..., Path]:
+    return _tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def wait_until() -> Callable[..., bool]:
+    return _wait_until
+
+
+@pytest.fixture(scope="session")
+def ros_context() -> Callable[[int], contextlib.AbstractContextManager[Any]]:
+    return _ros_context
+
+
+@pytest.fixture(scope="session")
+def dds_rig() -> type[DdsRig]:
+    return DdsRig

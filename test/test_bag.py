@@ -29,25 +29,13 @@ RECORDED_TOPICS = ("camera", "joint_states", "instruction", "commands", "gripper
                    "stats")
 
 
-def tiny_checkpoint(path: Path) -> Path:
-    """A randomly initialised policy saved as a real checkpoint (safetensors + JSON)."""
-    from vla_accel_ros.models import Policy, VLAConfig, save_checkpoint
-    from vla_accel_ros.tokenizer import ActionTokenizer
-
-    tokenizer = ActionTokenizer(np.array([-0.01] * 3 + [-0.02] * 3 + [0.0]), np.array([0.01] * 3 + [0.02] * 3 + [1.0]))
-    config = VLAConfig(image_size=64, patch_size=16, d_model=32, n_heads=2, n_layers=1, local_channels=8,
-                       contact_hidden=8)
-    save_checkpoint(Policy.create(config, tokenizer, seed=0), path, recipe={"test": "random"})
-    return path
-
-
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("bags")
 
 
 @pytest.fixture(scope="module")
-def ckpt(work) -> Path:
+def ckpt(work, tiny_checkpoint) -> Path:
     return tiny_checkpoint(work / "ckpt")
 
 

@@ -8,7 +8,6 @@ node over DDS.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -19,8 +18,6 @@ from hypothesis import strategies as st
 
 rclpy = pytest.importorskip("rclpy")
 from builtin_interfaces.msg import Time  # noqa: E402
-from rclpy.context import Context  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from sensor_msgs.msg import Image, JointState  # noqa: E402
 from std_msgs.msg import Float64MultiArray, String  # noqa: E402
@@ -41,17 +38,6 @@ ODD_ENCODINGS = ["16UC1", "32FC1", "bayer_rggb8", "yuv422", "jpeg", "", "rgb16",
 SPECIAL = [float("nan"), float("inf"), float("-inf"), 1e308, -1e308, 0.0, -0.0, 5e-324]
 UINT32 = 2**32 - 1
 _domains = iter(range(60, 70))
-
-
-def tiny_checkpoint(path):
-    from vla_accel_ros.models import Policy, VLAConfig, save_checkpoint
-    from vla_accel_ros.tokenizer import ActionTokenizer
-
-    tokenizer = ActionTokenizer(np.array([-0.01] * 3 + [-0.02] * 3 + [0.0]), np.array([0.01] * 3 + [0.02] * 3 + [1.0]))
-    config = VLAConfig(image_size=32, patch_size=16, d_model=32, n_heads=2, n_layers=1, local_channels=8,
-                       contact_hidden=8)
-    save_checkpoint(Policy.create(config, tokenizer, seed=0), path, recipe={"test": "random"})
-    return path
 
 
 # --- strategies -----------------------------------------------------------------------------------
@@ -128,8 +114,8 @@ def _assert_safe(result) -> None:
 
 # --- the core, no DDS ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return tiny_checkpoint(tmp_path_factory.mktemp("fuzz") / "ckpt")
+def ckpt(tmp_path_factory, tiny_checkpoint):
+    return tiny_checkpoint(tmp_path_factory.mktemp("fuzz") / "ckpt", image_size=32)
 
 
 def test_fuzzed_messages_never_crash_the_core_or_produce_unsafe_commands(ckpt):
@@ -196,56 +182,40 @@ def test_joint_state_converter_returns_finite_arm_positions_or_a_clear_value_err
 
 
 # --- a sample over DDS ---------------------------------------------------------------------------
-class DdsRig:
-    def __init__(self, ckpt) -> None:
-        self.context = Context()
-        rclpy.init(context=self.context, domain_id=next(_domains))
+class FuzzRig:
+    def __init__(self, dds_rig, ckpt) -> None:
+        self.dds = dds_rig(next(_domains), "fuzzer")
         params = {"inference": True, "inference_mode": "thread", "checkpoint": str(ckpt), "autostart": True,
                   "instruction": "pick up the red cube", "robot_description_timeout_s": 0.0}
-        self.node = VlaAccelNode(context=self.context, parameter_overrides=[Parameter(k, value=v)
-                                                                            for k, v in params.items()])
-        self.peer = rclpy.create_node("fuzzer", context=self.context)
+        self.node = VlaAccelNode(context=self.dds.context, parameter_overrides=[Parameter(k, value=v)
+                                                                                for k, v in params.items()])
+        self.peer = self.dds.peer
         self.image = self.peer.create_publisher(Image, "/camera/image_raw", 10)
         self.joints = self.peer.create_publisher(JointState, "/joint_states", 10)
         self.instruction = self.peer.create_publisher(String, "/vla_accel_node/instruction", 10)
         self.commands: list[np.ndarray] = []
         self.peer.create_subscription(Float64MultiArray, "/arm_controller/commands",
                                       lambda m: self.commands.append(np.array(m.data)), 100)
-        self.executor = MultiThreadedExecutor(num_threads=3, context=self.context)
-        self.executor.add_node(self.node)
-        self.executor.add_node(self.peer)
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self.executor.spin, daemon=True),
-                         threading.Thread(target=self._feed, daemon=True)]
-        for t in self._threads:
-            t.start()
         self.sent = 0
+        self.dds.spin(self.node, feed=self._feed)
 
     def _feed(self) -> None:  # the sane robot underneath the fuzzing
         image = Image(height=32, width=32, encoding="rgb8", step=96, data=bytes(32 * 96))
         k = 0
-        while not self._stop.is_set():
+        while not self.dds.stop.is_set():
             self.joints.publish(JointState(name=ARM, position=Q_OK.tolist()))
             if k % 5 == 0:
                 self.image.publish(image)
             k += 1
-            self._stop.wait(0.01)
+            self.dds.stop.wait(0.01)
 
     def publish(self, kind: str, msg) -> None:
         {"image": self.image, "joints": self.joints, "instruction": self.instruction}[kind].publish(msg)
         self.sent += 1
 
-    def close(self) -> None:
-        self._stop.set()
-        self.node.shutdown()
-        self.executor.shutdown(timeout_sec=2.0)
-        self.node.destroy_node()
-        self.peer.destroy_node()
-        rclpy.try_shutdown(context=self.context)
 
-
-def test_fuzzed_messages_over_dds_keep_the_node_running_and_safe(ckpt):
-    rig = DdsRig(ckpt)
+def test_fuzzed_messages_over_dds_keep_the_node_running_and_safe(ckpt, dds_rig):
+    rig = FuzzRig(dds_rig, ckpt)
     try:
         @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
         @given(events)
@@ -267,4 +237,4 @@ def test_fuzzed_messages_over_dds_keep_the_node_running_and_safe(ckpt):
         q = np.array(rig.commands)
         assert len(q) > 10 and np.all(np.isfinite(q)) and all(KIN.within_limits(c) for c in q)
     finally:
-        rig.close()
+        rig.dds.close()

@@ -27,17 +27,13 @@ IMAGE_SIZE = 64
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A randomly initialised small policy saved as a real checkpoint (safetensors + JSON)."""
-    from vla_accel_ros.models import Policy, VLAConfig, save_checkpoint
-    from vla_accel_ros.tokenizer import ActionTokenizer
+def checkpoint(tmp_path_factory, tiny_checkpoint) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", image_size=IMAGE_SIZE)
 
-    path = tmp_path_factory.mktemp("ckpt") / "tiny"
-    tokenizer = ActionTokenizer(np.array([-0.01] * 3 + [-0.02] * 3 + [0.0]), np.array([0.01] * 3 + [0.02] * 3 + [1.0]))
-    config = VLAConfig(image_size=IMAGE_SIZE, patch_size=16, d_model=32, n_heads=2, n_layers=1, local_channels=8,
-                       contact_hidden=8)
-    save_checkpoint(Policy.create(config, tokenizer, seed=0), path, recipe={"test": "random"})
-    return path
+
+@pytest.fixture
+def wait(wait_until):
+    return lambda predicate, timeout=30.0: wait_until(predicate, timeout)
 
 
 def spec_for(checkpoint: Path, decoder: str = "kerv") -> ChildSpec:
@@ -51,15 +47,6 @@ def pid_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
-
-
-def wait(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 class Robot:
@@ -100,7 +87,7 @@ def make_controller() -> Controller:
     return ctrl
 
 
-def test_actions_flow_and_a_killed_child_is_held_for_then_restarted(checkpoint):
+def test_actions_flow_and_a_killed_child_is_held_for_then_restarted(checkpoint, wait):
     ctrl = make_controller()
     worker = ProcessInferenceWorker(ctrl, spec_for(checkpoint), time.monotonic, max_restarts=2, restart_delay_s=0.2)
     worker.start()
@@ -146,7 +133,7 @@ def test_actions_flow_and_a_killed_child_is_held_for_then_restarted(checkpoint):
     assert not worker.alive
 
 
-def test_restarts_used_up_stays_down_in_hold_with_the_reason(checkpoint):
+def test_restarts_used_up_stays_down_in_hold_with_the_reason(checkpoint, wait):
     ctrl = make_controller()
     worker = ProcessInferenceWorker(ctrl, spec_for(checkpoint), time.monotonic, max_restarts=0)
     worker.start()
@@ -180,7 +167,7 @@ def test_bad_checkpoint_and_decoder_are_refused_with_the_reason_and_no_child_lef
     assert children == []
 
 
-def test_child_exits_when_the_node_process_is_killed(checkpoint, tmp_path):
+def test_child_exits_when_the_node_process_is_killed(checkpoint, tmp_path, wait):
     """SIGKILL of the parent leaves no orphan: the child gets a parent-death signal."""
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(f"""
@@ -212,24 +199,21 @@ def test_describe_exit_names_signals_and_codes():
 
 
 # --- the node over DDS ----------------------------------------------------------------------------
-def test_node_reports_a_dead_child_on_diagnostics_holds_and_shuts_down_cleanly(checkpoint):
-    rclpy = pytest.importorskip("rclpy")
+def test_node_reports_a_dead_child_on_diagnostics_holds_and_shuts_down_cleanly(checkpoint, wait, dds_rig):
+    pytest.importorskip("rclpy")
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
-    from rclpy.context import Context
-    from rclpy.executors import SingleThreadedExecutor
     from rclpy.parameter import Parameter
     from sensor_msgs.msg import Image, JointState
     from std_msgs.msg import Float64MultiArray, String
 
     from vla_accel_ros.node import VlaAccelNode
 
-    context = Context()
-    rclpy.init(context=context, domain_id=71)
+    rig = dds_rig(71, "robot")
     params = {"inference": True, "inference_mode": "process", "inference_restarts": 0, "checkpoint": str(checkpoint),
               "decoder": "kerv", "autostart": True, "instruction": "pick up the red cube",
               "robot_description_timeout_s": 0.0, "stats_rate_hz": 10.0, "control_rate_hz": 20.0}
-    node = VlaAccelNode(context=context, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
-    peer = rclpy.create_node("robot", context=context)
+    node = VlaAccelNode(context=rig.context, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
+    peer = rig.peer
     commands: list[tuple[float, list[float]]] = []
     diagnostics: list = []
     stats: list[dict] = []
@@ -239,13 +223,7 @@ def test_node_reports_a_dead_child_on_diagnostics_holds_and_shuts_down_cleanly(c
     peer.create_subscription(String, "/vla_accel_node/stats", lambda m: stats.append(json.loads(m.data)), 10)
     joints = peer.create_publisher(JointState, "/joint_states", 10)
     camera = peer.create_publisher(Image, "/camera/image_raw", 10)
-    executors = [SingleThreadedExecutor(context=context), SingleThreadedExecutor(context=context)]
-    executors[0].add_node(node)
-    executors[1].add_node(peer)
-    threads = [threading.Thread(target=e.spin, daemon=True) for e in executors]
-    for t in threads:
-        t.start()
-    stop = threading.Event()
+    stop = rig.stop
 
     def feed() -> None:
         image = Image(height=IMAGE_SIZE, width=IMAGE_SIZE, encoding="rgb8", step=IMAGE_SIZE * 3)
@@ -258,8 +236,7 @@ def test_node_reports_a_dead_child_on_diagnostics_holds_and_shuts_down_cleanly(c
             k += 1
             stop.wait(0.01)
 
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
+    rig.spin(node, executor="split", feed=feed)
     child = node.worker.pid if node.worker is not None else None
     try:
         assert child is not None and pid_alive(child)
@@ -279,11 +256,5 @@ def test_node_reports_a_dead_child_on_diagnostics_holds_and_shuts_down_cleanly(c
         assert np.all(np.isfinite(held)) and np.ptp(held, axis=0).max() < 1e-9
         assert stats[-1]["inference_alive"] is False
     finally:
-        stop.set()
-        node.shutdown()
-        for e in executors:
-            e.shutdown(timeout_sec=2.0)
-        node.destroy_node()
-        peer.destroy_node()
-        rclpy.try_shutdown(context=context)
+        rig.close()
     assert not pid_alive(child)

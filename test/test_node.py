@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 
 import cv2
@@ -14,10 +13,7 @@ import pytest
 import torch
 
 rclpy = pytest.importorskip("rclpy")
-from rclpy.context import Context  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from rosgraph_msgs.msg import Clock  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image, JointState  # noqa: E402
 from std_msgs.msg import Float64MultiArray, String  # noqa: E402
@@ -28,6 +24,7 @@ from vla_accel_ros.config import ConfigError  # noqa: E402
 from vla_accel_ros.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.node import VlaAccelNode, compressed_to_rgb, image_to_rgb  # noqa: E402
 from vla_accel_ros.resources import default_urdf  # noqa: E402
+from vla_accel_ros.ros_util import LATCHED_QOS  # noqa: E402
 
 torch.set_num_threads(1)
 KIN = ArmKinematics(default_urdf())
@@ -36,42 +33,24 @@ SHUFFLED = ["joint4", "joint1", "joint7", "joint2", "joint6", "joint3", "joint5"
 _domains = iter(range(20, 40))
 
 
-def tiny_checkpoint(path, **config):
-    """A randomly initialised policy saved as a real checkpoint (safetensors + JSON)."""
-    from vla_accel_ros.models import Policy, VLAConfig, save_checkpoint
-    from vla_accel_ros.tokenizer import ActionTokenizer
-
-    tokenizer = ActionTokenizer(np.array([-0.01] * 3 + [-0.02] * 3 + [0.0]), np.array([0.01] * 3 + [0.02] * 3 + [1.0]))
-    settings = dict(image_size=64, patch_size=16, d_model=32, n_heads=2, n_layers=1, local_channels=8,
-                    contact_hidden=8) | config
-    save_checkpoint(Policy.create(VLAConfig(**settings), tokenizer, seed=0), path, recipe={"test": "random"})
-    return path
-
-
 class Rig:
     """The node under test plus a peer node that plays the robot (joint states, camera)."""
 
-    def __init__(self, params: dict, *, images: bool = True, joints: bool = True, clock: bool = False) -> None:
-        self.context = Context()
-        rclpy.init(context=self.context, domain_id=next(_domains))
+    def __init__(self, dds_rig, params: dict, *, images: bool = True, joints: bool = True,
+                 clock: bool = False) -> None:
+        self.dds = dds_rig(next(_domains), "robot")
         base = {"inference": False, "autostart": True, "instruction": "pick up the red cube",
                 "robot_description_timeout_s": 0.0}
         overrides = [Parameter(k, value=v) for k, v in (base | params).items()]
-        self.peer = rclpy.create_node("robot", context=self.context)
-        self.node = VlaAccelNode(context=self.context, parameter_overrides=overrides)
+        self.peer = self.dds.peer
+        self.node = VlaAccelNode(context=self.dds.context, parameter_overrides=overrides)
         self.messages: dict[str, list] = {}
-        self.executor = MultiThreadedExecutor(num_threads=3, context=self.context)
-        self.executor.add_node(self.node)
-        self.executor.add_node(self.peer)
         self.q = Q.copy()
         self.send_images, self.send_joints = images, joints
         self._joints = self.peer.create_publisher(JointState, "/joint_states", 10)
         self._image = self.peer.create_publisher(Image, "/camera/image_raw", 10)
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self.executor.spin, daemon=True),
-                         threading.Thread(target=self._feed, daemon=True)]
-        for t in self._threads:
-            t.start()
+        self.wait, self.close = self.dds.wait, self.dds.close
+        self.dds.spin(self.node, feed=self._feed)
 
     def listen(self, msg_type, topic: str, qos=10) -> list:
         received: list = []
@@ -84,36 +63,20 @@ class Rig:
         image.data = np.full((48, 64, 3), 120, np.uint8).tobytes()
         names = list(reversed(KIN.joint_names)) + ["finger_joint2", "finger_joint1"]
         k = 0
-        while not self._stop.is_set():
+        while not self.dds.stop.is_set():
             if self.send_joints:
                 values = list(reversed(self.q.tolist())) + [0.03, 0.03]
                 self._joints.publish(JointState(name=names, position=values))
             if self.send_images and k % 5 == 0:
                 self._image.publish(image)
             k += 1
-            self._stop.wait(0.01)
-
-    def wait(self, predicate, timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(0.02)
-        return False
-
-    def close(self) -> None:
-        self._stop.set()
-        self.node.shutdown()
-        self.executor.shutdown(timeout_sec=2.0)
-        self.node.destroy_node()
-        self.peer.destroy_node()
-        rclpy.try_shutdown(context=self.context)
+            self.dds.stop.wait(0.01)
 
 
 @pytest.fixture
-def rigs():
+def rigs(dds_rig):
     made: list[Rig] = []
-    yield lambda *a, **k: made.append(Rig(*a, **k)) or made[-1]
+    yield lambda *a, **k: made.append(Rig(dds_rig, *a, **k)) or made[-1]
     for rig in made:
         rig.close()
 
@@ -219,24 +182,18 @@ def test_robot_description_topic_and_sim_time(rigs):
     assert context_rig.node.stats()["ticks"] <= 22
 
 
-def test_urdf_from_the_transient_local_topic():
-    context = Context()
-    rclpy.init(context=context, domain_id=next(_domains))
-    try:
+def test_urdf_from_the_transient_local_topic(ros_context):
+    with ros_context(next(_domains)) as context:
         peer = rclpy.create_node("rsp", context=context)
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
         urdf = default_urdf().read_text().replace('name="joint7"', 'name="wrist3"').replace(
             "<joint_name>joint7", "<joint_name>wrist3")
-        peer.create_publisher(String, "/robot_description", latched).publish(String(data=urdf))
+        peer.create_publisher(String, "/robot_description", LATCHED_QOS).publish(String(data=urdf))
         node = VlaAccelNode(context=context, parameter_overrides=[
             Parameter("inference", value=False), Parameter("robot_description_timeout_s", value=5.0)])
         assert node.kin.source == "<robot_description string>"
         assert "wrist3" in node.kin.joint_names and node.controller_joints[-1] == "wrist3"
         node.destroy_node()
         peer.destroy_node()
-    finally:
-        rclpy.try_shutdown(context=context)
 
 
 # --- parameters ------------------------------------------------------------------------------------
@@ -250,12 +207,10 @@ def test_urdf_from_the_transient_local_topic():
     ({"inference": True, "checkpoint": "/nonexistent/ckpt"}, ["checkpoint", "/nonexistent/ckpt"]),
     ({"inference": True, "checkpoint": "CKPT", "decoder": "greedy"}, ["decoder", "greedy"]),
 ])
-def test_invalid_parameters_are_refused_with_a_clear_message(tmp_path, params, words):
+def test_invalid_parameters_are_refused_with_a_clear_message(tmp_path, tiny_checkpoint, ros_context, params, words):
     if params.get("checkpoint") == "CKPT":
         params["checkpoint"] = str(tiny_checkpoint(tmp_path / "ckpt"))
-    context = Context()
-    rclpy.init(context=context, domain_id=next(_domains))
-    try:
+    with ros_context(next(_domains)) as context:
         base = {"inference": False, "robot_description_timeout_s": 0.0}
         overrides = [Parameter(k, value=v) for k, v in (base | params).items()]
         if words is None:
@@ -265,8 +220,6 @@ def test_invalid_parameters_are_refused_with_a_clear_message(tmp_path, params, w
             VlaAccelNode(context=context, parameter_overrides=overrides)
         for word in words:
             assert word in str(err.value)
-    finally:
-        rclpy.try_shutdown(context=context)
 
 
 def test_main_refuses_to_start_on_invalid_parameters():
@@ -282,7 +235,7 @@ def _arm_commands(commands) -> np.ndarray:
     return np.array([list(m.data) for _, m in commands])
 
 
-def test_random_policy_drives_policy_ticks_within_limits(rigs, tmp_path):
+def test_random_policy_drives_policy_ticks_within_limits(rigs, tmp_path, tiny_checkpoint):
     ckpt = tiny_checkpoint(tmp_path / "tiny")
     rig = rigs({"inference": True, "checkpoint": str(ckpt), "decoder": "kerv", "control_rate_hz": 20.0})
     commands = rig.listen(Float64MultiArray, "/arm_controller/commands")
@@ -294,7 +247,7 @@ def test_random_policy_drives_policy_ticks_within_limits(rigs, tmp_path):
     assert np.abs(q - Q).max() > 1e-4  # the policy's actions move the targets
 
 
-def test_inference_slower_than_the_period_gives_fallback_ticks(rigs, tmp_path):
+def test_inference_slower_than_the_period_gives_fallback_ticks(rigs, tmp_path, tiny_checkpoint):
     # A heavier real policy with autoregressive decoding takes ~40 ms per action on one thread:
     # at 50 Hz most ticks have no fresh action.
     ckpt = tiny_checkpoint(tmp_path / "heavy", image_size=128, d_model=256, n_heads=4, n_layers=6,

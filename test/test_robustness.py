@@ -24,8 +24,6 @@ rclpy = pytest.importorskip("rclpy")
 from builtin_interfaces.msg import Time  # noqa: E402
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from rcl_interfaces.msg import Log  # noqa: E402
-from rclpy.context import Context  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from rosgraph_msgs.msg import Clock  # noqa: E402
@@ -36,6 +34,7 @@ from vla_accel_ros.config import ConfigError  # noqa: E402
 from vla_accel_ros.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.node import VlaAccelNode  # noqa: E402
 from vla_accel_ros.resources import default_urdf  # noqa: E402
+from vla_accel_ros.ros_util import LATCHED_QOS  # noqa: E402
 
 torch.set_num_threads(1)
 KIN = ArmKinematics(default_urdf())
@@ -43,20 +42,8 @@ Q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
 NAMES = list(reversed(KIN.joint_names)) + ["finger_joint2", "finger_joint1"]  # any order, fingers extra
 PERIOD = 0.05
 CAMERA_TIMEOUT, JOINT_TIMEOUT = 0.15, 0.1
-LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 ROSOUT = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 _domains = iter(range(45, 60))
-
-
-def tiny_checkpoint(path: Path) -> Path:
-    from vla_accel_ros.models import Policy, VLAConfig, save_checkpoint
-    from vla_accel_ros.tokenizer import ActionTokenizer
-
-    tokenizer = ActionTokenizer(np.array([-0.01] * 3 + [-0.02] * 3 + [0.0]), np.array([0.01] * 3 + [0.02] * 3 + [1.0]))
-    config = VLAConfig(image_size=64, patch_size=16, d_model=32, n_heads=2, n_layers=1, local_channels=8,
-                       contact_hidden=8)
-    save_checkpoint(Policy.create(config, tokenizer, seed=0), path, recipe={"test": "random"})
-    return path
 
 
 def stamp(t: float) -> Time:
@@ -96,10 +83,9 @@ class Rig:
     """The node under test (inference in a thread, sim time) and a peer playing the robot: /clock
     at 100 Hz, joint states at 100 Hz and camera at 20 Hz, all stamped with sim time."""
 
-    def __init__(self, ckpt: Path) -> None:
-        self.context = Context()
-        rclpy.init(context=self.context, domain_id=next(_domains))
-        self.peer = rclpy.create_node("robot", context=self.context)
+    def __init__(self, dds_rig, ckpt: Path) -> None:
+        self.dds = dds_rig(next(_domains), "robot")
+        self.peer = self.dds.peer
         params = {"inference": True, "inference_mode": "thread", "checkpoint": str(ckpt), "decoder": "kerv",
                   "autostart": True, "instruction": "pick up the red cube", "robot_description_timeout_s": 0.0,
                   "use_sim_time": True, "control_rate_hz": 1 / PERIOD, "camera_timeout_s": CAMERA_TIMEOUT,
@@ -107,14 +93,14 @@ class Rig:
         self.sim_t = 1000.0
         self._clock = self.peer.create_publisher(Clock, "/clock", 10)
         self._clock.publish(Clock(clock=stamp(self.sim_t)))
-        self.node = VlaAccelNode(context=self.context,
+        self.node = VlaAccelNode(context=self.dds.context,
                                  parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
         self.faulty = FaultyRunner(self.node.worker.runner)
         self.node.worker.runner = self.faulty
         self.joints = self.peer.create_publisher(JointState, "/joint_states", 10)
         self.camera = self.peer.create_publisher(Image, "/camera/image_raw", 10)
         self.instruction = self.peer.create_publisher(String, "/vla_accel_node/instruction", 10)
-        self.description = self.peer.create_publisher(String, "/robot_description", LATCHED)
+        self.description = self.peer.create_publisher(String, "/robot_description", LATCHED_QOS)
         self.commands: list[np.ndarray] = []
         self.diagnostics: list[DiagnosticArray] = []
         self.rosout: list[str] = []
@@ -125,19 +111,13 @@ class Rig:
                                       "vla_accel_node" else None, ROSOUT)
         self.send_images = self.send_joints = True
         self.frame = ("rgb8", np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8))
-        self.executor = MultiThreadedExecutor(num_threads=3, context=self.context)
-        self.executor.add_node(self.node)
-        self.executor.add_node(self.peer)
-        self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self.executor.spin, daemon=True),
-                         threading.Thread(target=self._feed, daemon=True)]
-        for t in self._threads:
-            t.start()
+        self.wait = self.dds.wait
+        self.dds.spin(self.node, feed=self._feed)
 
     def _feed(self) -> None:
         k = 0
-        while not self._stop.is_set():
+        while not self.dds.stop.is_set():
             with self._lock:
                 self.sim_t += 0.01
                 now = stamp(self.sim_t)
@@ -151,21 +131,11 @@ class Rig:
                     image.header.stamp = now
                     self.camera.publish(image)
             k += 1
-            self._stop.wait(0.01)
+            self.dds.stop.wait(0.01)
 
     def jump_clock(self, by: float) -> None:
         with self._lock:
             self.sim_t += by
-
-    def wait(self, predicate: Callable[[], bool], timeout: float = 10.0, every: Callable[[], None] | None = None) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if every is not None:
-                every()
-            if predicate():
-                return True
-            time.sleep(0.02)
-        return False
 
     def ticks(self) -> list[tuple[float, str]]:
         """(sim stamp, source) of every tick so far."""
@@ -180,23 +150,18 @@ class Rig:
         return False
 
     def close(self) -> None:
-        self._stop.set()
         self.faulty.release.set()
-        self.node.shutdown()
-        self.executor.shutdown(timeout_sec=2.0)
-        self.node.destroy_node()
-        self.peer.destroy_node()
-        rclpy.try_shutdown(context=self.context)
+        self.dds.close()
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
+def ckpt(tmp_path_factory, tiny_checkpoint) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("robust") / "ckpt")
 
 
 @pytest.fixture(scope="module")
-def rig(ckpt):
-    r = Rig(ckpt)
+def rig(ckpt, dds_rig):
+    r = Rig(dds_rig, ckpt)
     assert r.wait(lambda: r.node.stats()["policy_ticks"] > 5, timeout=30.0), r.node.stats()
     yield r
     r.close()
@@ -519,17 +484,13 @@ STARTUP = [
 
 
 @pytest.mark.parametrize("params, words", [(p, w) for _, p, w in STARTUP], ids=[n for n, _, _ in STARTUP])
-def test_bad_urdf_or_checkpoint_at_start_up_refuses_with_the_file_named(tmp_path, ckpt, params, words):
-    context = Context()
-    rclpy.init(context=context, domain_id=next(_domains))
-    try:
+def test_bad_urdf_or_checkpoint_at_start_up_refuses_with_the_file_named(tmp_path, ckpt, ros_context, params, words):
+    with ros_context(next(_domains)) as context:
         overrides = {"inference": False, "inference_mode": "thread", "robot_description_timeout_s": 0.0}
         overrides |= params(tmp_path, ckpt)
         with pytest.raises(ConfigError) as err:
             VlaAccelNode(context=context, parameter_overrides=[Parameter(k, value=v) for k, v in overrides.items()])
         assert words in str(err.value)
-    finally:
-        rclpy.try_shutdown(context=context)
 
 
 def test_a_broken_bag_makes_replay_exit_non_zero(tmp_path, ckpt, capsys):

@@ -203,8 +203,8 @@ class SimBridgeConfig:
     seed: int = _p(0, "Seed of the first episode", range=(0, 2**31 - 1))
     color: str = _p("", "Target cube colour of the first episode; empty = chosen by the seed")
     start_episode: bool = _p(True, "Start an episode at start-up (otherwise wait for ~/reset)")
-    episode_duration_s: float = _p(8.0, "Episode time limit in sim seconds", range=(0.1, 3600.0))
-    success_hold_s: float = _p(0.3, "How long the task must stay solved before the episode ends",
+    episode_duration_s: float = _p(6.0, "Episode time limit in sim seconds", range=(0.1, 3600.0))
+    success_hold_s: float = _p(0.15, "How long the task must stay solved before the episode ends",
                                range=(0.0, 60.0))
     instruction_topic: str = _p("/vla_accel_node/instruction", "Where the episode's instruction is published")
     controller: str = _p("arm_controller", "Arm controller name (listens on /<controller>/commands and "

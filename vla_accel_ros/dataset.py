@@ -17,6 +17,8 @@ from tqdm import tqdm
 from vla_accel_ros.tokenizer import ACTION_DIM, encode_instruction
 
 REQUIRED_KEYS = ("images", "joint_pos", "gripper", "actions", "near_contact", "instruction")
+AUX_DIM = 6  # target-cube position relative to the TCP (3) and the TCP position (3)
+AUX_SCALE_M = 0.1  # metres per unit of the auxiliary targets
 
 
 class DatasetError(ValueError):
@@ -37,6 +39,7 @@ class DemoDataset:
     proprio: torch.Tensor
     actions: torch.Tensor
     near_contact: torch.Tensor
+    aux: torch.Tensor
     episode: torch.Tensor
     files: tuple[str, ...]
     success: torch.Tensor
@@ -72,7 +75,7 @@ def _load_episode(path: Path, max_text_len: int) -> dict[str, np.ndarray]:
             missing = [k for k in REQUIRED_KEYS if k not in data.files]
             if missing:
                 raise DatasetError(f"{path}: missing arrays {missing}")
-            episode = {k: data[k] for k in (*REQUIRED_KEYS, "success") if k in data.files}
+            episode = {k: data[k] for k in (*REQUIRED_KEYS, "success", "tcp_pos", "target_pos") if k in data.files}
     except DatasetError:
         raise
     except Exception as exc:  # zip / format errors from a corrupt file
@@ -90,8 +93,14 @@ def _load_episode(path: Path, max_text_len: int) -> dict[str, np.ndarray]:
             raise DatasetError(f"{path}: '{key}' contains NaN or inf")
     if t == 0:
         raise DatasetError(f"{path}: episode has no steps")
+    if "tcp_pos" in episode and "target_pos" in episode:
+        tcp, target = episode["tcp_pos"].astype(np.float32), episode["target_pos"].astype(np.float32)
+        aux = np.concatenate([target - tcp, tcp], axis=1) / AUX_SCALE_M
+    else:
+        aux = np.full((t, AUX_DIM), np.nan, np.float32)
     return {
         "images": images,
+        "aux": aux.astype(np.float32),
         "proprio": np.concatenate([episode["joint_pos"], episode["gripper"][:, None]], axis=1).astype(np.float32),
         "actions": actions.astype(np.float32),
         "near_contact": episode["near_contact"].astype(bool),
@@ -135,6 +144,7 @@ def load_demos(
         proprio=torch.from_numpy(np.concatenate([e["proprio"] for e in episodes])),
         actions=torch.from_numpy(np.concatenate([e["actions"] for e in episodes])),
         near_contact=torch.from_numpy(np.concatenate([e["near_contact"] for e in episodes])),
+        aux=torch.from_numpy(np.concatenate([e["aux"] for e in episodes])),
         episode=torch.from_numpy(np.repeat(np.arange(len(episodes)), lengths)),
         files=tuple(names),
         success=torch.tensor([e["success"] for e in episodes]),

@@ -84,8 +84,8 @@ def run_episode(
         record.accepted.append(result.accepted_len)
         record.drafted.append(result.drafted)
         record.thresholds.append(float("nan") if result.threshold is None else float(result.threshold))
-    record.min_clearance = min(record.min_clearance, env.target_clearance())
-    record.success = env.success()
+    record.min_clearance = float(min(record.min_clearance, env.target_clearance()))
+    record.success = bool(env.success())
     record.steps = env.steps
     return record
 

@@ -88,20 +88,21 @@ class PolicyRunner:
         return result
 
 
-class InferenceWorker:
-    """Runs ``runner(obs)`` on the newest observation of ``controller`` in a daemon thread.
+def _percentile(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else 0.0
 
-    ``clock`` is the controller's clock (ROS time in the node) for the freshness of actions;
-    latencies are measured on ``time.perf_counter``. Errors are logged with their reason and
-    counted; the worker keeps going (the controller falls back meanwhile).
-    """
 
-    def __init__(self, controller: Controller, runner: Callable[[Observation], Any], clock: Callable[[], float],
-                 *, torch_threads: int = 1, window: int = 1000) -> None:
+class WorkerBase:
+    """What both inference workers share: the daemon thread that serves the newest observation of
+    ``controller``, the action hand-over and the counters behind ``stats()``. Subclasses implement
+    ``_acquire`` (what decodes, or None to skip a turn) and ``_serve`` (decode one observation)."""
+
+    log_prefix = "inference failed"
+    _log = log
+
+    def __init__(self, controller: Controller, clock: Callable[[], float], window: int) -> None:
         self.controller = controller
-        self.runner = runner
         self.clock = clock
-        self.torch_threads = torch_threads
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -112,16 +113,98 @@ class InferenceWorker:
         self.errors = 0
         self.last_error = ""
 
-    def start(self) -> None:
+    def _acquire(self) -> Any:
+        raise NotImplementedError
+
+    def _serve(self, decoder: Any, obs: Observation, t0: float) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        seq = 0
+        while not self._stop.is_set():
+            decoder = self._acquire()
+            if decoder is None:
+                continue
+            got = self.controller.wait_observation(seq, timeout=0.1)
+            if got is None:
+                continue
+            seq, obs = got
+            self._serve(decoder, obs, time.perf_counter())
+
+    def _start_thread(self, name: str) -> None:
         if self._thread is not None:
-            raise RuntimeError("InferenceWorker already started")
-        self._thread = threading.Thread(target=self._run, name="vla_inference", daemon=True)
+            raise RuntimeError(f"{type(self).__name__} already started")
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def _stop_thread(self, timeout: float) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def _deliver(self, action: np.ndarray, obs: Observation, latency_ms: float,
+                 counts: tuple[Any, Any, Any] | None) -> None:
+        """Hand ``action`` to the controller and count it; ``counts`` is the decoder's
+        (accepted_len, drafted, target_passes), None when it reports none."""
+        message = self.controller.on_action(action, obs.stamp, self.clock(), instruction=obs.instruction)
+        with self._lock:
+            self.actions += 1
+            self._latency_ms.append(latency_ms)
+            if counts is not None:
+                self._accept.append((int(counts[0]), int(counts[1])))
+                self._passes.append(int(counts[2]))
+            if message:
+                self.last_error = message
+
+    def _note_error(self, message: str) -> None:
+        with self._lock:
+            self.errors += 1
+            self.last_error = message
+        self._log.error("%s: %s", self.log_prefix, message)
+
+    def _counters(self) -> dict[str, Any]:
+        """The counters at the head of ``stats()`` (called under the lock)."""
+        return {"actions": self.actions, "errors": self.errors, "last_error": self.last_error}
+
+    def _latency_extras(self) -> dict[str, float]:
+        """Latency statistics a subclass adds after the worker's own."""
+        return {}
+
+    def stats(self) -> dict[str, Any]:
+        """Actions, latency percentiles (ms), acceptance rate and target passes per action."""
+        with self._lock:
+            lat = np.asarray(self._latency_ms, dtype=float)
+            acc = np.asarray(self._accept, dtype=float).reshape(-1, 2)
+            passes = np.asarray(self._passes, dtype=float)
+            out = self._counters()
+        out["latency_ms_p50"] = _percentile(lat, 50)
+        out["latency_ms_p99"] = _percentile(lat, 99)
+        out.update(self._latency_extras())
+        out["acceptance"] = float(acc[:, 0].sum() / acc[:, 1].sum()) if acc.size and acc[:, 1].sum() > 0 else 0.0
+        out["accepted_len_mean"] = float(acc[:, 0].mean()) if acc.size else 0.0
+        out["target_passes_mean"] = float(passes.mean()) if passes.size else 0.0
+        return out
+
+
+class InferenceWorker(WorkerBase):
+    """Runs ``runner(obs)`` on the newest observation of ``controller`` in a daemon thread.
+
+    ``clock`` is the controller's clock (ROS time in the node) for the freshness of actions;
+    latencies are measured on ``time.perf_counter``. Errors are logged with their reason and
+    counted; the worker keeps going (the controller falls back meanwhile).
+    """
+
+    def __init__(self, controller: Controller, runner: Callable[[Observation], Any], clock: Callable[[], float],
+                 *, torch_threads: int = 1, window: int = 1000) -> None:
+        super().__init__(controller, clock, window)
+        self.runner = runner
+        self.torch_threads = torch_threads
+
+    def start(self) -> None:
+        self._start_thread("vla_inference")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop_thread(timeout)
 
     @property
     def alive(self) -> bool:
@@ -134,44 +217,19 @@ class InferenceWorker:
             torch.set_num_threads(self.torch_threads)
         except ImportError:  # a runner without torch is fine
             pass
-        seq = 0
-        while not self._stop.is_set():
-            got = self.controller.wait_observation(seq, timeout=0.1)
-            if got is None:
-                continue
-            seq, obs = got
-            t0 = time.perf_counter()
-            try:
-                result = self.runner(obs)
-                action = np.asarray(getattr(result, "action", result), dtype=float)
-            except Exception as err:  # keep serving: the controller falls back meanwhile
-                with self._lock:
-                    self.errors += 1
-                    self.last_error = f"{type(err).__name__}: {err}"
-                log.error("inference failed: %s", self.last_error)
-                self._stop.wait(0.1)
-                continue
-            latency_ms = (time.perf_counter() - t0) * 1e3
-            message = self.controller.on_action(action, obs.stamp, self.clock(), instruction=obs.instruction)
-            with self._lock:
-                self.actions += 1
-                self._latency_ms.append(latency_ms)
-                if hasattr(result, "accepted_len"):
-                    self._accept.append((int(result.accepted_len), int(result.drafted)))
-                    self._passes.append(int(result.target_passes))
-                if message:
-                    self.last_error = message
+        super()._run()
 
-    def stats(self) -> dict[str, Any]:
-        """Actions, latency percentiles (ms), acceptance rate and target passes per action."""
-        with self._lock:
-            lat = np.asarray(self._latency_ms, dtype=float)
-            acc = np.asarray(self._accept, dtype=float).reshape(-1, 2)
-            passes = np.asarray(self._passes, dtype=float)
-            out: dict[str, Any] = {"actions": self.actions, "errors": self.errors, "last_error": self.last_error}
-        out["latency_ms_p50"] = float(np.percentile(lat, 50)) if lat.size else 0.0
-        out["latency_ms_p99"] = float(np.percentile(lat, 99)) if lat.size else 0.0
-        out["acceptance"] = float(acc[:, 0].sum() / acc[:, 1].sum()) if acc.size and acc[:, 1].sum() > 0 else 0.0
-        out["accepted_len_mean"] = float(acc[:, 0].mean()) if acc.size else 0.0
-        out["target_passes_mean"] = float(passes.mean()) if passes.size else 0.0
-        return out
+    def _acquire(self) -> Callable[[Observation], Any]:
+        return self.runner
+
+    def _serve(self, runner: Callable[[Observation], Any], obs: Observation, t0: float) -> None:
+        try:
+            result = runner(obs)
+            action = np.asarray(getattr(result, "action", result), dtype=float)
+        except Exception as err:  # keep serving: the controller falls back meanwhile
+            self._note_error(f"{type(err).__name__}: {err}")
+            self._stop.wait(0.1)
+            return
+        latency_ms = (time.perf_counter() - t0) * 1e3
+        counts = (result.accepted_len, result.drafted, result.target_passes) if hasattr(result, "accepted_len") else None
+        self._deliver(action, obs, latency_ms, counts)

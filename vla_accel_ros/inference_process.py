@@ -31,7 +31,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from vla_accel_ros.controller import Controller
+from vla_accel_ros.inference import WorkerBase, _percentile
 from vla_accel_ros.observation import Observation
 
 log = logging.getLogger(__name__)
@@ -202,36 +202,29 @@ class _Child:
         os.close(self.memfd)
 
 
-class ProcessInferenceWorker:
+class ProcessInferenceWorker(WorkerBase):
     """Same role and ``stats()`` keys as ``InferenceWorker``, with the policy in a child process.
 
     ``start()`` blocks until the child has loaded the checkpoint (raises InferenceProcessError
     naming the problem otherwise), so a bad checkpoint refuses the node's start as in thread mode.
     """
 
+    log_prefix = "inference process"
+    _log = log
+
     def __init__(self, controller: Controller, spec: ChildSpec, clock: Callable[[], float], *,
                  max_restarts: int = 3, restart_delay_s: float = 1.0, start_timeout_s: float = START_TIMEOUT_S,
                  window: int = 1000) -> None:
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
-        self.controller = controller
+        super().__init__(controller, clock, window)
         self.spec = spec
-        self.clock = clock
         self.max_restarts = max_restarts
         self.restart_delay_s = restart_delay_s
         self.start_timeout_s = start_timeout_s
         self._child: _Child | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._latency_ms: deque[float] = deque(maxlen=window)
         self._child_ms: deque[float] = deque(maxlen=window)
-        self._accept: deque[tuple[int, int]] = deque(maxlen=window)
-        self._passes: deque[int] = deque(maxlen=window)
-        self.actions = 0
-        self.errors = 0
         self.restarts = 0
-        self.last_error = ""
         self.down_reason = ""
         self.image_size = 0
         self._child_peak_rss_mb = 0.0  # over all children so far (read while they live)
@@ -242,13 +235,10 @@ class ProcessInferenceWorker:
             raise RuntimeError("ProcessInferenceWorker already started")
         self._child = _Child(self.spec, self.start_timeout_s)
         self.image_size = self._child.image_size
-        self._thread = threading.Thread(target=self._run, name="vla_inference_feeder", daemon=True)
-        self._thread.start()
+        self._start_thread("vla_inference_feeder")
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._stop_thread(timeout)
         with self._lock:
             child, self._child = self._child, None
         if child is not None:
@@ -276,26 +266,22 @@ class ProcessInferenceWorker:
         return child.pid if child is not None else None
 
     # --- the feeder thread ------------------------------------------------------------------
-    def _run(self) -> None:
-        seq = 0
-        while not self._stop.is_set():
-            child = self._child
-            if child is None or not child.running:
-                self._recover(child)
-                continue
-            got = self.controller.wait_observation(seq, timeout=0.1)
-            if got is None:
-                continue
-            seq, obs = got
-            t0 = time.perf_counter()
-            try:
-                child.request(obs)
-                reply = self._await_reply(child)
-            except (EOFError, OSError):
-                continue  # the child died mid-request: the next loop recovers
-            if reply is None:
-                continue
-            self._handle(reply, obs, (time.perf_counter() - t0) * 1e3)
+    def _acquire(self) -> _Child | None:
+        child = self._child
+        if child is None or not child.running:
+            self._recover(child)
+            return None
+        return child
+
+    def _serve(self, child: _Child, obs: Observation, t0: float) -> None:
+        try:
+            child.request(obs)
+            reply = self._await_reply(child)
+        except (EOFError, OSError):
+            return  # the child died mid-request: the next loop recovers
+        if reply is None:
+            return
+        self._handle(reply, obs, (time.perf_counter() - t0) * 1e3)
 
     def _await_reply(self, child: _Child) -> dict[str, Any] | None:
         deadline = time.monotonic() + REPLY_TIMEOUT_S
@@ -313,23 +299,11 @@ class ProcessInferenceWorker:
             self._note_error(str(reply.get("message", f"unexpected reply {reply.get('op')}")))
             self._stop.wait(0.1)
             return
-        message = self.controller.on_action(np.asarray(reply["action"], dtype=float), obs.stamp, self.clock(),
-                                            instruction=obs.instruction)
         with self._lock:
-            self.actions += 1
-            self._latency_ms.append(latency_ms)
             self._child_ms.append(float(reply["latency_ms"]))
-            if reply.get("drafted") is not None:
-                self._accept.append((int(reply["accepted_len"]), int(reply["drafted"])))
-                self._passes.append(int(reply["target_passes"]))
-            if message:
-                self.last_error = message
-
-    def _note_error(self, message: str) -> None:
-        with self._lock:
-            self.errors += 1
-            self.last_error = message
-        log.error("inference process: %s", message)
+        counts = ((reply["accepted_len"], reply["drafted"], reply["target_passes"])
+                  if reply.get("drafted") is not None else None)
+        self._deliver(np.asarray(reply["action"], dtype=float), obs, latency_ms, counts)
 
     def _recover(self, dead: _Child | None) -> None:
         """Hold, reap the dead child, restart it (with a pause) unless the restarts are used up."""
@@ -384,21 +358,16 @@ class ProcessInferenceWorker:
         """``InferenceWorker.stats()`` keys (latency = observation handed over -> action back),
         plus the child's own decode time and peak RSS, restarts, pid and why it is down ('' when up)."""
         self._note_rss(self._child)
+        return super().stats()
+
+    def _counters(self) -> dict[str, Any]:
+        return super()._counters() | {"mode": "process", "restarts": self.restarts, "down_reason": self.down_reason,
+                                      "pid": self.pid or 0, "child_peak_rss_mb": self._child_peak_rss_mb}
+
+    def _latency_extras(self) -> dict[str, float]:
         with self._lock:
-            lat = np.asarray(self._latency_ms, dtype=float)
             child_ms = np.asarray(self._child_ms, dtype=float)
-            acc = np.asarray(self._accept, dtype=float).reshape(-1, 2)
-            passes = np.asarray(self._passes, dtype=float)
-            out: dict[str, Any] = {"actions": self.actions, "errors": self.errors, "last_error": self.last_error,
-                                   "mode": "process", "restarts": self.restarts, "down_reason": self.down_reason,
-                                   "pid": self.pid or 0, "child_peak_rss_mb": self._child_peak_rss_mb}
-        out["latency_ms_p50"] = float(np.percentile(lat, 50)) if lat.size else 0.0
-        out["latency_ms_p99"] = float(np.percentile(lat, 99)) if lat.size else 0.0
-        out["child_latency_ms_p50"] = float(np.percentile(child_ms, 50)) if child_ms.size else 0.0
-        out["acceptance"] = float(acc[:, 0].sum() / acc[:, 1].sum()) if acc.size and acc[:, 1].sum() > 0 else 0.0
-        out["accepted_len_mean"] = float(acc[:, 0].mean()) if acc.size else 0.0
-        out["target_passes_mean"] = float(passes.mean()) if passes.size else 0.0
-        return out
+        return {"child_latency_ms_p50": _percentile(child_ms, 50)}
 
 
 # --- the child ------------------------------------------------------------------------------

@@ -36,27 +36,27 @@ import numpy as np
 import rclpy
 from builtin_interfaces.msg import Duration
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType, SetParametersResult
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
+from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from rclpy.qos import (DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data)
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import SetBool
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
-from vla_accel_ros.config import ConfigError, NodeConfig, ParamSpec, from_params, parameter_specs
+from vla_accel_ros.config import ConfigError, NodeConfig
 from vla_accel_ros.controller import Controller, TickResult
 from vla_accel_ros.inference import InferenceWorker, PolicyRunner
 from vla_accel_ros.inference_process import ChildSpec, ProcessInferenceWorker
 from vla_accel_ros.kinematics import ArmKinematics
 from vla_accel_ros.resources import default_checkpoint, default_urdf
+from vla_accel_ros.ros_util import LATCHED_QOS, declare_config, run_node
 
 NODE_NAME = "vla_accel_node"
 COMMAND_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
-LATCHED_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 # encoding -> (channels, OpenCV conversion to RGB or None)
 ENCODINGS: dict[str, tuple[int, int | None]] = {
     "rgb8": (3, None),
@@ -146,21 +146,6 @@ def kinematics_difference(a: ArmKinematics, b: ArmKinematics) -> str:
     return ""
 
 
-def _descriptor(spec: ParamSpec) -> ParameterDescriptor:
-    kinds = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
-             float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING,
-             tuple: ParameterType.PARAMETER_STRING_ARRAY}
-    text = spec.description + (f" (one of: {', '.join(spec.choices)})" if spec.choices else "")
-    desc = ParameterDescriptor(name=spec.name, type=kinds[spec.kind], description=text, read_only=not spec.dynamic)
-    if spec.range is not None and spec.kind is float:
-        desc.floating_point_range = [FloatingPointRange(from_value=float(spec.range[0]), to_value=float(spec.range[1]))]
-    elif spec.range is not None and spec.kind is int:
-        desc.integer_range = [IntegerRange(from_value=int(spec.range[0]), to_value=int(spec.range[1]), step=1)]
-    if spec.choices:
-        desc.additional_constraints = f"one of: {', '.join(spec.choices)}"
-    return desc
-
-
 def _rss_mb() -> float:
     """Peak resident set size of this process (MiB)."""
     try:
@@ -178,7 +163,7 @@ class VlaAccelNode(Node):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(NODE_NAME, **kwargs)
-        self.cfg = self._declare_parameters()
+        self.cfg: NodeConfig = declare_config(self, NodeConfig)
         cfg = self.cfg
         sys.setswitchinterval(cfg.switch_interval_s)
         self.kin = self._load_kinematics()
@@ -278,24 +263,6 @@ class VlaAccelNode(Node):
         gc.freeze()
 
     # --- set-up -------------------------------------------------------------------------------
-    def _declare_parameters(self) -> NodeConfig:
-        values: dict[str, Any] = {}
-        overrides = getattr(self, "_parameter_overrides", {})
-        for spec in parameter_specs(NodeConfig):
-            if spec.kind is float and spec.name in overrides and overrides[spec.name].type_ == Parameter.Type.INTEGER:
-                # YAML and launch files often write 50 for 50.0; accept it instead of failing.
-                overrides[spec.name] = Parameter(spec.name, Parameter.Type.DOUBLE, float(overrides[spec.name].value))
-            try:
-                if spec.kind is tuple:  # an empty default list would be typed as a byte array
-                    param = self.declare_parameter(spec.name, Parameter.Type.STRING_ARRAY, _descriptor(spec))
-                    value = list(param.value) if param.value is not None else list(spec.default)
-                else:
-                    value = self.declare_parameter(spec.name, spec.default, _descriptor(spec)).value
-            except Exception as err:  # rclpy's type/range exceptions: re-raise with the parameter's meaning
-                raise ConfigError(f"invalid parameter '{spec.name}': {err} ({spec.description})") from err
-            values[spec.name] = value
-        return from_params(NodeConfig, values)
-
     def _load_kinematics(self) -> ArmKinematics:
         cfg = self.cfg
         self._description_fallback = False
@@ -605,26 +572,9 @@ def make_executor(kind: str) -> SingleThreadedExecutor | MultiThreadedExecutor:
 
 
 def main(args: list[str] | None = None) -> int:
-    rclpy.init(args=args)
-    try:
-        node = VlaAccelNode()
-    except ValueError as err:  # ConfigError, bad URDF or checkpoint: refuse to start, say why
-        print(f"[{NODE_NAME}] refusing to start: {err}", file=sys.stderr, flush=True)
-        rclpy.try_shutdown()
-        return 2
-    executor = make_executor(node.cfg.executor)
-    executor.add_node(node)
-    node.apply_realtime_priority()  # this thread spins the executor, so it runs the control timer
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.shutdown()
-        executor.shutdown(timeout_sec=1.0)
-        node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    # The thread that spins the executor runs the control timer: it gets the realtime priority.
+    return run_node(NODE_NAME, VlaAccelNode, lambda node: make_executor(node.cfg.executor), args,
+                    before_spin=VlaAccelNode.apply_realtime_priority)
 
 
 if __name__ == "__main__":

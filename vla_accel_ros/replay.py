@@ -419,19 +419,14 @@ class _Player:
     """An rclpy node in this process that plays the bag's inputs and collects the node's commands."""
 
     def __init__(self, domain_id: int, bag: BagReader, kin: Any) -> None:
-        import rclpy
-        from rclpy.context import Context
-        from rclpy.executors import SingleThreadedExecutor
-        from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
         from rosgraph_msgs.msg import Clock
         from sensor_msgs.msg import CompressedImage, Image, JointState
         from std_msgs.msg import Float64MultiArray, String
 
-        self._rclpy = rclpy
-        self.context = Context()
-        rclpy.init(context=self.context, domain_id=domain_id)
-        self.node = rclpy.create_node("vla_accel_replay", context=self.context)
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        from vla_accel_ros.ros_util import LATCHED_QOS, BackgroundNode
+
+        self._ros = BackgroundNode("vla_accel_replay", domain_id)
+        self.node = self._ros.node
         camera_type = bag.topics.get(TOPICS["camera"][0], ("sensor_msgs/msg/Image", 0))[0]
         self.pubs: dict[str, Any] = {
             "camera": self.node.create_publisher(CompressedImage if camera_type.endswith("CompressedImage") else Image,
@@ -439,7 +434,7 @@ class _Player:
             "joint_states": self.node.create_publisher(JointState, TOPICS["joint_states"][0], 10),
             "instruction": self.node.create_publisher(String, TOPICS["instruction"][0], 10),
             "clock": self.node.create_publisher(Clock, TOPICS["clock"][0], 10),
-            "robot_description": self.node.create_publisher(String, TOPICS["robot_description"][0], latched),
+            "robot_description": self.node.create_publisher(String, TOPICS["robot_description"][0], LATCHED_QOS),
         }
         self._Clock = Clock
         self.kin = kin
@@ -451,17 +446,7 @@ class _Player:
         self.node.create_subscription(Float64MultiArray, TOPICS["gripper"][0], self._on_gripper, 100)
         self.stats: dict[str, Any] = {}
         self.node.create_subscription(String, TOPICS["stats"][0], self._on_stats, 10)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
-
-    def _spin(self) -> None:
-        while self._rclpy.ok(context=self.context):
-            try:
-                self.executor.spin_once(timeout_sec=0.05)
-            except Exception:  # the context was shut down while waiting
-                break
+        self._ros.spin(timeout_sec=0.05)
 
     def _on_command(self, msg: Any) -> None:
         if len(msg.data) == self.kin.n:
@@ -498,10 +483,7 @@ class _Player:
         self.pubs["clock"].publish(self._Clock(clock=Time(sec=t_ns // 1_000_000_000, nanosec=t_ns % 1_000_000_000)))
 
     def close(self) -> None:
-        self.executor.shutdown(timeout_sec=1.0)
-        self.node.destroy_node()
-        self._rclpy.try_shutdown(context=self.context)
-        self._thread.join(timeout=2.0)
+        self._ros.close()
 
 
 def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any]:

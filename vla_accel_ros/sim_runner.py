@@ -37,9 +37,11 @@ class SimRunOptions:
     out: str = "outputs/sim"
     seed: int = 100_000
     checkpoint: str = ""
-    duration_s: float = 8.0
+    duration_s: float = 6.0  # = `vla-accel eval`'s 120 steps at 20 Hz, so success rates compare
     output: str = "forward_position"
     executor: str = "single"
+    inference_mode: str = "process"
+    realtime_priority: int = 20
     domain_id: int = 0  # 0 = derived from the process id (a private domain per run)
     real_time_factor: float = 1.0
     inference: bool = True
@@ -64,10 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="outputs/sim", help="output directory")
     parser.add_argument("--seed", type=int, default=100_000, help="seed of the first episode (then +1 each)")
     parser.add_argument("--checkpoint", default="", help="policy checkpoint directory (default: the package's)")
-    parser.add_argument("--duration-s", type=float, default=8.0, help="episode time limit (sim seconds)")
+    parser.add_argument("--duration-s", type=float, default=6.0, help="episode time limit (sim seconds)")
     parser.add_argument("--output", default="forward_position", choices=OUTPUT_FORMATS, help="command format")
     parser.add_argument("--executor", default="single", choices=("single", "multi"), help="node executor")
     parser.add_argument("--domain-id", type=int, default=0, help="ROS_DOMAIN_ID (0 = private, from the pid)")
+    parser.add_argument("--inference-mode", default="process", choices=("thread", "process"),
+                        help="run inference in a thread of the node or in a child process")
+    parser.add_argument("--realtime-priority", type=int, default=20,
+                        help="SCHED_FIFO priority of the control thread (0 = normal scheduling)")
 
 
 def _ros_args(params: dict[str, Any]) -> list[str]:
@@ -102,15 +108,12 @@ class _Monitor:
     """A small rclpy node in this process: sends resets, collects episode reports and stats."""
 
     def __init__(self, domain_id: int) -> None:
-        import rclpy
-        from rclpy.context import Context
-        from rclpy.executors import SingleThreadedExecutor
         from std_msgs.msg import String
 
-        self._rclpy = rclpy
-        self.context = Context()
-        rclpy.init(context=self.context, domain_id=domain_id)
-        self.node = rclpy.create_node("vla_accel_sim_runner", context=self.context)
+        from vla_accel_ros.ros_util import BackgroundNode
+
+        self._ros = BackgroundNode("vla_accel_sim_runner", domain_id)
+        self.node = self._ros.node
         self.episodes: list[dict[str, Any]] = []
         self.stats: dict[str, Any] = {}
         self.joint_states = 0
@@ -122,17 +125,7 @@ class _Monitor:
         self.node.create_subscription(JointState, "/joint_states", self._on_joints, 10)
         self.reset_pub = self.node.create_publisher(String, "/sim_node/reset", 10)
         self._String = String
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
-
-    def _spin(self) -> None:
-        while self._rclpy.ok(context=self.context):
-            try:
-                self.executor.spin_once(timeout_sec=0.1)
-            except Exception:  # context shut down while waiting
-                break
+        self._ros.spin(timeout_sec=0.1)
 
     def _on_episode(self, msg: Any) -> None:
         with self._cv:
@@ -157,10 +150,7 @@ class _Monitor:
         self.reset_pub.publish(self._String(data=json.dumps({"seed": seed})))
 
     def close(self) -> None:
-        self.executor.shutdown(timeout_sec=1.0)
-        self.node.destroy_node()
-        self._rclpy.try_shutdown(context=self.context)
-        self._thread.join(timeout=2.0)
+        self._ros.close()
 
 
 def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], Any] | None = None) -> dict[str, Any]:
@@ -177,11 +167,12 @@ def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], 
                PYTHONUNBUFFERED="1")
     stats_file = out / "node_stats.json"
     stats_file.unlink(missing_ok=True)
-    sim_params = {"start_episode": False, "episode_duration_s": float(opts.duration_s),
+    sim_params = {"start_episode": False, "episode_duration_s": float(opts.duration_s), "success_hold_s": 0.15,
                   "real_time_factor": float(opts.real_time_factor)}
     node_params = {"control_rate_hz": float(opts.control_rate_hz), "decoder": opts.decoder, "autostart": True,
                    "output": opts.output, "executor": opts.executor, "stats_file": str(stats_file.resolve()),
-                   "inference": opts.inference, "robot_description_timeout_s": 10.0}
+                   "inference": opts.inference, "robot_description_timeout_s": 10.0,
+                   "inference_mode": opts.inference_mode, "realtime_priority": opts.realtime_priority}
     if opts.checkpoint:
         node_params["checkpoint"] = str(Path(opts.checkpoint).resolve())
     logs = [open(out / "sim_node.log", "w"), open(out / "vla_accel_node.log", "w")]
@@ -237,7 +228,11 @@ def _summarise(opts: SimRunOptions, episodes: list[dict[str, Any]], node: dict[s
         "episodes": len(episodes),
         "success_rate": float(np.mean([e["success"] for e in episodes])) if episodes else 0.0,
         **{k: node.get(k) for k in keys},
-        "peak_rss_mb": peak_rss if np.isfinite(peak_rss) else node.get("peak_rss_mb"),
+        # The node's footprint includes its inference child process when there is one.
+        "peak_rss_mb": (peak_rss if np.isfinite(peak_rss) else node.get("peak_rss_mb", 0.0))
+        + float(node.get("inference_child_peak_rss_mb") or 0.0),
+        "node_process_peak_rss_mb": peak_rss if np.isfinite(peak_rss) else node.get("peak_rss_mb"),
+        "inference_child_peak_rss_mb": node.get("inference_child_peak_rss_mb"),
         "per_episode": episodes,
         "options": asdict(opts),
         "ros_domain_id": domain,
@@ -285,7 +280,8 @@ def _plot(node: dict[str, Any], rate_hz: float, out: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     opts = SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, decoder=args.decoder,
                          out=args.out, seed=args.seed, checkpoint=args.checkpoint, duration_s=args.duration_s,
-                         output=args.output, executor=args.executor, domain_id=args.domain_id)
+                         output=args.output, executor=args.executor, domain_id=args.domain_id,
+                         inference_mode=args.inference_mode, realtime_priority=args.realtime_priority)
     started = time.monotonic()
     s = run_sim(opts)
     print(f"sim: {s['episodes']} episodes, success {s['success_rate']:.0%}, {s['ticks']} ticks at "

@@ -48,6 +48,7 @@ class TrainConfig:
     draft_epochs: int = 2
     draft_lr: float = 1e-3
     feature_weight: float = 1.0  # weight of the draft's feature regression next to its token loss
+    aux_weight: float = 1.0  # weight of the target's auxiliary cube/TCP position loss (0 = off)
     seed: int = 0
     max_episodes: int | None = None
     val_fraction: float = 0.1
@@ -150,6 +151,7 @@ class Trainer:
             "proprio": self.data.proprio[idx],
             "tokens": self.tokens[idx],
             "contact": self.data.near_contact[idx].float(),
+            "aux": self.data.aux[idx],
         }
         return {k: v.to(self.device) for k, v in batch.items()}
 
@@ -160,8 +162,11 @@ class Trainer:
     # --- phase 1: behaviour cloning -----------------------------------------------------------
     def bc_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         proprio = self.policy.normalise_proprio(b["proprio"])
-        logits = self.policy.target(b["images"], b["text"], proprio, b["tokens"])
+        logits, aux = self.policy.target.forward_with_aux(b["images"], b["text"], proprio, b["tokens"])
         loss = F.cross_entropy(logits.reshape(-1, N_BINS), b["tokens"].reshape(-1))
+        known = torch.isfinite(b["aux"])
+        if self.cfg.aux_weight > 0 and known.any():
+            loss = loss + self.cfg.aux_weight * F.smooth_l1_loss(aux[known], b["aux"][known])
         return loss, logits.argmax(-1)
 
     def train_target(self) -> None:
@@ -404,6 +409,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-epochs", type=int, default=d.draft_epochs, help="draft + contact head epochs")
     parser.add_argument("--draft-lr", type=float, default=d.draft_lr)
     parser.add_argument("--feature-weight", type=float, default=d.feature_weight)
+    parser.add_argument("--aux-weight", type=float, default=d.aux_weight,
+                        help="weight of the auxiliary cube/TCP position loss (needs tcp_pos/target_pos in the demos)")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--max-episodes", type=int, default=None)
     parser.add_argument("--val-fraction", type=float, default=d.val_fraction, help="held-out share of episodes")

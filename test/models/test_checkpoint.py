@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -108,60 +109,51 @@ def test_bad_json(saved) -> None:
     expect_error(path, "model.json", "invalid JSON")
 
 
+def rewrite_json(path: Path, change: Callable[[dict], object]) -> None:
+    """Apply ``change`` to the parsed model.json of checkpoint ``path`` and write it back."""
+    meta = json.loads((path / "model.json").read_text())
+    change(meta)
+    (path / "model.json").write_text(json.dumps(meta))
+
+
 @pytest.mark.parametrize("key", ["config", "tokenizer", "proprio_stats", "format_version"])
 def test_missing_json_key(saved, key: str) -> None:
     _, path = saved
-    meta = json.loads((path / "model.json").read_text())
-    del meta[key]
-    (path / "model.json").write_text(json.dumps(meta))
+    rewrite_json(path, lambda meta: meta.pop(key))
     expect_error(path, "model.json", f"missing key '{key}'")
 
 
-def test_unknown_format_version(saved) -> None:
+@pytest.mark.parametrize("change, fragment", [
+    (lambda meta: meta.update(format_version=99), "unknown format_version 99"),
+    (lambda meta: meta["config"].update(n_heads=5), "bad config"),
+], ids=["unknown_format_version", "bad_config_values"])
+def test_bad_json_values(saved, change, fragment: str) -> None:
     _, path = saved
-    meta = json.loads((path / "model.json").read_text())
-    meta["format_version"] = 99
-    (path / "model.json").write_text(json.dumps(meta))
-    expect_error(path, "model.json", "unknown format_version 99")
+    rewrite_json(path, change)
+    expect_error(path, "model.json", fragment)
 
 
-def test_bad_config_values(saved) -> None:
-    _, path = saved
-    meta = json.loads((path / "model.json").read_text())
-    meta["config"]["n_heads"] = 5
-    (path / "model.json").write_text(json.dumps(meta))
-    expect_error(path, "model.json", "bad config")
+def _set_nan(tensors: dict) -> None:
+    tensors["contact_head.net.0.bias"][0] = float("nan")
 
 
-def test_missing_tensor(saved) -> None:
-    _, path = saved
-    tensors = load_file(str(path / "model.safetensors"))
-    del tensors["draft.fc.weight"]
-    save_file(tensors, str(path / "model.safetensors"))
-    expect_error(path, "model.safetensors", "missing tensors", "draft.fc.weight")
-
-
-def test_shape_mismatch(saved) -> None:
+@pytest.mark.parametrize("change, fragments", [
+    (lambda tensors: tensors.pop("draft.fc.weight"), ("missing tensors", "draft.fc.weight")),
+    (lambda tensors: tensors.update({"target.lm_head.weight": torch.zeros(256, 16)}),
+     ("target.lm_head.weight", "(256, 16)", "(256, 32)")),
+    (_set_nan, ("contact_head.net.0.bias",)),
+], ids=["missing_tensor", "shape_mismatch", "non_finite_weights"])
+def test_bad_tensors(saved, change, fragments: tuple[str, ...]) -> None:
     _, path = saved
     tensors = load_file(str(path / "model.safetensors"))
-    tensors["target.lm_head.weight"] = torch.zeros(256, 16)
+    change(tensors)
     save_file(tensors, str(path / "model.safetensors"))
-    expect_error(path, "model.safetensors", "target.lm_head.weight", "(256, 16)", "(256, 32)")
+    expect_error(path, "model.safetensors", *fragments)
 
 
 def test_config_that_does_not_match_the_weights(saved, tmp_path: Path) -> None:
     _, path = saved
     other = tmp_path / "other"
     shutil.copytree(path, other)
-    meta = json.loads((other / "model.json").read_text())
-    meta["config"]["d_model"] = 64
-    (other / "model.json").write_text(json.dumps(meta))
+    rewrite_json(other, lambda meta: meta["config"].update(d_model=64))
     expect_error(other, "model.safetensors", "shape")
-
-
-def test_non_finite_weights(saved) -> None:
-    _, path = saved
-    tensors = load_file(str(path / "model.safetensors"))
-    tensors["contact_head.net.0.bias"][0] = float("nan")
-    save_file(tensors, str(path / "model.safetensors"))
-    expect_error(path, "model.safetensors", "contact_head.net.0.bias")

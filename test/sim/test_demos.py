@@ -18,5 +18,8 @@ def test_demos_command_writes_documented_format(tmp_path):
         assert ep["joint_pos"].shape == (steps, 7)
         assert ep["gripper"].shape == (steps,)
         assert ep["near_contact"].dtype == bool
+        assert ep["tcp_pos"].shape == (steps, 3) and ep["target_pos"].shape == (steps, 3)
+        # The target cube rests on the table until the gripper reaches it.
+        assert abs(float(ep["target_pos"][0, 2]) - 0.02) < 2e-3
         assert str(ep["instruction"]).startswith("pick up the")
         assert bool(ep["success"]) and int(ep["seed"]) == 11

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -13,16 +11,14 @@ import torch
 
 rclpy = pytest.importorskip("rclpy")
 os.environ.setdefault("MUJOCO_GL", "egl")
-from rclpy.context import Context  # noqa: E402
-from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from rosgraph_msgs.msg import Clock  # noqa: E402
 from sensor_msgs.msg import Image, JointState  # noqa: E402
 from std_msgs.msg import Float64MultiArray, String  # noqa: E402
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint  # noqa: E402
 
 from vla_accel_ros.resources import default_checkpoint  # noqa: E402
+from vla_accel_ros.ros_util import LATCHED_QOS  # noqa: E402
 from vla_accel_ros.sim.sim_node import SimBridgeNode  # noqa: E402
 from vla_accel_ros.sim_runner import SimRunOptions, run_sim  # noqa: E402
 
@@ -30,36 +26,20 @@ torch.set_num_threads(1)
 SHUFFLED = ["joint4", "joint1", "joint7", "joint2", "joint6", "joint3", "joint5"]
 
 
-def tiny_checkpoint(path):
-    from vla_accel_ros.models import Policy, VLAConfig, save_checkpoint
-    from vla_accel_ros.tokenizer import ActionTokenizer
-
-    tokenizer = ActionTokenizer(np.array([-0.01] * 3 + [-0.02] * 3 + [0.0]), np.array([0.01] * 3 + [0.02] * 3 + [1.0]))
-    config = VLAConfig(image_size=64, patch_size=16, d_model=32, n_heads=2, n_layers=1, local_channels=8,
-                       contact_hidden=8)
-    save_checkpoint(Policy.create(config, tokenizer, seed=0), path, recipe={"test": "random"})
-    return path
+@pytest.fixture
+def bridge(dds_rig):
+    rig = dds_rig(30, "peer")
+    node = SimBridgeNode(context=rig.context, parameter_overrides=[
+        Parameter("seed", value=7), Parameter("color", value="green"),
+        Parameter("controller_joints", value=SHUFFLED), Parameter("episode_duration_s", value=1.0)])
+    rig.spin(node, executor="single")
+    yield node, rig.peer
+    rig.close()
 
 
 @pytest.fixture
-def bridge():
-    context = Context()
-    rclpy.init(context=context, domain_id=30)
-    node = SimBridgeNode(context=context, parameter_overrides=[
-        Parameter("seed", value=7), Parameter("color", value="green"),
-        Parameter("controller_joints", value=SHUFFLED), Parameter("episode_duration_s", value=1.0)])
-    peer = rclpy.create_node("peer", context=context)
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(node)
-    executor.add_node(peer)
-    thread = threading.Thread(target=executor.spin, daemon=True)
-    thread.start()
-    yield node, peer
-    node.shutdown()
-    executor.shutdown(timeout_sec=2.0)
-    node.destroy_node()
-    peer.destroy_node()
-    rclpy.try_shutdown(context=context)
+def wait(wait_until):
+    return lambda predicate, timeout=8.0: wait_until(predicate, timeout)
 
 
 def _collect(peer, msg_type, topic, qos=10) -> list:
@@ -68,25 +48,15 @@ def _collect(peer, msg_type, topic, qos=10) -> list:
     return out
 
 
-def _wait(predicate, timeout=8.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def test_bridge_publishes_robot_topics_and_applies_every_command_format(bridge):
+def test_bridge_publishes_robot_topics_and_applies_every_command_format(bridge, wait):
     node, peer = bridge
-    latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-    description = _collect(peer, String, "/robot_description", latched)
+    description = _collect(peer, String, "/robot_description", LATCHED_QOS)
     joints = _collect(peer, JointState, "/joint_states")
     images = _collect(peer, Image, "/camera/image_raw")
     clock = _collect(peer, Clock, "/clock")
     instruction = _collect(peer, String, "/vla_accel_node/instruction")
     episodes = _collect(peer, String, "/sim_node/episode")
-    assert _wait(lambda: description and len(joints) > 20 and len(images) > 3 and clock and instruction)
+    assert wait(lambda: description and len(joints) > 20 and len(images) > 3 and clock and instruction)
     assert "<robot" in description[0].data
     assert instruction[-1].data == "pick up the green cube"
     msg = joints[-1]
@@ -107,27 +77,27 @@ def test_bridge_publishes_robot_topics_and_applies_every_command_format(bridge):
     home = dict(zip(msg.name, msg.position))
     # forward_position in the shuffled controller order: move joint1 only.
     target = dict(home, joint1=home["joint1"] + 0.2)
-    assert _wait(lambda: arm.publish(Float64MultiArray(data=[target[n] for n in SHUFFLED])) or
+    assert wait(lambda: arm.publish(Float64MultiArray(data=[target[n] for n in SHUFFLED])) or
                  abs(position("joint1") - target["joint1"]) < 0.02)
     assert abs(position("joint4") - home["joint4"]) < 0.02
     # joint_trajectory by name: move joint7.
     target = dict(target, joint7=home["joint7"] - 0.3)
     point = JointTrajectoryPoint(positions=[target[n] for n in reversed(SHUFFLED)])
-    assert _wait(lambda: trajectory.publish(JointTrajectory(joint_names=list(reversed(SHUFFLED)), points=[point]))
+    assert wait(lambda: trajectory.publish(JointTrajectory(joint_names=list(reversed(SHUFFLED)), points=[point]))
                  or abs(position("joint7") - target["joint7"]) < 0.02)
     # JointState with fingers closes the gripper; then the gripper controller opens it again.
     names = ["finger_joint1", "finger_joint2"] + SHUFFLED
-    assert _wait(lambda: joint_command.publish(JointState(name=names, position=[0.0, 0.0] + [target[n] for n in SHUFFLED]))
+    assert wait(lambda: joint_command.publish(JointState(name=names, position=[0.0, 0.0] + [target[n] for n in SHUFFLED]))
                  or position("finger_joint1") < 0.005)
-    assert _wait(lambda: gripper.publish(Float64MultiArray(data=[0.04, 0.04])) or position("finger_joint1") > 0.035)
+    assert wait(lambda: gripper.publish(Float64MultiArray(data=[0.04, 0.04])) or position("finger_joint1") > 0.035)
     # The episode (1 s limit) ends and reports; a reset starts the next with the requested task.
-    assert _wait(lambda: episodes, timeout=5.0)
+    assert wait(lambda: episodes, timeout=5.0)
     report = json.loads(episodes[0].data)
     assert report["seed"] == 7 and report["color"] == "green" and report["success"] is False
     reset = peer.create_publisher(String, "/sim_node/reset", 10)
-    assert _wait(lambda: reset.publish(String(data=json.dumps({"seed": 3, "color": "blue"}))) or
+    assert wait(lambda: reset.publish(String(data=json.dumps({"seed": 3, "color": "blue"}))) or
                  instruction[-1].data == "pick up the blue cube")
-    assert _wait(lambda: len(episodes) >= 2, timeout=5.0)
+    assert wait(lambda: len(episodes) >= 2, timeout=5.0)
     assert json.loads(episodes[-1].data)["seed"] == 3
 
 
@@ -139,7 +109,7 @@ def _episode_run(tmp_path, checkpoint, episodes, duration, domain, rate=20.0):
     return summary, stats
 
 
-def test_episode_through_topics_with_a_random_policy(tmp_path):
+def test_episode_through_topics_with_a_random_policy(tmp_path, tiny_checkpoint):
     summary, stats = _episode_run(tmp_path, tiny_checkpoint(tmp_path / "ckpt"), episodes=1, duration=3.0, domain=31)
     for key in ("episodes", "success_rate", "ticks", "ticks_published", "deadline_misses", "fallback_ticks",
                 "hold_ticks", "period_jitter_ms_p50", "period_jitter_ms_p99", "peak_rss_mb"):

@@ -235,6 +235,21 @@ class PassLedger:
             decoder=name,
         )
 
+    def state_result(
+        self, name: str, state: SpecState, *, kf_filled: int, threshold: float | None, started: float
+    ) -> DecodeResult:
+        """:meth:`result` of speculative decoding: the tokens and counts ``state`` holds."""
+        return self.result(
+            name,
+            state.tokens,
+            accepted_len=state.accepted,
+            drafted=state.drafted,
+            rounds=state.rounds,
+            kf_filled=kf_filled,
+            threshold=threshold,
+            started=started,
+        )
+
 
 @dataclass
 class SpecState:
@@ -256,6 +271,18 @@ class SpecState:
     @property
     def remaining(self) -> int:
         return N_ACTION_TOKENS - len(self.tokens)
+
+
+def start_speculation(policy: PolicyLike, prefix: Any, context: DecodeContext) -> tuple[float, PassLedger, SpecState]:
+    """The start of speculative decoding: the time on ``context.clock``, a ledger and a fresh state."""
+    started = context.clock()
+    return started, PassLedger(policy, context.clock), SpecState(prefix=prefix)
+
+
+def speculate_to_end(ledger: PassLedger, state: SpecState, r: float) -> None:
+    """Relaxed speculative rounds, each drafting every remaining token, until all tokens exist."""
+    while state.remaining > 0:
+        speculative_round(ledger, state, r)
 
 
 def speculative_round(

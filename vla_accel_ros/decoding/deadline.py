@@ -31,6 +31,7 @@ from vla_accel_ros.decoding.base import (
     PolicyLike,
     SpecState,
     speculative_round,
+    start_speculation,
 )
 from vla_accel_ros.decoding.kerv import KervConfig, KervDecoder, kf_completion_tokens
 
@@ -83,10 +84,8 @@ class DeadlineDecoder(KervDecoder):
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
         cfg = self.config
         clock = context.clock
-        started = clock()
+        started, ledger, state = start_speculation(policy, prefix, context)
         deadline = math.inf if context.time_left_s is None else started + context.time_left_s
-        ledger = PassLedger(policy, clock)
-        state = SpecState(prefix=prefix)
         kf_filled = 0
         with torch.inference_mode():
             r = self.threshold(policy, prefix, context)
@@ -99,16 +98,7 @@ class DeadlineDecoder(KervDecoder):
                 self.verify_s = self._average(self.verify_s, ledger.last_verify_s)
             if state.remaining > 0:
                 kf_filled = self._complete(ledger, state, policy, context)
-        return ledger.result(
-            self.name,
-            state.tokens,
-            accepted_len=state.accepted,
-            drafted=state.drafted,
-            rounds=state.rounds,
-            kf_filled=kf_filled,
-            threshold=r,
-            started=started,
-        )
+        return ledger.state_result(self.name, state, kf_filled=kf_filled, threshold=r, started=started)
 
     def _complete(self, ledger: PassLedger, state: SpecState, policy: PolicyLike, context: DecodeContext) -> int:
         """Fill the missing positions: KF tokens where known, draft tokens elsewhere."""

@@ -23,11 +23,10 @@ from vla_accel_ros.decoding.base import (
     N_ACTION_TOKENS,
     DecodeContext,
     DecodeResult,
-    PassLedger,
     PolicyLike,
-    SpecState,
     accepted_length,
-    speculative_round,
+    speculate_to_end,
+    start_speculation,
 )
 from vla_accel_ros.decoding.thresholds import released_schedule_threshold
 
@@ -75,11 +74,9 @@ class KervReleasedDecoder:
         return (step + 1) % self.config.period == 0
 
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
-        started = context.clock()
+        started, ledger, state = start_speculation(policy, prefix, context)
         cfg = self.config
         r = released_schedule_threshold(context.step, context.max_steps, cfg.r_start, cfg.r_min)
-        ledger = PassLedger(policy, context.clock)
-        state = SpecState(prefix=prefix)
         kf_filled = 0
         with torch.inference_mode():
             if self.forced(context.step) and len(context.token_history) > 0:
@@ -91,15 +88,5 @@ class KervReleasedDecoder:
                 state.accepted, state.drafted, state.rounds = n_acc, N_ACTION_TOKENS, 1
                 kf_filled = N_ACTION_TOKENS - n_acc
             else:
-                while state.remaining > 0:
-                    speculative_round(ledger, state, r)
-        return ledger.result(
-            self.name,
-            state.tokens,
-            accepted_len=state.accepted,
-            drafted=state.drafted,
-            rounds=state.rounds,
-            kf_filled=kf_filled,
-            threshold=r,
-            started=started,
-        )
+                speculate_to_end(ledger, state, r)
+        return ledger.state_result(self.name, state, kf_filled=kf_filled, threshold=r, started=started)

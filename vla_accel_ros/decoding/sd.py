@@ -13,14 +13,7 @@ from typing import Any
 
 import torch
 
-from vla_accel_ros.decoding.base import (
-    DecodeContext,
-    DecodeResult,
-    PassLedger,
-    PolicyLike,
-    SpecState,
-    speculative_round,
-)
+from vla_accel_ros.decoding.base import DecodeContext, DecodeResult, PolicyLike, speculate_to_end, start_speculation
 
 
 @dataclass(frozen=True)
@@ -39,19 +32,7 @@ class SDDecoder:
         self.config = SDConfig(r=r)
 
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
-        started = context.clock()
-        ledger = PassLedger(policy, context.clock)
-        state = SpecState(prefix=prefix)
+        started, ledger, state = start_speculation(policy, prefix, context)
         with torch.inference_mode():
-            while state.remaining > 0:
-                speculative_round(ledger, state, self.config.r)
-        return ledger.result(
-            self.name,
-            state.tokens,
-            accepted_len=state.accepted,
-            drafted=state.drafted,
-            rounds=state.rounds,
-            kf_filled=0,
-            threshold=self.config.r,
-            started=started,
-        )
+            speculate_to_end(ledger, state, self.config.r)
+        return ledger.state_result(self.name, state, kf_filled=0, threshold=self.config.r, started=started)

@@ -21,6 +21,7 @@ from vla_accel_ros.tokenizer import ACTION_DIM, N_BINS, TEXT_VOCAB
 
 BOS = N_BINS  # action-embedding id that starts the action (vocabulary 257 = 256 bins + BOS)
 PROPRIO_DIM = 8
+AUX_OUTPUTS = 6
 
 KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (k, v), each (B, H, L, hd)
 
@@ -189,6 +190,10 @@ class VLATarget(nn.Module):
         self.blocks = nn.ModuleList(Block(d, config.n_heads, config.mlp_ratio) for _ in range(config.n_layers))
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, N_BINS, bias=False)
+        # Training-only auxiliary head on the hidden state at BOS: where the named cube is relative
+        # to the gripper, and where the gripper is. Supervising it teaches the prefix to ground the
+        # instruction in the image and the joints in space, which the action tokens then read.
+        self.aux_head = nn.Linear(d, AUX_OUTPUTS)
         self.apply(self._init_weights)
         nn.init.normal_(self.vision_pos, std=0.02)
         nn.init.normal_(self.pos_emb, std=0.02)
@@ -261,10 +266,17 @@ class VLATarget(nn.Module):
         self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor, actions: torch.Tensor
     ) -> torch.Tensor:
         """Teacher-forced logits (B, 7, 256): logits[:, i] predicts actions[:, i] from actions[:, :i]."""
+        return self.forward_with_aux(images, text, proprio, actions)[0]
+
+    def forward_with_aux(
+        self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced logits (B, 7, 256) and the auxiliary head's prediction (B, 6) at BOS."""
         prefix = self.embed_prefix(self.vision_tokens(images), text, proprio)
         x = torch.cat([prefix, self.embed_actions(actions[:, :-1], prefix.shape[1])], dim=1)
         hidden, _ = self.decode(x)
-        return self.lm_head(hidden[:, prefix.shape[1] - 1 :])
+        action_hidden = hidden[:, prefix.shape[1] - 1 :]
+        return self.lm_head(action_hidden), self.aux_head(action_hidden[:, 0])
 
 
 def count_parameters(module: nn.Module) -> int:

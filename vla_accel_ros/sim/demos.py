@@ -7,7 +7,8 @@ On-disk format (one directory):
   joint order; ``gripper`` float32 (T,) one finger's opening in m; ``actions`` float32 (T, 7), the
   expert's action taken at step t (OpenVLA convention); ``near_contact`` bool (T,) and
   ``target_clearance`` float32 (T,) (gripper-to-target distance at the observation); ``tcp_pos``
-  float32 (T, 3); and 0-d ``instruction`` (str), ``color`` (str), ``success`` (bool), ``seed`` (int).
+  and ``target_pos`` float32 (T, 3) (TCP and target-cube positions, the privileged labels of the
+  policy's auxiliary loss); and 0-d ``instruction`` (str), ``color`` (str), ``success`` (bool), ``seed`` (int).
 - ``summary.json``: ``episodes``, ``success_rate``, ``seed``, ``image_size``, ``control_hz``,
   ``max_steps``, ``steps_total``, ``failed_seeds``.
 
@@ -79,6 +80,7 @@ def record_demos(
                 near_contact=np.asarray(result["near_contact"], bool),
                 target_clearance=np.asarray(result["target_clearance"], np.float32),
                 tcp_pos=np.stack(result["tcp_pos"]).astype(np.float32),
+                target_pos=np.stack(result["target_pos"]).astype(np.float32),
                 instruction=np.array(result["instruction"]),
                 color=np.array(result["color"]),
                 success=np.array(bool(result["success"])),

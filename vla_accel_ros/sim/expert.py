@@ -103,7 +103,7 @@ def run_expert_episode(env: PickCubeEnv, seed: int, record: bool = False, action
     noise_rng = np.random.default_rng([seed, 1])
     noise_scale = action_noise * np.array([expert.config.max_translation] * 3 + [expert.config.max_rotation] * 3 + [0.0])
     obs = env.reset(seed)
-    steps: dict[str, list] = {k: [] for k in ("images", "joint_pos", "gripper", "actions", "near_contact", "target_clearance", "tcp_pos")}
+    steps: dict[str, list] = {k: [] for k in ("images", "joint_pos", "gripper", "actions", "near_contact", "target_clearance", "tcp_pos", "target_pos")}
     while not env.done:
         action = expert.act(obs)
         if record:
@@ -115,6 +115,7 @@ def run_expert_episode(env: PickCubeEnv, seed: int, record: bool = False, action
             steps["near_contact"].append(clearance < NEAR_CONTACT_DISTANCE)
             steps["target_clearance"].append(np.float32(clearance))
             steps["tcp_pos"].append(env.tcp_pose()[0])
+            steps["target_pos"].append(env.cube_position(env.color))
         executed = action + noise_scale * noise_rng.standard_normal(7) if action_noise > 0 else action
         obs, _ = env.step(executed)
     return {"success": env.success(), "steps": env.steps, "color": env.color, "instruction": env.instruction, **steps}

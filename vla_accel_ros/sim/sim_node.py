@@ -27,37 +27,22 @@ from typing import Any
 import numpy as np
 import rclpy
 from builtin_interfaces.msg import Time
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
-from rclpy.parameter import Parameter
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Bool, Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
-from vla_accel_ros.config import ConfigError, ParamSpec, SimBridgeConfig, from_params, parameter_specs
+from vla_accel_ros.config import ConfigError, SimBridgeConfig
+from vla_accel_ros.ros_util import LATCHED_QOS, declare_config, run_node
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
 
 NODE_NAME = "sim_node"
-LATCHED_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 INSTRUCTION_REPEAT_S = 1.0  # re-publish the instruction so a late subscriber gets it
 # After a reset, commands still in flight were computed for the previous arm pose; ignore them
 # until the controller has seen the new joint states.
 RESET_SETTLE_S = 0.1
-
-
-def _descriptor(spec: ParamSpec) -> ParameterDescriptor:
-    kinds = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
-             float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING,
-             tuple: ParameterType.PARAMETER_STRING_ARRAY}
-    desc = ParameterDescriptor(name=spec.name, type=kinds[spec.kind], description=spec.description, read_only=True)
-    if spec.range is not None and spec.kind is float:
-        desc.floating_point_range = [FloatingPointRange(from_value=float(spec.range[0]), to_value=float(spec.range[1]))]
-    elif spec.range is not None and spec.kind is int:
-        desc.integer_range = [IntegerRange(from_value=int(spec.range[0]), to_value=int(spec.range[1]), step=1)]
-    return desc
 
 
 def _stamp(t: float) -> Time:
@@ -68,7 +53,7 @@ def _stamp(t: float) -> Time:
 class SimBridgeNode(Node):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(NODE_NAME, **kwargs)
-        self.cfg = self._declare_parameters()
+        self.cfg: SimBridgeConfig = declare_config(self, SimBridgeConfig)
         cfg = self.cfg
         rate = cfg.joint_state_rate_hz
         self.env = PickCubeEnv(SimConfig(
@@ -118,23 +103,6 @@ class SimBridgeNode(Node):
         self._thread.start()
         self.get_logger().info(f"MuJoCo bridge: physics {rate:g} Hz, camera {cfg.camera_rate_hz:g} Hz, "
                                f"real-time factor {cfg.real_time_factor:g}")
-
-    def _declare_parameters(self) -> SimBridgeConfig:
-        values: dict[str, Any] = {}
-        overrides = getattr(self, "_parameter_overrides", {})
-        for spec in parameter_specs(SimBridgeConfig):
-            if spec.kind is float and spec.name in overrides and overrides[spec.name].type_ == Parameter.Type.INTEGER:
-                overrides[spec.name] = Parameter(spec.name, Parameter.Type.DOUBLE, float(overrides[spec.name].value))
-            try:
-                if spec.kind is tuple:
-                    param = self.declare_parameter(spec.name, Parameter.Type.STRING_ARRAY, _descriptor(spec))
-                    value = list(param.value) if param.value is not None else list(spec.default)
-                else:
-                    value = self.declare_parameter(spec.name, spec.default, _descriptor(spec)).value
-            except Exception as err:
-                raise ConfigError(f"invalid parameter '{spec.name}': {err} ({spec.description})") from err
-            values[spec.name] = value
-        return from_params(SimBridgeConfig, values)
 
     # --- time ---------------------------------------------------------------------------------
     @property
@@ -305,24 +273,7 @@ class SimBridgeNode(Node):
 
 
 def main(args: list[str] | None = None) -> int:
-    rclpy.init(args=args)
-    try:
-        node = SimBridgeNode()
-    except ValueError as err:
-        print(f"[{NODE_NAME}] refusing to start: {err}", file=sys.stderr, flush=True)
-        rclpy.try_shutdown()
-        return 2
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.shutdown()
-        node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return run_node(NODE_NAME, SimBridgeNode, lambda node: SingleThreadedExecutor(), args)
 
 
 if __name__ == "__main__":

@@ -168,10 +168,11 @@ class Policy:
         )
 
     # --- target -------------------------------------------------------------------------------
-    def encode_local(self, images: torch.Tensor) -> torch.Tensor:
-        """Local (per-patch) vision tokens (B, P, d) of uint8 images (B, H, W, 3)."""
+    def encode_local(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """Local (per-patch) vision tokens (B, P, d) of uint8 images (B, H, W, 3) under the
+        instruction ids ``text`` (B, T)."""
         with torch.inference_mode():
-            return self.target.encode_patches(self.target.patchify(images))
+            return self.target.encode_patches(self.target.patchify(images), text)
 
     def prefill(self, obs: Observation, local_tokens: torch.Tensor | None = None) -> Prefix:
         """Run the target over one observation's prefix. ``local_tokens`` (1, P, d), if given, are
@@ -199,7 +200,7 @@ class Policy:
     ) -> Prefix:
         target = self.target
         if local_tokens is None:
-            local_tokens = target.encode_patches(target.patchify(images))
+            local_tokens = target.encode_patches(target.patchify(images), text)
         x = target.embed_prefix(target.global_vision(local_tokens), text, self.normalise_proprio(proprio))
         hidden, kv = target.decode(x)
         b = hidden.shape[0]

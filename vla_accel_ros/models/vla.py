@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vla_accel_ros.tokenizer import ACTION_DIM, N_BINS, TEXT_VOCAB
+from vla_accel_ros.tokenizer import ACTION_DIM, N_BINS, TEXT_PAD, TEXT_VOCAB
 
 BOS = N_BINS  # action-embedding id that starts the action (vocabulary 257 = 256 bins + BOS)
 PROPRIO_DIM = 8
@@ -161,15 +161,22 @@ class PatchEncoder(nn.Module):
         super().__init__()
         self.grid = patch_size // self.SUB
         self.stem = nn.Linear(3 * self.SUB * self.SUB, channels)
+        # FiLM from the instruction (as in language-conditioned grasping policies): the stem's
+        # features are scaled and shifted per instruction, so a patch showing the named colour
+        # stands out before any attention. Still per patch: no patch sees another.
+        self.film = nn.Linear(d_model, 2 * channels)
         self.fc = nn.Linear(self.grid * self.grid * channels, 2 * d_model)
         self.proj = nn.Linear(2 * d_model, d_model)
 
-    def forward(self, patches: torch.Tensor) -> torch.Tensor:
-        """patches (B, P, 3, ps, ps) float in [-1, 1] -> local tokens (B, P, d)."""
+    def forward(self, patches: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
+        """patches (B, P, 3, ps, ps) float in [-1, 1], instruction condition (B, d) -> local tokens (B, P, d)."""
         b, p, g, s = patches.shape[0], patches.shape[1], self.grid, self.SUB
         x = patches.reshape(b, p, 3, g, s, g, s).permute(0, 1, 3, 5, 2, 4, 6).reshape(b, p, g * g, 3 * s * s)
-        x = F.gelu(self.stem(x)).reshape(b, p, -1)
-        return self.proj(F.gelu(self.fc(x)))
+        x = F.gelu(self.stem(x))
+        if condition is not None:
+            gamma, beta = self.film(condition)[:, None, None, :].chunk(2, dim=-1)
+            x = x * (1.0 + gamma) + beta
+        return self.proj(F.gelu(self.fc(x.reshape(b, p, -1))))
 
 
 class VLATarget(nn.Module):
@@ -195,6 +202,8 @@ class VLATarget(nn.Module):
         # instruction in the image and the joints in space, which the action tokens then read.
         self.aux_head = nn.Linear(d, AUX_OUTPUTS)
         self.apply(self._init_weights)
+        nn.init.zeros_(self.patch_encoder.film.weight)  # FiLM starts as the identity
+        nn.init.zeros_(self.patch_encoder.film.bias)
         nn.init.normal_(self.vision_pos, std=0.02)
         nn.init.normal_(self.pos_emb, std=0.02)
         for name, param in self.named_parameters():  # GPT-2 style scaled init of residual projections
@@ -221,9 +230,16 @@ class VLATarget(nn.Module):
         x = x.view(b, g, ps, g, ps, 3).permute(0, 1, 3, 5, 2, 4)  # B, gy, gx, 3, ps, ps
         return x.reshape(b, g * g, 3, ps, ps)
 
-    def encode_patches(self, patch_pixels: torch.Tensor) -> torch.Tensor:
-        """Per-patch local tokens (B, P', d) for any subset of patches (B, P', 3, ps, ps)."""
-        return self.patch_encoder(patch_pixels)
+    def instruction_condition(self, text: torch.Tensor) -> torch.Tensor:
+        """Mean byte embedding of the instruction ids (B, T), padding excluded -> (B, d)."""
+        keep = (text != TEXT_PAD).unsqueeze(-1).to(torch.float32)
+        return (self.text_emb(text) * keep).sum(dim=1) / keep.sum(dim=1).clamp_min(1.0)
+
+    def encode_patches(self, patch_pixels: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-patch local tokens (B, P', d) for any subset of patches (B, P', 3, ps, ps), conditioned
+        on the instruction ids ``text`` (B, T) when given."""
+        condition = None if text is None else self.instruction_condition(text)
+        return self.patch_encoder(patch_pixels, condition)
 
     def global_vision(self, local_tokens: torch.Tensor) -> torch.Tensor:
         """Local tokens (B, P, d) of all patches -> vision tokens (B, P, d) (position embeddings added here)."""
@@ -259,8 +275,8 @@ class VLATarget(nn.Module):
             new_cache.append(kv)
         return self.ln_f(x), tuple(new_cache)
 
-    def vision_tokens(self, images: torch.Tensor) -> torch.Tensor:
-        return self.global_vision(self.encode_patches(self.patchify(images)))
+    def vision_tokens(self, images: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
+        return self.global_vision(self.encode_patches(self.patchify(images), text))
 
     def forward(
         self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor, actions: torch.Tensor
@@ -272,7 +288,7 @@ class VLATarget(nn.Module):
         self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor, actions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced logits (B, 7, 256) and the auxiliary head's prediction (B, 6) at BOS."""
-        prefix = self.embed_prefix(self.vision_tokens(images), text, proprio)
+        prefix = self.embed_prefix(self.vision_tokens(images, text), text, proprio)
         x = torch.cat([prefix, self.embed_actions(actions[:, :-1], prefix.shape[1])], dim=1)
         hidden, _ = self.decode(x)
         action_hidden = hidden[:, prefix.shape[1] - 1 :]

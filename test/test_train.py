@@ -19,7 +19,9 @@ COLOURS = {"red": (230, 20, 20), "green": (20, 210, 20), "blue": (20, 20, 230)}
 SIZE = 32
 
 
-def write_episode(path: Path, rng: np.random.Generator, colour: str, steps: int = 16, success: bool = True) -> None:
+def write_episode(
+    path: Path, rng: np.random.Generator, colour: str, steps: int = 16, success: bool = True, policy_in_loop: bool = False
+) -> None:
     """One episode in the demo format: random background, a coloured square; the action depends on
     the square's position and colour and on the proprio, so there is something to learn."""
     images = rng.integers(0, 60, (steps, SIZE, SIZE, 3), dtype=np.uint8)
@@ -37,7 +39,7 @@ def write_episode(path: Path, rng: np.random.Generator, colour: str, steps: int 
     np.savez_compressed(
         path, images=images, joint_pos=joint_pos, gripper=gripper, actions=actions, near_contact=gripper < 0.015,
         target_clearance=gripper, instruction=np.array(f"pick up the {colour} cube"), color=np.array(colour),
-        success=np.array(success), seed=np.array(0, np.int64),
+        success=np.array(success), seed=np.array(0, np.int64), policy_in_loop=np.array(policy_in_loop),
     )
 
 
@@ -64,6 +66,16 @@ def test_load_demos(demo_dir: Path) -> None:
     assert everything.n_episodes == 5 and "episode_00004.npz" in everything.files
 
 
+def test_load_demos_keeps_failed_policy_in_loop_episodes(tmp_path: Path) -> None:
+    """A DAgger episode's labels are the expert's even when the mixed run failed, so it is kept."""
+    rng = np.random.default_rng(1)
+    write_episode(tmp_path / "episode_00000.npz", rng, "red")
+    write_episode(tmp_path / "episode_00001.npz", rng, "red", success=False)
+    write_episode(tmp_path / "episode_00002.npz", rng, "blue", success=False, policy_in_loop=True)
+    data = load_demos(tmp_path, max_text_len=8, progress=False)
+    assert data.files == ("episode_00000.npz", "episode_00002.npz")
+
+
 def test_load_demos_errors(tmp_path: Path, demo_dir: Path) -> None:
     with pytest.raises(DatasetError, match="not found"):
         load_demos(tmp_path / "missing", 8)
@@ -82,13 +94,14 @@ def test_load_demos_errors(tmp_path: Path, demo_dir: Path) -> None:
 def test_random_shift_and_schedule() -> None:
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (4, 16, 16, 3), dtype=torch.uint8, generator=g)
-    assert torch.equal(random_shift(images, 0, g), images)
-    shifted = random_shift(images, 2, g)
-    assert shifted.shape == images.shape and shifted.dtype == torch.uint8
-    assert not torch.equal(shifted, images)
-    for b in range(4):  # away from the border, each image is the original moved by at most 2 pixels
-        assert any(torch.equal(shifted[b, 2:14, 2:14], images[b, 2 + dy : 14 + dy, 2 + dx : 14 + dx])
-                   for dy in range(-2, 3) for dx in range(-2, 3))
+    same, moved = random_shift(images, 0, g)
+    assert torch.equal(same, images) and torch.all(moved == 0)
+    shifted, moved = random_shift(images, 2, g)
+    assert shifted.shape == images.shape and shifted.dtype == torch.uint8 and moved.shape == (4, 2)
+    assert not torch.equal(shifted, images) and moved.abs().max() <= 2
+    for b in range(4):  # away from the border, content moved by exactly ``moved`` (x, y) pixels
+        mx, my = int(moved[b, 0]), int(moved[b, 1])
+        assert torch.equal(shifted[b, 2 + my : 14 + my, 2 + mx : 14 + mx], images[b, 2:14, 2:14])
     assert cosine_schedule(0, 100, 10) == pytest.approx(0.1)
     assert cosine_schedule(10, 100, 10) == pytest.approx(1.0)
     assert cosine_schedule(100, 100, 10) == pytest.approx(0.1)
@@ -127,3 +140,13 @@ def test_train_command_end_to_end(demo_dir: Path, tmp_path: Path) -> None:
     assert args["epochs"] == 5 and args["lr"] == 3e-3 and args["progress"] is False
     policy = load_checkpoint(out)
     assert policy.config.image_size == SIZE and policy.config.d_model == 32
+
+    # --init fine-tunes that checkpoint: same architecture and statistics, and it starts where it ended
+    tuned = tmp_path / "tuned"
+    assert cli.main(["train", "--data", str(demo_dir), "--out", str(tuned), "--init", str(out), "--epochs", "1",
+                     "--draft-epochs", "0", "--batch-size", "16", "--threads", "1", "--no-progress"]) == 0
+    tuned_policy = load_checkpoint(tuned)
+    assert tuned_policy.config == policy.config
+    np.testing.assert_array_equal(tuned_policy.tokenizer.q01, policy.tokenizer.q01)
+    tuned_bc = json.loads((tuned / "loss_history.json").read_text())["bc"]
+    assert np.mean(tuned_bc[:3]) < np.mean(bc[:3]) - 1.0

@@ -64,6 +64,7 @@ def row(summary: dict[str, Any], ar: dict[str, Any] | None) -> dict[str, Any]:
         "mean_accepted_len": summary["mean_accepted_len"],
         "acceptance_rate": summary["acceptance_rate"],
         "target_passes_per_action": summary["target_passes_per_action"],
+        "draft_passes_per_action": summary["draft_passes_per_action"],
         "prefill_ms_p50": lat["prefill_p50"],
         "decode_ms_p50": lat["decode_p50"],
         "total_ms_p50": lat["total_p50"],
@@ -77,12 +78,12 @@ def row(summary: dict[str, Any], ar: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
-    header = "| decoder | SR | NCF rate | NCF share | accepted len | target passes/action | decode ms p50 | total ms p50 | total ms p99 | decode speed-up | e2e speed-up |"
-    lines = [header, "|" + "---|" * 11]
+    header = "| decoder | SR | NCF rate | NCF share | accepted len | target passes/action | draft steps/action | decode ms p50 | total ms p50 | total ms p99 | decode speed-up | e2e speed-up |"
+    lines = [header, "|" + "---|" * 12]
     for name, r in rows.items():
         lines.append(
             f"| {name} | {r['success_rate']:.0%} | {r['ncf_rate']:.0%} | {r['ncf_share']:.0%} | {r['mean_accepted_len']:.2f} | "
-            f"{r['target_passes_per_action']:.2f} | {r['decode_ms_p50']:.2f} | {r['total_ms_p50']:.2f} | "
+            f"{r['target_passes_per_action']:.2f} | {r['draft_passes_per_action']:.2f} | {r['decode_ms_p50']:.2f} | {r['total_ms_p50']:.2f} | "
             f"{r['total_ms_p99']:.2f} | {r.get('decode_speedup_vs_ar', float('nan')):.2f}x | {r.get('speedup_vs_ar', float('nan')):.2f}x |"
         )
     return "\n".join(lines)

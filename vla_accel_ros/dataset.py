@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from vla_accel_ros.sim.scene import front_camera_coordinates
 from vla_accel_ros.tokenizer import ACTION_DIM, encode_instruction
 
 REQUIRED_KEYS = ("images", "joint_pos", "gripper", "actions", "near_contact", "instruction")
@@ -30,7 +31,9 @@ class DemoDataset:
     """All steps of all loaded episodes. N steps, E episodes.
 
     images (N, H, W, 3) uint8; text (N, T) int64 instruction byte ids; proprio (N, 8) float32
-    (raw joints + gripper); actions (N, 7) float32; near_contact (N,) bool; episode (N,) int64
+    (raw joints + gripper); actions (N, 7) float32; near_contact (N,) bool; aux (N, 6) float32 (see
+    AUX_DIM; NaN when unknown); keypoint_targets (N, 2, 2) float32, where the front camera images
+    the named cube and the TCP (x, y in [-1, 1], NaN when unknown); episode (N,) int64
     index into ``files``; files: episode file names in load order; success (E,) bool.
     """
 
@@ -40,6 +43,7 @@ class DemoDataset:
     actions: torch.Tensor
     near_contact: torch.Tensor
     aux: torch.Tensor
+    keypoint_targets: torch.Tensor
     episode: torch.Tensor
     files: tuple[str, ...]
     success: torch.Tensor
@@ -75,7 +79,8 @@ def _load_episode(path: Path, max_text_len: int) -> dict[str, np.ndarray]:
             missing = [k for k in REQUIRED_KEYS if k not in data.files]
             if missing:
                 raise DatasetError(f"{path}: missing arrays {missing}")
-            episode = {k: data[k] for k in (*REQUIRED_KEYS, "success", "tcp_pos", "target_pos") if k in data.files}
+            optional = ("success", "tcp_pos", "target_pos", "policy_in_loop")
+            episode = {k: data[k] for k in (*REQUIRED_KEYS, *optional) if k in data.files}
     except DatasetError:
         raise
     except Exception as exc:  # zip / format errors from a corrupt file
@@ -96,16 +101,20 @@ def _load_episode(path: Path, max_text_len: int) -> dict[str, np.ndarray]:
     if "tcp_pos" in episode and "target_pos" in episode:
         tcp, target = episode["tcp_pos"].astype(np.float32), episode["target_pos"].astype(np.float32)
         aux = np.concatenate([target - tcp, tcp], axis=1) / AUX_SCALE_M
+        keypoints = front_camera_coordinates(np.stack([target, tcp], axis=1))
     else:
         aux = np.full((t, AUX_DIM), np.nan, np.float32)
+        keypoints = np.full((t, 2, 2), np.nan, np.float32)
     return {
         "images": images,
         "aux": aux.astype(np.float32),
+        "keypoint_targets": keypoints.astype(np.float32),
         "proprio": np.concatenate([episode["joint_pos"], episode["gripper"][:, None]], axis=1).astype(np.float32),
         "actions": actions.astype(np.float32),
         "near_contact": episode["near_contact"].astype(bool),
         "text": encode_instruction(str(episode["instruction"]), max_text_len),
         "success": bool(episode["success"]) if "success" in episode else True,
+        "policy_in_loop": bool(episode.get("policy_in_loop", False)),
     }
 
 
@@ -117,7 +126,8 @@ def load_demos(
     progress: bool = True,
 ) -> DemoDataset:
     """Load ``directory/episode_*.npz`` in name order. Failed episodes are skipped unless
-    ``only_success`` is False (imitating a failure teaches the failure)."""
+    ``only_success`` is False (imitating a failure teaches the failure), except those a policy
+    drove in part (DAgger): their labels are the expert's at every step, so they teach recovery."""
     directory = Path(directory)
     if not directory.is_dir():
         raise DatasetError(f"{directory}: demo directory not found")
@@ -129,7 +139,7 @@ def load_demos(
     episodes, names = [], []
     for path in tqdm(files, desc="loading demos", unit="ep", disable=not progress):
         episode = _load_episode(path, max_text_len)
-        if only_success and not episode["success"]:
+        if only_success and not episode["success"] and not episode["policy_in_loop"]:
             continue
         if episodes and episode["images"].shape[1:] != episodes[0]["images"].shape[1:]:
             raise DatasetError(f"{path}: image size {episode['images'].shape[1:]} differs from earlier episodes")
@@ -145,6 +155,7 @@ def load_demos(
         actions=torch.from_numpy(np.concatenate([e["actions"] for e in episodes])),
         near_contact=torch.from_numpy(np.concatenate([e["near_contact"] for e in episodes])),
         aux=torch.from_numpy(np.concatenate([e["aux"] for e in episodes])),
+        keypoint_targets=torch.from_numpy(np.concatenate([e["keypoint_targets"] for e in episodes])),
         episode=torch.from_numpy(np.repeat(np.arange(len(episodes)), lengths)),
         files=tuple(names),
         success=torch.tensor([e["success"] for e in episodes]),

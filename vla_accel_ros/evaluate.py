@@ -45,6 +45,7 @@ class EpisodeRecord:
     decode_ms: list[float] = field(default_factory=list)
     total_ms: list[float] = field(default_factory=list)
     target_passes: list[int] = field(default_factory=list)
+    draft_passes: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
     thresholds: list[float] = field(default_factory=list)
@@ -81,6 +82,7 @@ def run_episode(
         record.decode_ms.append(result.timings["decode"])
         record.total_ms.append(result.timings["total"])
         record.target_passes.append(result.target_passes)
+        record.draft_passes.append(result.draft_passes)
         record.accepted.append(result.accepted_len)
         record.drafted.append(result.drafted)
         record.thresholds.append(float("nan") if result.threshold is None else float(result.threshold))
@@ -108,6 +110,7 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
         "ncf_share": ncf / len(failures) if failures else 0.0,
         "actions": len(passes),
         "target_passes_per_action": float(np.mean(passes)),
+        "draft_passes_per_action": float(np.mean(cat("draft_passes"))),
         "mean_accepted_len": float(np.mean(accepted)),
         "acceptance_rate": float(np.sum(accepted) / np.sum(drafted)) if np.sum(drafted) else 0.0,
         "latency_ms": {

@@ -25,13 +25,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from vla_accel_ros.dataset import DemoDataset, load_demos
-from vla_accel_ros.models.checkpoint import save_checkpoint
+from vla_accel_ros.dataset import AUX_SCALE_M, DemoDataset, load_demos
+from vla_accel_ros.models.checkpoint import load_checkpoint, save_checkpoint
 from vla_accel_ros.models.policy import Policy
 from vla_accel_ros.models.vla import VLAConfig
 from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer
 
 ACCEPT_RADII = (0, 2, 9)
+KEYPOINT_LOSS_SCALE = 10.0  # keypoints live in [-1, 1]: x10 puts the smooth-L1 knee at ~3 px of 128
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ class TrainConfig:
     max_text_len: int = 32
     patch_size: int = 16
     local_channels: int = 32
+    keypoints: int = 16
+    text_layers: int = 1
+    keypoint_weight: float = 1.0  # weight of the keypoint grounding loss (0 = off)
+    init: str | None = None  # checkpoint to fine-tune instead of a fresh model (DAgger rounds)
     eval_batch_size: int = 256
     save_dtype: str = "float32"
     device: str = "cpu"
@@ -109,42 +114,53 @@ def cosine_schedule(step: int, total: int, warmup: int, floor: float = 0.1) -> f
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
-    """Shift each uint8 image (B, H, W, 3) by up to ``max_shift`` pixels, repeating the border."""
-    if max_shift == 0:
-        return images
+def random_shift(
+    images: torch.Tensor, max_shift: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shift each uint8 image (B, H, W, 3) by up to ``max_shift`` pixels, repeating the border.
+    Returns the images and how far their content moved, (B, 2) pixels (x, y)."""
     b, h, w, _ = images.shape
+    if max_shift == 0:
+        return images, torch.zeros(b, 2)
     dy, dx = torch.randint(-max_shift, max_shift + 1, (2, b, 1), generator=generator)
     rows = (torch.arange(h) + dy).clamp_(0, h - 1)
     cols = (torch.arange(w) + dx).clamp_(0, w - 1)
-    return images[torch.arange(b)[:, None, None], rows[:, :, None], cols[:, None, :]]
+    moved = -torch.cat([dx, dy], dim=1).to(torch.float32)  # output pixel (r, c) shows input (r + dy, c + dx)
+    return images[torch.arange(b)[:, None, None], rows[:, :, None], cols[:, None, :]], moved
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, data: DemoDataset) -> None:
+    def __init__(self, cfg: TrainConfig, data: DemoDataset, init: Policy | None = None) -> None:
         self.cfg = cfg
         self.data = data
         self.device = torch.device(cfg.device)
         self.train_idx, self.val_idx = data.split(cfg.val_fraction)
-        train_actions = data.actions[self.train_idx].numpy()
-        self.tokenizer = ActionTokenizer.from_actions(train_actions)
+        if init is not None:  # fine-tune: architecture, tokenizer and proprio statistics all come from it
+            self.policy = init
+            self.tokenizer = init.tokenizer
+            if init.config.image_size != data.image_size or init.config.max_text_len != data.text.shape[1]:
+                raise ValueError(f"--init {cfg.init}: its image size / text length differ from the data's")
+        else:
+            self.tokenizer = ActionTokenizer.from_actions(data.actions[self.train_idx].numpy())
+            proprio = data.proprio[self.train_idx]
+            std = proprio.std(dim=0).clamp_min(1e-3)  # the gripper can be constant over a small set
+            config = VLAConfig(
+                image_size=data.image_size, patch_size=cfg.patch_size, d_model=cfg.d_model, n_heads=cfg.n_heads,
+                n_layers=cfg.n_layers, vision_layers=cfg.vision_layers, max_text_len=data.text.shape[1],
+                local_channels=cfg.local_channels, keypoints=cfg.keypoints, text_layers=cfg.text_layers,
+            )
+            self.policy = Policy.create(config, self.tokenizer, proprio.mean(dim=0).numpy(), std.numpy(), cfg.seed)
         self.tokens = torch.from_numpy(self.tokenizer.encode(data.actions.numpy()))
-        proprio = data.proprio[self.train_idx]
-        std = proprio.std(dim=0).clamp_min(1e-3)  # the gripper can be constant over a small set
-        config = VLAConfig(
-            image_size=data.image_size, patch_size=cfg.patch_size, d_model=cfg.d_model, n_heads=cfg.n_heads,
-            n_layers=cfg.n_layers, vision_layers=cfg.vision_layers, max_text_len=data.text.shape[1],
-            local_channels=cfg.local_channels,
-        )
-        self.policy = Policy.create(config, self.tokenizer, proprio.mean(dim=0).numpy(), std.numpy(), cfg.seed)
         self.policy.to(self.device)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.history: dict[str, list[float]] = {"bc": [], "bc_val": [], "draft": [], "contact": []}
 
     def batch(self, idx: torch.Tensor, augment: bool) -> dict[str, torch.Tensor]:
         images = self.data.images[idx]
+        keypoints = self.data.keypoint_targets[idx]
         if augment:
-            images = random_shift(images, self.cfg.augment_shift, self.generator)
+            images, moved = random_shift(images, self.cfg.augment_shift, self.generator)
+            keypoints = keypoints + (moved * (2.0 / images.shape[1]))[:, None, :]  # labels move with the image
         batch = {
             "images": images,
             "text": self.data.text[idx],
@@ -152,6 +168,7 @@ class Trainer:
             "tokens": self.tokens[idx],
             "contact": self.data.near_contact[idx].float(),
             "aux": self.data.aux[idx],
+            "keypoints": keypoints,
         }
         return {k: v.to(self.device) for k, v in batch.items()}
 
@@ -162,11 +179,20 @@ class Trainer:
     # --- phase 1: behaviour cloning -----------------------------------------------------------
     def bc_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         proprio = self.policy.normalise_proprio(b["proprio"])
-        logits, aux = self.policy.target.forward_with_aux(b["images"], b["text"], proprio, b["tokens"])
+        logits, aux, keypoints = self.policy.target.forward_with_aux(b["images"], b["text"], proprio, b["tokens"])
         loss = F.cross_entropy(logits.reshape(-1, N_BINS), b["tokens"].reshape(-1))
         known = torch.isfinite(b["aux"])
         if self.cfg.aux_weight > 0 and known.any():
             loss = loss + self.cfg.aux_weight * F.smooth_l1_loss(aux[known], b["aux"][known])
+        if keypoints is not None and self.cfg.keypoint_weight > 0:
+            # keypoint 0 goes where the camera sees the named cube, keypoint 1 the TCP: grounding
+            # the instruction in the image directly, not through the action loss alone
+            want = b["keypoints"]
+            known = torch.isfinite(want)
+            if known.any():
+                got = keypoints[:, : want.shape[1]]
+                scale = KEYPOINT_LOSS_SCALE
+                loss = loss + self.cfg.keypoint_weight * F.smooth_l1_loss(got[known] * scale, want[known] * scale)
         return loss, logits.argmax(-1)
 
     def train_target(self) -> None:
@@ -284,10 +310,18 @@ class Trainer:
         def add(name: str, value: torch.Tensor) -> None:
             sums[name] = sums.get(name, 0) + value.double().sum(dim=0)
 
-        contact_logits, contact_labels = [], []
+        contact_logits, contact_labels, aux_errors, keypoint_errors = [], [], [], []
         for idx in self.batches(idx_all, self.cfg.eval_batch_size, False):
             b = self.batch(idx, augment=False)
             prefix = policy.prefill_batch(b["images"], b["text"], b["proprio"])
+            with torch.inference_mode():  # the aux head reads the hidden state at BOS
+                aux_error = (policy.target.aux_head(prefix.hidden_last) - b["aux"]).view(-1, 2, 3).norm(dim=-1)
+                if policy.config.keypoints:
+                    target = policy.target
+                    local = target.encode_patches(target.patchify(b["images"]), b["text"])
+                    got = target.keypoint_positions(local)[:, :2]
+                    keypoint_errors.append((got - b["keypoints"]).norm(dim=-1) * (policy.config.image_size / 2.0))
+            aux_errors.append(aux_error * AUX_SCALE_M * 100.0)  # cm: (cube - TCP, TCP)
             greedy = policy.greedy_decode(prefix)
             expert = b["tokens"]
             add("target_exact", (greedy == expert).float())
@@ -324,6 +358,14 @@ class Trainer:
             "contact_acc": float(((logits > 0).float() == labels).float().mean()),
             "contact_positive_rate": float(labels.mean()),
         }
+        aux_cm = torch.cat(aux_errors)
+        if torch.isfinite(aux_cm).all():  # how well the prefix locates the named cube and the TCP
+            metrics["cube_from_tcp_error_cm"] = float(aux_cm[:, 0].mean())
+            metrics["tcp_error_cm"] = float(aux_cm[:, 1].mean())
+        keypoint_px = torch.cat(keypoint_errors) if keypoint_errors else torch.zeros(0, 2)
+        if len(keypoint_px) and torch.isfinite(keypoint_px).all():  # image pixels, grounding at a glance
+            metrics["cube_keypoint_error_px"] = float(keypoint_px[:, 0].median())
+            metrics["tcp_keypoint_error_px"] = float(keypoint_px[:, 1].median())
         for r in ACCEPT_RADII:
             metrics[f"accept_len_r{r}"] = per_dim[f"accept_len_r{r}"][0]
         if self.history["bc_val"]:
@@ -353,7 +395,10 @@ def plot_losses(history: dict[str, list[float]], path: Path) -> None:
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_yscale("log" if values.size and values.min() > 0 else "linear")
-        ax.legend()
+        if values.size:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "not trained in this run", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -364,8 +409,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     start = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
-    data = load_demos(cfg.data, cfg.max_text_len, cfg.max_episodes, not cfg.include_failures, cfg.progress)
-    trainer = Trainer(cfg, data)
+    init = load_checkpoint(cfg.init) if cfg.init else None
+    max_text_len = init.config.max_text_len if init is not None else cfg.max_text_len
+    data = load_demos(cfg.data, max_text_len, cfg.max_episodes, not cfg.include_failures, cfg.progress)
+    trainer = Trainer(cfg, data, init)
     print(
         f"{data.n_episodes} episodes, {len(data)} steps ({len(trainer.train_idx)} train / {len(trainer.val_idx)} "
         f"held-out); parameters {trainer.policy.n_parameters()}"
@@ -413,6 +460,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weight of the auxiliary cube/TCP position loss (needs tcp_pos/target_pos in the demos)")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--max-episodes", type=int, default=None)
+    parser.add_argument("--init", default=None,
+                        help="fine-tune this checkpoint (its architecture, tokenizer and proprio statistics)")
     parser.add_argument("--val-fraction", type=float, default=d.val_fraction, help="held-out share of episodes")
     parser.add_argument("--include-failures", action="store_true", help="also train on failed episodes")
     parser.add_argument("--d-model", type=int, default=d.d_model)
@@ -422,6 +471,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-text-len", type=int, default=d.max_text_len)
     parser.add_argument("--patch-size", type=int, default=d.patch_size)
     parser.add_argument("--local-channels", type=int, default=d.local_channels)
+    parser.add_argument("--text-layers", type=int, default=d.text_layers,
+                        help="transformer layers over the instruction before it conditions the patches (FiLM)")
+    parser.add_argument("--keypoint-weight", type=float, default=d.keypoint_weight,
+                        help="weight of the loss putting keypoint 0 on the named cube and 1 on the TCP in the image")
+    parser.add_argument("--keypoints", type=int, default=d.keypoints,
+                        help="spatial-softmax keypoints over the patch stem (0 = none)")
     parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
     parser.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default=d.save_dtype)
     parser.add_argument("--device", default=d.device)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from vla_accel_ros.decoding import DECODERS, DecodeContext, EpisodeHistory, make_decoder, run_policy_step
+from vla_accel_ros.decoding.kerv import kf_completion_tokens
 from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.kinematics import ArmKinematics
 from vla_accel_ros.models import Policy, VLAConfig
@@ -125,6 +126,33 @@ def test_kerv_and_world_aware_make_one_verify_pass(policy: Policy, kin: ArmKinem
             assert result.draft_passes == 7
             assert result.tokens.shape == (7,) and np.all((0 <= result.tokens) & (result.tokens <= 254))
             assert np.all(np.isfinite(result.action))
+
+
+def test_kerv_lets_the_kf_draft_where_it_has_been_reliable(policy: Policy, kin: ArmKinematics) -> None:
+    kf = converged_filter(kin)
+    kerv = make_decoder("kerv", r_min=255, r_max=255)  # accept everything: the proposal is the action
+    context = DecodeContext(kalman=kf, gripper_history=(1.0,), step=5)
+    kf_tokens, _ = kf_completion_tokens(policy, context)
+    obs = observations(1, seed=4)[0]
+    full = kerv.decode(policy, policy.prefill(obs), context)
+    assert full.draft_passes == 7 and full.target_passes == 1  # no record yet: the draft head drafts all
+    kerv.kf_acceptance[:] = [0.0, 0.0, 0.0, 0.95, 0.95, 0.95, 0.95]  # reliable on positions 3..6
+    mixed = kerv.decode(policy, policy.prefill(obs), context)
+    assert mixed.draft_passes == 3 and mixed.target_passes == 1 and mixed.rounds == 1
+    np.testing.assert_array_equal(mixed.tokens[:3], full.tokens[:3])  # the draft head's tokens
+    np.testing.assert_array_equal(mixed.tokens[3:], kf_tokens[3:])  # the KF's, verified in the same pass
+    kerv.kf_acceptance[5] = 0.5  # one unreliable position: the draft head must reach past it
+    assert kerv.draft_length((kf_tokens, np.ones(7, bool))) == 6
+    assert kerv.draft_length(None) == 7  # no filter, no kinematic draft
+    assert make_decoder("kerv", kf_draft=False).draft_length((kf_tokens, np.ones(7, bool))) == 7
+
+
+def test_kf_acceptance_counts_only_positions_the_target_conditioned_on_accepted_tokens() -> None:
+    kerv = make_decoder("kerv", kf_rate_weight=0.5)
+    kf_tokens = np.array([10, 20, 30, 40, 50, 60, 70])
+    argmax = np.array([99, 21, 99, 40, 50, 60, 70, 0])
+    kerv.update_kf_acceptance(kf_tokens, argmax, n_valid=4, r=2)  # positions 1..3 count
+    np.testing.assert_allclose(kerv.kf_acceptance, [0, 0.5, 0, 0.5, 0, 0, 0])
 
 
 def test_kerv_released_one_pass_on_forced_steps(policy: Policy) -> None:

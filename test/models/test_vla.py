@@ -10,7 +10,7 @@ from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer
 
 torch.set_num_threads(1)
 TINY = dict(image_size=32, patch_size=8, d_model=32, n_heads=2, n_layers=2, vision_layers=1, max_text_len=8,
-            local_channels=8, contact_hidden=8)
+            local_channels=8, contact_hidden=8, keypoints=2, text_layers=1)
 TOL = 1e-5
 
 
@@ -56,7 +56,10 @@ def test_config_validation() -> None:
     with pytest.raises(ValueError, match="unknown"):
         VLAConfig.from_dict({**VLAConfig().to_dict(), "bogus": 1})
     assert VLAConfig.from_dict(VLAConfig(**TINY).to_dict()) == VLAConfig(**TINY)
-    assert VLAConfig().n_patches == 64 and VLAConfig(**TINY).prefix_len == 16 + 8 + 2
+    assert VLAConfig().n_patches == 64 and VLAConfig(**TINY).prefix_len == 16 + 1 + 8 + 2  # + keypoint token
+    assert VLAConfig(**{**TINY, "keypoints": 0}).prefix_len == 16 + 8 + 2
+    with pytest.raises(ValueError, match="keypoints"):
+        VLAConfig(keypoints=-1)
 
 
 def test_kv_cached_decoding_equals_full_recompute(policy: Policy, batch) -> None:
@@ -212,6 +215,52 @@ def test_patch_encoder_is_local(policy: Policy) -> None:
         local2 = target.encode_patches(target.patchify(changed))
     moved = (local2 - local).abs().amax(-1)[0]
     assert moved[1] > 0 and torch.all(moved[torch.arange(16) != 1] == 0)
+
+
+def test_keypoints_equal_an_image_wide_spatial_softmax(policy: Policy) -> None:
+    """The per-patch log-masses and offsets, combined over patches, are exactly the spatial softmax
+    over every sub-cell of the image."""
+    images, text, _ = make_batch(2, seed=4)
+    target, c = policy.target, policy.config
+    with torch.inference_mode():
+        patches = target.patchify(images)
+        keypoints = target.keypoint_positions(target.encode_patches(patches, text))
+        encoder = target.patch_encoder
+        b, p, g, s = 2, c.n_patches, encoder.grid, encoder.SUB
+        x = patches.reshape(b, p, 3, g, s, g, s).permute(0, 1, 3, 5, 2, 4, 6).reshape(b, p, g * g, 3 * s * s)
+        x = torch.nn.functional.gelu(encoder.stem(x))
+        gamma, beta = encoder.film(target.instruction_condition(text))[:, None, None, :].chunk(2, dim=-1)
+        logits = encoder.keypoint_logits(x * (1 + gamma) + beta)  # (B, P, g*g, K)
+        side = c.image_size // c.patch_size
+        cell = torch.arange(g) + 0.5
+        xs = (torch.arange(side)[:, None] * g + cell[None, :]).flatten() / (side * g) * 2 - 1  # sub-cell centres
+        # sub-cell (patch row py, col px, sub row sy, sub col sx) -> image coordinates
+        py, px, sy, sx = torch.meshgrid(torch.arange(side), torch.arange(side), torch.arange(g), torch.arange(g),
+                                        indexing="ij")
+        cx, cy = xs.view(side, g)[px, sx].flatten(), xs.view(side, g)[py, sy].flatten()
+        weights = torch.softmax(logits.reshape(b, p * g * g, -1), dim=1)
+        expected = torch.stack([(weights * cx[None, :, None]).sum(1), (weights * cy[None, :, None]).sum(1)], -1)
+    torch.testing.assert_close(keypoints, expected, atol=1e-5, rtol=0)
+
+
+def test_keypoint_finds_a_red_blob() -> None:
+    """A keypoint whose logit is the sub-cell's redness lands on a red square, wherever it is."""
+    target = make_policy().target
+    encoder = target.patch_encoder
+    with torch.no_grad():  # stem channel 0 = mean red minus mean green/blue; keypoint 0 reads it sharply
+        encoder.stem.weight.zero_()
+        encoder.stem.bias.zero_()
+        w = encoder.stem.weight[0].view(3, 4, 4)
+        w[0], w[1], w[2] = 1 / 16, -1 / 32, -1 / 32
+        encoder.keypoint_logits.weight.zero_()
+        encoder.keypoint_logits.weight[0, 0] = 40.0
+    for row, col in ((4, 20), (24, 8), (12, 12)):
+        image = torch.zeros(1, 32, 32, 3, dtype=torch.uint8)
+        image[0, row : row + 4, col : col + 4, 0] = 255
+        with torch.inference_mode():
+            keypoint = target.keypoint_positions(target.encode_patches(target.patchify(image)))[0, 0]
+        centre = torch.tensor([col + 2, row + 2], dtype=torch.float32) / 32 * 2 - 1
+        torch.testing.assert_close(keypoint, centre, atol=0.02, rtol=0)
 
 
 def test_patchify_keeps_colour(policy: Policy) -> None:

@@ -90,3 +90,20 @@ def test_bad_action_rejected(env):
         env.step(np.zeros(6))
     with pytest.raises(ValueError, match="non-finite"):
         env.step(np.array([np.nan, 0, 0, 0, 0, 0, 1]))
+
+
+def test_front_camera_coordinates_land_on_the_rendered_cubes(env):
+    """The projection used for keypoint labels agrees with the renderer to within ~2 pixels."""
+    from vla_accel_ros.sim.scene import front_camera_coordinates
+
+    obs = env.reset(3)
+    im = obs.image.astype(int)
+    r, g, b = im[..., 0], im[..., 1], im[..., 2]
+    masks = {"red": (r > 150) & (g < 80) & (b < 80), "green": (g > 120) & (r < 80) & (b < 80),
+             "blue": (b > 150) & (r < 80) & (g < 100)}
+    for colour, mask in masks.items():
+        rows, cols = np.nonzero(mask)
+        assert len(rows) > 5, colour
+        seen = np.array([(cols.mean() + 0.5) / 64 - 1, (rows.mean() + 0.5) / 64 - 1])
+        projected = front_camera_coordinates(env.cube_position(colour))
+        assert np.all(np.abs(projected - seen) < 2.5 / 64), (colour, projected, seen)

@@ -1,9 +1,15 @@
 """Kinematic KERV: joint-space KF completion and a kinematics-driven threshold, one verify pass.
 
-Per action: draft all 7 tokens, verify them in ONE target pass, keep the relaxed-accepted prefix
+Per action: propose 7 tokens, verify them in ONE target pass, keep the relaxed-accepted prefix
 (threshold r from :mod:`thresholds`), take the target's argmax at the first rejection (free from
 the same pass) and fill every later position with the tokens of the action the joint-space Kalman
 filter predicts for the next control period. There is never a second round.
+
+Kinematic drafting: the draft head proposes the leading tokens, and the KF proposes the trailing
+positions where its tokens have lately agreed with the target (a running acceptance rate of at
+least ``kf_trust``, measured for free on every verify pass). Draft-head steps are sequential and
+cost real time; the KF's proposal costs nothing, and the same single pass verifies both. Positions
+the KF predicts badly keep the draft head, so the saving adapts to the motion and the robot.
 
 The KF prediction is the TCP delta between the filtered joint configuration and its
 constant-acceleration extrapolation one control period ahead (clamped to URDF limits); the gripper
@@ -43,12 +49,19 @@ GRIPPER_INDEX = N_ACTION_TOKENS - 1
 class KervConfig:
     r_min: int = 5
     r_max: int = 15
+    kf_draft: bool = True  # let the KF propose the trailing positions it has proven reliable on
+    kf_trust: float = 0.9  # running acceptance rate a position's KF token needs before the KF drafts it
+    kf_rate_weight: float = 0.2  # weight of the newest step in that running rate (exponential average)
 
     def __post_init__(self) -> None:
         if not 0 <= self.r_min <= self.r_max:
             raise ValueError(
                 f"{type(self).__name__} needs 0 <= r_min <= r_max, got r_min={self.r_min}, r_max={self.r_max}"
             )
+        if not 0.0 < self.kf_trust <= 1.0:
+            raise ValueError(f"{type(self).__name__}.kf_trust must be in (0, 1], got {self.kf_trust}")
+        if not 0.0 < self.kf_rate_weight <= 1.0:
+            raise ValueError(f"{type(self).__name__}.kf_rate_weight must be in (0, 1], got {self.kf_rate_weight}")
 
 
 def kinematic_signals(context: DecodeContext) -> KinematicSignals | None:
@@ -83,12 +96,18 @@ def kf_completion_tokens(policy: PolicyLike, context: DecodeContext) -> tuple[np
 
 
 def complete_suffix(
-    tokens: np.ndarray, start: int, policy: PolicyLike, context: DecodeContext
+    tokens: np.ndarray,
+    start: int,
+    policy: PolicyLike,
+    context: DecodeContext,
+    completion: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, int]:
     """Overwrite ``tokens[start:]`` with KF tokens where the filter knows them; returns the new
-    tokens and the number of positions filled (0 when the filter cannot help: tokens unchanged)."""
+    tokens and the number of positions filled (0 when the filter cannot help: tokens unchanged).
+    ``completion`` is :func:`kf_completion_tokens`'s result when the caller already has it."""
     out = np.array(tokens, dtype=np.int64)
-    completion = kf_completion_tokens(policy, context)
+    if completion is None:
+        completion = kf_completion_tokens(policy, context)
     if completion is None or start >= N_ACTION_TOKENS:
         return out, 0
     fill, known = completion
@@ -104,6 +123,26 @@ class KervDecoder:
 
     def __init__(self, **cfg: Any) -> None:
         self.config = self.config_type(**cfg)
+        self.kf_acceptance = np.zeros(N_ACTION_TOKENS)  # running rate at which each KF token passes
+
+    def draft_length(self, completion: tuple[np.ndarray, np.ndarray] | None) -> int:
+        """Tokens the draft head proposes (>= 1: the first is the target's own, free); the KF
+        proposes the trailing positions it knows and has been reliable on."""
+        if not self.config.kf_draft or completion is None:
+            return N_ACTION_TOKENS
+        known = completion[1]
+        n = N_ACTION_TOKENS
+        while n > 1 and known[n - 1] and self.kf_acceptance[n - 1] >= self.config.kf_trust:
+            n -= 1
+        return n
+
+    def update_kf_acceptance(self, kf_tokens: np.ndarray, argmax: np.ndarray, n_valid: int, r: float) -> None:
+        """Score the KF's tokens against the target's argmax at positions 1..n_valid-1, whose
+        argmax is conditioned on accepted tokens (position 0 is always the target's own)."""
+        w = self.config.kf_rate_weight
+        for i in range(1, min(n_valid, N_ACTION_TOKENS)):
+            hit = float(abs(int(kf_tokens[i]) - int(argmax[i])) <= r)
+            self.kf_acceptance[i] = (1 - w) * self.kf_acceptance[i] + w * hit
 
     def threshold(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
         signals = kinematic_signals(context)
@@ -114,15 +153,23 @@ class KervDecoder:
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
         started = context.clock()
         ledger = PassLedger(policy, context.clock)
+        if context.step == 0:  # a new episode: the KF's record starts over
+            self.kf_acceptance[:] = 0.0
+        completion = kf_completion_tokens(policy, context)
+        n_draft = self.draft_length(completion)
         with torch.inference_mode():
             r = self.threshold(policy, prefix, context)
-            draft = ledger.draft(prefix, N_ACTION_TOKENS)
-            argmax, _ = ledger.score(prefix, draft.tolist())
-        n_acc = accepted_length(draft, argmax[:N_ACTION_TOKENS], r)
-        tokens, kf_filled = draft.copy(), 0
+            proposal = ledger.draft(prefix, n_draft)
+            if n_draft < N_ACTION_TOKENS:
+                proposal = np.concatenate([proposal, completion[0][n_draft:]])
+            argmax, _ = ledger.score(prefix, proposal.tolist())
+        n_acc = accepted_length(proposal, argmax[:N_ACTION_TOKENS], r)
+        if completion is not None:
+            self.update_kf_acceptance(completion[0], argmax, n_acc + 1, r)
+        tokens, kf_filled = proposal.copy(), 0
         if n_acc < N_ACTION_TOKENS:
             tokens[n_acc] = argmax[n_acc]  # bonus: the target's own token, free from this pass
-            tokens, kf_filled = complete_suffix(tokens, n_acc + 1, policy, context)
+            tokens, kf_filled = complete_suffix(tokens, n_acc + 1, policy, context, completion)
         return ledger.result(
             self.name,
             tokens,

@@ -37,6 +37,8 @@ class VLAConfig:
     mlp_ratio: int = 4
     max_text_len: int = 32
     local_channels: int = 32  # width of the per-patch stem
+    keypoints: int = 0  # spatial-softmax keypoints over the stem features (0 = none)
+    text_layers: int = 0  # transformer layers over the instruction bytes before FiLM pooling (0 = plain mean)
     draft_mlp_ratio: int = 2
     contact_hidden: int = 64
     n_action_tokens: int = ACTION_DIM
@@ -49,8 +51,10 @@ class VLAConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"VLAConfig.{name} must be a positive int, got {value!r}")
-        if not isinstance(self.vision_layers, int) or self.vision_layers < 0:
-            raise ValueError(f"VLAConfig.vision_layers must be an int >= 0, got {self.vision_layers!r}")
+        for name in ("vision_layers", "keypoints", "text_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"VLAConfig.{name} must be an int >= 0, got {value!r}")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
         if self.patch_size % 4:
@@ -67,9 +71,19 @@ class VLAConfig:
         return (self.image_size // self.patch_size) ** 2
 
     @property
+    def n_vision_tokens(self) -> int:
+        """Vision tokens in the prefix: one per patch, plus the keypoint token when there are keypoints."""
+        return self.n_patches + (1 if self.keypoints else 0)
+
+    @property
+    def local_width(self) -> int:
+        """Width of one patch's local encoding: its token, then per keypoint a log-mass and an (x, y) offset."""
+        return self.d_model + 3 * self.keypoints
+
+    @property
     def prefix_len(self) -> int:
         """Decoder positions before the first action token: vision, text, proprio, BOS."""
-        return self.n_patches + self.max_text_len + 2
+        return self.n_vision_tokens + self.max_text_len + 2
 
     @property
     def max_len(self) -> int:
@@ -101,7 +115,9 @@ class Attention(nn.Module):
         x: torch.Tensor,
         past: tuple[torch.Tensor, torch.Tensor] | None = None,
         causal: bool = True,
+        key_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """``key_mask`` (B, T) bool, True where a key may be attended to (non-causal use only)."""
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         past_len = 0
@@ -109,7 +125,9 @@ class Attention(nn.Module):
             past_len = past[0].shape[2]
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
-        if not causal or t == 1:
+        if key_mask is not None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
+        elif not causal or t == 1:
             y = F.scaled_dot_product_attention(q, k, v)  # one new token sees the whole cache
         elif past_len == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -141,9 +159,13 @@ class Block(nn.Module):
         self.mlp = MLP(d_model, mlp_ratio)
 
     def forward(
-        self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None, causal: bool = True
+        self,
+        x: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        causal: bool = True,
+        key_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        a, kv = self.attn(self.ln1(x), past, causal)
+        a, kv = self.attn(self.ln1(x), past, causal, key_mask)
         x = x + a
         return x + self.mlp(self.ln2(x)), kv
 
@@ -153,13 +175,20 @@ class PatchEncoder(nn.Module):
     alone. A stride-4 "stem" (a linear map of every 4x4 sub-patch, i.e. a 4x4/4 convolution written
     as one matmul, which is far faster than conv2d on CPU) and then an MLP over the sub-patch grid.
     Pixels enter as RGB scaled to [-1, 1] with no per-channel normalisation: the task turns on
-    colour (red/green/blue cube), which must survive into the tokens."""
+    colour (red/green/blue cube), which must survive into the tokens.
+
+    With ``keypoints`` K > 0 each patch also reports, per keypoint, the log of its softmax mass
+    (logsumexp of the keypoint's logits over the patch's sub-cells) and the mass-weighted mean
+    sub-cell position inside the patch. A softmax over patches of those masses then gives exactly
+    the image-wide spatial softmax (as in end-to-end visuomotor policies), yet stays per patch and
+    so cacheable. It turns "where is the named cube" into a coordinate, not a pattern to learn."""
 
     SUB = 4  # sub-patch side of the stem
 
-    def __init__(self, patch_size: int, channels: int, d_model: int) -> None:
+    def __init__(self, patch_size: int, channels: int, d_model: int, keypoints: int = 0) -> None:
         super().__init__()
         self.grid = patch_size // self.SUB
+        self.keypoints = keypoints
         self.stem = nn.Linear(3 * self.SUB * self.SUB, channels)
         # FiLM from the instruction (as in language-conditioned grasping policies): the stem's
         # features are scaled and shifted per instruction, so a patch showing the named colour
@@ -167,16 +196,29 @@ class PatchEncoder(nn.Module):
         self.film = nn.Linear(d_model, 2 * channels)
         self.fc = nn.Linear(self.grid * self.grid * channels, 2 * d_model)
         self.proj = nn.Linear(2 * d_model, d_model)
+        if keypoints:
+            self.keypoint_logits = nn.Linear(channels, keypoints)
+            centres = (torch.arange(self.grid, dtype=torch.float32) + 0.5) / self.grid  # in patch widths
+            ys, xs = torch.meshgrid(centres, centres, indexing="ij")
+            self.register_buffer("sub_xy", torch.stack([xs.flatten(), ys.flatten()], dim=-1), persistent=False)
 
     def forward(self, patches: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
-        """patches (B, P, 3, ps, ps) float in [-1, 1], instruction condition (B, d) -> local tokens (B, P, d)."""
+        """patches (B, P, 3, ps, ps) float in [-1, 1], instruction condition (B, d) ->
+        local encodings (B, P, d + 3K): token, K keypoint log-masses, K x-offsets, K y-offsets."""
         b, p, g, s = patches.shape[0], patches.shape[1], self.grid, self.SUB
         x = patches.reshape(b, p, 3, g, s, g, s).permute(0, 1, 3, 5, 2, 4, 6).reshape(b, p, g * g, 3 * s * s)
         x = F.gelu(self.stem(x))
         if condition is not None:
             gamma, beta = self.film(condition)[:, None, None, :].chunk(2, dim=-1)
             x = x * (1.0 + gamma) + beta
-        return self.proj(F.gelu(self.fc(x.reshape(b, p, -1))))
+        token = self.proj(F.gelu(self.fc(x.reshape(b, p, -1))))
+        if not self.keypoints:
+            return token
+        logits = self.keypoint_logits(x)  # (B, P, g*g, K)
+        log_mass = torch.logsumexp(logits, dim=2)  # (B, P, K)
+        weights = torch.softmax(logits, dim=2)
+        offset = torch.einsum("bpsk,sc->bpck", weights, self.sub_xy).reshape(b, p, 2 * self.keypoints)
+        return torch.cat([token, log_mass, offset], dim=-1)
 
 
 class VLATarget(nn.Module):
@@ -184,13 +226,29 @@ class VLATarget(nn.Module):
         super().__init__()
         self.config = config
         d = config.d_model
-        self.patch_encoder = PatchEncoder(config.patch_size, config.local_channels, d)
+        self.patch_encoder = PatchEncoder(config.patch_size, config.local_channels, d, config.keypoints)
+        if config.keypoints:
+            side = config.image_size // config.patch_size
+            gy, gx = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+            self.register_buffer(
+                "patch_xy", torch.stack([gx.flatten(), gy.flatten()], dim=-1).to(torch.float32), persistent=False
+            )
+            self.keypoint_mlp = nn.Sequential(nn.Linear(2 * config.keypoints, d), nn.GELU(), nn.Linear(d, d))
         self.vision_pos = nn.Parameter(torch.zeros(config.n_patches, d))
         self.vision_blocks = nn.ModuleList(
             Block(d, config.n_heads, config.mlp_ratio) for _ in range(config.vision_layers)
         )
         self.vision_ln = nn.LayerNorm(d)
         self.text_emb = nn.Embedding(TEXT_VOCAB, d)
+        # The FiLM condition: a plain mean of byte embeddings lets the few bytes of the colour word
+        # drown in the rest of the sentence (measured: the same grounding for every colour), so
+        # a small encoder with byte positions first mixes the sentence, then it is pooled.
+        if config.text_layers:
+            self.text_pos = nn.Parameter(torch.zeros(config.max_text_len, d))
+            self.text_blocks = nn.ModuleList(
+                Block(d, config.n_heads, config.mlp_ratio) for _ in range(config.text_layers)
+            )
+            self.text_ln = nn.LayerNorm(d)
         self.proprio_proj = nn.Linear(config.proprio_dim, d)
         self.action_emb = nn.Embedding(N_BINS + 1, d)  # 256 bins + BOS
         self.pos_emb = nn.Parameter(torch.zeros(config.max_len, d))
@@ -204,7 +262,11 @@ class VLATarget(nn.Module):
         self.apply(self._init_weights)
         nn.init.zeros_(self.patch_encoder.film.weight)  # FiLM starts as the identity
         nn.init.zeros_(self.patch_encoder.film.bias)
+        if config.keypoints:  # peaked enough at the start that each keypoint already has a location
+            nn.init.normal_(self.patch_encoder.keypoint_logits.weight, std=config.local_channels**-0.5)
         nn.init.normal_(self.vision_pos, std=0.02)
+        if config.text_layers:
+            nn.init.normal_(self.text_pos, std=0.02)
         nn.init.normal_(self.pos_emb, std=0.02)
         for name, param in self.named_parameters():  # GPT-2 style scaled init of residual projections
             if name.endswith("proj.weight") and "patch_encoder" not in name and "proprio" not in name:
@@ -231,22 +293,47 @@ class VLATarget(nn.Module):
         return x.reshape(b, g * g, 3, ps, ps)
 
     def instruction_condition(self, text: torch.Tensor) -> torch.Tensor:
-        """Mean byte embedding of the instruction ids (B, T), padding excluded -> (B, d)."""
-        keep = (text != TEXT_PAD).unsqueeze(-1).to(torch.float32)
-        return (self.text_emb(text) * keep).sum(dim=1) / keep.sum(dim=1).clamp_min(1.0)
+        """Instruction ids (B, T) -> FiLM condition (B, d): the mean over non-padding bytes of their
+        embeddings, after ``text_layers`` transformer layers when there are any."""
+        keep_mask = text != TEXT_PAD
+        x = self.text_emb(text)
+        if self.config.text_layers:
+            x = x + self.text_pos[: text.shape[1]]
+            attend = keep_mask | ~keep_mask.any(dim=1, keepdim=True)  # an all-padding text attends to all
+            for block in self.text_blocks:
+                x, _ = block(x, causal=False, key_mask=attend)
+            x = self.text_ln(x)
+        keep = keep_mask.unsqueeze(-1).to(torch.float32)
+        return (x * keep).sum(dim=1) / keep.sum(dim=1).clamp_min(1.0)
 
     def encode_patches(self, patch_pixels: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-patch local tokens (B, P', d) for any subset of patches (B, P', 3, ps, ps), conditioned
+        """Per-patch local encodings (B, P', local_width) for any subset of patches (B, P', 3, ps, ps), conditioned
         on the instruction ids ``text`` (B, T) when given."""
         condition = None if text is None else self.instruction_condition(text)
         return self.patch_encoder(patch_pixels, condition)
 
+    def keypoint_positions(self, local: torch.Tensor) -> torch.Tensor:
+        """Local encodings (B, P, d + 3K) of all patches -> the K spatial-softmax keypoints (B, K, 2),
+        image x and y in [-1, 1]."""
+        c, d, k = self.config, self.config.d_model, self.config.keypoints
+        b, p = local.shape[:2]
+        patch_weight = torch.softmax(local[..., d : d + k], dim=1)  # (B, P, K): softmax over all patches
+        offset = local[..., d + k :].reshape(b, p, 2, k)
+        xy = (self.patch_xy[None, :, :, None] + offset) * (2.0 * c.patch_size / c.image_size) - 1.0
+        return torch.einsum("bpk,bpck->bkc", patch_weight, xy)
+
     def global_vision(self, local_tokens: torch.Tensor) -> torch.Tensor:
-        """Local tokens (B, P, d) of all patches -> vision tokens (B, P, d) (position embeddings added here)."""
-        x = local_tokens + self.vision_pos
+        """Local encodings (B, P, local_width) of all patches -> vision tokens (B, n_vision_tokens, d)
+        (position embeddings added here; the keypoint token, if any, comes last)."""
+        d = self.config.d_model
+        x = local_tokens[..., :d] + self.vision_pos
         for block in self.vision_blocks:
             x, _ = block(x, causal=False)
-        return self.vision_ln(x)
+        x = self.vision_ln(x)
+        if not self.config.keypoints:
+            return x
+        keypoints = self.keypoint_positions(local_tokens)
+        return torch.cat([x, self.keypoint_mlp(keypoints.flatten(1)).unsqueeze(1)], dim=1)
 
     # --- decoder ------------------------------------------------------------------------------
     def embed_prefix(self, vision: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
@@ -286,13 +373,16 @@ class VLATarget(nn.Module):
 
     def forward_with_aux(
         self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced logits (B, 7, 256) and the auxiliary head's prediction (B, 6) at BOS."""
-        prefix = self.embed_prefix(self.vision_tokens(images, text), text, proprio)
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Teacher-forced logits (B, 7, 256), the auxiliary head's prediction (B, 6) at BOS, and the
+        keypoints (B, K, 2) (None without keypoints)."""
+        local = self.encode_patches(self.patchify(images), text)
+        keypoints = self.keypoint_positions(local) if self.config.keypoints else None
+        prefix = self.embed_prefix(self.global_vision(local), text, proprio)
         x = torch.cat([prefix, self.embed_actions(actions[:, :-1], prefix.shape[1])], dim=1)
         hidden, _ = self.decode(x)
         action_hidden = hidden[:, prefix.shape[1] - 1 :]
-        return self.lm_head(action_hidden), self.aux_head(action_hidden[:, 0])
+        return self.lm_head(action_hidden), self.aux_head(action_hidden[:, 0]), keypoints
 
 
 def count_parameters(module: nn.Module) -> int:

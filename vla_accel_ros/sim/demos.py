@@ -8,7 +8,8 @@ On-disk format (one directory):
   expert's action taken at step t (OpenVLA convention); ``near_contact`` bool (T,) and
   ``target_clearance`` float32 (T,) (gripper-to-target distance at the observation); ``tcp_pos``
   and ``target_pos`` float32 (T, 3) (TCP and target-cube positions, the privileged labels of the
-  policy's auxiliary loss); and 0-d ``instruction`` (str), ``color`` (str), ``success`` (bool), ``seed`` (int).
+  policy's auxiliary loss); and 0-d ``instruction`` (str), ``color`` (str), ``success`` (bool), ``seed`` (int),
+  ``policy_in_loop`` (bool: a policy drove some steps, the labels are still the expert's).
 - ``summary.json``: ``episodes``, ``success_rate``, ``seed``, ``image_size``, ``control_hz``,
   ``max_steps``, ``steps_total``, ``failed_seeds``.
 
@@ -21,11 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from vla_accel_ros.observation import Observation
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
 from vla_accel_ros.sim.expert import run_expert_episode
 
@@ -43,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--action-noise", type=float, default=0.0,
         help="execute expert actions perturbed by this fraction of the step limits, record the clean ones",
     )
+    parser.add_argument(
+        "--policy", default=None,
+        help="checkpoint directory ('default' = shipped) whose greedy actions drive --policy-share of the steps "
+             "while the expert's actions are recorded (DAgger)",
+    )
+    parser.add_argument("--policy-share", type=float, default=0.5, help="share of steps the --policy drives")
 
 
 def record_demos(
@@ -53,6 +62,8 @@ def record_demos(
     only_successes: bool = False,
     progress: bool = True,
     action_noise: float = 0.0,
+    policy_action: Callable[[Observation], np.ndarray] | None = None,
+    policy_share: float = 0.0,
 ) -> dict:
     if episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {episodes}")
@@ -63,7 +74,10 @@ def record_demos(
         bar = tqdm(range(episodes), desc="demos", unit="ep", disable=not progress)
         for i in bar:
             episode_seed = seed + i
-            result = run_expert_episode(env, episode_seed, record=True, action_noise=action_noise)
+            result = run_expert_episode(
+                env, episode_seed, record=True, action_noise=action_noise,
+                policy_action=policy_action, policy_share=policy_share,
+            )
             successes += int(result["success"])
             steps_total += result["steps"]
             if not result["success"]:
@@ -85,6 +99,7 @@ def record_demos(
                 color=np.array(result["color"]),
                 success=np.array(bool(result["success"])),
                 seed=np.array(episode_seed, np.int64),
+                policy_in_loop=np.array(bool(result["policy_in_loop"])),
             )
     summary = {
         "episodes": episodes,
@@ -96,17 +111,35 @@ def record_demos(
         "steps_total": steps_total,
         "failed_seeds": failed,
         "action_noise": action_noise,
+        "policy_share": policy_share,
         "wall_s": round(time.perf_counter() - start, 2),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
+def greedy_policy_action(checkpoint: str) -> Callable[[Observation], np.ndarray]:
+    """The checkpoint's greedy (AR) action for one observation, as the DAgger driver."""
+    from vla_accel_ros.models.checkpoint import load_checkpoint  # torch only when a policy drives
+    from vla_accel_ros.resources import default_checkpoint
+
+    policy = load_checkpoint(default_checkpoint() if checkpoint == "default" else checkpoint)
+
+    def act(obs: Observation) -> np.ndarray:
+        return policy.tokens_to_action(policy.greedy_decode(policy.prefill(obs))[0].numpy())
+
+    return act
+
+
 def run(args: argparse.Namespace) -> int:
     config = SimConfig(image_size=args.image_size, max_steps=args.max_steps)
-    summary = record_demos(args.out, args.episodes, args.seed, config, args.only_successes, action_noise=args.action_noise)
+    policy_action = greedy_policy_action(args.policy) if args.policy else None
+    summary = record_demos(
+        args.out, args.episodes, args.seed, config, args.only_successes, action_noise=args.action_noise,
+        policy_action=policy_action, policy_share=args.policy_share if policy_action else 0.0,
+    )
     print(
-        f"expert: {summary['success_rate']:.1%} success over {summary['episodes']} episodes "
+        f"{'expert' if policy_action is None else 'mixed policy/expert'}: {summary['success_rate']:.1%} success over {summary['episodes']} episodes "
         f"(seeds {args.seed}..{args.seed + args.episodes - 1}), {summary['steps_total']} steps -> {args.out}"
     )
     return 0

@@ -48,13 +48,33 @@ class SceneHandles:
     wrist_camera: str
 
 
-def _look_at_quat(position: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """Quaternion (w, x, y, z) of a MuJoCo camera at ``position`` looking at ``target``, z up."""
+FRONT_CAMERA_POS = np.array([1.0, 0.0, 0.75])
+FRONT_CAMERA_TARGET = np.array([0.45, 0.0, 0.08])
+FRONT_CAMERA_FOVY = 50.0  # degrees; the image is square, so the horizontal field is the same
+
+
+def front_camera_coordinates(points: np.ndarray) -> np.ndarray:
+    """World points (..., 3) -> where the front camera images them, (..., 2): x across the
+    columns and y down the rows, both in [-1, 1] over the image (the policy's keypoint frame)."""
+    right, up, forward = _look_at_axes(FRONT_CAMERA_POS, FRONT_CAMERA_TARGET)
+    rel = np.asarray(points, dtype=np.float64) - FRONT_CAMERA_POS
+    depth = rel @ forward
+    focal = 1.0 / np.tan(np.radians(FRONT_CAMERA_FOVY) / 2.0)
+    return np.stack([focal * (rel @ right) / depth, -focal * (rel @ up) / depth], axis=-1)
+
+
+def _look_at_axes(position: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unit (right, up, forward) axes of a camera at ``position`` looking at ``target``, z up."""
     forward = target - position
     forward = forward / np.linalg.norm(forward)
     right = np.cross(forward, [0.0, 0.0, 1.0])
     right /= np.linalg.norm(right)
-    up = np.cross(right, forward)
+    return right, np.cross(right, forward), forward
+
+
+def _look_at_quat(position: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Quaternion (w, x, y, z) of a MuJoCo camera at ``position`` looking at ``target``, z up."""
+    right, up, forward = _look_at_axes(position, target)
     rot = np.stack([right, up, -forward], axis=1)  # camera looks along its -z axis
     quat = np.zeros(4)
     mujoco.mju_mat2Quat(quat, rot.flatten())
@@ -112,8 +132,9 @@ def build_scene(urdf_path: Path | str, kin: ArmKinematics) -> tuple[mujoco.MjMod
         geom.rgba = rgba
         geom.contype, geom.conaffinity = _WORLD_BITS
 
-    cam_pos = np.array([1.0, 0.0, 0.75])
-    world.add_camera(name="front", pos=cam_pos, quat=_look_at_quat(cam_pos, np.array([0.45, 0.0, 0.08])), fovy=50.0)
+    world.add_camera(
+        name="front", pos=FRONT_CAMERA_POS, quat=_look_at_quat(FRONT_CAMERA_POS, FRONT_CAMERA_TARGET), fovy=FRONT_CAMERA_FOVY
+    )
     hand = spec.body("hand")
     hand.add_camera(name="wrist", pos=(0.06, 0.0, 0.02), quat=(0.0, 1.0, 0.0, 0.0), fovy=70.0)
 

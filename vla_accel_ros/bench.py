@@ -26,12 +26,21 @@ import torch
 from tqdm import tqdm
 
 from vla_accel_ros.decoding import DECODERS, EpisodeHistory, make_decoder
-from vla_accel_ros.evaluate import EpisodeRecord, checkpoint_megabytes, peak_rss_mb, run_episode, summarize
+from vla_accel_ros.evaluate import (
+    EpisodeRecord,
+    add_vision_arguments,
+    checkpoint_megabytes,
+    peak_rss_mb,
+    run_episode,
+    summarize,
+    vision_config,
+)
 from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.models import load_checkpoint
 from vla_accel_ros.resources import default_checkpoint
 from vla_accel_ros.sim.demos import EVAL_SEED_START
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
+from vla_accel_ros.vision_reuse import IncrementalVisionEncoder
 
 SWEEP_R = (3, 5, 9, 15, 20)
 
@@ -44,10 +53,13 @@ class BenchEntry:
     decoder: str
     settings: tuple[tuple[str, Any], ...] = ()
     sweep_r: int | None = None
+    incremental_vision: bool = False
 
 
-def bench_entries(decoders: list[str], sweep: bool) -> list[BenchEntry]:
+def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = False) -> list[BenchEntry]:
     entries = [BenchEntry(name, name) for name in decoders]
+    if incremental_vision:  # the same decoders again, prefilling only the patches that changed
+        entries += [BenchEntry(f"{name}+iv", name, incremental_vision=True) for name in decoders]
     if sweep:
         for r in SWEEP_R:
             entries.append(BenchEntry(f"sd@r={r}", "sd", (("r", r),), r))
@@ -65,6 +77,7 @@ def row(summary: dict[str, Any], ar: dict[str, Any] | None) -> dict[str, Any]:
         "acceptance_rate": summary["acceptance_rate"],
         "target_passes_per_action": summary["target_passes_per_action"],
         "draft_passes_per_action": summary["draft_passes_per_action"],
+        "vision_recomputed_fraction": summary["vision_recomputed_fraction"],
         "prefill_ms_p50": lat["prefill_p50"],
         "decode_ms_p50": lat["decode_p50"],
         "total_ms_p50": lat["total_p50"],
@@ -78,12 +91,12 @@ def row(summary: dict[str, Any], ar: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
-    header = "| decoder | SR | NCF rate | NCF share | accepted len | target passes/action | draft steps/action | decode ms p50 | total ms p50 | total ms p99 | decode speed-up | e2e speed-up |"
-    lines = [header, "|" + "---|" * 12]
+    header = "| decoder | SR | NCF rate | NCF share | accepted len | target passes/action | draft steps/action | prefill ms p50 | decode ms p50 | total ms p50 | total ms p99 | decode speed-up | e2e speed-up |"
+    lines = [header, "|" + "---|" * 13]
     for name, r in rows.items():
         lines.append(
             f"| {name} | {r['success_rate']:.0%} | {r['ncf_rate']:.0%} | {r['ncf_share']:.0%} | {r['mean_accepted_len']:.2f} | "
-            f"{r['target_passes_per_action']:.2f} | {r['draft_passes_per_action']:.2f} | {r['decode_ms_p50']:.2f} | {r['total_ms_p50']:.2f} | "
+            f"{r['target_passes_per_action']:.2f} | {r['draft_passes_per_action']:.2f} | {r['prefill_ms_p50']:.2f} | {r['decode_ms_p50']:.2f} | {r['total_ms_p50']:.2f} | "
             f"{r['total_ms_p99']:.2f} | {r.get('decode_speedup_vs_ar', float('nan')):.2f}x | {r.get('speedup_vs_ar', float('nan')):.2f}x |"
         )
     return "\n".join(lines)
@@ -141,6 +154,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-sweep", action="store_true", help="skip the r sweep of sd and kerv")
     parser.add_argument("--max-steps", type=int, default=120)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--incremental-vision", action="store_true",
+                        help="also run every decoder with incremental vision (entries named DECODER+iv)")
+    add_vision_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     ckpt = args.checkpoint or default_checkpoint()
     policy = load_checkpoint(ckpt)
-    entries = bench_entries(decoders, sweep=not args.no_sweep)
+    entries = bench_entries(decoders, sweep=not args.no_sweep, incremental_vision=args.incremental_vision)
+    reuse = vision_config(args)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     records: dict[str, list[EpisodeRecord]] = {e.name: [] for e in entries}
@@ -162,14 +179,15 @@ def run(args: argparse.Namespace) -> int:
             e.name: (
                 make_decoder(e.decoder, **dict(e.settings)),
                 EpisodeHistory(JointKalmanFilter(env.kin, env.control_dt), max_steps=args.max_steps, control_period_s=env.control_dt),
+                IncrementalVisionEncoder(policy, reuse) if e.incremental_vision else None,
             )
             for e in entries
         }
         bar = tqdm(total=args.episodes * len(entries), desc="bench", unit="ep")
         for i in range(args.episodes):
             for entry in entries:
-                decoder, history = runners[entry.name]
-                records[entry.name].append(run_episode(env, policy, decoder, history, args.seed + i))
+                decoder, history, vision = runners[entry.name]
+                records[entry.name].append(run_episode(env, policy, decoder, history, args.seed + i, vision=vision))
                 bar.update(1)
             bar.set_postfix({n: f"{np.mean([r.success for r in records[n]]):.0%}" for n in decoders[:4]})
         bar.close()

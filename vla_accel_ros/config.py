@@ -113,6 +113,14 @@ class NodeConfig:
     tcp_frame: str = _p("tcp", "URDF frame the policy's end-effector deltas refer to")
     checkpoint: str = _p("", "Policy checkpoint directory; empty = the package's checkpoints/default")
     decoder: str = _p("kerv", "Action decoder (ar, speculative, kerv, world_aware, ...)")
+    vision_reuse: bool = _p(False, "Re-encode only the image patches that changed since the frame that produced "
+                            "their cached encoding (incremental vision); false = encode every patch of every frame")
+    vision_threshold: float = _p(4.0, "Incremental vision: mean |pixel change| (0..255) that makes a patch dynamic",
+                                 range=(0.0, 255.0))
+    vision_refresh_steps: int = _p(20, "Incremental vision: re-encode every patch at least every N frames",
+                                   range=(1, 100000))
+    vision_max_drift: float = _p(2.0, "Incremental vision: mean sub-threshold change of the cached patches that "
+                                 "forces a full refresh", range=(0.0, 255.0))
     inference: bool = _p(True, "Run the policy; false = bring-up mode that only tracks and holds")
     image_size: int = _p(0, "Model input size in pixels; 0 = from the checkpoint", range=(0, 2048))
     camera_timeout_s: float = _p(0.5, "Watchdog: hold the arm when the newest image is older", range=(0.001, 60.0))
@@ -161,6 +169,14 @@ class NodeConfig:
     @property
     def period_s(self) -> float:
         return 1.0 / self.control_rate_hz
+
+    def vision_config(self) -> "VisionReuseConfig | None":
+        """The incremental-vision settings, None when ``vision_reuse`` is off."""
+        from vla_accel_ros.vision_reuse import VisionReuseConfig
+
+        if not self.vision_reuse:
+            return None
+        return VisionReuseConfig(self.vision_threshold, self.vision_refresh_steps, self.vision_max_drift)
 
     def controller_config(self) -> "ControllerConfig":
         return ControllerConfig(

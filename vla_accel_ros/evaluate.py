@@ -30,6 +30,7 @@ from vla_accel_ros.models import Policy, load_checkpoint
 from vla_accel_ros.resources import default_checkpoint
 from vla_accel_ros.sim.demos import EVAL_SEED_START
 from vla_accel_ros.sim.env import NEAR_CONTACT_DISTANCE, PickCubeEnv, SimConfig
+from vla_accel_ros.vision_reuse import IncrementalVisionEncoder, VisionReuseConfig
 
 
 @dataclass
@@ -46,6 +47,7 @@ class EpisodeRecord:
     total_ms: list[float] = field(default_factory=list)
     target_passes: list[int] = field(default_factory=list)
     draft_passes: list[int] = field(default_factory=list)
+    vision_fraction: list[float] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
     thresholds: list[float] = field(default_factory=list)
@@ -62,12 +64,15 @@ def run_episode(
     history: EpisodeHistory,
     seed: int,
     scene_clearance: bool = True,
+    vision: IncrementalVisionEncoder | None = None,
 ) -> EpisodeRecord:
     """One closed-loop episode. ``scene_clearance`` gives decoders the sim's gripper-to-target
     clearance (world-aware acceptance); without it they fall back to the policy's contact head."""
     record = EpisodeRecord(seed=seed, decoder=getattr(decoder, "name", type(decoder).__name__))
     obs = env.reset(seed)
     history.reset()
+    if vision is not None:
+        vision.reset()
     while not env.done:
         history.observe_joints(obs.joint_pos, obs.stamp)
         clearance = env.target_clearance()
@@ -75,7 +80,7 @@ def run_episode(
         context = history.context(
             time_left_s=history.control_period_s, target_clearance=clearance if scene_clearance else None
         )
-        result = run_policy_step(policy, obs, decoder, context)
+        result = run_policy_step(policy, obs, decoder, context, vision)
         history.record(result)
         obs, _ = env.step(result.action)
         record.prefill_ms.append(result.timings["prefill"])
@@ -83,6 +88,7 @@ def run_episode(
         record.total_ms.append(result.timings["total"])
         record.target_passes.append(result.target_passes)
         record.draft_passes.append(result.draft_passes)
+        record.vision_fraction.append(result.vision_fraction)
         record.accepted.append(result.accepted_len)
         record.drafted.append(result.drafted)
         record.thresholds.append(float("nan") if result.threshold is None else float(result.threshold))
@@ -111,6 +117,7 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
         "actions": len(passes),
         "target_passes_per_action": float(np.mean(passes)),
         "draft_passes_per_action": float(np.mean(cat("draft_passes"))),
+        "vision_recomputed_fraction": float(np.mean(cat("vision_fraction"))),
         "mean_accepted_len": float(np.mean(accepted)),
         "acceptance_rate": float(np.sum(accepted) / np.sum(drafted)) if np.sum(drafted) else 0.0,
         "latency_ms": {
@@ -162,6 +169,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: the shipped one)")
     parser.add_argument("--max-steps", type=int, default=120, help="episode step limit (20 Hz)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    add_vision_arguments(parser)
+
+
+def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
+    d = VisionReuseConfig()
+    parser.add_argument("--vision", choices=("full", "incremental"), default="full",
+                        help="encode every patch of every frame, or only the patches that changed")
+    parser.add_argument("--vision-threshold", type=float, default=d.threshold,
+                        help="incremental: mean |pixel change| (0..255) that makes a patch dynamic")
+    parser.add_argument("--vision-refresh", type=int, default=d.refresh_steps,
+                        help="incremental: re-encode every patch at least every N frames")
+    parser.add_argument("--vision-max-drift", type=float, default=d.max_drift,
+                        help="incremental: mean sub-threshold change of cached patches that forces a refresh")
+
+
+def vision_config(args: argparse.Namespace) -> VisionReuseConfig:
+    return VisionReuseConfig(args.vision_threshold, args.vision_refresh, args.vision_max_drift)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -173,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt = args.checkpoint or default_checkpoint()
     policy = load_checkpoint(ckpt)
     decoder = make_decoder(args.decoder)
+    vision = IncrementalVisionEncoder(policy, vision_config(args)) if args.vision == "incremental" else None
     args.out.mkdir(parents=True, exist_ok=True)
     sim_config = SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)
     records = []
@@ -181,11 +206,12 @@ def run(args: argparse.Namespace) -> int:
         history = EpisodeHistory(JointKalmanFilter(env.kin, env.control_dt), max_steps=args.max_steps, control_period_s=env.control_dt)
         bar = tqdm(range(args.episodes), desc=f"eval {args.decoder}", unit="ep")
         for i in bar:
-            records.append(run_episode(env, policy, decoder, history, args.seed + i))
+            records.append(run_episode(env, policy, decoder, history, args.seed + i, vision=vision))
             bar.set_postfix(success=f"{np.mean([r.success for r in records]):.0%}")
     summary = summarize(records)
     summary.update(
         decoder=args.decoder,
+        vision=args.vision,
         seed=args.seed,
         checkpoint=str(ckpt),
         params=sum(policy.n_parameters().values()),

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from vla_accel_ros.controller import Controller
 from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.kinematics import ArmKinematics
 from vla_accel_ros.observation import Observation
+
+if TYPE_CHECKING:
+    from vla_accel_ros.vision_reuse import VisionReuseConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +51,10 @@ class PolicyRunner:
     """
 
     def __init__(self, policy: Any, decoder_name: str, kin: ArmKinematics, *, action_dt_s: float,
-                 period_s: float, max_steps: int = 120, clock: Callable[[], float] = time.perf_counter) -> None:
+                 period_s: float, max_steps: int = 120, clock: Callable[[], float] = time.perf_counter,
+                 vision: VisionReuseConfig | None = None) -> None:
         from vla_accel_ros.decoding.base import EpisodeHistory
+        from vla_accel_ros.vision_reuse import IncrementalVisionEncoder
 
         self.policy = policy
         self.decoder = _make_decoder(decoder_name)
@@ -59,6 +64,7 @@ class PolicyRunner:
                                       control_period_s=action_dt_s, clock=clock)
         self._last_instruction: str | None = None
         self._last_q: np.ndarray | None = None
+        self.vision = IncrementalVisionEncoder(policy, vision) if vision is not None else None
 
     @classmethod
     def load(cls, checkpoint: str | Path, decoder_name: str, kin: ArmKinematics, **kwargs: Any) -> PolicyRunner:
@@ -78,12 +84,15 @@ class PolicyRunner:
         jumped = self._last_q is not None and float(np.max(np.abs(q - self._last_q))) > EPISODE_JUMP_RAD
         if obs.instruction != self._last_instruction or jumped:
             self.history.reset()
+            if self.vision is not None:
+                self.vision.reset()
             reset = getattr(self.decoder, "reset", None)
             if callable(reset):
                 reset()
         self._last_instruction, self._last_q = obs.instruction, q
         self.history.observe_joints(q, obs.stamp)
-        result = run_policy_step(self.policy, obs, self.decoder, self.history.context(time_left_s=self.period_s))
+        context = self.history.context(time_left_s=self.period_s)
+        result = run_policy_step(self.policy, obs, self.decoder, context, self.vision)
         self.history.record(result)
         return result
 

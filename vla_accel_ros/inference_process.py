@@ -68,6 +68,10 @@ class ChildSpec:
     action_dt_s: float
     period_s: float
     torch_threads: int = 1
+    vision_reuse: bool = False  # incremental vision, with the three settings below (VisionReuseConfig)
+    vision_threshold: float = 4.0
+    vision_refresh_steps: int = 20
+    vision_max_drift: float = 2.0
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
@@ -391,8 +395,12 @@ def _load(spec: ChildSpec) -> Any:
     from vla_accel_ros.kinematics import ArmKinematics
 
     kin = ArmKinematics(spec.urdf_xml, tcp_frame=spec.tcp_frame)
+    from vla_accel_ros.vision_reuse import VisionReuseConfig
+
+    vision = (VisionReuseConfig(spec.vision_threshold, spec.vision_refresh_steps, spec.vision_max_drift)
+              if spec.vision_reuse else None)
     return PolicyRunner.load(spec.checkpoint, spec.decoder, kin, action_dt_s=spec.action_dt_s,
-                             period_s=spec.period_s)
+                             period_s=spec.period_s, vision=vision)
 
 
 def _serve(conn: Connection, memfd: int, runner: Any) -> None:

@@ -181,14 +181,15 @@ class VlaAccelNode(Node):
             try:
                 if cfg.inference_mode == "process":  # started here: it reports the model's image size
                     spec = ChildSpec(str(checkpoint), cfg.decoder, self.kin.urdf_xml, self.kin.tcp_frame,
-                                     cfg.action_dt_s, cfg.period_s, cfg.torch_threads)
+                                     cfg.action_dt_s, cfg.period_s, cfg.torch_threads, cfg.vision_reuse,
+                                     cfg.vision_threshold, cfg.vision_refresh_steps, cfg.vision_max_drift)
                     self.worker = ProcessInferenceWorker(self.controller, spec, self._now,
                                                          max_restarts=cfg.inference_restarts)
                     self.worker.start()
                     model_size = self.worker.image_size
                 else:
                     self.runner = PolicyRunner.load(checkpoint, cfg.decoder, self.kin, action_dt_s=cfg.action_dt_s,
-                                                    period_s=cfg.period_s)
+                                                    period_s=cfg.period_s, vision=cfg.vision_config())
                     model_size = self.runner.image_size
             except (OSError, ValueError, KeyError) as err:
                 raise ConfigError(f"cannot load policy checkpoint '{checkpoint}' with decoder '{cfg.decoder}': {err}") from err

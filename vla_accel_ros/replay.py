@@ -113,7 +113,7 @@ class LockstepCore:
         checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else default_checkpoint()
         try:
             self.runner = PolicyRunner.load(checkpoint, cfg.decoder, self.kin, action_dt_s=cfg.action_dt_s,
-                                            period_s=cfg.period_s, clock=frozen_clock)
+                                            period_s=cfg.period_s, clock=frozen_clock, vision=cfg.vision_config())
         except (OSError, ValueError, KeyError) as err:
             raise ValueError(f"cannot load policy checkpoint '{checkpoint}' with decoder '{cfg.decoder}': {err}") from err
         self.image_size = cfg.image_size or self.runner.image_size

@@ -230,7 +230,7 @@ def test_keypoints_equal_an_image_wide_spatial_softmax(policy: Policy) -> None:
         x = patches.reshape(b, p, 3, g, s, g, s).permute(0, 1, 3, 5, 2, 4, 6).reshape(b, p, g * g, 3 * s * s)
         x = torch.nn.functional.gelu(encoder.stem(x))
         gamma, beta = encoder.film(target.instruction_condition(text))[:, None, None, :].chunk(2, dim=-1)
-        logits = encoder.keypoint_logits(x * (1 + gamma) + beta)  # (B, P, g*g, K)
+        logits = encoder.keypoint_logits(x * (1 + gamma) + beta) * encoder.keypoint_log_scale.exp()  # (B, P, g*g, K)
         side = c.image_size // c.patch_size
         cell = torch.arange(g) + 0.5
         xs = (torch.arange(side)[:, None] * g + cell[None, :]).flatten() / (side * g) * 2 - 1  # sub-cell centres
@@ -254,6 +254,7 @@ def test_keypoint_finds_a_red_blob() -> None:
         w[0], w[1], w[2] = 1 / 16, -1 / 32, -1 / 32
         encoder.keypoint_logits.weight.zero_()
         encoder.keypoint_logits.weight[0, 0] = 40.0
+        encoder.keypoint_log_scale.zero_()
     for row, col in ((4, 20), (24, 8), (12, 12)):
         image = torch.zeros(1, 32, 32, 3, dtype=torch.uint8)
         image[0, row : row + 4, col : col + 4, 0] = 255

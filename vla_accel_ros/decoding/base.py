@@ -23,6 +23,7 @@ import torch
 if TYPE_CHECKING:
     from vla_accel_ros.kalman import JointKalmanFilter
     from vla_accel_ros.observation import Observation
+    from vla_accel_ros.vision_reuse import IncrementalVisionEncoder
 
 N_ACTION_TOKENS = 7
 MAX_TOKEN_ID = 254  # 256 bin edges give 255 bins: ids 0..254 (255 is never emitted)
@@ -131,6 +132,7 @@ class DecodeResult:
     threshold: float | None
     timings: dict[str, float]
     decoder: str = ""
+    vision_fraction: float = 1.0  # share of image patches the local vision encoder recomputed
 
 
 class Decoder(Protocol):
@@ -318,16 +320,29 @@ def speculative_round(
 
 
 # --- running one policy step ------------------------------------------------------------------
-def run_policy_step(policy: PolicyLike, obs: Observation, decoder: Decoder, context: DecodeContext) -> DecodeResult:
+def run_policy_step(
+    policy: PolicyLike,
+    obs: Observation,
+    decoder: Decoder,
+    context: DecodeContext,
+    vision: IncrementalVisionEncoder | None = None,
+) -> DecodeResult:
     """Prefill ``obs`` and decode one action, timing both on ``context.clock``.
 
     ``context.time_left_s`` counts from the start of this call; the decoder sees what is left
-    after the prefill.
+    after the prefill. With ``vision``, the prefill re-encodes only the image patches that changed
+    (:mod:`vla_accel_ros.vision_reuse`).
     """
     clock = context.clock
     t0 = clock()
+    fraction = 1.0
     with torch.inference_mode():
-        prefix = policy.prefill(obs)
+        if vision is None:
+            prefix = policy.prefill(obs)
+        else:
+            images, text, _ = policy.observation_tensors(obs)
+            prefix = policy.prefill(obs, local_tokens=vision.encode(images, text))
+            fraction = vision.last.fraction
     t1 = clock()
     if context.time_left_s is not None:
         context = replace(context, time_left_s=context.time_left_s - (t1 - t0))
@@ -335,7 +350,7 @@ def run_policy_step(policy: PolicyLike, obs: Observation, decoder: Decoder, cont
         result = decoder.decode(policy, prefix, context)
     t2 = clock()
     timings = dict(result.timings, prefill=(t1 - t0) * 1e3, total=(t2 - t0) * 1e3)
-    return replace(result, timings=timings)
+    return replace(result, timings=timings, vision_fraction=fraction)
 
 
 class EpisodeHistory:

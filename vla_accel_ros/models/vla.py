@@ -22,6 +22,7 @@ from vla_accel_ros.tokenizer import ACTION_DIM, N_BINS, TEXT_PAD, TEXT_VOCAB
 BOS = N_BINS  # action-embedding id that starts the action (vocabulary 257 = 256 bins + BOS)
 PROPRIO_DIM = 8
 AUX_OUTPUTS = 6
+KEYPOINT_INIT_SCALE = 10.0
 
 KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (k, v), each (B, H, L, hd)
 
@@ -198,6 +199,9 @@ class PatchEncoder(nn.Module):
         self.proj = nn.Linear(2 * d_model, d_model)
         if keypoints:
             self.keypoint_logits = nn.Linear(channels, keypoints)
+            # A spatial softmax over ~1000 sub-cells is flat unless the logits are large: a learned
+            # log-temperature, starting sharp, lets a keypoint commit to one place from the start.
+            self.keypoint_log_scale = nn.Parameter(torch.tensor(math.log(KEYPOINT_INIT_SCALE)))
             centres = (torch.arange(self.grid, dtype=torch.float32) + 0.5) / self.grid  # in patch widths
             ys, xs = torch.meshgrid(centres, centres, indexing="ij")
             self.register_buffer("sub_xy", torch.stack([xs.flatten(), ys.flatten()], dim=-1), persistent=False)
@@ -214,7 +218,7 @@ class PatchEncoder(nn.Module):
         token = self.proj(F.gelu(self.fc(x.reshape(b, p, -1))))
         if not self.keypoints:
             return token
-        logits = self.keypoint_logits(x)  # (B, P, g*g, K)
+        logits = self.keypoint_logits(x) * self.keypoint_log_scale.exp()  # (B, P, g*g, K)
         log_mass = torch.logsumexp(logits, dim=2)  # (B, P, K)
         weights = torch.softmax(logits, dim=2)
         offset = torch.einsum("bpsk,sc->bpck", weights, self.sub_xy).reshape(b, p, 2 * self.keypoints)

@@ -1,0 +1,100 @@
+"""Incremental vision encoding on a tiny random policy: exactness, what gets recomputed, refreshes."""
+
+import numpy as np
+import pytest
+import torch
+
+from vla_accel_ros.models import Policy, VLAConfig
+from vla_accel_ros.tokenizer import ActionTokenizer
+from vla_accel_ros.vision_reuse import IncrementalVisionEncoder, VisionReuseConfig
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    config = VLAConfig(image_size=32, patch_size=8, d_model=32, n_heads=2, n_layers=1, vision_layers=1,
+                       max_text_len=8, local_channels=8, contact_hidden=8, keypoints=2, text_layers=1)
+    return Policy.create(config, ActionTokenizer(np.full(7, -1.0), np.full(7, 1.0)), seed=0)
+
+
+def frame(seed: int) -> torch.Tensor:
+    return torch.randint(0, 256, (1, 32, 32, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+TEXT = torch.tensor([[1, 2, 3, 4, 0, 0, 0, 0]])
+
+
+def full(policy: Policy, images: torch.Tensor, text: torch.Tensor = TEXT) -> torch.Tensor:
+    return policy.encode_local(images, text)
+
+
+def test_threshold_zero_equals_full_encoding(policy: Policy) -> None:
+    reuse = IncrementalVisionEncoder(policy, VisionReuseConfig(threshold=0.0, refresh_steps=100, max_drift=1e9))
+    images = frame(0)
+    for step in range(6):
+        images = images.clone()
+        r, c = (step * 5) % 24, (step * 11) % 24
+        images[0, r : r + 6, c : c + 6] = 255 - images[0, r : r + 6, c : c + 6]  # a moving object
+        torch.testing.assert_close(reuse.encode(images, TEXT), full(policy, images), atol=1e-5, rtol=0)
+    assert reuse.last is not None and not reuse.last.refreshed and 0 < reuse.last.recomputed < 16
+
+
+def test_unchanged_frame_recomputes_nothing_and_one_patch_recomputes_one(policy: Policy) -> None:
+    reuse = IncrementalVisionEncoder(policy)
+    images = frame(1)
+    reuse.encode(images, TEXT)
+    assert reuse.last.refreshed and reuse.last.reason == "first frame" and reuse.last.fraction == 1.0
+    reuse.encode(images.clone(), TEXT)
+    assert reuse.last.recomputed == 0 and not reuse.last.refreshed
+    changed = images.clone()
+    changed[0, 8:16, 16:24] = 255 - changed[0, 8:16, 16:24]  # patch 6 (row 1, column 2)
+    local = reuse.encode(changed, TEXT)
+    assert reuse.last.recomputed == 1 and reuse.last.fraction == 1 / 16
+    torch.testing.assert_close(local, full(policy, changed), atol=1e-5, rtol=0)  # that patch was the one
+
+
+def test_refresh_on_timer_drift_and_new_instruction(policy: Policy) -> None:
+    reuse = IncrementalVisionEncoder(policy, VisionReuseConfig(threshold=10.0, refresh_steps=3, max_drift=100.0))
+    images = frame(2)
+    reasons = []
+    for _ in range(4):
+        reuse.encode(images, TEXT)
+        reasons.append(reuse.last.reason)
+    assert reasons == ["first frame", "", "", "timer"]
+    reuse.encode(images, torch.tensor([[5, 6, 0, 0, 0, 0, 0, 0]]))
+    assert reuse.last.reason == "instruction changed"
+
+    drifting = IncrementalVisionEncoder(policy, VisionReuseConfig(threshold=10.0, refresh_steps=100, max_drift=3.0))
+    base = frame(3).to(torch.int16)
+    reasons = []
+    for step in range(6):  # every pixel brightens by 1 a frame: never a dynamic patch, but drift grows
+        images = (base + step).clamp(0, 255).to(torch.uint8)
+        drifting.encode(images, TEXT)
+        reasons.append(drifting.last.reason)
+        assert drifting.last.recomputed in (0, 16)
+    assert reasons[:4] == ["first frame", "", "", ""] and "drift" in reasons[4:]
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="threshold"):
+        VisionReuseConfig(threshold=-1)
+    with pytest.raises(ValueError, match="refresh_steps"):
+        VisionReuseConfig(refresh_steps=0)
+
+
+def test_policy_runner_reuses_vision_and_restarts_it_with_the_episode(tmp_path, tiny_checkpoint) -> None:
+    """The node's runner (thread and process mode build the same one) with incremental vision on."""
+    from vla_accel_ros.inference import PolicyRunner
+    from vla_accel_ros.kinematics import ArmKinematics
+    from vla_accel_ros.observation import Observation
+    from vla_accel_ros.resources import default_urdf
+
+    kin = ArmKinematics(default_urdf())
+    runner = PolicyRunner.load(tiny_checkpoint(tmp_path / "ckpt"), "kerv", kin, action_dt_s=0.05, period_s=0.05,
+                               vision=VisionReuseConfig(threshold=4.0))
+    image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    q = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
+    fractions = [runner(Observation(image, text, q, 0.04, stamp=0.05 * i)).vision_fraction
+                 for i, text in enumerate(["pick up the red cube"] * 3 + ["pick up the blue cube"])]
+    assert fractions == [1.0, 0.0, 0.0, 1.0]  # first frame, two unchanged frames, a new instruction

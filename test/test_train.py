@@ -150,3 +150,18 @@ def test_train_command_end_to_end(demo_dir: Path, tmp_path: Path) -> None:
     np.testing.assert_array_equal(tuned_policy.tokenizer.q01, policy.tokenizer.q01)
     tuned_bc = json.loads((tuned / "loss_history.json").read_text())["bc"]
     assert np.mean(tuned_bc[:3]) < np.mean(bc[:3]) - 1.0
+
+
+def test_train_flow_command_adds_the_head(demo_dir: Path, tmp_path: Path, tiny_checkpoint) -> None:
+    ckpt = tiny_checkpoint(tmp_path / "ckpt", image_size=SIZE, patch_size=8, max_text_len=8)
+    out = tmp_path / "with_flow"
+    argv = ["train-flow", "--checkpoint", str(ckpt), "--data", str(demo_dir), "--out", str(out), "--epochs", "3",
+            "--distill-epochs", "2", "--batch-size", "32", "--hidden", "32", "--layers", "1", "--threads", "1",
+            "--no-progress"]
+    assert cli.main(argv) == 0
+    meta = json.loads((out / "flow_head.json").read_text())
+    for key in ("teacher_abs_bins", "student_abs_bins", "agreement_abs_bins", "agreement_within2"):
+        assert key in meta["metrics"]  # teacher-versus-student agreement on the held-out demos
+    assert meta["metrics"]["val_samples"] == 16 and meta["config"]["student_steps"] == 2
+    assert load_checkpoint(out).flow is not None and load_checkpoint(ckpt).flow is None  # a copy, not in place
+    assert (out / "flow_loss.png").read_bytes()[:4] == b"\x89PNG"

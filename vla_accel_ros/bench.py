@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vla_accel_ros.decoding import DECODERS, EpisodeHistory, make_decoder
+from vla_accel_ros.decoding import DECODERS, FLOW_DECODERS, EpisodeHistory, make_decoder
 from vla_accel_ros.evaluate import (
     EpisodeRecord,
     add_vision_arguments,
@@ -150,7 +150,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=EVAL_SEED_START, help="first seed (held out)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: shipped)")
-    parser.add_argument("--decoders", default=",".join(DECODERS), help="comma-separated decoder names")
+    parser.add_argument("--decoders", default=None,
+                        help="comma-separated decoder names (default: all; flow10/flow2 when the checkpoint has a flow head)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the r sweep of sd and kerv")
     parser.add_argument("--max-steps", type=int, default=120)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -160,15 +161,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
+    torch.set_num_threads(args.threads)
+    ckpt = args.checkpoint or default_checkpoint()
+    policy = load_checkpoint(ckpt)
+    if args.decoders is None:
+        decoders = [d for d in DECODERS if policy.flow is not None or d not in FLOW_DECODERS]
+    else:
+        decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
+    if policy.flow is None and any(d in FLOW_DECODERS for d in decoders):
+        raise SystemExit(f"{ckpt} has no continuous action head for {', '.join(FLOW_DECODERS)}: run vla-accel train-flow")
     unknown = [d for d in decoders if d not in DECODERS]
     if unknown:
         raise SystemExit(f"unknown decoders: {', '.join(unknown)} (choose from {', '.join(DECODERS)})")
     if "ar" not in decoders:
         decoders.insert(0, "ar")  # every speed-up is relative to AR from this same run
-    torch.set_num_threads(args.threads)
-    ckpt = args.checkpoint or default_checkpoint()
-    policy = load_checkpoint(ckpt)
     entries = bench_entries(decoders, sweep=not args.no_sweep, incremental_vision=args.incremental_vision)
     reuse = vision_config(args)
     args.out.mkdir(parents=True, exist_ok=True)

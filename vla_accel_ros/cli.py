@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demos": ("vla_accel_ros.sim.demos", "record scripted-expert demonstrations in the MuJoCo sim"),
     "sim": ("vla_accel_ros.sim_runner", "run the sim bridge and the VLA node over DDS for N episodes"),
     "train": ("vla_accel_ros.train", "train the policy (target VLA, draft head, contact head) on demonstrations"),
+    "train-flow": ("vla_accel_ros.train_flow", "train the continuous action head (10-step teacher, 2-step student)"),
     "eval": ("vla_accel_ros.evaluate", "closed-loop episodes of the policy in the sim with one decoder"),
     "bench": ("vla_accel_ros.bench", "every decoder on the same seeded episodes, side by side, with plots"),
     "sim-speed": ("vla_accel_ros.sim.throughput", "measure sim steps/s with and without rendering"),

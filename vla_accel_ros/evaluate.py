@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vla_accel_ros.decoding import DECODERS, EpisodeHistory, make_decoder, run_policy_step
+from vla_accel_ros.decoding import DECODERS, FLOW_DECODERS, EpisodeHistory, make_decoder, run_policy_step
 from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.models import Policy, load_checkpoint
 from vla_accel_ros.resources import default_checkpoint
@@ -196,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     ckpt = args.checkpoint or default_checkpoint()
     policy = load_checkpoint(ckpt)
+    if args.decoder in FLOW_DECODERS and policy.flow is None:
+        raise SystemExit(f"{ckpt} has no continuous action head for --decoder {args.decoder}: run vla-accel train-flow")
     decoder = make_decoder(args.decoder)
     vision = IncrementalVisionEncoder(policy, vision_config(args)) if args.vision == "incremental" else None
     args.out.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,9 @@ class PolicyRunner:
 
         self.policy = policy
         self.decoder = _make_decoder(decoder_name)
+        if decoder_name in ("flow10", "flow2") and getattr(policy, "flow", None) is None:
+            raise ValueError(f"decoder '{decoder_name}' needs a checkpoint with a continuous action head "
+                             "(vla-accel train-flow)")
         self.decoder_name = decoder_name
         self.period_s = period_s
         self.history = EpisodeHistory(JointKalmanFilter(kin, action_dt_s), max_steps=max_steps,

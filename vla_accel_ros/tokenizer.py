@@ -86,7 +86,11 @@ class ActionTokenizer:
             raise ValueError(f"tokens must be integers, got dtype {tokens.dtype}")
         if np.any(tokens < 0) or np.any(tokens >= N_BINS):
             raise ValueError(f"tokens must lie in [0, {N_BINS})")
-        normalised = self.centres[np.clip(tokens, 0, N_CENTRES - 1)]
+        return self.denormalise(self.centres[np.clip(tokens, 0, N_CENTRES - 1)])
+
+    def denormalise(self, normalised: np.ndarray) -> np.ndarray:
+        """Actions (..., 7) from normalised values in [-1, 1] (clipped): the inverse of ``normalise``."""
+        normalised = np.clip(np.asarray(normalised, dtype=np.float64), -1.0, 1.0)
         return (normalised + 1.0) / 2.0 * (self.q99 - self.q01) + self.q01
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Decoders for the policy's 7 action tokens, by name.
+"""Decoders for the policy's 7 action tokens, by name, and the continuous action head
+(``flow10``/``flow2``), which takes their place after the same prefill.
 
 ``make_decoder(name, **cfg)`` builds one; ``DECODERS`` lists the names. Each decoder's
 ``decode(policy, prefix, context) -> DecodeResult``; :func:`run_policy_step` adds the prefill.
@@ -20,6 +21,7 @@ from vla_accel_ros.decoding.base import (
     run_policy_step,
 )
 from vla_accel_ros.decoding.deadline import DeadlineDecoder
+from vla_accel_ros.decoding.flow import Flow2Decoder, FlowDecoder
 from vla_accel_ros.decoding.kerv import KervDecoder
 from vla_accel_ros.decoding.kerv_released import KervReleasedDecoder
 from vla_accel_ros.decoding.sd import SDDecoder
@@ -32,8 +34,11 @@ _REGISTRY: dict[str, type] = {
     "kerv": KervDecoder,
     "world_aware": WorldAwareDecoder,
     "deadline": DeadlineDecoder,
+    "flow10": FlowDecoder,  # continuous action head (teacher), needs `vla-accel train-flow`
+    "flow2": Flow2Decoder,  # its distilled 2-step student
 }
 DECODERS: tuple[str, ...] = tuple(_REGISTRY)
+FLOW_DECODERS: tuple[str, ...] = ("flow10", "flow2")  # need a checkpoint with a continuous action head
 
 
 def make_decoder(name: str, **cfg: Any) -> Decoder:
@@ -48,6 +53,7 @@ def make_decoder(name: str, **cfg: Any) -> Decoder:
 
 __all__ = [
     "DECODERS",
+    "FLOW_DECODERS",
     "DecodeContext",
     "DecodeResult",
     "Decoder",

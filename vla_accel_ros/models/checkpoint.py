@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vla_accel_ros.models.draft import ContactHead, DraftHead
+from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.models.policy import Policy
 from vla_accel_ros.models.vla import PROPRIO_DIM, VLAConfig, VLATarget
 from vla_accel_ros.tokenizer import ActionTokenizer
@@ -23,6 +24,8 @@ from vla_accel_ros.tokenizer import ActionTokenizer
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "model.json"
+FLOW_WEIGHTS_FILE = "flow_head.safetensors"  # optional continuous action head (vla-accel train-flow)
+FLOW_META_FILE = "flow_head.json"
 _PARTS = ("target", "draft", "contact_head")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -74,14 +77,7 @@ def save_checkpoint(
 
 
 def _read_meta(meta_path: Path) -> dict[str, Any]:
-    if not meta_path.is_file():
-        raise CheckpointError(meta_path, "file not found")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(meta_path, f"invalid JSON ({exc})") from exc
-    if not isinstance(meta, dict):
-        raise CheckpointError(meta_path, "top level must be a JSON object")
+    meta = _read_json(meta_path)
     for key in ("format_version", "config", "tokenizer", "proprio_stats"):
         if key not in meta:
             raise CheckpointError(meta_path, f"missing key '{key}'")
@@ -115,17 +111,80 @@ def load_checkpoint(path: Path | str) -> Policy:
     if mean.shape != (PROPRIO_DIM,) or std.shape != (PROPRIO_DIM,) or not np.all(std > 0):
         raise CheckpointError(meta_path, f"proprio_stats must hold {PROPRIO_DIM} means and positive stds")
 
+    modules = {"target": VLATarget(config), "draft": DraftHead(config), "contact_head": ContactHead(config)}
+    expected = {
+        f"{part}.{name}": tensor for part, module in modules.items() for name, tensor in module.state_dict().items()
+    }
+    tensors = _read_tensors(weights_path, expected)
+    for part, module in modules.items():
+        prefix = f"{part}."
+        module.load_state_dict({k[len(prefix):]: v.float() for k, v in tensors.items() if k.startswith(prefix)})
+    info = {key: meta.get(key, {}) for key in ("recipe", "metrics", "n_parameters")}
+    policy = Policy(config, tokenizer, modules["target"], modules["draft"], modules["contact_head"], mean, std, info)
+    policy.flow = load_flow_heads(path, config.d_model)
+    return policy
+
+
+def save_flow_heads(heads: FlowHeads, path: Path | str, recipe: dict[str, Any], metrics: dict[str, Any]) -> Path:
+    """Write the continuous action head next to a checkpoint: ``flow_head.safetensors`` + ``.json``."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in heads.state_dict().items()}
+    save_file(tensors, str(path / FLOW_WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
+    (path / FLOW_WEIGHTS_FILE).chmod(0o644)
+    meta = {"format_version": FORMAT_VERSION, "config": heads.config.to_dict(), "recipe": recipe, "metrics": metrics}
+    (path / FLOW_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return path
+
+
+def load_flow_heads(path: Path | str, d_model: int) -> FlowHeads | None:
+    """The continuous action head stored with a checkpoint, None when it has none."""
+    path = Path(path)
+    meta_path, weights_path = path / FLOW_META_FILE, path / FLOW_WEIGHTS_FILE
+    if not meta_path.exists() and not weights_path.exists():
+        return None
+    meta = _read_json(meta_path)
+    for key in ("format_version", "config"):
+        if key not in meta:
+            raise CheckpointError(meta_path, f"missing key '{key}'")
+    try:
+        config = FlowHeadConfig.from_dict(meta["config"])
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(meta_path, f"bad config ({exc})") from exc
+    if config.d_model != d_model:
+        raise CheckpointError(meta_path, f"d_model {config.d_model} does not match the target's {d_model}")
+    heads = FlowHeads(config)
+    _load_weights(heads, weights_path)
+    return heads.eval()
+
+
+def _read_json(meta_path: Path) -> dict[str, Any]:
+    if not meta_path.is_file():
+        raise CheckpointError(meta_path, "file not found")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(meta_path, f"invalid JSON ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise CheckpointError(meta_path, "top level must be a JSON object")
+    return meta
+
+
+def _load_weights(module: torch.nn.Module, weights_path: Path) -> None:
+    """Load a safetensors file into ``module`` exactly."""
+    tensors = _read_tensors(weights_path, module.state_dict())
+    module.load_state_dict({k: v.float() for k, v in tensors.items()})
+
+
+def _read_tensors(weights_path: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, checked against ``expected``: none missing, none extra,
+    every shape as expected, all finite floating point."""
     if not weights_path.is_file():
         raise CheckpointError(weights_path, "file not found")
     try:
         tensors = load_file(str(weights_path))
     except Exception as exc:  # safetensors raises its own error types for corrupt/truncated files
         raise CheckpointError(weights_path, f"cannot read safetensors ({type(exc).__name__}: {exc})") from exc
-
-    modules = {"target": VLATarget(config), "draft": DraftHead(config), "contact_head": ContactHead(config)}
-    expected = {
-        f"{part}.{name}": tensor for part, module in modules.items() for name, tensor in module.state_dict().items()
-    }
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise CheckpointError(weights_path, f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
@@ -140,8 +199,4 @@ def load_checkpoint(path: Path | str) -> Policy:
             )
         if not got.is_floating_point() or not bool(torch.isfinite(got).all()):
             raise CheckpointError(weights_path, f"tensor '{name}' is not finite floating point")
-    for part, module in modules.items():
-        prefix = f"{part}."
-        module.load_state_dict({k[len(prefix):]: v.float() for k, v in tensors.items() if k.startswith(prefix)})
-    info = {key: meta.get(key, {}) for key in ("recipe", "metrics", "n_parameters")}
-    return Policy(config, tokenizer, modules["target"], modules["draft"], modules["contact_head"], mean, std, info)
+    return tensors

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from vla_accel_ros.models.draft import ContactHead, DraftHead
+from vla_accel_ros.models.flow import FlowHeads
 from vla_accel_ros.models.vla import BOS, PROPRIO_DIM, KVCache, VLAConfig, VLATarget, count_parameters
 from vla_accel_ros.observation import Observation
 from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer, encode_instruction
@@ -106,6 +107,7 @@ class Policy:
         self.proprio_mean = proprio_mean
         self.proprio_std = proprio_std
         self.info: dict[str, Any] = dict(info or {})  # recipe / metrics from the checkpoint
+        self.flow: FlowHeads | None = None  # optional continuous action head (models.flow)
 
     @classmethod
     def create(

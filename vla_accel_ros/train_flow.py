@@ -1,0 +1,208 @@
+"""``vla-accel train-flow``: the continuous action head (teacher, then the distilled 2-step student).
+
+Both heads read the frozen target's prefix features, so those are computed once for every demo
+step; training the heads then costs seconds. Writes ``flow_head.safetensors`` and
+``flow_head.json`` (config, recipe, held-out metrics) into the checkpoint directory (or ``--out``),
+and ``flow_loss.png``.
+
+Held-out metrics, in bins of the action tokenizer (1 bin = 2/255 in normalised units):
+``teacher_abs_bins`` / ``student_abs_bins`` (mean |sample - expert action|) and the
+teacher-versus-student agreement ``agreement_abs_bins`` and ``agreement_within2`` on the same noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from vla_accel_ros.dataset import load_demos
+from vla_accel_ros.models.checkpoint import FLOW_META_FILE, FLOW_WEIGHTS_FILE, load_checkpoint, save_flow_heads
+from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads, euler_sample, flow_matching_loss, prefix_condition
+from vla_accel_ros.models.policy import Policy
+from vla_accel_ros.tokenizer import N_BINS
+
+BIN = 2.0 / (N_BINS - 1)  # one tokenizer bin in normalised action units
+
+
+@dataclass(frozen=True)
+class FlowTrainConfig:
+    checkpoint: str
+    data: str
+    out: str | None = None  # None = write into the checkpoint directory
+    epochs: int = 40
+    distill_epochs: int = 20
+    batch_size: int = 256
+    lr: float = 1e-3
+    hidden: int = 256
+    layers: int = 3
+    seed: int = 0
+    val_fraction: float = 0.1
+    max_episodes: int | None = None
+    threads: int = 2
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "distill_epochs", "batch_size", "hidden", "layers", "threads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+
+
+def prefix_features(policy: Policy, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
+                    batch_size: int = 256, progress: bool = True) -> torch.Tensor:
+    """The flow head's condition (N, 2d) for every step, from the frozen target's prefill."""
+    out = []
+    for start in tqdm(range(0, len(images), batch_size), desc="prefix features", unit="batch", disable=not progress):
+        end = start + batch_size
+        prefix = policy.prefill_batch(images[start:end], text[start:end], proprio[start:end])
+        out.append(prefix_condition(prefix.hidden_last, prefix.pooled))
+    return torch.cat(out)
+
+
+def _epochs(n: int, batch_size: int, epochs: int, generator: torch.Generator):
+    for epoch in range(epochs):
+        yield epoch, torch.randperm(n, generator=generator).split(batch_size)
+
+
+def train_heads(cfg: FlowTrainConfig, cond: torch.Tensor, actions: torch.Tensor,
+                train_idx: torch.Tensor) -> tuple[FlowHeads, dict[str, list[float]]]:
+    """Flow matching for the teacher, then distillation of the 2-step student from it."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    heads = FlowHeads(FlowHeadConfig(d_model=cond.shape[1] // 2, hidden=cfg.hidden, layers=cfg.layers))
+    history: dict[str, list[float]] = {"teacher": [], "student": []}
+    x, y = cond[train_idx], actions[train_idx]
+
+    optimizer = torch.optim.AdamW(heads.teacher.parameters(), lr=cfg.lr, weight_decay=1e-4)
+    total = cfg.epochs * math.ceil(len(x) / cfg.batch_size)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=total, pct_start=0.05)
+    bar = tqdm(total=total, desc="flow teacher", disable=not cfg.progress)
+    for _, batches in _epochs(len(x), cfg.batch_size, cfg.epochs, generator):
+        for idx in batches:
+            loss = flow_matching_loss(heads.teacher, x[idx], y[idx], generator)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            history["teacher"].append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+    bar.close()
+
+    heads.student.load_state_dict(heads.teacher.state_dict())
+    heads.teacher.requires_grad_(False)
+    optimizer = torch.optim.AdamW(heads.student.parameters(), lr=cfg.lr / 2, weight_decay=1e-4)
+    total = cfg.distill_epochs * math.ceil(len(x) / cfg.batch_size)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr / 2, total_steps=total, pct_start=0.05)
+    bar = tqdm(total=total, desc="flow student (distil)", disable=not cfg.progress)
+    for _, batches in _epochs(len(x), cfg.batch_size, cfg.distill_epochs, generator):
+        for idx in batches:
+            noise = torch.randn(len(idx), y.shape[1], generator=generator)
+            with torch.no_grad():
+                want = euler_sample(heads.teacher, x[idx], noise, heads.config.teacher_steps)
+            loss = F.mse_loss(euler_sample(heads.student, x[idx], noise, heads.config.student_steps), want)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            history["student"].append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.5f}")
+    bar.close()
+    return heads.eval(), history
+
+
+def evaluate_heads(heads: FlowHeads, cond: torch.Tensor, actions: torch.Tensor, seed: int) -> dict[str, float]:
+    """Held-out errors against the expert and the teacher-versus-student agreement, in bins."""
+    noise = torch.randn(actions.shape, generator=torch.Generator().manual_seed(seed + 1))
+    with torch.inference_mode():
+        teacher = heads.sample(cond, noise, student=False)
+        student = heads.sample(cond, noise, student=True)
+    gap = (teacher - student).abs() / BIN
+    return {
+        "val_samples": int(len(actions)),
+        "teacher_abs_bins": float(((teacher - actions).abs() / BIN).mean()),
+        "student_abs_bins": float(((student - actions).abs() / BIN).mean()),
+        "agreement_abs_bins": float(gap.mean()),
+        "agreement_within2": float((gap <= 2.0).float().mean()),
+    }
+
+
+def plot_flow_losses(history: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for ax, key, title in zip(axes, ("teacher", "student"), ("teacher: flow matching", "student: distillation")):
+        ax.plot(history[key], alpha=0.5)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def train_flow(cfg: FlowTrainConfig) -> dict[str, Any]:
+    start = time.perf_counter()
+    torch.set_num_threads(cfg.threads)
+    policy = load_checkpoint(cfg.checkpoint)
+    data = load_demos(cfg.data, policy.config.max_text_len, cfg.max_episodes, progress=cfg.progress)
+    train_idx, val_idx = data.split(cfg.val_fraction)
+    cond = prefix_features(policy, data.images, data.text, data.proprio, progress=cfg.progress)
+    actions = torch.from_numpy(policy.tokenizer.normalise(data.actions.numpy())).to(torch.float32)
+    heads, history = train_heads(cfg, cond, actions, train_idx)
+    metrics = evaluate_heads(heads, cond[val_idx], actions[val_idx], cfg.seed) if len(val_idx) else {}
+    metrics["train_seconds"] = round(time.perf_counter() - start, 1)
+    out = Path(cfg.out or cfg.checkpoint)
+    if cfg.out and Path(cfg.out).resolve() != Path(cfg.checkpoint).resolve():  # a complete checkpoint there
+        out.mkdir(parents=True, exist_ok=True)
+        for item in Path(cfg.checkpoint).iterdir():
+            if item.is_file() and item.name not in (FLOW_WEIGHTS_FILE, FLOW_META_FILE):
+                shutil.copy2(item, out / item.name)
+    recipe = {**{k: v for k, v in asdict(cfg).items() if k != "progress"},
+              "data": str(Path(cfg.data).resolve()), "n_train_samples": len(train_idx)}
+    save_flow_heads(heads, out, recipe, metrics)
+    plot_flow_losses(history, out / "flow_loss.png")
+    print("held-out flow-head metrics:\n" + json.dumps(metrics, indent=2))
+    print(f"flow head written to {out}")
+    return metrics
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = FlowTrainConfig(checkpoint="", data="")
+    parser.add_argument("--checkpoint", required=True, help="trained checkpoint directory (its target is frozen)")
+    parser.add_argument("--data", required=True, help="demo directory with episode_*.npz")
+    parser.add_argument("--out", default=None, help="write a copy of the checkpoint with the head here "
+                        "(default: add the head to --checkpoint)")
+    parser.add_argument("--epochs", type=int, default=d.epochs, help="teacher flow-matching epochs")
+    parser.add_argument("--distill-epochs", type=int, default=d.distill_epochs, help="student distillation epochs")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--hidden", type=int, default=d.hidden, help="width of the velocity MLP")
+    parser.add_argument("--layers", type=int, default=d.layers, help="hidden layers of the velocity MLP")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--val-fraction", type=float, default=d.val_fraction)
+    parser.add_argument("--max-episodes", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = FlowTrainConfig(**{k: v for k, v in vars(args).items() if k in FlowTrainConfig.__dataclass_fields__})
+    train_flow(cfg)
+    return 0

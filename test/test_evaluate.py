@@ -37,3 +37,17 @@ def test_bench_compares_decoders_on_the_same_episodes(tmp_path):
     assert summary["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
     assert summary["kerv"]["target_passes_per_action"] == 1.0
     assert (out / "table.md").read_text().startswith("| decoder")
+
+
+def test_bench_with_incremental_vision_and_the_flow_heads(tmp_path):
+    out = tmp_path / "bench_iv"
+    args = ["bench", "--episodes", "1", "--max-steps", "6", "--decoders", "ar,flow10,flow2", "--no-sweep",
+            "--incremental-vision", "--out", str(out)]
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"ar", "flow10", "flow2", "ar+iv", "flow10+iv", "flow2+iv"}
+    assert summary["ar"]["vision_recomputed_fraction"] == 1.0
+    assert summary["ar+iv"]["vision_recomputed_fraction"] < 1.0  # the arm moves, the table does not
+    for name in ("flow10", "flow2"):
+        assert summary[name]["target_passes_per_action"] == 0.0  # no token decoding after the prefill
+    assert "prefill ms p50" in (out / "table.md").read_text()

@@ -258,7 +258,7 @@ def test_inference_slower_than_the_period_gives_fallback_ticks(rigs, tmp_path, t
     rig = rigs({"inference": True, "checkpoint": str(ckpt), "decoder": "ar", "control_rate_hz": 50.0})
     commands = rig.listen(Float64MultiArray, "/arm_controller/commands")
     assert rig.wait(lambda: rig.node.stats()["policy_ticks"] >= 5 and rig.node.stats()["fallback_ticks"] >= 20,
-                    timeout=20.0), rig.node.stats()
+                    timeout=45.0), rig.node.stats()  # generous: a loaded machine starts the child slowly
     stats = rig.node.stats()
     assert stats["inference_latency_ms_p50"] > 20.0
     assert stats["fallback_ticks"] > stats["policy_ticks"]

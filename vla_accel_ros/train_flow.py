@@ -71,9 +71,26 @@ def prefix_features(policy: Policy, images: torch.Tensor, text: torch.Tensor, pr
     return torch.cat(out)
 
 
-def _epochs(n: int, batch_size: int, epochs: int, generator: torch.Generator):
-    for epoch in range(epochs):
-        yield epoch, torch.randperm(n, generator=generator).split(batch_size)
+def _optimise(module: torch.nn.Module, batch_loss, n: int, cfg: FlowTrainConfig, epochs: int, lr: float,
+              generator: torch.Generator, desc: str) -> list[float]:
+    """AdamW with a one-cycle schedule over ``epochs`` shuffled passes of ``n`` samples;
+    ``batch_loss(indices)`` gives each batch's loss. Returns the per-step losses."""
+    optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=1e-4)
+    total = epochs * math.ceil(n / cfg.batch_size)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total, pct_start=0.05)
+    losses: list[float] = []
+    with tqdm(total=total, desc=desc, disable=not cfg.progress) as bar:
+        for _ in range(epochs):
+            for idx in torch.randperm(n, generator=generator).split(cfg.batch_size):
+                loss = batch_loss(idx)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                schedule.step()
+                losses.append(loss.item())
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.5f}")
+    return losses
 
 
 def train_heads(cfg: FlowTrainConfig, cond: torch.Tensor, actions: torch.Tensor,
@@ -82,45 +99,22 @@ def train_heads(cfg: FlowTrainConfig, cond: torch.Tensor, actions: torch.Tensor,
     generator = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     heads = FlowHeads(FlowHeadConfig(d_model=cond.shape[1] // 2, hidden=cfg.hidden, layers=cfg.layers))
-    history: dict[str, list[float]] = {"teacher": [], "student": []}
     x, y = cond[train_idx], actions[train_idx]
-
-    optimizer = torch.optim.AdamW(heads.teacher.parameters(), lr=cfg.lr, weight_decay=1e-4)
-    total = cfg.epochs * math.ceil(len(x) / cfg.batch_size)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=total, pct_start=0.05)
-    bar = tqdm(total=total, desc="flow teacher", disable=not cfg.progress)
-    for _, batches in _epochs(len(x), cfg.batch_size, cfg.epochs, generator):
-        for idx in batches:
-            loss = flow_matching_loss(heads.teacher, x[idx], y[idx], generator)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            history["teacher"].append(loss.item())
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-    bar.close()
+    history = {"teacher": _optimise(
+        heads.teacher, lambda idx: flow_matching_loss(heads.teacher, x[idx], y[idx], generator), len(x), cfg,
+        cfg.epochs, cfg.lr, generator, "flow teacher")}
 
     heads.student.load_state_dict(heads.teacher.state_dict())
     heads.teacher.requires_grad_(False)
-    optimizer = torch.optim.AdamW(heads.student.parameters(), lr=cfg.lr / 2, weight_decay=1e-4)
-    total = cfg.distill_epochs * math.ceil(len(x) / cfg.batch_size)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr / 2, total_steps=total, pct_start=0.05)
-    bar = tqdm(total=total, desc="flow student (distil)", disable=not cfg.progress)
-    for _, batches in _epochs(len(x), cfg.batch_size, cfg.distill_epochs, generator):
-        for idx in batches:
-            noise = torch.randn(len(idx), y.shape[1], generator=generator)
-            with torch.no_grad():
-                want = euler_sample(heads.teacher, x[idx], noise, heads.config.teacher_steps)
-            loss = F.mse_loss(euler_sample(heads.student, x[idx], noise, heads.config.student_steps), want)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            history["student"].append(loss.item())
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.5f}")
-    bar.close()
+
+    def distillation_loss(idx: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(len(idx), y.shape[1], generator=generator)
+        with torch.no_grad():
+            want = euler_sample(heads.teacher, x[idx], noise, heads.config.teacher_steps)
+        return F.mse_loss(euler_sample(heads.student, x[idx], noise, heads.config.student_steps), want)
+
+    history["student"] = _optimise(heads.student, distillation_loss, len(x), cfg, cfg.distill_epochs, cfg.lr / 2,
+                                   generator, "flow student (distil)")
     return heads.eval(), history
 
 

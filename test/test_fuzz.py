@@ -231,7 +231,8 @@ def test_fuzzed_messages_over_dds_keep_the_node_running_and_safe(ckpt, dds_rig):
                                                    rig.node.stats()["source"] == "policy"):
             time.sleep(0.05)
         stats = rig.node.stats()
-        assert stats["ticks"] > ticks + 10 and stats["source"] == "policy", stats["reason"]
+        assert stats["ticks"] > ticks + 10 and stats["source"] == "policy", (
+            stats["reason"], stats.get("inference_errors"), stats.get("inference_last_error"))
         print(f"fuzz (DDS): sent={rig.sent} input_errors={stats['input_errors']} commands={len(rig.commands)}")
         assert rig.sent >= 60 and stats["input_errors"] > 0
         q = np.array(rig.commands)

@@ -89,6 +89,8 @@ def kf_completion_tokens(policy: PolicyLike, context: DecodeContext) -> tuple[np
     if kf is None or not kf.converged:
         return None
     action = kf.predict_action(context.control_period_s, context.gripper_history)
+    if not np.all(np.isfinite(action)):  # a filter fed absurd (finite but huge) joints: no prediction
+        return None
     tokens = np.asarray(policy.tokenizer.encode(action), dtype=np.int64).reshape(N_ACTION_TOKENS)
     known = np.ones(N_ACTION_TOKENS, dtype=bool)
     known[GRIPPER_INDEX] = len(context.gripper_history) > 0

@@ -80,6 +80,7 @@ def row(summary: dict[str, Any], ar: dict[str, Any] | None) -> dict[str, Any]:
         "vision_recomputed_fraction": summary["vision_recomputed_fraction"],
         "prefill_ms_p50": lat["prefill_p50"],
         "decode_ms_p50": lat["decode_p50"],
+        "head_ms_p50": lat["head_p50"],  # continuous heads only (None otherwise): the sampler's own time
         "total_ms_p50": lat["total_p50"],
         "total_ms_p99": lat["total_p99"],
         "episodes": summary["episodes"],

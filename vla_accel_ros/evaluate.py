@@ -48,6 +48,7 @@ class EpisodeRecord:
     target_passes: list[int] = field(default_factory=list)
     draft_passes: list[int] = field(default_factory=list)
     vision_fraction: list[float] = field(default_factory=list)
+    head_ms: list[float] = field(default_factory=list)  # continuous action heads: the sampler alone
     accepted: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
     thresholds: list[float] = field(default_factory=list)
@@ -89,6 +90,8 @@ def run_episode(
         record.target_passes.append(result.target_passes)
         record.draft_passes.append(result.draft_passes)
         record.vision_fraction.append(result.vision_fraction)
+        if "head" in result.timings:
+            record.head_ms.append(result.timings["head"])
         record.accepted.append(result.accepted_len)
         record.drafted.append(result.drafted)
         record.thresholds.append(float("nan") if result.threshold is None else float(result.threshold))
@@ -124,6 +127,7 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
             "prefill_p50": percentile(cat("prefill_ms"), 50),
             "decode_p50": percentile(cat("decode_ms"), 50),
             "decode_p99": percentile(cat("decode_ms"), 99),
+            "head_p50": percentile(cat("head_ms"), 50) if cat("head_ms") else None,
             "total_p50": percentile(cat("total_ms"), 50),
             "total_p99": percentile(cat("total_ms"), 99),
         },

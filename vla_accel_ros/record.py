@@ -196,7 +196,7 @@ class BagRecorder:
         classes = {"sensor_msgs/msg/Image": Image, "sensor_msgs/msg/JointState": JointState,
                    "std_msgs/msg/String": String, "std_msgs/msg/Float64MultiArray": Float64MultiArray,
                    "rosgraph_msgs/msg/Clock": Clock}
-        qos = {"camera": sensor, "joint_states": sensor, "robot_description": latched}
+        qos = {"camera": sensor, "joint_states": sensor, "robot_description": latched, "instruction": latched}
         self._pending: list[tuple[str, str, bytes]] = []
         self._lock = threading.Lock()
         self.errors: list[str] = []

@@ -432,7 +432,7 @@ class _Player:
             "camera": self.node.create_publisher(CompressedImage if camera_type.endswith("CompressedImage") else Image,
                                                  TOPICS["camera"][0], 10),
             "joint_states": self.node.create_publisher(JointState, TOPICS["joint_states"][0], 10),
-            "instruction": self.node.create_publisher(String, TOPICS["instruction"][0], 10),
+            "instruction": self.node.create_publisher(String, TOPICS["instruction"][0], LATCHED_QOS),
             "clock": self.node.create_publisher(Clock, TOPICS["clock"][0], 10),
             "robot_description": self.node.create_publisher(String, TOPICS["robot_description"][0], LATCHED_QOS),
         }

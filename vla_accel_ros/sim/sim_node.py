@@ -84,7 +84,8 @@ class SimBridgeNode(Node):
         self._pub_description = self.create_publisher(String, "/robot_description", LATCHED_QOS)
         self._pub_episode = self.create_publisher(String, "~/episode", 10)
         self._pub_success = self.create_publisher(Bool, "~/success", 10)
-        self._pub_instruction = self.create_publisher(String, cfg.instruction_topic, 10)
+        # Latched: a recorder or node that joins after the episode began still gets the task.
+        self._pub_instruction = self.create_publisher(String, cfg.instruction_topic, LATCHED_QOS)
         self._pub_description.publish(String(data=self.kin.urdf_xml))
 
         controller, gripper = cfg.controller.strip("/"), cfg.gripper_controller.strip("/")

@@ -51,3 +51,28 @@ def test_bench_with_incremental_vision_and_the_flow_heads(tmp_path):
     for name in ("flow10", "flow2"):
         assert summary[name]["target_passes_per_action"] == 0.0  # no token decoding after the prefill
     assert "prefill ms p50" in (out / "table.md").read_text()
+
+
+def test_heisd_eval_and_bench_with_a_store(tmp_path):
+    pytest.importorskip("faiss")
+    import numpy as np
+
+    from vla_accel_ros.decoding.boundary import PUBLISHED_BOUNDARY
+    from vla_accel_ros.retrieval import RetrievalStore
+
+    with pytest.raises(SystemExit, match="build-store"):
+        main(["eval", "--decoder", "heisd", "--episodes", "1", "--max-steps", "4", "--store", str(tmp_path / "none"),
+              "--out", str(tmp_path / "x")])
+    rng = np.random.default_rng(0)  # random keys: any neighbour is a draft; the target still verifies it
+    store = RetrievalStore.build(rng.normal(size=(64, 128)).astype(np.float32), rng.integers(0, 255, (64, 4, 7)),
+                                 meta={"calibration": PUBLISHED_BOUNDARY.to_dict()})
+    store.save(tmp_path / "store")
+    out = tmp_path / "bench_heisd"
+    args = ["bench", "--episodes", "1", "--max-steps", "10", "--decoders", "ar,heisd", "--no-sweep",
+            "--store", str(tmp_path / "store"), "--out", str(out)]
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["heisd"]) >= set(summary["ar"]) - {"speedup_vs_ar"}
+    for key in ("retrieval_mode_share", "verify_skip_share", "retrieval_accept_rate", "retrieval_query_ms_p50"):
+        assert key in summary["heisd"] and key not in summary["ar"]
+    assert 0.0 <= summary["heisd"]["retrieval_mode_share"] <= 1.0

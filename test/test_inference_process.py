@@ -99,6 +99,7 @@ def test_actions_flow_and_a_killed_child_is_held_for_then_restarted(checkpoint, 
         assert wait(lambda: "policy" in robot.sources_since(0))
         stats = worker.stats()
         assert stats["errors"] == 0 and stats["mode"] == "process" and stats["target_passes_mean"] >= 1.0
+        assert stats["vision_recomputed_mean"] == 1.0  # full vision: every patch of every frame
         assert stats["latency_ms_p50"] >= stats["child_latency_ms_p50"] > 0.0
         assert stats["child_peak_rss_mb"] > 50.0  # the model lives in the child
 

@@ -98,3 +98,51 @@ def test_policy_runner_reuses_vision_and_restarts_it_with_the_episode(tmp_path, 
     fractions = [runner(Observation(image, text, q, 0.04, stamp=0.05 * i)).vision_fraction
                  for i, text in enumerate(["pick up the red cube"] * 3 + ["pick up the blue cube"])]
     assert fractions == [1.0, 0.0, 0.0, 1.0]  # first frame, two unchanged frames, a new instruction
+
+
+def observation(images: torch.Tensor, q_offset: float = 0.0):
+    from vla_accel_ros.observation import Observation
+
+    q = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785]) + q_offset
+    return Observation(images[0].numpy(), "pick up the red cube", q, 0.04, stamp=0.0)
+
+
+def assert_same_prefix(a, b, atol: float = 1e-5) -> None:
+    torch.testing.assert_close(a.hidden_last, b.hidden_last, atol=atol, rtol=0)
+    torch.testing.assert_close(a.pooled, b.pooled, atol=atol, rtol=0)
+    assert a.prefix_len == b.prefix_len
+    for (ka, va), (kb, vb) in zip(a.kv, b.kv):
+        torch.testing.assert_close(ka, kb, atol=atol, rtol=0)
+        torch.testing.assert_close(va, vb, atol=atol, rtol=0)
+
+
+def test_kv_reuse_is_exact_on_the_first_frame_and_for_a_new_joint_state(policy: Policy) -> None:
+    """Proprioception and BOS come last in the prefix: with an unchanged image the reuse is exact."""
+    reuse = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
+    images = frame(3)
+    with torch.inference_mode():
+        assert_same_prefix(reuse.prefill(observation(images)), policy.prefill(observation(images)))
+        assert reuse.last.refreshed
+        moved = observation(images, q_offset=0.3)
+        assert_same_prefix(reuse.prefill(moved), policy.prefill(moved))
+        assert reuse.last.recomputed == 0 and not reuse.last.refreshed
+
+
+def test_kv_reuse_recomputes_the_changed_patch_and_refreshes_to_exact(policy: Policy) -> None:
+    reuse = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True, refresh_steps=2))
+    images = frame(4)
+    changed = images.clone()
+    changed[0, 8:16, 16:24] = 255 - changed[0, 8:16, 16:24]  # patch 6
+    with torch.inference_mode():
+        reuse.prefill(observation(images))
+        approx = reuse.prefill(observation(changed))
+        assert reuse.last.recomputed == 1
+        exact = policy.prefill(observation(changed))
+        # The decoder state differs from a full prefill only through the reused keys/values.
+        assert not torch.allclose(approx.kv[0][0], exact.kv[0][0], atol=1e-6)
+        _, text, _ = policy.observation_tensors(observation(changed))
+        vision = policy.target.global_vision(policy.encode_local(changed, text))
+        # One global layer: the changed patch sees every patch's exact keys, so its token is exact.
+        torch.testing.assert_close(reuse._prefix_cache.vision[:, 6], vision[:, 6], atol=1e-5, rtol=0)
+        assert_same_prefix(reuse.prefill(observation(changed)), exact)  # the timer refresh: exact again
+        assert reuse.last.refreshed and reuse.last.reason == "timer"

@@ -9,7 +9,14 @@ Outputs in DIR: ``summary.json`` (decoder name -> ``success_rate``, ``ncf_rate``
 ``mean_accepted_len``, ``target_passes_per_action``, ``decode_ms_p50``, ``total_ms_p50``,
 ``total_ms_p99``, ``speedup_vs_ar``, ``decode_speedup_vs_ar``, …), ``sweep.json``, ``table.md``,
 ``pareto.png`` (success vs speed-up over the sweep) and ``threshold_trace.png`` (r and acceptance
-per step of one episode).
+per step of one episode). The ``heisd`` row also holds ``retrieval_mode_share``,
+``verify_skip_share``, ``retrieval_accept_rate`` and ``retrieval_query_ms_p50``; it needs a
+retrieval store (``--store``, default CHECKPOINT/retrieval_store, from ``vla-accel build-store``).
+
+With ``--wa-checkpoint`` (a checkpoint from ``vla-accel train-world``), ``wa_prefill+X`` rows run
+decoder X with that checkpoint's world-aware prefill on the same seeds (same summary.json keys;
+speed-ups vs AR are against the base AR), and ``wa_comparison.json`` / ``.md`` set each against X:
+success, NCF share, accepted length and the speed-up over X alone.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +32,28 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vla_accel_ros.decoding import DECODERS, FLOW_DECODERS, EpisodeHistory, make_decoder
+from vla_accel_ros.decoding import DECODERS, FLOW_DECODERS, STORE_DECODERS, EpisodeHistory, make_decoder
+from vla_accel_ros.decoding.wa_prefill import WA_DEFAULT_BASES, WA_PREFILL_PREFIX, split_prefill
 from vla_accel_ros.evaluate import (
     EpisodeRecord,
     add_vision_arguments,
     checkpoint_megabytes,
+    decoder_options,
     peak_rss_mb,
     run_episode,
     summarize,
     vision_config,
 )
 from vla_accel_ros.kalman import JointKalmanFilter
-from vla_accel_ros.models import load_checkpoint
+from vla_accel_ros.models import Policy, load_checkpoint
 from vla_accel_ros.resources import default_checkpoint
+from vla_accel_ros.retrieval import default_store_dir
 from vla_accel_ros.sim.demos import EVAL_SEED_START
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
 from vla_accel_ros.vision_reuse import IncrementalVisionEncoder
 
 SWEEP_R = (3, 5, 9, 15, 20)
+HEISD_KEYS = ("retrieval_mode_share", "verify_skip_share", "retrieval_accept_rate", "retrieval_query_ms_p50")
 
 
 @dataclass(frozen=True)
@@ -54,17 +65,88 @@ class BenchEntry:
     settings: tuple[tuple[str, Any], ...] = ()
     sweep_r: int | None = None
     incremental_vision: bool = False
+    reuse_kv: bool = False
+    wa_prefill: bool = False  # run by the --wa-checkpoint policy (world-aware prefill)
 
 
-def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = False) -> list[BenchEntry]:
+def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = False,
+                  reuse_kv: bool = False) -> list[BenchEntry]:
     entries = [BenchEntry(name, name) for name in decoders]
     if incremental_vision:  # the same decoders again, prefilling only the patches that changed
         entries += [BenchEntry(f"{name}+iv", name, incremental_vision=True) for name in decoders]
+    if reuse_kv:  # and again, also reusing the keys/values of unchanged prefix tokens
+        entries += [BenchEntry(f"{name}+ivkv", name, incremental_vision=True, reuse_kv=True) for name in decoders]
     if sweep:
         for r in SWEEP_R:
             entries.append(BenchEntry(f"sd@r={r}", "sd", (("r", r),), r))
             entries.append(BenchEntry(f"kerv@r={r}", "kerv", (("r_min", max(1, r // 3)), ("r_max", r)), r))
-    return entries
+    # "wa_prefill+X" entries run decoder X with the world-aware policy
+    return [replace(e, decoder=e.decoder[len(WA_PREFILL_PREFIX):], wa_prefill=True)
+            if e.decoder.startswith(WA_PREFILL_PREFIX) else e for e in entries]
+
+
+def wa_setup(args: argparse.Namespace, decoders: list[str], policy: Policy) -> Policy | None:
+    """The ``--wa-checkpoint`` policy, None without one. Adds ``wa_prefill+X`` for the default
+    bases when no decoders were named, and every X that a ``wa_prefill+X`` is compared with."""
+    if args.wa_checkpoint is not None and args.decoders is None:
+        decoders += [WA_PREFILL_PREFIX + d for d in WA_DEFAULT_BASES if d in DECODERS and d in decoders]
+    try:
+        split = [split_prefill(d) for d in decoders]
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+    bases = [base for base, wa in split if wa]
+    if not bases:
+        if args.wa_checkpoint is not None:
+            raise SystemExit(f"--wa-checkpoint needs a {WA_PREFILL_PREFIX}X decoder among --decoders")
+        return None
+    if args.wa_checkpoint is None:
+        raise SystemExit(f"{WA_PREFILL_PREFIX}X decoders need --wa-checkpoint (a checkpoint from vla-accel train-world)")
+    wa_policy = load_checkpoint(args.wa_checkpoint)
+    if wa_policy.world is None:
+        raise SystemExit(f"{args.wa_checkpoint} has no world component: run vla-accel train-world")
+    if wa_policy.config.image_size != policy.config.image_size:
+        raise SystemExit(f"{args.wa_checkpoint} and the base checkpoint use different image sizes")
+    if wa_policy.flow is None and any(b in FLOW_DECODERS for b in bases):
+        raise SystemExit(f"{args.wa_checkpoint} has no continuous action head for {', '.join(FLOW_DECODERS)}")
+    for base in bases:  # each wa_prefill+X is reported against X from this same run (listed just before it)
+        if base not in decoders:
+            decoders.insert(decoders.index(WA_PREFILL_PREFIX + base), base)
+    return wa_policy
+
+
+def wa_comparison(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each ``wa_prefill+X`` row against X: success, NCF share and the speed-up of the world-aware
+    prefill over X alone (X's end-to-end latency / its own), all from this one run."""
+    out = {}
+    for name, wa in rows.items():
+        base = rows.get(name[len(WA_PREFILL_PREFIX):]) if name.startswith(WA_PREFILL_PREFIX) else None
+        if base is None:
+            continue
+        out[name] = {
+            "base": name[len(WA_PREFILL_PREFIX):],
+            "success_rate": wa["success_rate"],
+            "base_success_rate": base["success_rate"],
+            "ncf_share": wa["ncf_share"],
+            "base_ncf_share": base["ncf_share"],
+            "ncf_share_relative_change": (wa["ncf_share"] / base["ncf_share"] - 1.0) if base["ncf_share"] else None,
+            "mean_accepted_len": wa["mean_accepted_len"],
+            "base_mean_accepted_len": base["mean_accepted_len"],
+            "speedup_vs_base": base["total_ms_p50"] / wa["total_ms_p50"],
+            "decode_speedup_vs_base": base["decode_ms_p50"] / wa["decode_ms_p50"],
+        }
+    return out
+
+
+def wa_table(comparison: dict[str, dict[str, Any]]) -> str:
+    lines = ["| world-aware prefill | SR (base -> wa) | NCF share (base -> wa) | accepted len (base -> wa) | "
+             "decode speed-up vs base | e2e speed-up vs base |", "|" + "---|" * 6]
+    for name, c in comparison.items():
+        lines.append(
+            f"| {name} vs {c['base']} | {c['base_success_rate']:.0%} -> {c['success_rate']:.0%} | "
+            f"{c['base_ncf_share']:.0%} -> {c['ncf_share']:.0%} | {c['base_mean_accepted_len']:.2f} -> "
+            f"{c['mean_accepted_len']:.2f} | {c['decode_speedup_vs_base']:.2f}x | {c['speedup_vs_base']:.2f}x |"
+        )
+    return "\n".join(lines)
 
 
 def row(summary: dict[str, Any], ar: dict[str, Any] | None) -> dict[str, Any]:
@@ -83,22 +165,27 @@ def row(summary: dict[str, Any], ar: dict[str, Any] | None) -> dict[str, Any]:
         "head_ms_p50": lat["head_p50"],  # continuous heads only (None otherwise): the sampler's own time
         "total_ms_p50": lat["total_p50"],
         "total_ms_p99": lat["total_p99"],
+        "total_ms_mean": lat["total_mean"],
         "episodes": summary["episodes"],
     }
+    for key in HEISD_KEYS:  # heisd's mode shares and store query time
+        if key in summary:
+            out[key] = summary[key]
     if ar is not None:
         out["speedup_vs_ar"] = ar["latency_ms"]["total_p50"] / lat["total_p50"]
         out["decode_speedup_vs_ar"] = ar["latency_ms"]["decode_p50"] / lat["decode_p50"]
+        out["speedup_vs_ar_mean"] = ar["latency_ms"]["total_mean"] / lat["total_mean"]  # time per action
     return out
 
 
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
-    header = "| decoder | SR | NCF rate | NCF share | accepted len | target passes/action | draft steps/action | prefill ms p50 | decode ms p50 | total ms p50 | total ms p99 | decode speed-up | e2e speed-up |"
-    lines = [header, "|" + "---|" * 13]
+    header = "| decoder | SR | NCF rate | NCF share | accepted len | target passes/action | draft steps/action | prefill ms p50 | decode ms p50 | total ms p50 | total ms p99 | decode speed-up | e2e speed-up | e2e speed-up (mean) |"
+    lines = [header, "|" + "---|" * 14]
     for name, r in rows.items():
         lines.append(
             f"| {name} | {r['success_rate']:.0%} | {r['ncf_rate']:.0%} | {r['ncf_share']:.0%} | {r['mean_accepted_len']:.2f} | "
             f"{r['target_passes_per_action']:.2f} | {r['draft_passes_per_action']:.2f} | {r['prefill_ms_p50']:.2f} | {r['decode_ms_p50']:.2f} | {r['total_ms_p50']:.2f} | "
-            f"{r['total_ms_p99']:.2f} | {r.get('decode_speedup_vs_ar', float('nan')):.2f}x | {r.get('speedup_vs_ar', float('nan')):.2f}x |"
+            f"{r['total_ms_p99']:.2f} | {r.get('decode_speedup_vs_ar', float('nan')):.2f}x | {r.get('speedup_vs_ar', float('nan')):.2f}x | {r.get('speedup_vs_ar_mean', float('nan')):.2f}x |"
         )
     return "\n".join(lines)
 
@@ -156,9 +243,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-sweep", action="store_true", help="skip the r sweep of sd and kerv")
     parser.add_argument("--max-steps", type=int, default=120)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--store", type=Path, default=None,
+                        help="heisd: retrieval store directory (default: CHECKPOINT/retrieval_store; without one, "
+                             "heisd is left out of the default decoders; see vla-accel build-store)")
+    parser.add_argument("--wa-checkpoint", type=Path, default=None,
+                        help=f"checkpoint with a world component (vla-accel train-world): runs the {WA_PREFILL_PREFIX}X "
+                             f"decoders (default: {', '.join(WA_PREFILL_PREFIX + d for d in WA_DEFAULT_BASES)}) and "
+                             "compares each with X (wa_comparison.json)")
     parser.add_argument("--incremental-vision", action="store_true",
                         help="also run every decoder with incremental vision (entries named DECODER+iv)")
+    parser.add_argument("--reuse-kv", action="store_true",
+                        help="also run every decoder with incremental vision that reuses the keys/values of "
+                             "unchanged prefix tokens (entries named DECODER+ivkv)")
     add_vision_arguments(parser)
+
+
+def bench_store_options(args: argparse.Namespace, decoders: list[str], ckpt: Path, policy: Policy) -> dict[str, Any]:
+    """heisd's retrieval store, loaded once and shared by every entry that runs heisd. Without
+    ``--decoders`` and without a store, heisd is dropped from ``decoders`` with a note; named
+    explicitly, a missing store ends the run saying how to build one."""
+    needs = [d for d in decoders if d.removeprefix(WA_PREFILL_PREFIX) in STORE_DECODERS]
+    if not needs:
+        return {}
+    if args.decoders is None and args.store is None and not default_store_dir(ckpt).exists():
+        print(f"note: no retrieval store at {default_store_dir(ckpt)}, heisd left out (run vla-accel build-store)")
+        for d in needs:
+            decoders.remove(d)
+        return {}
+    return decoder_options("heisd", args.store, ckpt, policy, ckpt)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -171,22 +283,25 @@ def run(args: argparse.Namespace) -> int:
         decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
     if policy.flow is None and any(d in FLOW_DECODERS for d in decoders):
         raise SystemExit(f"{ckpt} has no continuous action head for {', '.join(FLOW_DECODERS)}: run vla-accel train-flow")
-    unknown = [d for d in decoders if d not in DECODERS]
+    wa_policy = wa_setup(args, decoders, policy)
+    unknown = [d for d in decoders if d.removeprefix(WA_PREFILL_PREFIX) not in DECODERS]
     if unknown:
         raise SystemExit(f"unknown decoders: {', '.join(unknown)} (choose from {', '.join(DECODERS)})")
+    store_options = bench_store_options(args, decoders, ckpt, policy)
     if "ar" not in decoders:
         decoders.insert(0, "ar")  # every speed-up is relative to AR from this same run
-    entries = bench_entries(decoders, sweep=not args.no_sweep, incremental_vision=args.incremental_vision)
-    reuse = vision_config(args)
+    entries = bench_entries(decoders, sweep=not args.no_sweep, incremental_vision=args.incremental_vision,
+                            reuse_kv=args.reuse_kv)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     records: dict[str, list[EpisodeRecord]] = {e.name: [] for e in entries}
+    policies = {e.name: wa_policy if e.wa_prefill else policy for e in entries}
     with PickCubeEnv(SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)) as env:
         runners = {
             e.name: (
-                make_decoder(e.decoder, **dict(e.settings)),
+                make_decoder(e.decoder, **dict(e.settings), **(store_options if e.decoder in STORE_DECODERS else {})),
                 EpisodeHistory(JointKalmanFilter(env.kin, env.control_dt), max_steps=args.max_steps, control_period_s=env.control_dt),
-                IncrementalVisionEncoder(policy, reuse) if e.incremental_vision else None,
+                IncrementalVisionEncoder(policies[e.name], vision_config(args, e.reuse_kv)) if e.incremental_vision else None,
             )
             for e in entries
         }
@@ -194,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
         for i in range(args.episodes):
             for entry in entries:
                 decoder, history, vision = runners[entry.name]
-                records[entry.name].append(run_episode(env, policy, decoder, history, args.seed + i, vision=vision))
+                records[entry.name].append(run_episode(env, policies[entry.name], decoder, history, args.seed + i, vision=vision))
                 bar.update(1)
             bar.set_postfix({n: f"{np.mean([r.success for r in records[n]]):.0%}" for n in decoders[:4]})
         bar.close()
@@ -212,6 +327,11 @@ def run(args: argparse.Namespace) -> int:
         "wall_s": time.perf_counter() - start,
         "threads": args.threads,
     }
+    comparison = wa_comparison(main_rows)
+    if wa_policy is not None:
+        meta.update(wa_checkpoint=str(args.wa_checkpoint), wa_checkpoint_mb=checkpoint_megabytes(args.wa_checkpoint))
+        (args.out / "wa_comparison.json").write_text(json.dumps(comparison, indent=2))
+        (args.out / "wa_comparison.md").write_text(wa_table(comparison) + "\n")
     (args.out / "summary.json").write_text(json.dumps(main_rows, indent=2))
     (args.out / "sweep.json").write_text(json.dumps(sweep_rows, indent=2))
     (args.out / "meta.json").write_text(json.dumps(meta, indent=2))
@@ -224,6 +344,8 @@ def run(args: argparse.Namespace) -> int:
     if traced:
         plot_threshold_trace(traced, args.out / "threshold_trace.png")
     print(table)
+    if comparison:
+        print("\nworld-aware prefill vs the same decoder alone:\n" + wa_table(comparison))
     if sweep_table:
         print("\nr sweep:\n" + sweep_table)
     print(f"bench: {args.episodes} episodes x {len(entries)} decoder settings in {meta['wall_s']:.0f} s -> {args.out}")

@@ -121,6 +121,8 @@ class NodeConfig:
                                    range=(1, 100000))
     vision_max_drift: float = _p(2.0, "Incremental vision: mean sub-threshold change of the cached patches that "
                                  "forces a full refresh", range=(0.0, 255.0))
+    vision_reuse_kv: bool = _p(False, "Incremental vision also reuses the global-layer and decoder keys/values of "
+                               "unchanged prefix tokens (faster prefill, approximate; needs vision_reuse)")
     inference: bool = _p(True, "Run the policy; false = bring-up mode that only tracks and holds")
     image_size: int = _p(0, "Model input size in pixels; 0 = from the checkpoint", range=(0, 2048))
     camera_timeout_s: float = _p(0.5, "Watchdog: hold the arm when the newest image is older", range=(0.001, 60.0))
@@ -176,7 +178,8 @@ class NodeConfig:
 
         if not self.vision_reuse:
             return None
-        return VisionReuseConfig(self.vision_threshold, self.vision_refresh_steps, self.vision_max_drift)
+        return VisionReuseConfig(self.vision_threshold, self.vision_refresh_steps, self.vision_max_drift,
+                                 reuse_kv=self.vision_reuse_kv)
 
     def controller_config(self) -> "ControllerConfig":
         return ControllerConfig(

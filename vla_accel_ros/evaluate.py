@@ -6,8 +6,9 @@ sim executes it through the same IK path the node uses. Episodes use held-out se
 
 Outputs ``DIR/summary.json`` (``episodes``, ``success_rate``, ``ncf_rate``, ``ncf_share``,
 ``target_passes_per_action``, ``mean_accepted_len``, ``latency_ms`` {``prefill_p50``,
-``decode_p50``, ``total_p50``, ``total_p99``}, ``params``, ``checkpoint_mb``, ``peak_rss_mb``, …),
-``DIR/latency.png`` (per-step latency) and a one-line summary on stdout.
+``decode_p50``, ``total_p50``, ``total_p99``, ``total_mean``}, ``params``, ``checkpoint_mb``, ``peak_rss_mb``, …;
+heisd adds ``retrieval_mode_share``, ``verify_skip_share``, ``retrieval_accept_rate``,
+``retrieval_query_ms_p50``), ``DIR/latency.png`` (per-step latency) and a one-line summary on stdout.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vla_accel_ros.decoding import DECODERS, FLOW_DECODERS, EpisodeHistory, make_decoder, run_policy_step
+from vla_accel_ros.decoding import DECODERS, FLOW_DECODERS, STORE_DECODERS, EpisodeHistory, make_decoder, run_policy_step
+from vla_accel_ros.decoding.base import N_ACTION_TOKENS
+from vla_accel_ros.decoding.wa_prefill import WA_PREFILL_PREFIX, split_prefill
 from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.models import Policy, load_checkpoint
 from vla_accel_ros.resources import default_checkpoint
+from vla_accel_ros.retrieval import resolve_store, store_mismatch
 from vla_accel_ros.sim.demos import EVAL_SEED_START
 from vla_accel_ros.sim.env import NEAR_CONTACT_DISTANCE, PickCubeEnv, SimConfig
 from vla_accel_ros.vision_reuse import IncrementalVisionEncoder, VisionReuseConfig
@@ -52,6 +56,8 @@ class EpisodeRecord:
     accepted: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
     thresholds: list[float] = field(default_factory=list)
+    modes: list[str] = field(default_factory=list)  # DecodeResult.mode per step ("" for single-path decoders)
+    retrieval_query_ms: list[float] = field(default_factory=list)  # heisd: retrieval store query times
 
     @property
     def near_contact_failure(self) -> bool:
@@ -95,6 +101,9 @@ def run_episode(
         record.accepted.append(result.accepted_len)
         record.drafted.append(result.drafted)
         record.thresholds.append(float("nan") if result.threshold is None else float(result.threshold))
+        record.modes.append(result.mode)
+        if "retrieval_query" in result.timings:
+            record.retrieval_query_ms.append(result.timings["retrieval_query"])
     record.min_clearance = float(min(record.min_clearance, env.target_clearance()))
     record.success = bool(env.success())
     record.steps = env.steps
@@ -112,7 +121,7 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
     ncf = sum(r.near_contact_failure for r in records)
     cat = lambda attr: [v for r in records for v in getattr(r, attr)]  # noqa: E731
     passes, accepted, drafted = cat("target_passes"), cat("accepted"), cat("drafted")
-    return {
+    summary = {
         "episodes": n,
         "success_rate": sum(r.success for r in records) / n,
         "ncf_rate": ncf / n,
@@ -130,8 +139,27 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
             "head_p50": percentile(cat("head_ms"), 50) if cat("head_ms") else None,
             "total_p50": percentile(cat("total_ms"), 50),
             "total_p99": percentile(cat("total_ms"), 99),
+            # Time per action: with verify-skip most steps cost almost nothing, which the median hides.
+            "total_mean": float(np.mean(cat("total_ms"))),
         },
         "mean_episode_steps": float(np.mean([r.steps for r in records])),
+    }
+    if any(cat("modes")):  # a decoder with several paths (heisd): how often each ran
+        summary.update(mode_summary(cat("modes"), accepted, cat("retrieval_query_ms")))
+    return summary
+
+
+def mode_summary(modes: list[str], accepted: list[int], query_ms: list[float]) -> dict[str, Any]:
+    """heisd: ``retrieval_mode_share`` (model steps the boundary metric sent to retrieval),
+    ``verify_skip_share`` (actions executed without prefill or verification),
+    ``retrieval_accept_rate`` (retrieved actions accepted whole) and ``retrieval_query_ms_p50``."""
+    model_steps = sum(m in ("drafter", "retrieval") for m in modes)
+    retrieval = [a for m, a in zip(modes, accepted) if m == "retrieval"]
+    return {
+        "retrieval_mode_share": len(retrieval) / model_steps if model_steps else 0.0,
+        "verify_skip_share": sum(m == "skip" for m in modes) / len(modes) if modes else 0.0,
+        "retrieval_accept_rate": sum(a == N_ACTION_TOKENS for a in retrieval) / len(retrieval) if retrieval else 0.0,
+        "retrieval_query_ms_p50": percentile(query_ms, 50) if query_ms else None,
     }
 
 
@@ -166,20 +194,28 @@ def plot_latency(records: list[EpisodeRecord], out: Path, title: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--decoder", default="ar", choices=DECODERS, help="decoding method")
+    parser.add_argument("--decoder", default="ar", metavar="DECODER",
+                        help=f"decoding method: {', '.join(DECODERS)}, or {WA_PREFILL_PREFIX}<one of them> "
+                             "(that decoder on the world-aware prefill, see --wa-checkpoint)")
     parser.add_argument("--episodes", type=int, default=50, help="number of episodes")
     parser.add_argument("--seed", type=int, default=EVAL_SEED_START, help=f"first seed (held out: >= {EVAL_SEED_START})")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: the shipped one)")
     parser.add_argument("--max-steps", type=int, default=120, help="episode step limit (20 Hz)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--store", type=Path, default=None,
+                        help="heisd: retrieval store directory (default: CHECKPOINT/retrieval_store; see vla-accel build-store)")
+    parser.add_argument("--wa-checkpoint", type=Path, default=None,
+                        help=f"checkpoint with a world component (vla-accel train-world) for --decoder "
+                             f"{WA_PREFILL_PREFIX}X (default: --checkpoint, which must then have one)")
     add_vision_arguments(parser)
 
 
 def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
     d = VisionReuseConfig()
-    parser.add_argument("--vision", choices=("full", "incremental"), default="full",
-                        help="encode every patch of every frame, or only the patches that changed")
+    parser.add_argument("--vision", choices=("full", "incremental", "incremental_kv"), default="full",
+                        help="encode every patch of every frame; only the patches that changed; or that and reuse "
+                             "the cached keys/values of unchanged tokens in the global layer and decoder (approximate)")
     parser.add_argument("--vision-threshold", type=float, default=d.threshold,
                         help="incremental: mean |pixel change| (0..255) that makes a patch dynamic")
     parser.add_argument("--vision-refresh", type=int, default=d.refresh_steps,
@@ -188,8 +224,25 @@ def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
                         help="incremental: mean sub-threshold change of cached patches that forces a refresh")
 
 
-def vision_config(args: argparse.Namespace) -> VisionReuseConfig:
-    return VisionReuseConfig(args.vision_threshold, args.vision_refresh, args.vision_max_drift)
+def vision_config(args: argparse.Namespace, reuse_kv: bool | None = None) -> VisionReuseConfig:
+    """The reuse settings of the flags; ``reuse_kv`` None: as ``--vision`` says."""
+    kv = args.vision == "incremental_kv" if reuse_kv is None else reuse_kv
+    return VisionReuseConfig(args.vision_threshold, args.vision_refresh, args.vision_max_drift, reuse_kv=kv)
+
+
+def decoder_options(name: str, store: Path | None, base_checkpoint: Path, policy: Policy, checkpoint: Path) -> dict[str, Any]:
+    """What a decoder needs besides its defaults: heisd's retrieval store (``store``, else
+    BASE_CHECKPOINT/retrieval_store), checked against the policy; exits with how to build one."""
+    if name not in STORE_DECODERS:
+        return {}
+    try:
+        loaded = resolve_store(store, base_checkpoint, expect_dim=policy.config.d_model)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"--decoder {name}: {err}") from err
+    warning = store_mismatch(loaded, checkpoint)
+    if warning:
+        print(f"warning: {warning}")
+    return {"store": loaded}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -198,12 +251,20 @@ def run(args: argparse.Namespace) -> int:
     if args.seed < EVAL_SEED_START:
         print(f"warning: seed {args.seed} < {EVAL_SEED_START} may overlap the training demonstrations")
     torch.set_num_threads(args.threads)
-    ckpt = args.checkpoint or default_checkpoint()
+    try:
+        base_decoder, wa_prefill = split_prefill(args.decoder)
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+    if args.wa_checkpoint is not None and not wa_prefill:
+        raise SystemExit(f"--wa-checkpoint is for --decoder {WA_PREFILL_PREFIX}X, not {args.decoder}")
+    ckpt = (args.wa_checkpoint if wa_prefill else None) or args.checkpoint or default_checkpoint()
     policy = load_checkpoint(ckpt)
-    if args.decoder in FLOW_DECODERS and policy.flow is None:
+    if wa_prefill and policy.world is None:
+        raise SystemExit(f"{ckpt} has no world component for --decoder {args.decoder}: run vla-accel train-world")
+    if base_decoder in FLOW_DECODERS and policy.flow is None:
         raise SystemExit(f"{ckpt} has no continuous action head for --decoder {args.decoder}: run vla-accel train-flow")
-    decoder = make_decoder(args.decoder)
-    vision = IncrementalVisionEncoder(policy, vision_config(args)) if args.vision == "incremental" else None
+    decoder = make_decoder(base_decoder, **decoder_options(base_decoder, args.store, args.checkpoint or default_checkpoint(), policy, ckpt))
+    vision = IncrementalVisionEncoder(policy, vision_config(args)) if args.vision != "full" else None
     args.out.mkdir(parents=True, exist_ok=True)
     sim_config = SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)
     records = []
@@ -236,4 +297,9 @@ def run(args: argparse.Namespace) -> int:
         f"prefill {lat['prefill_p50']:.2f} ms, decode {lat['decode_p50']:.2f} ms, total p50 {lat['total_p50']:.2f} "
         f"/ p99 {lat['total_p99']:.2f} ms -> {args.out}"
     )
+    if "verify_skip_share" in summary:
+        query = summary["retrieval_query_ms_p50"]
+        print(f"  retrieval mode on {summary['retrieval_mode_share']:.0%} of model steps, retrieved actions accepted "
+              f"{summary['retrieval_accept_rate']:.0%}, verify-skipped steps {summary['verify_skip_share']:.0%}, "
+              f"query p50 {'n/a' if query is None else f'{query:.3f} ms'}")
     return 0

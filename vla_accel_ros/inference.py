@@ -71,10 +71,16 @@ class PolicyRunner:
 
     @classmethod
     def load(cls, checkpoint: str | Path, decoder_name: str, kin: ArmKinematics, **kwargs: Any) -> PolicyRunner:
-        """Load a checkpoint directory (safetensors + JSON; raises CheckpointError naming the problem)."""
+        """Load a checkpoint directory (safetensors + JSON; raises CheckpointError naming the problem).
+        A decoder that needs a file beside the checkpoint (heisd: CHECKPOINT/retrieval_store) gets it
+        here, so that a missing one is reported at start-up, not at every step."""
         from vla_accel_ros.models import load_checkpoint
 
-        return cls(load_checkpoint(Path(checkpoint)), decoder_name, kin, **kwargs)
+        runner = cls(load_checkpoint(Path(checkpoint)), decoder_name, kin, **kwargs)
+        attach = getattr(runner.decoder, "attach_checkpoint_store", None)
+        if callable(attach):
+            attach(Path(checkpoint), runner.policy)
+        return runner
 
     @property
     def image_size(self) -> int:
@@ -121,6 +127,7 @@ class WorkerBase:
         self._latency_ms: deque[float] = deque(maxlen=window)
         self._accept: deque[tuple[int, int]] = deque(maxlen=window)
         self._passes: deque[int] = deque(maxlen=window)
+        self._vision: deque[float] = deque(maxlen=window)  # share of image patches re-encoded per action
         self.actions = 0
         self.errors = 0
         self.last_error = ""
@@ -155,9 +162,10 @@ class WorkerBase:
             self._thread.join(timeout)
 
     def _deliver(self, action: np.ndarray, obs: Observation, latency_ms: float,
-                 counts: tuple[Any, Any, Any] | None) -> None:
+                 counts: tuple[Any, Any, Any] | None, vision_fraction: float | None = None) -> None:
         """Hand ``action`` to the controller and count it; ``counts`` is the decoder's
-        (accepted_len, drafted, target_passes), None when it reports none."""
+        (accepted_len, drafted, target_passes), None when it reports none; ``vision_fraction`` the
+        share of image patches the prefill re-encoded."""
         message = self.controller.on_action(action, obs.stamp, self.clock(), instruction=obs.instruction)
         with self._lock:
             self.actions += 1
@@ -165,6 +173,8 @@ class WorkerBase:
             if counts is not None:
                 self._accept.append((int(counts[0]), int(counts[1])))
                 self._passes.append(int(counts[2]))
+            if vision_fraction is not None:
+                self._vision.append(float(vision_fraction))
             if message:
                 self.last_error = message
 
@@ -188,6 +198,7 @@ class WorkerBase:
             lat = np.asarray(self._latency_ms, dtype=float)
             acc = np.asarray(self._accept, dtype=float).reshape(-1, 2)
             passes = np.asarray(self._passes, dtype=float)
+            vision = np.asarray(self._vision, dtype=float)
             out = self._counters()
         out["latency_ms_p50"] = _percentile(lat, 50)
         out["latency_ms_p99"] = _percentile(lat, 99)
@@ -195,6 +206,8 @@ class WorkerBase:
         out["acceptance"] = float(acc[:, 0].sum() / acc[:, 1].sum()) if acc.size and acc[:, 1].sum() > 0 else 0.0
         out["accepted_len_mean"] = float(acc[:, 0].mean()) if acc.size else 0.0
         out["target_passes_mean"] = float(passes.mean()) if passes.size else 0.0
+        out["vision_recomputed_last"] = float(vision[-1]) if vision.size else 1.0
+        out["vision_recomputed_mean"] = float(vision.mean()) if vision.size else 1.0
         return out
 
 
@@ -244,4 +257,4 @@ class InferenceWorker(WorkerBase):
             return
         latency_ms = (time.perf_counter() - t0) * 1e3
         counts = (result.accepted_len, result.drafted, result.target_passes) if hasattr(result, "accepted_len") else None
-        self._deliver(action, obs, latency_ms, counts)
+        self._deliver(action, obs, latency_ms, counts, getattr(result, "vision_fraction", None))

@@ -72,6 +72,7 @@ class ChildSpec:
     vision_threshold: float = 4.0
     vision_refresh_steps: int = 20
     vision_max_drift: float = 2.0
+    vision_reuse_kv: bool = False
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
@@ -307,7 +308,7 @@ class ProcessInferenceWorker(WorkerBase):
             self._child_ms.append(float(reply["latency_ms"]))
         counts = ((reply["accepted_len"], reply["drafted"], reply["target_passes"])
                   if reply.get("drafted") is not None else None)
-        self._deliver(np.asarray(reply["action"], dtype=float), obs, latency_ms, counts)
+        self._deliver(np.asarray(reply["action"], dtype=float), obs, latency_ms, counts, reply.get("vision_fraction"))
 
     def _recover(self, dead: _Child | None) -> None:
         """Hold, reap the dead child, restart it (with a pause) unless the restarts are used up."""
@@ -397,8 +398,8 @@ def _load(spec: ChildSpec) -> Any:
     kin = ArmKinematics(spec.urdf_xml, tcp_frame=spec.tcp_frame)
     from vla_accel_ros.vision_reuse import VisionReuseConfig
 
-    vision = (VisionReuseConfig(spec.vision_threshold, spec.vision_refresh_steps, spec.vision_max_drift)
-              if spec.vision_reuse else None)
+    vision = (VisionReuseConfig(spec.vision_threshold, spec.vision_refresh_steps, spec.vision_max_drift,
+                                reuse_kv=spec.vision_reuse_kv) if spec.vision_reuse else None)
     return PolicyRunner.load(spec.checkpoint, spec.decoder, kin, action_dt_s=spec.action_dt_s,
                              period_s=spec.period_s, vision=vision)
 
@@ -430,7 +431,8 @@ def _serve(conn: Connection, memfd: int, runner: Any) -> None:
             continue
         _send(conn, {"op": "action", "action": action.tolist(), "latency_ms": (time.perf_counter() - t0) * 1e3,
                      "accepted_len": getattr(result, "accepted_len", None), "drafted": getattr(result, "drafted", None),
-                     "target_passes": getattr(result, "target_passes", None)})
+                     "target_passes": getattr(result, "target_passes", None),
+                     "vision_fraction": getattr(result, "vision_fraction", None)})
 
 
 def child_main(argv: list[str]) -> int:

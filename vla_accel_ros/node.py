@@ -182,7 +182,8 @@ class VlaAccelNode(Node):
                 if cfg.inference_mode == "process":  # started here: it reports the model's image size
                     spec = ChildSpec(str(checkpoint), cfg.decoder, self.kin.urdf_xml, self.kin.tcp_frame,
                                      cfg.action_dt_s, cfg.period_s, cfg.torch_threads, cfg.vision_reuse,
-                                     cfg.vision_threshold, cfg.vision_refresh_steps, cfg.vision_max_drift)
+                                     cfg.vision_threshold, cfg.vision_refresh_steps, cfg.vision_max_drift,
+                                     cfg.vision_reuse_kv)
                     self.worker = ProcessInferenceWorker(self.controller, spec, self._now,
                                                          max_restarts=cfg.inference_restarts)
                     self.worker.start()

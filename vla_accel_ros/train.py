@@ -179,7 +179,8 @@ class Trainer:
     # --- phase 1: behaviour cloning -----------------------------------------------------------
     def bc_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         proprio = self.policy.normalise_proprio(b["proprio"])
-        logits, aux, keypoints = self.policy.target.forward_with_aux(b["images"], b["text"], proprio, b["tokens"])
+        bias = self.policy.world_bias(b["images"])  # the world-aware prefill's bias, when the policy has one
+        logits, aux, keypoints = self.policy.target.forward_with_aux(b["images"], b["text"], proprio, b["tokens"], bias)
         loss = F.cross_entropy(logits.reshape(-1, N_BINS), b["tokens"].reshape(-1))
         known = torch.isfinite(b["aux"])
         if self.cfg.aux_weight > 0 and known.any():

@@ -46,6 +46,7 @@ class FlowTrainConfig:
     lr: float = 1e-3
     hidden: int = 256
     layers: int = 3
+    student_hidden: int = 0  # 0 = the teacher's width (the student then starts as the teacher)
     seed: int = 0
     val_fraction: float = 0.1
     max_episodes: int | None = None
@@ -58,6 +59,8 @@ class FlowTrainConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.student_hidden < 0:
+            raise ValueError(f"student_hidden must be >= 0, got {self.student_hidden}")
 
 
 def prefix_features(policy: Policy, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
@@ -98,13 +101,16 @@ def train_heads(cfg: FlowTrainConfig, cond: torch.Tensor, actions: torch.Tensor,
     """Flow matching for the teacher, then distillation of the 2-step student from it."""
     generator = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    heads = FlowHeads(FlowHeadConfig(d_model=cond.shape[1] // 2, hidden=cfg.hidden, layers=cfg.layers))
+    heads = FlowHeads(FlowHeadConfig(d_model=cond.shape[1] // 2, hidden=cfg.hidden, layers=cfg.layers,
+                                     student_hidden=cfg.student_hidden))
     x, y = cond[train_idx], actions[train_idx]
     history = {"teacher": _optimise(
         heads.teacher, lambda idx: flow_matching_loss(heads.teacher, x[idx], y[idx], generator), len(x), cfg,
         cfg.epochs, cfg.lr, generator, "flow teacher")}
 
-    heads.student.load_state_dict(heads.teacher.state_dict())
+    same_width = cfg.student_hidden in (0, cfg.hidden)
+    if same_width:  # start from the teacher: distillation then only has to shorten its path
+        heads.student.load_state_dict(heads.teacher.state_dict())
     heads.teacher.requires_grad_(False)
 
     def distillation_loss(idx: torch.Tensor) -> torch.Tensor:
@@ -113,8 +119,8 @@ def train_heads(cfg: FlowTrainConfig, cond: torch.Tensor, actions: torch.Tensor,
             want = euler_sample(heads.teacher, x[idx], noise, heads.config.teacher_steps)
         return F.mse_loss(euler_sample(heads.student, x[idx], noise, heads.config.student_steps), want)
 
-    history["student"] = _optimise(heads.student, distillation_loss, len(x), cfg, cfg.distill_epochs, cfg.lr / 2,
-                                   generator, "flow student (distil)")
+    history["student"] = _optimise(heads.student, distillation_loss, len(x), cfg, cfg.distill_epochs,
+                                   cfg.lr / 2 if same_width else cfg.lr, generator, "flow student (distil)")
     return heads.eval(), history
 
 
@@ -189,6 +195,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=d.lr)
     parser.add_argument("--hidden", type=int, default=d.hidden, help="width of the velocity MLP")
     parser.add_argument("--layers", type=int, default=d.layers, help="hidden layers of the velocity MLP")
+    parser.add_argument("--student-hidden", type=int, default=d.student_hidden,
+                        help="width of the 2-step student's MLP (0 = the teacher's; it then starts as the teacher)")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--val-fraction", type=float, default=d.val_fraction)
     parser.add_argument("--max-episodes", type=int, default=None)

@@ -12,15 +12,28 @@ pixels, not against the previous frame, bounds the error: slow drift accumulates
 is recomputed. On top, everything is refreshed every ``refresh_steps`` frames, when the mean drift
 of the cached patches exceeds ``max_drift``, and whenever the instruction changes (the encoder is
 FiLM-conditioned on it). With ``threshold`` 0 every changed patch is recomputed, which equals full
-encoding exactly.
+encoding exactly. The instruction's FiLM condition is computed once per instruction (exact).
+
+With ``reuse_kv`` the reuse goes past the local encoder, as an approximation: the global vision
+layer and the causal decoder run only on the tokens that must change (the dynamic patches, the
+keypoint token, proprioception and BOS), attending to the cached keys and values of every other
+prefix token (the static patches and the instruction bytes) from the frame that last computed
+them. A static token's keys would in truth move a little when a token it attends to changes; the
+same refresh rules bound how long that error can live. Proprioception and BOS come last in the
+prefix, so a new joint state with an unchanged image gives exactly the full prefill.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+
+from vla_accel_ros.models.policy import Prefix
+from vla_accel_ros.observation import Observation
 
 
 @dataclass(frozen=True)
@@ -28,6 +41,7 @@ class VisionReuseConfig:
     threshold: float = 4.0  # mean |pixel change| (0..255) above which a patch is re-encoded
     refresh_steps: int = 20  # re-encode everything at least this often (frames)
     max_drift: float = 2.0  # mean |pixel change| over the cached patches that forces a refresh
+    reuse_kv: bool = False  # also reuse the global-vision and decoder keys/values of unchanged tokens
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.threshold) and self.threshold >= 0):
@@ -69,8 +83,28 @@ class IncrementalVisionEncoder:
         self._reference: torch.Tensor | None = None  # (P, 3*ps*ps) float pixels behind each cached entry
         self._local: torch.Tensor | None = None  # (1, P, W) cached local encodings
         self._text: torch.Tensor | None = None
+        self._condition: torch.Tensor | None = None  # FiLM condition of ``_text``
+        self._dynamic = torch.zeros(0, dtype=torch.long)  # patches the last frame recomputed
+        self._prefix_cache: _PrefixCache | None = None
         self._since_refresh = 0
         self.last: ReuseStats | None = None
+
+    def prefill(self, obs: Observation) -> Prefix:
+        """The policy's prefix for one observation, reusing what the previous frames computed."""
+        policy = self.policy
+        images, text, proprio = policy.observation_tensors(obs)
+        local = self.encode(images, text)
+        if not self.config.reuse_kv:
+            return policy.prefill_batch(images, text, proprio, local)
+        if getattr(policy, "world", None) is not None:
+            raise ValueError("vision reuse_kv does not support a world-aware prefill; use reuse_kv=False")
+        assert self.last is not None
+        with torch.inference_mode():
+            if self.last.refreshed or self._prefix_cache is None:
+                self._prefix_cache = _PrefixCache.full(policy, local, text, proprio)
+            else:
+                self._prefix_cache = self._prefix_cache.update(policy, local, text, proprio, self._dynamic)
+        return self._prefix_cache.prefix()
 
     def encode(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         """uint8 images (1, H, W, 3), instruction ids (1, T) -> local encodings (1, P, W)."""
@@ -88,16 +122,20 @@ class IncrementalVisionEncoder:
                 if len(static_change) and float(static_change.mean()) > self.config.max_drift:
                     reason = "drift"
             if reason:
-                self._local = target.encode_patches(patches, text)
+                if reason == "first frame" or reason == "instruction changed":
+                    self._condition = target.instruction_condition(text)
+                self._local = target.patch_encoder(patches, self._condition)
                 self._reference, self._text = pixels.clone(), text.clone()
+                self._dynamic = torch.arange(pixels.shape[0])
                 self._since_refresh = 1
                 self.last = ReuseStats(pixels.shape[0], pixels.shape[0], True, reason)
                 return self._local
             dynamic = torch.nonzero(is_dynamic).squeeze(1)
             if len(dynamic):
                 self._local = self._local.clone()  # callers may still hold the previous tensor
-                self._local[:, dynamic] = target.encode_patches(patches[:, dynamic], text)
+                self._local[:, dynamic] = target.patch_encoder(patches[:, dynamic], self._condition)
                 self._reference[dynamic] = pixels[dynamic]
+            self._dynamic = dynamic
             self._since_refresh += 1
             self.last = ReuseStats(int(len(dynamic)), pixels.shape[0], False)
             return self._local
@@ -111,3 +149,95 @@ class IncrementalVisionEncoder:
         if self._since_refresh >= self.config.refresh_steps:
             return "timer"
         return ""
+
+
+# --- reuse of keys and values ---------------------------------------------------------------
+def _block_on_selected(
+    block: Any, x: torch.Tensor, positions: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor], causal: bool
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """One pre-LN transformer block (``models.vla.Block``) run on the tokens at ``positions`` only.
+
+    x: (1, n, d) their inputs; past: the layer's (keys, values) (1, H, L, hd) of the whole sequence
+    as last computed. The selected tokens' new keys/values replace theirs; each selected token
+    attends to all L positions (``causal``: to those up to its own). Returns the selected tokens'
+    outputs and the updated (keys, values), new tensors.
+    """
+    attn = block.attn
+    b, n, d = x.shape
+    q, k, v = attn.qkv(block.ln1(x)).view(b, n, 3, attn.n_heads, d // attn.n_heads).permute(2, 0, 3, 1, 4)
+    keys, values = past[0].clone(), past[1].clone()
+    keys[:, :, positions] = k
+    values[:, :, positions] = v
+    mask = positions[:, None] >= torch.arange(keys.shape[2])[None, :] if causal else None
+    y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    x = x + attn.proj(y.transpose(1, 2).reshape(b, n, d))
+    return x + block.mlp(block.ln2(x)), (keys, values)
+
+
+@dataclass(frozen=True, eq=False)
+class _PrefixCache:
+    """What a prefill computed, per prefix position, for the next frame to reuse.
+
+    vision_kv / decoder_kv: per layer (keys, values) (1, H, P or L, hd); vision: (1, P, d) patch
+    tokens after the global layers; hidden: (1, L, d) final-norm decoder states of the prefix.
+    """
+
+    vision_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    vision: torch.Tensor
+    decoder_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    hidden: torch.Tensor
+
+    @staticmethod
+    def _prefix_tokens(policy: Any, vision: torch.Tensor, local: torch.Tensor, text: torch.Tensor,
+                       proprio: torch.Tensor) -> torch.Tensor:
+        target = policy.target
+        if target.config.keypoints:
+            keypoint = target.keypoint_mlp(target.keypoint_positions(local).flatten(1)).unsqueeze(1)
+            vision = torch.cat([vision, keypoint], dim=1)
+        return target.embed_prefix(vision, text, policy.normalise_proprio(proprio))
+
+    @classmethod
+    def full(cls, policy: Any, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor) -> _PrefixCache:
+        """Every token computed (the same arithmetic as ``Policy.prefill``), caches kept."""
+        target = policy.target
+        x = local[..., : target.config.d_model] + target.vision_pos
+        vision_kv = []
+        for block in target.vision_blocks:
+            x, kv = block(x, causal=False)
+            vision_kv.append(kv)
+        vision = target.vision_ln(x)
+        hidden, decoder_kv = target.decode(cls._prefix_tokens(policy, vision, local, text, proprio))
+        return cls(tuple(vision_kv), vision, decoder_kv, hidden)
+
+    def update(self, policy: Any, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
+               dynamic: torch.Tensor) -> _PrefixCache:
+        """Recompute the dynamic patches' tokens, the keypoint token, proprioception and BOS."""
+        target = policy.target
+        x = local[:, dynamic, : target.config.d_model] + target.vision_pos[dynamic]
+        vision_kv = []
+        for block, past in zip(target.vision_blocks, self.vision_kv):
+            x, kv = _block_on_selected(block, x, dynamic, past, causal=False)
+            vision_kv.append(kv)
+        vision = self.vision.clone()
+        vision[:, dynamic] = target.vision_ln(x)
+        embeddings = self._prefix_tokens(policy, vision, local, text, proprio)
+        n_patches, length = vision.shape[1], embeddings.shape[1]
+        always = [n_patches] if target.config.keypoints else []  # the keypoint token sums over all patches
+        positions = torch.cat([dynamic, torch.tensor(always + [length - 2, length - 1], dtype=torch.long)])
+        x = embeddings[:, positions]
+        decoder_kv = []
+        for block, past in zip(target.blocks, self.decoder_kv):
+            x, kv = _block_on_selected(block, x, positions, past, causal=True)
+            decoder_kv.append(kv)
+        hidden = self.hidden.clone()
+        hidden[:, positions] = target.ln_f(x)
+        return _PrefixCache(tuple(vision_kv), vision, tuple(decoder_kv), hidden)
+
+    def prefix(self) -> Prefix:
+        return Prefix(
+            kv=self.decoder_kv,
+            action_hidden=self.hidden[:, -1:],
+            tokens=torch.empty(1, 0, dtype=torch.long),
+            pooled=self.hidden.mean(dim=1),
+            prefix_len=self.hidden.shape[1],
+        )

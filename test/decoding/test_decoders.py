@@ -74,7 +74,7 @@ class TickClock:
 
 
 def test_registry_names_and_errors() -> None:
-    assert DECODERS == ("ar", "sd", "kerv_released", "kerv", "world_aware", "deadline", "flow10", "flow2")
+    assert DECODERS == ("ar", "sd", "kerv_released", "kerv", "world_aware", "deadline", "heisd", "flow10", "flow2")
     for name in DECODERS:
         assert make_decoder(name).name == name
     with pytest.raises(ValueError, match="unknown decoder 'beam'"):
@@ -222,11 +222,19 @@ def test_deadline_learns_pass_costs(policy: Policy, kin: ArmKinematics) -> None:
 
 
 def test_run_policy_step_over_an_episode(policy: Policy, kin: ArmKinematics) -> None:
+    from vla_accel_ros.decoding.boundary import PUBLISHED_BOUNDARY
+    from vla_accel_ros.retrieval import RetrievalStore
+
+    keys = np.concatenate([policy.prefill(o).pooled.numpy() for o in observations(3, seed=6)])
+    store = RetrievalStore.build(keys, np.random.default_rng(0).integers(0, 255, (3, 4, 7)),
+                                 meta={"calibration": PUBLISHED_BOUNDARY.to_dict()})
+    settings = {"heisd": {"store": store}}  # heisd needs a retrieval store
     for name in DECODERS:
         history = EpisodeHistory(JointKalmanFilter(kin, dt=0.05), max_steps=10, control_period_s=0.05)
         for i, obs in enumerate(observations(5, seed=5)):
             assert history.observe_joints(obs.joint_pos * 0 + Q_HOME + 0.01 * i, obs.stamp)
-            result = run_policy_step(policy, obs, make_decoder(name), history.context(time_left_s=0.05))
+            decoder = make_decoder(name, **settings.get(name, {}))
+            result = run_policy_step(policy, obs, decoder, history.context(time_left_s=0.05))
             history.record(result)
             assert {"prefill", "draft", "verify", "decode", "total"} <= set(result.timings)
             assert result.timings["total"] >= result.timings["prefill"] > 0

@@ -37,6 +37,30 @@ def test_teacher_learns_and_student_follows_it() -> None:
     assert 0.0 <= metrics["agreement_within2"] <= 1.0
 
 
+def test_folded_sampler_equals_euler_steps_of_the_velocity_field() -> None:
+    """Sampling splits the first layer by input; it must be the plain Euler integration of ``forward``."""
+    field = FlowHeads(FlowHeadConfig(d_model=8, hidden=32, layers=3)).teacher
+    cond, x = torch.randn(5, 16), torch.randn(5, 7)
+    with torch.no_grad():
+        want = x
+        for i in range(4):
+            want = want + 0.25 * field(want, torch.full((5,), i * 0.25), cond)
+        torch.testing.assert_close(field.euler(cond, x, 4), want, atol=1e-5, rtol=0)
+
+
+def test_a_narrower_student_distils_from_the_teacher() -> None:
+    cond, actions = toy_problem()
+    cfg = FlowTrainConfig(checkpoint="", data="", epochs=60, distill_epochs=30, batch_size=64, lr=3e-3, hidden=64,
+                          layers=2, student_hidden=16, progress=False)
+    heads, history = train_heads(cfg, cond, actions, torch.arange(448))
+    assert heads.student.net[0].out_features == 16 and heads.teacher.net[0].out_features == 64
+    assert np.mean(history["student"][-20:]) < 0.5 * np.mean(history["student"][:20])
+    metrics = evaluate_heads(heads, cond[448:], actions[448:], seed=0)
+    assert metrics["agreement_abs_bins"] < metrics["teacher_abs_bins"] + 5
+    with pytest.raises(ValueError, match="student_hidden"):
+        FlowHeadConfig(student_hidden=-1)
+
+
 def test_sampler_is_deterministic_for_a_seed_and_bounded() -> None:
     heads = FlowHeads(FlowHeadConfig(d_model=8, hidden=16, layers=1))
     with torch.no_grad():

@@ -22,6 +22,7 @@ from vla_accel_ros.decoding.base import (
 )
 from vla_accel_ros.decoding.deadline import DeadlineDecoder
 from vla_accel_ros.decoding.flow import Flow2Decoder, FlowDecoder
+from vla_accel_ros.decoding.heisd import HeiSDDecoder
 from vla_accel_ros.decoding.kerv import KervDecoder
 from vla_accel_ros.decoding.kerv_released import KervReleasedDecoder
 from vla_accel_ros.decoding.sd import SDDecoder
@@ -34,11 +35,13 @@ _REGISTRY: dict[str, type] = {
     "kerv": KervDecoder,
     "world_aware": WorldAwareDecoder,
     "deadline": DeadlineDecoder,
+    "heisd": HeiSDDecoder,  # hybrid drafter / retrieval SD, needs a store from `vla-accel build-store`
     "flow10": FlowDecoder,  # continuous action head (teacher), needs `vla-accel train-flow`
     "flow2": Flow2Decoder,  # its distilled 2-step student
 }
 DECODERS: tuple[str, ...] = tuple(_REGISTRY)
 FLOW_DECODERS: tuple[str, ...] = ("flow10", "flow2")  # need a checkpoint with a continuous action head
+STORE_DECODERS: tuple[str, ...] = ("heisd",)  # need a retrieval store (vla-accel build-store)
 
 
 def make_decoder(name: str, **cfg: Any) -> Decoder:
@@ -54,6 +57,7 @@ def make_decoder(name: str, **cfg: Any) -> Decoder:
 __all__ = [
     "DECODERS",
     "FLOW_DECODERS",
+    "STORE_DECODERS",
     "DecodeContext",
     "DecodeResult",
     "Decoder",

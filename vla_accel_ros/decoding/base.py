@@ -133,6 +133,7 @@ class DecodeResult:
     timings: dict[str, float]
     decoder: str = ""
     vision_fraction: float = 1.0  # share of image patches the local vision encoder recomputed
+    mode: str = ""  # which path produced the action, for decoders with several (heisd: drafter/retrieval/skip)
 
 
 class Decoder(Protocol):
@@ -332,16 +333,25 @@ def run_policy_step(
     ``context.time_left_s`` counts from the start of this call; the decoder sees what is left
     after the prefill. With ``vision``, the prefill re-encodes only the image patches that changed
     (:mod:`vla_accel_ros.vision_reuse`).
+
+    A decoder with a ``skip_step(context)`` method may serve the step without the model (HeiSD's
+    verify-skip executes queued retrieved actions): when it returns a result, that result is
+    returned at once, with no prefill (prefill time 0, nothing re-encoded) and no target pass.
     """
     clock = context.clock
     t0 = clock()
+    skip = getattr(decoder, "skip_step", None)
+    if callable(skip):
+        skipped = skip(context)
+        if skipped is not None:
+            elapsed = (clock() - t0) * 1e3
+            return replace(skipped, timings=dict(skipped.timings, prefill=0.0, total=elapsed), vision_fraction=0.0)
     fraction = 1.0
     with torch.inference_mode():
         if vision is None:
             prefix = policy.prefill(obs)
         else:
-            images, text, _ = policy.observation_tensors(obs)
-            prefix = policy.prefill(obs, local_tokens=vision.encode(images, text))
+            prefix = vision.prefill(obs)
             fraction = vision.last.fraction
     t1 = clock()
     if context.time_left_s is not None:

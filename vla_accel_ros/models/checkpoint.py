@@ -1,5 +1,7 @@
 """Checkpoint I/O: a directory with ``model.safetensors`` (all weights) and ``model.json``
-(format version, config, tokenizer, proprio statistics, training recipe and metrics).
+(format version, config, tokenizer, proprio statistics, training recipe and metrics), plus
+optional components loaded when present: the continuous action head (``flow_head.*``) and the
+world-aware prefill (``world.*``).
 
 Loading never executes code (no pickle) and every problem is reported as a CheckpointError that
 names the offending file.
@@ -19,6 +21,7 @@ from vla_accel_ros.models.draft import ContactHead, DraftHead
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.models.policy import Policy
 from vla_accel_ros.models.vla import PROPRIO_DIM, VLAConfig, VLATarget
+from vla_accel_ros.models.world import FrameAutoencoderConfig, WorldBiasConfig, WorldPrefill
 from vla_accel_ros.tokenizer import ActionTokenizer
 
 FORMAT_VERSION = 1
@@ -26,6 +29,8 @@ WEIGHTS_FILE = "model.safetensors"
 META_FILE = "model.json"
 FLOW_WEIGHTS_FILE = "flow_head.safetensors"  # optional continuous action head (vla-accel train-flow)
 FLOW_META_FILE = "flow_head.json"
+WORLD_WEIGHTS_FILE = "world.safetensors"  # optional world-aware prefill (vla-accel train-world)
+WORLD_META_FILE = "world.json"
 _PARTS = ("target", "draft", "contact_head")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -50,7 +55,11 @@ def save_checkpoint(
     metrics: dict[str, Any] | None = None,
     dtype: str = "float32",
 ) -> Path:
-    """Write ``path/model.safetensors`` and ``path/model.json``; returns the directory."""
+    """Write ``path/model.safetensors`` and ``path/model.json``; returns the directory.
+
+    A policy with a world component also gets ``world.*`` (with ``policy.world.info`` as its recipe
+    and metrics). Without one, stale ``world.*`` files in ``path`` are removed: the target written
+    here was not trained on a world bias, and loading one with it would change its inputs."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     path = Path(path)
@@ -73,6 +82,11 @@ def save_checkpoint(
         "metrics": metrics or {},
     }
     (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    if policy.world is not None:
+        save_world(policy.world, path)
+    else:
+        for name in (WORLD_WEIGHTS_FILE, WORLD_META_FILE):
+            (path / name).unlink(missing_ok=True)
     return path
 
 
@@ -122,6 +136,7 @@ def load_checkpoint(path: Path | str) -> Policy:
     info = {key: meta.get(key, {}) for key in ("recipe", "metrics", "n_parameters")}
     policy = Policy(config, tokenizer, modules["target"], modules["draft"], modules["contact_head"], mean, std, info)
     policy.flow = load_flow_heads(path, config.d_model)
+    policy.world = load_world(path, config)
     return policy
 
 
@@ -156,6 +171,54 @@ def load_flow_heads(path: Path | str, d_model: int) -> FlowHeads | None:
     heads = FlowHeads(config)
     _load_weights(heads, weights_path)
     return heads.eval()
+
+
+def save_world(world: WorldPrefill, path: Path | str) -> Path:
+    """Write the world-aware prefill next to a checkpoint: ``world.safetensors`` (autoencoder and
+    bias weights) and ``world.json`` (both configs, and ``world.info``'s recipe and metrics)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in world.state_dict().items()}
+    save_file(tensors, str(path / WORLD_WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
+    (path / WORLD_WEIGHTS_FILE).chmod(0o644)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "autoencoder": world.autoencoder.config.to_dict(),
+        "bias": world.bias.config.to_dict(),
+        "recipe": world.info.get("recipe", {}),
+        "metrics": world.info.get("metrics", {}),
+    }
+    (path / WORLD_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return path
+
+
+def load_world(path: Path | str, config: VLAConfig) -> WorldPrefill | None:
+    """The world-aware prefill stored with a checkpoint (checked against the target ``config``),
+    None when it has none."""
+    path = Path(path)
+    meta_path, weights_path = path / WORLD_META_FILE, path / WORLD_WEIGHTS_FILE
+    if not meta_path.exists() and not weights_path.exists():
+        return None
+    meta = _read_json(meta_path)
+    for key in ("format_version", "autoencoder", "bias"):
+        if key not in meta:
+            raise CheckpointError(meta_path, f"missing key '{key}'")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(
+            meta_path, f"unknown format_version {meta['format_version']!r} (this version reads {FORMAT_VERSION})"
+        )
+    try:
+        world = WorldPrefill(FrameAutoencoderConfig.from_dict(meta["autoencoder"]),
+                             WorldBiasConfig.from_dict(meta["bias"]),
+                             info={"recipe": meta.get("recipe", {}), "metrics": meta.get("metrics", {})})
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(meta_path, f"bad config ({exc})") from exc
+    try:
+        world.check_target(config)
+    except ValueError as exc:
+        raise CheckpointError(meta_path, f"does not match the target ({exc})") from exc
+    _load_weights(world, weights_path)
+    return world.eval()
 
 
 def _read_json(meta_path: Path) -> dict[str, Any]:

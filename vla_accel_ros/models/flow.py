@@ -7,8 +7,13 @@ integrating a learned velocity field from t = 0 (noise) to t = 1 (action).
 
 - teacher: trained by flow matching (x_t = (1 - t) x0 + t x1, target velocity x1 - x0), sampled
   with ``teacher_steps`` (10) Euler steps;
-- student: the same network, initialised from the teacher and distilled to reproduce the
-  teacher's 10-step sample from the same noise in ``student_steps`` (2) Euler steps.
+- student: distilled to reproduce the teacher's 10-step sample from the same noise in
+  ``student_steps`` (2) Euler steps; the same network initialised from the teacher, or a narrower
+  one (``student_hidden``), whose weights stay in cache after the prefill has run.
+
+Sampling folds the constant parts of the first layer out of the Euler loop: the condition's
+projection is computed once per sample and the time features' projection once per step count, so
+a step is the action's projection plus the MLP (the same arithmetic as ``forward``).
 
 Samples are clipped to [-1, 1], so an action never leaves the tokenizer's range.
 """
@@ -34,8 +39,11 @@ class FlowHeadConfig:
     time_features: int = 32
     teacher_steps: int = 10
     student_steps: int = 2
+    student_hidden: int = 0  # the student's MLP width; 0 = the teacher's
 
     def __post_init__(self) -> None:
+        if not isinstance(self.student_hidden, int) or self.student_hidden < 0:
+            raise ValueError(f"FlowHeadConfig.student_hidden must be an int >= 0, got {self.student_hidden!r}")
         for name in ("d_model", "hidden", "layers", "time_features", "teacher_steps", "student_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -57,32 +65,69 @@ class FlowHeadConfig:
 class VelocityField(nn.Module):
     """v(x_t, t | condition): an MLP over [x_t ; sinusoidal features of t ; condition]."""
 
-    def __init__(self, config: FlowHeadConfig) -> None:
+    def __init__(self, config: FlowHeadConfig, hidden: int | None = None) -> None:
         super().__init__()
         self.config = config
+        hidden = hidden or config.hidden
         width = ACTION_DIM + config.time_features + 2 * config.d_model
         layers: list[nn.Module] = []
         for _ in range(config.layers):
-            layers += [nn.Linear(width, config.hidden), nn.GELU()]
-            width = config.hidden
+            layers += [nn.Linear(width, hidden), nn.GELU()]
+            width = hidden
         layers.append(nn.Linear(width, ACTION_DIM))
         self.net = nn.Sequential(*layers)
         half = config.time_features // 2
         self.register_buffer("frequencies", torch.exp(torch.arange(half) * (-math.log(1000.0) / half)), persistent=False)
+        self._folded_cache: tuple[tuple[int, int, int], tuple[torch.Tensor, ...]] | None = None
+
+    def time_features(self, t: torch.Tensor) -> torch.Tensor:
+        angles = t[:, None] * 1000.0 * self.frequencies
+        return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
         """x (B, 7), t (B,), condition (B, 2d) -> velocity (B, 7)."""
-        angles = t[:, None] * 1000.0 * self.frequencies
-        return self.net(torch.cat([x, angles.sin(), angles.cos(), condition], dim=-1))
+        return self.net(torch.cat([x, self.time_features(t), condition], dim=-1))
+
+    def _folded(self, steps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(Wx^T, Wc^T, per-step bias (steps, hidden)) of the first layer split by input:
+        [x ; time ; condition] W^T + b = x Wx^T + condition Wc^T + (time Wt^T + b). Kept while the
+        weights are unchanged and no gradient is wanted (their version counters tell)."""
+        first = self.net[0]
+        key = (steps, _version(first.weight), _version(first.bias))
+        if not torch.is_grad_enabled() and self._folded_cache is not None and self._folded_cache[0] == key:
+            return self._folded_cache[1]
+        a, tf = ACTION_DIM, self.config.time_features
+        times = torch.arange(steps, dtype=first.weight.dtype, device=first.weight.device) / steps
+        folded = (first.weight[:, :a].T, first.weight[:, a + tf :].T,
+                  F.linear(self.time_features(times), first.weight[:, a : a + tf], first.bias))
+        if not torch.is_grad_enabled():
+            self._folded_cache = (key, tuple(t.detach().clone() for t in folded))
+            return self._folded_cache[1]
+        return folded
+
+    def euler(self, condition: torch.Tensor, noise: torch.Tensor, steps: int) -> torch.Tensor:
+        """``steps`` Euler steps from the noise at t = 0 to t = 1 (unclipped): ``forward`` with the
+        constant parts of the first layer computed once, outside the loop."""
+        weight_x, weight_c, per_step = self._folded(steps)
+        hidden, last = list(self.net)[2:-1], self.net[-1]
+        constant = condition @ weight_c  # (B, hidden)
+        x, dt = noise, 1.0 / steps
+        for i in range(steps):
+            h = F.gelu(torch.addmm(constant + per_step[i], x, weight_x))
+            for layer in hidden:
+                h = layer(h)
+            x = x + dt * last(h)
+        return x
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """In-place update counter (tensors made under inference mode keep none: -1)."""
+    return -1 if tensor.is_inference() else tensor._version
 
 
 def euler_sample(field: VelocityField, condition: torch.Tensor, noise: torch.Tensor, steps: int) -> torch.Tensor:
     """Integrate dx/dt = v from the noise (t = 0) to t = 1 in ``steps`` Euler steps, clipped to [-1, 1]."""
-    x, dt = noise, 1.0 / steps
-    for i in range(steps):
-        t = torch.full((x.shape[0],), i * dt, dtype=x.dtype, device=x.device)
-        x = x + dt * field(x, t, condition)
-    return x.clamp(-1.0, 1.0)
+    return field.euler(condition, noise, steps).clamp(-1.0, 1.0)
 
 
 def flow_matching_loss(field: VelocityField, condition: torch.Tensor, actions: torch.Tensor,
@@ -101,7 +146,7 @@ class FlowHeads(nn.Module):
         super().__init__()
         self.config = config
         self.teacher = VelocityField(config)
-        self.student = VelocityField(config)
+        self.student = VelocityField(config, config.student_hidden or config.hidden)
 
     def sample(self, condition: torch.Tensor, noise: torch.Tensor, student: bool) -> torch.Tensor:
         """Normalised actions (B, 7) in [-1, 1] from the condition (B, 2d) and noise (B, 7)."""

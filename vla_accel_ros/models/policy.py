@@ -1,6 +1,8 @@
 """The policy bundle the decoders and the node use: target VLA + draft head + contact head +
 action tokenizer + proprio statistics, with prefill / score / draft operating on immutable
-prefixes.
+prefixes. Optional components: a continuous action head (``flow``) and the world-aware prefill
+(``world``: its per-patch bias is added to the patch tokens of every prefill, see
+:mod:`vla_accel_ros.models.world`).
 
 Public calls run in ``torch.inference_mode``; the underscored twins are mode-agnostic so that
 training can reuse them under ``torch.no_grad`` (inference tensors cannot feed autograd).
@@ -17,6 +19,7 @@ import torch
 from vla_accel_ros.models.draft import ContactHead, DraftHead
 from vla_accel_ros.models.flow import FlowHeads
 from vla_accel_ros.models.vla import BOS, PROPRIO_DIM, KVCache, VLAConfig, VLATarget, count_parameters
+from vla_accel_ros.models.world import WorldPrefill
 from vla_accel_ros.observation import Observation
 from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer, encode_instruction
 
@@ -108,6 +111,19 @@ class Policy:
         self.proprio_std = proprio_std
         self.info: dict[str, Any] = dict(info or {})  # recipe / metrics from the checkpoint
         self.flow: FlowHeads | None = None  # optional continuous action head (models.flow)
+        self._world: WorldPrefill | None = None
+
+    @property
+    def world(self) -> WorldPrefill | None:
+        """The optional world-aware prefill (frozen autoencoder + bias); None = the plain target."""
+        return self._world
+
+    @world.setter
+    def world(self, world: WorldPrefill | None) -> None:
+        if world is not None:
+            world.check_target(self.config)
+            world.to(self.device).eval().requires_grad_(False)  # frozen wherever the policy is used
+        self._world = world
 
     @classmethod
     def create(
@@ -135,15 +151,19 @@ class Policy:
         return self.target.lm_head.weight.device
 
     def n_parameters(self) -> dict[str, int]:
-        return {
+        counts = {
             "target": count_parameters(self.target),
             "draft": count_parameters(self.draft),
             "contact_head": count_parameters(self.contact_head),
         }
+        if self.world is not None:
+            counts["world"] = count_parameters(self.world)
+        return counts
 
     def to(self, device: str | torch.device) -> Policy:
-        for module in (self.target, self.draft, self.contact_head):
-            module.to(device)
+        for module in (self.target, self.draft, self.contact_head, self.world):
+            if module is not None:
+                module.to(device)
         return self
 
     # --- inputs -------------------------------------------------------------------------------
@@ -172,13 +192,23 @@ class Policy:
     # --- target -------------------------------------------------------------------------------
     def encode_local(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         """Local (per-patch) vision tokens (B, P, d) of uint8 images (B, H, W, 3) under the
-        instruction ids ``text`` (B, T)."""
+        instruction ids ``text`` (B, T). Never world-biased: the prefill adds the bias, so these
+        can be cached and reused."""
         with torch.inference_mode():
             return self.target.encode_patches(self.target.patchify(images), text)
 
+    def world_bias(self, images: torch.Tensor) -> torch.Tensor | None:
+        """The world-aware bias (B, P, d) of uint8 images (B, H, W, 3); None without a world component.
+        Mode-agnostic and gradient-free (the component is frozen), so training can add it too."""
+        if self.world is None:
+            return None
+        with torch.no_grad():
+            return self.world.patch_bias(images)
+
     def prefill(self, obs: Observation, local_tokens: torch.Tensor | None = None) -> Prefix:
         """Run the target over one observation's prefix. ``local_tokens`` (1, P, d), if given, are
-        reused instead of re-encoding the image (the caller refreshes changed patches itself)."""
+        reused instead of re-encoding the image (the caller refreshes changed patches itself); the
+        world-aware bias, if any, is added after them."""
         images, text, proprio = self.observation_tensors(obs)
         return self.prefill_batch(images, text, proprio, local_tokens)
 
@@ -203,6 +233,7 @@ class Policy:
         target = self.target
         if local_tokens is None:
             local_tokens = target.encode_patches(target.patchify(images), text)
+        local_tokens = target.add_patch_bias(local_tokens, self.world_bias(images))
         x = target.embed_prefix(target.global_vision(local_tokens), text, self.normalise_proprio(proprio))
         hidden, kv = target.decode(x)
         b = hidden.shape[0]

@@ -326,6 +326,20 @@ class VLATarget(nn.Module):
         xy = (self.patch_xy[None, :, :, None] + offset) * (2.0 * c.patch_size / c.image_size) - 1.0
         return torch.einsum("bpk,bpck->bkc", patch_weight, xy)
 
+    def add_patch_bias(self, local_tokens: torch.Tensor, patch_bias: torch.Tensor | None) -> torch.Tensor:
+        """Local encodings (B, P, local_width) with a bias (B, P, d) added to their token part only
+        (the world-aware prefill, :mod:`vla_accel_ros.models.world`): keypoint channels, and so the
+        keypoint token, stay as they are. A new tensor; ``local_tokens`` (maybe a cache) is untouched."""
+        if patch_bias is None:
+            return local_tokens
+        d = self.config.d_model
+        b, p = local_tokens.shape[:2]
+        if tuple(patch_bias.shape) != (b, p, d):
+            raise ValueError(f"patch_bias must be ({b}, {p}, {d}), got {tuple(patch_bias.shape)}")
+        if local_tokens.shape[-1] == d:
+            return local_tokens + patch_bias
+        return torch.cat([local_tokens[..., :d] + patch_bias, local_tokens[..., d:]], dim=-1)
+
     def global_vision(self, local_tokens: torch.Tensor) -> torch.Tensor:
         """Local encodings (B, P, local_width) of all patches -> vision tokens (B, n_vision_tokens, d)
         (position embeddings added here; the keypoint token, if any, comes last)."""
@@ -370,17 +384,28 @@ class VLATarget(nn.Module):
         return self.global_vision(self.encode_patches(self.patchify(images), text))
 
     def forward(
-        self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor, actions: torch.Tensor
+        self,
+        images: torch.Tensor,
+        text: torch.Tensor,
+        proprio: torch.Tensor,
+        actions: torch.Tensor,
+        patch_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Teacher-forced logits (B, 7, 256): logits[:, i] predicts actions[:, i] from actions[:, :i]."""
-        return self.forward_with_aux(images, text, proprio, actions)[0]
+        return self.forward_with_aux(images, text, proprio, actions, patch_bias)[0]
 
     def forward_with_aux(
-        self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor, actions: torch.Tensor
+        self,
+        images: torch.Tensor,
+        text: torch.Tensor,
+        proprio: torch.Tensor,
+        actions: torch.Tensor,
+        patch_bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Teacher-forced logits (B, 7, 256), the auxiliary head's prediction (B, 6) at BOS, and the
-        keypoints (B, K, 2) (None without keypoints)."""
-        local = self.encode_patches(self.patchify(images), text)
+        keypoints (B, K, 2) (None without keypoints). ``patch_bias`` (B, P, d), when given, is added
+        to the patch tokens exactly as the policy's prefill adds it (:meth:`add_patch_bias`)."""
+        local = self.add_patch_bias(self.encode_patches(self.patchify(images), text), patch_bias)
         keypoints = self.keypoint_positions(local) if self.config.keypoints else None
         prefix = self.embed_prefix(self.global_vision(local), text, proprio)
         x = torch.cat([prefix, self.embed_actions(actions[:, :-1], prefix.shape[1])], dim=1)

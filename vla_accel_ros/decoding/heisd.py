@@ -1,0 +1,267 @@
+"""HeiSD (the hybrid peer): drafter speculative decoding near task boundaries, retrieved
+demonstration trajectories in free motion, and verify-skip.
+
+Each model step, the boundary metric m (:mod:`boundary`) over the last 5 TCP positions (forward
+kinematics of the measured joints, through ``context.kalman.kin``) picks the mode:
+
+- m <= threshold, too little history, NaN, or no kinematics: **drafter mode**, exactly ``sd``
+  with r = ``r`` (9);
+- m > threshold: **retrieval mode**. The store (:mod:`vla_accel_ros.retrieval`) is queried with the
+  prefix's observation embedding (``prefix.pooled``); the retrieved current action (7 tokens) is
+  the draft, verified in ONE target pass. *Sequence-wise relaxed acceptance* accepts the whole
+  action when the mean token distance to the target's argmax, mean_i |d_i - a_i|, is at most
+  ``r_seq`` (a[i] conditioned on d[:i], all from the same pass). The peer does not publish this
+  rule in detail; this is our reading: one bound on the average lets a trajectory whose tokens
+  are each a little off pass as a whole, while a single far-off token (a gripper flip is ~254
+  bins) still fails it. ``r_seq`` = 4 by default because in our action space three of the seven
+  dimensions (rotations) are constant, so a mean of 4 over seven tokens is about the per-token
+  r = 9 spread over the three translation dimensions. Otherwise token-wise relaxed acceptance (r)
+  keeps the accepted prefix and the target's bonus token, and drafter SD finishes the action.
+- **verify-skip**: when the retrieved action was accepted as a whole, the next ``skip_steps``
+  rows of the retrieved trajectory are queued and executed on the following control steps with
+  no prefill and no target pass (:meth:`HeiSDDecoder.skip_step`, called by
+  :func:`~vla_accel_ros.decoding.base.run_policy_step`); then the model runs again. Queued tokens
+  are clipped to the token range and decoded with ``policy.tokens_to_action``, and the
+  controller downstream applies the URDF limits to them like to any action.
+
+The queue empties at every episode start (``context.step == 0``), whenever the steps stop
+following each other, and on :meth:`HeiSDDecoder.reset`.
+
+Per step, ``DecodeResult.mode`` says which path ran ("drafter", "retrieval", "skip") and
+``timings["retrieval_query"]`` holds the store query time; :meth:`HeiSDDecoder.stats` sums them up.
+For a skipped step ``accepted_len`` and ``drafted`` are 0: nothing was verified.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vla_accel_ros.decoding.base import (
+    MAX_TOKEN_ID,
+    N_ACTION_TOKENS,
+    DecodeContext,
+    DecodeResult,
+    PassLedger,
+    PolicyLike,
+    SpecState,
+    accepted_length,
+    speculate_to_end,
+)
+from vla_accel_ros.decoding.boundary import (
+    PRESETS,
+    PUBLISHED_BOUNDARY,
+    BoundaryConfig,
+    boundary_metric,
+    tcp_history,
+)
+from vla_accel_ros.decoding.sd import SDDecoder
+
+MODES = ("drafter", "retrieval", "skip")
+
+
+@dataclass(frozen=True)
+class HeiSDConfig:
+    """preset: boundary ranges/threshold, "calibrated" (from the store, see build-store) or
+    "published". r: token-wise relaxed threshold (drafter SD and the retrieval fallback).
+    skip_steps: retrieved actions executed without verification after an accepted one.
+    sequence_accept: use sequence-wise acceptance of retrieved actions; r_seq: its bound on the
+    mean token distance. store: a RetrievalStore or the directory of a saved one."""
+
+    preset: str = "calibrated"
+    r: float = 9
+    skip_steps: int = 2
+    sequence_accept: bool = True
+    r_seq: float = 4.0
+    store: Any = None
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"HeiSDConfig.preset must be one of {PRESETS}, got {self.preset!r}")
+        if not (math.isfinite(self.r) and self.r >= 0):
+            raise ValueError(f"HeiSDConfig.r (acceptance threshold in bins) must be >= 0, got {self.r}")
+        if not (math.isfinite(self.r_seq) and self.r_seq >= 0):
+            raise ValueError(f"HeiSDConfig.r_seq (mean token distance) must be >= 0, got {self.r_seq}")
+        if isinstance(self.skip_steps, bool) or not isinstance(self.skip_steps, int) or self.skip_steps < 0:
+            raise ValueError(f"HeiSDConfig.skip_steps must be an int >= 0, got {self.skip_steps!r}")
+        if not isinstance(self.sequence_accept, bool):
+            raise ValueError(f"HeiSDConfig.sequence_accept must be a bool, got {self.sequence_accept!r}")
+
+
+class HeiSDDecoder:
+    name = "heisd"
+
+    def __init__(self, **cfg: Any) -> None:
+        self.config = HeiSDConfig(**cfg)
+        self._sd = SDDecoder(r=self.config.r)
+        self.store: Any = None
+        self.boundary: BoundaryConfig | None = PUBLISHED_BOUNDARY if self.config.preset == "published" else None
+        self._queue: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self._next_step: int | None = None
+        self.counts = dict.fromkeys(MODES, 0)
+        self.retrieval_accepted = 0
+        self.query_ms: deque[float] = deque(maxlen=100_000)
+        self.last_metric = math.nan
+        if self.config.store is not None:
+            self.attach_store(self.config.store)
+
+    # --- store --------------------------------------------------------------------------------
+    def attach_store(self, store: Any, policy: PolicyLike | None = None) -> None:
+        """Use ``store`` (a RetrievalStore, or a directory to load one from); with ``policy``, its
+        key dimension is checked against the policy's embeddings."""
+        from vla_accel_ros.retrieval import RetrievalStore
+
+        if isinstance(store, (str, Path)):
+            store = RetrievalStore.load(store)
+        if not isinstance(store, RetrievalStore):
+            raise ValueError(f"heisd store must be a RetrievalStore or a directory, got {type(store).__name__}")
+        if self.config.skip_steps > store.horizon - 1:
+            raise ValueError(
+                f"heisd skip_steps={self.config.skip_steps} needs a store horizon of at least "
+                f"{self.config.skip_steps + 1}, this store holds {store.horizon} actions per entry"
+            )
+        if policy is not None:
+            d_model = getattr(getattr(policy, "config", None), "d_model", None)
+            if d_model is not None and int(d_model) != store.dim:
+                raise ValueError(f"retrieval store keys have dim {store.dim}, the policy's embeddings {d_model}: "
+                                 "rebuild it with `vla-accel build-store` for this checkpoint")
+        if self.config.preset == "calibrated":
+            if not store.calibration:
+                raise ValueError("this retrieval store has no boundary calibration: rebuild it with "
+                                 "`vla-accel build-store`, or use preset='published'")
+            self.boundary = BoundaryConfig.from_dict(store.calibration)
+        self.store = store
+        self.reset()
+
+    def attach_checkpoint_store(self, checkpoint: Path | str, policy: PolicyLike | None = None) -> None:
+        """Without a store yet, load the checkpoint's default one (CHECKPOINT/retrieval_store);
+        FileNotFoundError says how to build it when there is none."""
+        if self.store is not None:
+            return
+        from vla_accel_ros.retrieval import resolve_store
+
+        d_model = getattr(getattr(policy, "config", None), "d_model", None)
+        self.attach_store(resolve_store(None, checkpoint, expect_dim=d_model), policy)
+
+    def _require_store(self) -> Any:
+        if self.store is None:
+            raise ValueError(
+                "decoder 'heisd' needs a retrieval store: build one with `vla-accel build-store --checkpoint CKPT "
+                "--data DEMOS` and pass it (--store DIR, or make_decoder('heisd', store=DIR))"
+            )
+        return self.store
+
+    # --- episode bookkeeping ------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget queued actions (a new episode, or the arm moved on without us)."""
+        self._queue.clear()
+        self._next_step = None
+
+    def _follow(self, context: DecodeContext) -> None:
+        """Drop the queue unless ``context`` is the step right after the last one served."""
+        if context.step == 0 or self._next_step is None or context.step != self._next_step:
+            self._queue.clear()
+
+    def metric(self, context: DecodeContext) -> float:
+        """The boundary metric m of this step (NaN: no kinematics, too little history)."""
+        kin = getattr(context.kalman, "kin", None)
+        if kin is None or self.boundary is None:
+            return math.nan
+        return boundary_metric(tcp_history(kin, context.joint_positions), self.boundary)
+
+    # --- verify-skip --------------------------------------------------------------------------
+    def skip_step(self, context: DecodeContext) -> DecodeResult | None:
+        """The next queued retrieved action, without prefill or verification; None when there is
+        none for this step (the model runs)."""
+        started = context.clock()
+        self._follow(context)
+        if not self._queue:
+            return None
+        tokens, action = self._queue.popleft()
+        self._next_step = context.step + 1
+        self.counts["skip"] += 1
+        return DecodeResult(
+            action=action.copy(),
+            tokens=tokens.copy(),
+            accepted_len=0,
+            drafted=0,
+            target_passes=0,
+            draft_passes=0,
+            rounds=0,
+            kf_filled=0,
+            threshold=None,
+            timings={"draft": 0.0, "verify": 0.0, "decode": (context.clock() - started) * 1e3},
+            decoder=self.name,
+            mode="skip",
+        )
+
+    # --- model steps --------------------------------------------------------------------------
+    def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
+        started = context.clock()
+        store = self._require_store()
+        self._queue.clear()  # a model step supersedes whatever was queued
+        self._next_step = context.step + 1
+        m = self.metric(context)
+        self.last_metric = m
+        if not m > self.boundary.threshold:  # NaN (too little history) -> the model
+            result = self._sd.decode(policy, prefix, context)
+            self.counts["drafter"] += 1
+            timings = dict(result.timings, decode=(context.clock() - started) * 1e3)
+            return replace(result, decoder=self.name, mode="drafter", timings=timings)
+        return self._retrieve(policy, prefix, context, store, started)
+
+    def _retrieve(self, policy: PolicyLike, prefix: Any, context: DecodeContext, store: Any, started: float) -> DecodeResult:
+        cfg = self.config
+        clock = context.clock
+        t0 = clock()
+        hit = store.query(prefix.pooled[0])
+        query_ms = (clock() - t0) * 1e3
+        self.query_ms.append(query_ms)
+        trajectory = np.clip(np.asarray(hit.values[0], dtype=np.int64), 0, MAX_TOKEN_ID)
+        draft = trajectory[0]
+        ledger = PassLedger(policy, clock)
+        with torch.inference_mode():
+            argmax, extended = ledger.score(prefix, draft.tolist())
+            target = argmax[:N_ACTION_TOKENS]
+            n_acc = accepted_length(draft, target, cfg.r)
+            whole = n_acc == N_ACTION_TOKENS or (
+                cfg.sequence_accept and float(np.mean(np.abs(draft - target))) <= cfg.r_seq
+            )
+            if whole:
+                result = ledger.result(self.name, draft, accepted_len=N_ACTION_TOKENS, drafted=N_ACTION_TOKENS,
+                                       rounds=1, kf_filled=0, threshold=cfg.r, started=started)
+            else:
+                state = SpecState(prefix=extended.truncate(n_acc), tokens=[int(t) for t in draft[:n_acc]],
+                                  accepted=n_acc, drafted=N_ACTION_TOKENS, rounds=1)
+                state.consumed_last = int(draft[n_acc - 1]) if n_acc > 0 else None
+                state.pending = int(target[n_acc])  # the target's own token: the bonus of this pass
+                state.tokens.append(state.pending)
+                speculate_to_end(ledger, state, cfg.r)
+                result = ledger.state_result(self.name, state, kf_filled=0, threshold=cfg.r, started=started)
+        self.counts["retrieval"] += 1
+        if whole:
+            self.retrieval_accepted += 1
+            for row in trajectory[1 : 1 + cfg.skip_steps]:
+                tokens = np.clip(row, 0, MAX_TOKEN_ID).astype(np.int64)
+                self._queue.append((tokens, np.asarray(policy.tokens_to_action(tokens), dtype=float)))
+        return replace(result, mode="retrieval", timings=dict(result.timings, retrieval_query=query_ms))
+
+    # --- accounting ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        """Counts since construction: steps per mode, the retrieval-mode share of model steps, the
+        share of skipped steps, the accepted share of retrieved drafts and the query p50 (ms)."""
+        model_steps = self.counts["drafter"] + self.counts["retrieval"]
+        steps = model_steps + self.counts["skip"]
+        return {
+            **{f"{mode}_steps": float(n) for mode, n in self.counts.items()},
+            "retrieval_mode_share": self.counts["retrieval"] / model_steps if model_steps else 0.0,
+            "verify_skip_share": self.counts["skip"] / steps if steps else 0.0,
+            "retrieval_accept_rate": self.retrieval_accepted / self.counts["retrieval"] if self.counts["retrieval"] else 0.0,
+            "retrieval_query_ms_p50": float(np.median(self.query_ms)) if self.query_ms else math.nan,
+        }

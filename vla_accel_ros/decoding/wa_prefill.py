@@ -1,0 +1,32 @@
+"""Decoder names on the world-aware prefill: ``wa_prefill+X`` is decoder X, unchanged, run by a
+policy whose prefill adds the world-aware bias (a checkpoint with a ``world`` component, see
+:mod:`vla_accel_ros.models.world`). The prefix is what changes, not the decoding, so any decoder X
+works: ``wa_prefill+sd``, ``wa_prefill+kerv``, ...
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+WA_PREFILL_PREFIX = "wa_prefill+"
+WA_DEFAULT_BASES = ("sd", "kerv", "heisd")  # compared by ``vla-accel bench --wa-checkpoint`` when registered
+
+
+def split_prefill(name: str) -> tuple[str, bool]:
+    """``'wa_prefill+X'`` -> ``(X, True)``; a plain decoder name -> ``(name, False)``.
+    ValueError when the decoder (X or the plain name) is unknown."""
+    from vla_accel_ros.decoding import DECODERS
+
+    wa = name.startswith(WA_PREFILL_PREFIX)
+    base = name[len(WA_PREFILL_PREFIX):] if wa else name
+    if base not in DECODERS:
+        choices = ", ".join(DECODERS)
+        raise ValueError(f"unknown decoder '{name}'; choose one of: {choices}, or {WA_PREFILL_PREFIX}<one of them>")
+    return base, wa
+
+
+def make_prefill_decoder(name: str, **cfg: Any) -> Any:
+    """The decoder behind ``name`` (``wa_prefill+X`` gives decoder X, with ``cfg``)."""
+    from vla_accel_ros.decoding import make_decoder
+
+    return make_decoder(split_prefill(name)[0], **cfg)

@@ -16,7 +16,8 @@ import math
 import random
 import shlex
 import time
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,32 +73,55 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "eval_batch_size", "threads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("epochs", "draft_epochs", "warmup_steps", "augment_shift"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.lr <= 0 or self.draft_lr <= 0:
-            raise ValueError("learning rates must be positive")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.max_episodes is not None and self.max_episodes <= 0:
-            raise ValueError(f"max_episodes must be positive, got {self.max_episodes}")
+        check_hyperparameters(self, positive=("batch_size", "eval_batch_size", "threads"),
+                              non_negative=("epochs", "draft_epochs", "warmup_steps", "augment_shift"),
+                              rates=("lr", "draft_lr"))
+        check_data_selection(self)
 
     def command(self) -> str:
         """The ``vla-accel train`` command line that reproduces this run."""
-        parts = ["vla-accel", "train"]
-        defaults = TrainConfig(data="", out="")
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("data", "out") or value != getattr(defaults, f.name):
-                flag = "--" + f.name.replace("_", "-")
-                if isinstance(value, bool):
-                    parts.append(flag if value else "--no-" + f.name.replace("_", "-"))
-                else:
-                    parts += [flag, str(value)]
-        return shlex.join(parts)
+        return command_line(self, "train")
+
+
+# --- helpers shared by the training commands (train, train-world) ---------------------------------
+def check_hyperparameters(cfg: Any, positive: Sequence[str], non_negative: Sequence[str], rates: Sequence[str]) -> None:
+    """Reject bad sizes, epoch counts and learning rates of the config dataclass ``cfg`` by field
+    name, at construction: a typo on the command line fails before minutes of data loading."""
+    for name in positive:
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    for name in non_negative:
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if any(getattr(cfg, name) <= 0 for name in rates):
+        raise ValueError("learning rates must be positive")
+
+
+def check_data_selection(cfg: Any) -> None:
+    """Reject a held-out share outside [0, 1) or a non-positive episode cap (``cfg.val_fraction``,
+    ``cfg.max_episodes``): both would leave a split with nothing to train on."""
+    if not 0.0 <= cfg.val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
+    if cfg.max_episodes is not None and cfg.max_episodes <= 0:
+        raise ValueError(f"max_episodes must be positive, got {cfg.max_episodes}")
+
+
+def command_line(cfg: Any, subcommand: str) -> str:
+    """``vla-accel SUBCOMMAND`` with the flags that rebuild the config dataclass ``cfg`` (one flag a
+    field; booleans as ``--x`` / ``--no-x``): the required fields always, the others only where they
+    differ from the defaults, so the command recorded with a checkpoint stays short and reproduces it."""
+    required = [f.name for f in fields(cfg) if f.default is MISSING and f.default_factory is MISSING]
+    defaults = type(cfg)(**{name: "" for name in required})
+    parts = ["vla-accel", subcommand]
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in required or value != getattr(defaults, f.name):
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                parts.append(flag if value else "--no-" + f.name.replace("_", "-"))
+            else:
+                parts += [flag, str(value)]
+    return shlex.join(parts)
 
 
 def seed_everything(seed: int) -> None:
@@ -112,6 +136,30 @@ def cosine_schedule(step: int, total: int, warmup: int, floor: float = 0.1) -> f
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def optimise_epochs(optimizer: torch.optim.Optimizer, schedule: torch.optim.lr_scheduler.LRScheduler,
+                    batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int, epochs: int, batch_size: int,
+                    generator: torch.Generator, bar: tqdm,
+                    clip: Sequence[torch.nn.Parameter] | None = None) -> list[float]:
+    """``epochs`` shuffled passes over ``n`` samples, one optimiser and schedule step per batch of
+    indices (``batch_loss(indices)`` gives its loss; gradient norm clipped to 1 over ``clip`` when
+    given), counted on ``bar``: the loop of the small heads' trainings (train-world, train-flow).
+    Returns the per-step losses, for the loss plots."""
+    losses: list[float] = []
+    for _ in range(epochs):
+        for idx in torch.randperm(n, generator=generator).split(batch_size):
+            loss = batch_loss(idx)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(clip, 1.0)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.5f}")
+    return losses
 
 
 def random_shift(
@@ -374,35 +422,55 @@ class Trainer:
         return metrics
 
 
-def plot_losses(history: dict[str, list[float]], path: Path) -> None:
+def plot_loss_panels(path: Path, panels: Sequence[tuple[str, str]], figsize: tuple[float, float],
+                     draw: Callable[[Any, str], None]) -> None:
+    """Save a row of loss panels, one per ``(title, key)``; ``draw(ax, key)`` fills each. The one
+    frame of every training command's loss plot (headless Agg, imported here so the CLI starts fast)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    panels = (("target (BC cross-entropy)", "bc"), ("draft head", "draft"), ("contact head (BCE)", "contact"))
-    for ax, (title, key) in zip(axes, panels):
-        values = np.asarray(history[key], dtype=np.float64)
-        if values.size:
-            ax.plot(values, alpha=0.35, label="train (per step)")
-            window = max(1, values.size // 50)
-            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
-            ax.plot(np.arange(smooth.size) + window - 1, smooth, label=f"train (mean of {window})")
-        if key == "bc" and history["bc_val"]:
-            steps_per_epoch = max(1, len(history["bc"]) // len(history["bc_val"]))
-            epochs_end = steps_per_epoch * np.arange(1, len(history["bc_val"]) + 1) - 1
-            ax.plot(epochs_end, history["bc_val"], "o-", label="held-out")
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize, squeeze=False)
+    for ax, (title, key) in zip(axes[0], panels):
+        draw(ax, key)
         ax.set_title(title)
         ax.set_xlabel("step")
-        ax.set_yscale("log" if values.size and values.min() > 0 else "linear")
-        if values.size:
-            ax.legend()
-        else:
-            ax.text(0.5, 0.5, "not trained in this run", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_loss_curve(ax: Any, losses: Sequence[float],
+                    held_out: tuple[np.ndarray, Sequence[float]] | None = None) -> None:
+    """Per-step training losses with their running mean (the trend through the batch noise) and,
+    given as (steps, losses), held-out points; log scale when all positive; a note instead when the
+    phase did not run, so a skipped phase is not mistaken for a broken plot."""
+    values = np.asarray(losses, dtype=np.float64)
+    if values.size:
+        ax.plot(values, alpha=0.35, label="train (per step)")
+        window = max(1, values.size // 50)
+        smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+        ax.plot(np.arange(smooth.size) + window - 1, smooth, label=f"train (mean of {window})")
+    if held_out is not None:
+        ax.plot(*held_out, "o-", label="held-out")
+    ax.set_yscale("log" if values.size and values.min() > 0 else "linear")
+    if values.size:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "not trained in this run", ha="center", va="center", transform=ax.transAxes)
+
+
+def plot_losses(history: dict[str, list[float]], path: Path) -> None:
+    def draw(ax: Any, key: str) -> None:
+        held_out = None
+        if key == "bc" and history["bc_val"]:  # one held-out loss per epoch, at the epoch's last step
+            steps_per_epoch = max(1, len(history["bc"]) // len(history["bc_val"]))
+            held_out = (steps_per_epoch * np.arange(1, len(history["bc_val"]) + 1) - 1, history["bc_val"])
+        plot_loss_curve(ax, history[key], held_out)
+
+    panels = (("target (BC cross-entropy)", "bc"), ("draft head", "draft"), ("contact head (BCE)", "contact"))
+    plot_loss_panels(path, panels, (15, 4), draw)
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:

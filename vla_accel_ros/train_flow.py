@@ -17,11 +17,11 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -31,6 +31,7 @@ from vla_accel_ros.models.checkpoint import FLOW_META_FILE, FLOW_WEIGHTS_FILE, l
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads, euler_sample, flow_matching_loss, prefix_condition
 from vla_accel_ros.models.policy import Policy
 from vla_accel_ros.tokenizer import N_BINS
+from vla_accel_ros.train import optimise_epochs, plot_loss_panels
 
 BIN = 2.0 / (N_BINS - 1)  # one tokenizer bin in normalised action units
 
@@ -74,26 +75,15 @@ def prefix_features(policy: Policy, images: torch.Tensor, text: torch.Tensor, pr
     return torch.cat(out)
 
 
-def _optimise(module: torch.nn.Module, batch_loss, n: int, cfg: FlowTrainConfig, epochs: int, lr: float,
-              generator: torch.Generator, desc: str) -> list[float]:
+def _optimise(module: torch.nn.Module, batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int,
+              cfg: FlowTrainConfig, epochs: int, lr: float, generator: torch.Generator, desc: str) -> list[float]:
     """AdamW with a one-cycle schedule over ``epochs`` shuffled passes of ``n`` samples;
     ``batch_loss(indices)`` gives each batch's loss. Returns the per-step losses."""
     optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=1e-4)
     total = epochs * math.ceil(n / cfg.batch_size)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total, pct_start=0.05)
-    losses: list[float] = []
     with tqdm(total=total, desc=desc, disable=not cfg.progress) as bar:
-        for _ in range(epochs):
-            for idx in torch.randperm(n, generator=generator).split(cfg.batch_size):
-                loss = batch_loss(idx)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                schedule.step()
-                losses.append(loss.item())
-                bar.update(1)
-                bar.set_postfix(loss=f"{losses[-1]:.5f}")
-    return losses
+        return optimise_epochs(optimizer, schedule, batch_loss, n, epochs, cfg.batch_size, generator, bar)
 
 
 def train_heads(cfg: FlowTrainConfig, cond: torch.Tensor, actions: torch.Tensor,
@@ -141,20 +131,12 @@ def evaluate_heads(heads: FlowHeads, cond: torch.Tensor, actions: torch.Tensor, 
 
 
 def plot_flow_losses(history: dict[str, list[float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    for ax, key, title in zip(axes, ("teacher", "student"), ("teacher: flow matching", "student: distillation")):
+    def draw(ax: Any, key: str) -> None:
         ax.plot(history[key], alpha=0.5)
-        ax.set_title(title)
-        ax.set_xlabel("step")
         ax.set_yscale("log")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+
+    panels = (("teacher: flow matching", "teacher"), ("student: distillation", "student"))
+    plot_loss_panels(path, panels, (10, 3.5), draw)
 
 
 def train_flow(cfg: FlowTrainConfig) -> dict[str, Any]:

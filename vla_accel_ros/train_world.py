@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shlex
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -40,7 +39,19 @@ from vla_accel_ros.dataset import load_demos
 from vla_accel_ros.models.checkpoint import load_checkpoint, save_checkpoint
 from vla_accel_ros.models.policy import Policy
 from vla_accel_ros.models.world import FrameAutoencoder, WorldBias, WorldPrefill
-from vla_accel_ros.train import Trainer, TrainConfig, cosine_schedule, plot_losses, seed_everything
+from vla_accel_ros.train import (
+    Trainer,
+    TrainConfig,
+    check_data_selection,
+    check_hyperparameters,
+    command_line,
+    cosine_schedule,
+    optimise_epochs,
+    plot_loss_curve,
+    plot_loss_panels,
+    plot_losses,
+    seed_everything,
+)
 
 CHECKPOINT_LIMIT_MB = 15.0
 
@@ -70,38 +81,22 @@ class WorldTrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "latent_channels", "width", "hidden", "head_hidden", "threads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("ae_epochs", "bias_epochs", "finetune_epochs", "draft_epochs"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.lr <= 0 or self.finetune_lr <= 0:
-            raise ValueError("learning rates must be positive")
+        check_hyperparameters(
+            self, positive=("batch_size", "latent_channels", "width", "hidden", "head_hidden", "threads"),
+            non_negative=("ae_epochs", "bias_epochs", "finetune_epochs", "draft_epochs"), rates=("lr", "finetune_lr"),
+        )
         if self.bias_l2 < 0 or self.latent_l2 < 0:
             raise ValueError(f"bias_l2 and latent_l2 must be >= 0, got {self.bias_l2}, {self.latent_l2}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.max_episodes is not None and self.max_episodes <= 0:
-            raise ValueError(f"max_episodes must be positive, got {self.max_episodes}")
+        check_data_selection(self)
 
     def command(self) -> str:
         """The ``vla-accel train-world`` command line that reproduces this run."""
-        parts = ["vla-accel", "train-world"]
-        defaults = WorldTrainConfig(checkpoint="", data="", out="")
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("checkpoint", "data", "out") or value != getattr(defaults, f.name):
-                flag = "--" + f.name.replace("_", "-")
-                if isinstance(value, bool):
-                    parts.append(flag if value else "--no-" + f.name.replace("_", "-"))
-                else:
-                    parts += [flag, str(value)]
-        return shlex.join(parts)
+        return command_line(self, "train-world")
 
 
-def _optimise(params: list[torch.nn.Parameter], batch_loss, n: int, epochs: int, lr: float, batch_size: int,
-              generator: torch.Generator, desc: str, progress: bool) -> list[float]:
+def _optimise(params: list[torch.nn.Parameter], batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int,
+              epochs: int, lr: float, batch_size: int, generator: torch.Generator, desc: str,
+              progress: bool) -> list[float]:
     """AdamW, linear warm-up + cosine, ``epochs`` shuffled passes over ``n`` samples;
     ``batch_loss(indices)`` gives a batch's loss. Returns the per-step losses."""
     if epochs == 0 or n == 0:
@@ -110,20 +105,8 @@ def _optimise(params: list[torch.nn.Parameter], batch_loss, n: int, epochs: int,
     total = epochs * math.ceil(n / batch_size)
     warmup = min(50, total // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_schedule(s, total, warmup))
-    losses: list[float] = []
     with tqdm(total=total, desc=desc, disable=not progress, dynamic_ncols=True) as bar:
-        for _ in range(epochs):
-            for idx in torch.randperm(n, generator=generator).split(batch_size):
-                loss = batch_loss(idx)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                optimizer.step()
-                schedule.step()
-                losses.append(loss.item())
-                bar.update(1)
-                bar.set_postfix(loss=f"{losses[-1]:.5f}")
-    return losses
+        return optimise_epochs(optimizer, schedule, batch_loss, n, epochs, batch_size, generator, bar, clip=params)
 
 
 # --- phase (a): the frame autoencoder ---------------------------------------------------------
@@ -212,30 +195,9 @@ def token_rms(policy: Policy, images: torch.Tensor, text: torch.Tensor) -> float
 
 # --- plots ------------------------------------------------------------------------------------
 def plot_world_losses(history: dict[str, list[float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = (("autoencoder (L2 reconstruction)", "autoencoder"), ("world bias (next-frame latent)", "bias"),
               ("target fine-tune (BC)", "bc"), ("draft head", "draft"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(18, 4))
-    for ax, (title, key) in zip(axes, panels):
-        values = np.asarray(history.get(key, []), dtype=np.float64)
-        if values.size:
-            ax.plot(values, alpha=0.35, label="train (per step)")
-            window = max(1, values.size // 50)
-            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
-            ax.plot(np.arange(smooth.size) + window - 1, smooth, label=f"train (mean of {window})")
-            ax.set_yscale("log" if values.min() > 0 else "linear")
-            ax.legend()
-        else:
-            ax.text(0.5, 0.5, "not trained in this run", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    plot_loss_panels(path, panels, (18, 4), lambda ax, key: plot_loss_curve(ax, history.get(key, [])))
 
 
 # --- the command ------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -12,47 +13,21 @@ from vla_accel_ros.decoding import DECODERS, DecodeContext, EpisodeHistory, make
 from vla_accel_ros.decoding.kerv import kf_completion_tokens
 from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.kinematics import ArmKinematics
-from vla_accel_ros.models import Policy, VLAConfig
+from vla_accel_ros.models import Policy
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.observation import Observation
-from vla_accel_ros.resources import default_urdf
-from vla_accel_ros.tokenizer import ActionTokenizer
 
 torch.set_num_threads(1)
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
-IMAGE = 32
+Observations = Callable[..., list[Observation]]  # the conftest.py fixture (with the tiny policy and kin)
 
 
 @pytest.fixture(scope="module")
-def policy() -> Policy:
-    config = VLAConfig(
-        image_size=IMAGE, patch_size=16, d_model=32, n_heads=2, n_layers=2, vision_layers=1,
-        max_text_len=16, local_channels=8, contact_hidden=8,
-    )
-    tokenizer = ActionTokenizer(-np.full(7, 0.02), np.full(7, 0.02))
-    policy = Policy.create(config, tokenizer, seed=3)
+def policy(policy: Policy) -> Policy:
+    """The shared tiny policy with an untrained continuous action head, for the flow decoders."""
     torch.manual_seed(0)
     policy.flow = FlowHeads(FlowHeadConfig(d_model=32, hidden=16, layers=1)).eval()  # an untrained action head
     return policy
-
-
-@pytest.fixture(scope="module")
-def kin() -> ArmKinematics:
-    return ArmKinematics(default_urdf())
-
-
-def observations(n: int, seed: int = 0) -> list[Observation]:
-    rng = np.random.default_rng(seed)
-    return [
-        Observation(
-            image=rng.integers(0, 256, (IMAGE, IMAGE, 3), dtype=np.uint8),
-            instruction=f"pick up the {'red green blue'.split()[i % 3]} cube",
-            joint_pos=Q_HOME + rng.normal(0, 0.1, 7),
-            gripper=0.04,
-            stamp=0.05 * i,
-        )
-        for i in range(n)
-    ]
 
 
 def converged_filter(kin: ArmKinematics) -> JointKalmanFilter:
@@ -87,7 +62,7 @@ def test_registry_names_and_errors() -> None:
         make_decoder("sd", r=-1)
 
 
-def test_ar_matches_policy_greedy_decoding(policy: Policy) -> None:
+def test_ar_matches_policy_greedy_decoding(policy: Policy, observations: Observations) -> None:
     for obs in observations(3):
         prefix = policy.prefill(obs)
         result = make_decoder("ar").decode(policy, prefix, DecodeContext())
@@ -96,7 +71,7 @@ def test_ar_matches_policy_greedy_decoding(policy: Policy) -> None:
         np.testing.assert_allclose(result.action, policy.tokens_to_action(result.tokens))
 
 
-def test_exact_sd_and_kerv_agree_with_ar(policy: Policy, kin: ArmKinematics) -> None:
+def test_exact_sd_and_kerv_agree_with_ar(policy: Policy, kin: ArmKinematics, observations: Observations) -> None:
     """r = 0: sd always gives AR's tokens; kerv gives them up to its bonus, and wholly when every
     draft token was accepted."""
     kf = converged_filter(kin)
@@ -115,7 +90,9 @@ def test_exact_sd_and_kerv_agree_with_ar(policy: Policy, kin: ArmKinematics) -> 
                 np.testing.assert_array_equal(k.tokens, expected)
 
 
-def test_kerv_and_world_aware_make_one_verify_pass(policy: Policy, kin: ArmKinematics) -> None:
+def test_kerv_and_world_aware_make_one_verify_pass(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
     kf = converged_filter(kin)
     contexts = [
         DecodeContext(),
@@ -132,7 +109,9 @@ def test_kerv_and_world_aware_make_one_verify_pass(policy: Policy, kin: ArmKinem
             assert np.all(np.isfinite(result.action))
 
 
-def test_kerv_lets_the_kf_draft_where_it_has_been_reliable(policy: Policy, kin: ArmKinematics) -> None:
+def test_kerv_lets_the_kf_draft_where_it_has_been_reliable(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
     kf = converged_filter(kin)
     kerv = make_decoder("kerv", r_min=255, r_max=255)  # accept everything: the proposal is the action
     context = DecodeContext(kalman=kf, gripper_history=(1.0,), step=5)
@@ -159,7 +138,7 @@ def test_kf_acceptance_counts_only_positions_the_target_conditioned_on_accepted_
     np.testing.assert_allclose(kerv.kf_acceptance, [0, 0.5, 0, 0.5, 0, 0, 0])
 
 
-def test_flow_heads_are_seeded_per_episode_and_stay_in_bounds(policy: Policy) -> None:
+def test_flow_heads_are_seeded_per_episode_and_stay_in_bounds(policy: Policy, observations: Observations) -> None:
     for name in ("flow10", "flow2"):
         decoder = make_decoder(name, seed=4)
         prefix = policy.prefill(observations(1, seed=6)[0])
@@ -176,7 +155,7 @@ def test_flow_heads_are_seeded_per_episode_and_stay_in_bounds(policy: Policy) ->
         make_decoder("flow2").decode(bare, bare.prefill(observations(1)[0]), DecodeContext())
 
 
-def test_kerv_released_one_pass_on_forced_steps(policy: Policy) -> None:
+def test_kerv_released_one_pass_on_forced_steps(policy: Policy, observations: Observations) -> None:
     decoder = make_decoder("kerv_released", r_start=0, r_min=0)
     history = np.tile(np.arange(7, dtype=np.int64) * 30, (3, 1))
     for obs in observations(4, seed=3):
@@ -197,7 +176,9 @@ def deadline_rounds(policy: Policy, obs: Observation, kf: JointKalmanFilter, tim
     return result.rounds, result.kf_filled, result.accepted_len
 
 
-def test_deadline_makes_fewer_rounds_as_time_runs_out(policy: Policy, kin: ArmKinematics) -> None:
+def test_deadline_makes_fewer_rounds_as_time_runs_out(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
     kf = converged_filter(kin)
     for obs in observations(3, seed=4):
         budgets = [None, 0.2, 0.03, 0.015, 0.008, 0.003, 0.0, -0.01]
@@ -212,7 +193,7 @@ def test_deadline_makes_fewer_rounds_as_time_runs_out(policy: Policy, kin: ArmKi
             assert (kf_filled > 0) == (rounds_used < rounds[0])
 
 
-def test_deadline_learns_pass_costs(policy: Policy, kin: ArmKinematics) -> None:
+def test_deadline_learns_pass_costs(policy: Policy, kin: ArmKinematics, observations: Observations) -> None:
     decoder = make_decoder("deadline")
     assert decoder.verify_s is None
     context = DecodeContext(kalman=converged_filter(kin), time_left_s=1.0, clock=TickClock(0.002))
@@ -221,7 +202,7 @@ def test_deadline_learns_pass_costs(policy: Policy, kin: ArmKinematics) -> None:
     assert 0 < decoder.draft_step_s <= 0.002
 
 
-def test_run_policy_step_over_an_episode(policy: Policy, kin: ArmKinematics) -> None:
+def test_run_policy_step_over_an_episode(policy: Policy, kin: ArmKinematics, observations: Observations) -> None:
     from vla_accel_ros.decoding.boundary import PUBLISHED_BOUNDARY
     from vla_accel_ros.retrieval import RetrievalStore
 

@@ -3,7 +3,9 @@ random policy (as in test_decoders.py)."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,10 +27,8 @@ from vla_accel_ros.decoding.boundary import (
 from vla_accel_ros.evaluate import mode_summary
 from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.kinematics import ArmKinematics
-from vla_accel_ros.models import Policy, VLAConfig
+from vla_accel_ros.models import Policy
 from vla_accel_ros.observation import Observation
-from vla_accel_ros.resources import default_urdf
-from vla_accel_ros.tokenizer import ActionTokenizer
 
 pytest.importorskip("faiss")
 from vla_accel_ros.retrieval import RetrievalStore  # noqa: E402
@@ -36,7 +36,7 @@ from vla_accel_ros.retrieval import RetrievalStore  # noqa: E402
 torch.set_num_threads(1)
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
 JOINT_STEP = np.array([0.02, -0.015, 0.01, 0.02, 0.0, 0.015, 0.0])  # a smooth joint-space motion
-IMAGE = 32
+Observations = Callable[..., list[Observation]]  # the conftest.py fixture
 
 
 # --- boundary metric ------------------------------------------------------------------------------
@@ -104,32 +104,11 @@ def test_calibration_uses_min_max_and_the_25th_percentile() -> None:
 
 
 # --- the decoder --------------------------------------------------------------------------------
+# the tiny ``policy`` and ``kin`` come from conftest.py
 @pytest.fixture(scope="module")
-def policy() -> Policy:
-    config = VLAConfig(
-        image_size=IMAGE, patch_size=16, d_model=32, n_heads=2, n_layers=2, vision_layers=1,
-        max_text_len=16, local_channels=8, contact_hidden=8,
-    )
-    return Policy.create(config, ActionTokenizer(-np.full(7, 0.02), np.full(7, 0.02)), seed=3)
-
-
-@pytest.fixture(scope="module")
-def kin() -> ArmKinematics:
-    return ArmKinematics(default_urdf())
-
-
-def observations(n: int, seed: int = 0) -> list[Observation]:
-    rng = np.random.default_rng(seed)
-    return [
-        Observation(
-            image=rng.integers(0, 256, (IMAGE, IMAGE, 3), dtype=np.uint8),
-            instruction="pick up the red cube",
-            joint_pos=Q_HOME + rng.normal(0, 0.1, 7),
-            gripper=0.04,
-            stamp=0.05 * i,
-        )
-        for i in range(n)
-    ]
+def observations(observations: Observations) -> Observations:
+    """conftest.py's observations, all naming the red cube (one instruction: only the images differ)."""
+    return functools.partial(observations, colours=("red",))
 
 
 def make_store(policy: Policy, obs: list[Observation], threshold: float = 0.0, seed: int = 0,
@@ -170,7 +149,9 @@ class CountingPolicy:
         return self._policy.score(prefix, tokens)
 
 
-def test_metric_from_the_context_uses_fk_of_the_last_five_joint_samples(policy: Policy, kin: ArmKinematics) -> None:
+def test_metric_from_the_context_uses_fk_of_the_last_five_joint_samples(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
     context = moving_context(kin, n=7)
     decoder = make_decoder("heisd", preset="published", store=make_store(policy, observations(2)))
     tcp = np.array([kin.fk(q).position for q in context.joint_positions[-5:]])
@@ -180,7 +161,9 @@ def test_metric_from_the_context_uses_fk_of_the_last_five_joint_samples(policy: 
     assert math.isnan(decoder.metric(DecodeContext(joint_positions=context.joint_positions)))  # no kinematics
 
 
-def test_verify_skip_executes_the_retrieved_actions_without_the_model(policy: Policy, kin: ArmKinematics) -> None:
+def test_verify_skip_executes_the_retrieved_actions_without_the_model(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
     obs = observations(6, seed=7)
     store = make_store(policy, obs, threshold=0.0)
     decoder = make_decoder("heisd", store=store, r_seq=255.0)  # every retrieved action passes as a whole
@@ -217,7 +200,9 @@ def test_verify_skip_executes_the_retrieved_actions_without_the_model(policy: Po
     assert summary["verify_skip_share"] == pytest.approx(2 / 8) and summary["retrieval_accept_rate"] == 1.0
 
 
-def test_queue_is_dropped_on_a_new_episode_or_a_gap(policy: Policy, kin: ArmKinematics) -> None:
+def test_queue_is_dropped_on_a_new_episode_or_a_gap(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
     obs = observations(3, seed=8)
     decoder = make_decoder("heisd", store=make_store(policy, obs), r_seq=255.0)
     for skip_context, expect in ((DecodeContext(step=0), None), (DecodeContext(step=7), None), (DecodeContext(step=5), "skip")):
@@ -232,7 +217,7 @@ def test_queue_is_dropped_on_a_new_episode_or_a_gap(policy: Policy, kin: ArmKine
     assert no_skip.skip_step(DecodeContext(step=5)) is None
 
 
-def test_drafter_mode_equals_sd_r9(policy: Policy, kin: ArmKinematics) -> None:
+def test_drafter_mode_equals_sd_r9(policy: Policy, kin: ArmKinematics, observations: Observations) -> None:
     obs = observations(5, seed=9)
     never = make_store(policy, obs, threshold=1.0)  # m <= 1 always: never retrieval
     sd = make_decoder("sd", r=9)
@@ -250,7 +235,9 @@ def test_drafter_mode_equals_sd_r9(policy: Policy, kin: ArmKinematics) -> None:
                 want.target_passes, want.draft_passes, want.accepted_len, want.rounds)
 
 
-def test_rejected_retrieval_falls_back_to_exact_sd_at_r0(policy: Policy, kin: ArmKinematics) -> None:
+def test_rejected_retrieval_falls_back_to_exact_sd_at_r0(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
     """r = 0 without sequence-wise acceptance: whatever was retrieved, the action is the AR one."""
     obs = observations(6, seed=10)
     decoder = make_decoder("heisd", store=make_store(policy, obs, seed=2), r=0, sequence_accept=False)
@@ -264,7 +251,9 @@ def test_rejected_retrieval_falls_back_to_exact_sd_at_r0(policy: Policy, kin: Ar
             assert decoder.skip_step(DecodeContext(step=5)) is None  # nothing queued after a rejection
 
 
-def test_sequence_wise_acceptance_bounds_the_mean_distance(policy: Policy, kin: ArmKinematics) -> None:
+def test_sequence_wise_acceptance_bounds_the_mean_distance(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
     obs = observations(1, seed=11)
     prefix = policy.prefill(obs[0])
     ar_tokens = make_decoder("ar").decode(policy, prefix, DecodeContext()).tokens
@@ -284,7 +273,7 @@ def test_sequence_wise_acceptance_bounds_the_mean_distance(policy: Policy, kin: 
         assert reject.accepted_len < 7 and reject.target_passes >= 1
 
 
-def test_always_seven_valid_tokens(policy: Policy, kin: ArmKinematics) -> None:
+def test_always_seven_valid_tokens(policy: Policy, kin: ArmKinematics, observations: Observations) -> None:
     obs = observations(6, seed=12)
     contexts = [DecodeContext(), moving_context(kin), moving_context(kin, n=8, step=7), moving_context(kin, n=2, step=1)]
     for threshold, r_seq, preset in ((0.0, 4.0, "calibrated"), (0.5, 0.0, "calibrated"), (0.0, 4.0, "published")):
@@ -296,7 +285,7 @@ def test_always_seven_valid_tokens(policy: Policy, kin: ArmKinematics) -> None:
             np.testing.assert_allclose(result.action, policy.tokens_to_action(result.tokens))
 
 
-def test_store_problems_are_clear(policy: Policy, kin: ArmKinematics, tmp_path) -> None:
+def test_store_problems_are_clear(policy: Policy, kin: ArmKinematics, tmp_path, observations: Observations) -> None:
     obs = observations(2, seed=13)
     with pytest.raises(ValueError, match="build-store"):
         make_decoder("heisd").decode(policy, policy.prefill(obs[0]), moving_context(kin))

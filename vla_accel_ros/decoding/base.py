@@ -136,6 +136,17 @@ class DecodeResult:
     mode: str = ""  # which path produced the action, for decoders with several (heisd: drafter/retrieval/skip)
 
 
+def model_free_result(
+    name: str, action: np.ndarray, tokens: np.ndarray, timings: dict[str, float], mode: str = ""
+) -> DecodeResult:
+    """The result of decoder ``name`` for an action made without any target or draft pass (a flow
+    head's sample, a queued retrieved action): every pass and acceptance counter 0 and no threshold,
+    so these steps add nothing to acceptance statistics; draft and verify time 0, then ``timings``."""
+    return DecodeResult(action=action, tokens=tokens, accepted_len=0, drafted=0, target_passes=0, draft_passes=0,
+                        rounds=0, kf_filled=0, threshold=None, timings={"draft": 0.0, "verify": 0.0, **timings},
+                        decoder=name, mode=mode)
+
+
 class Decoder(Protocol):
     name: str
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vla_accel_ros.decoding.base import N_ACTION_TOKENS, DecodeContext, DecodeResult, PolicyLike
+from vla_accel_ros.decoding.base import N_ACTION_TOKENS, DecodeContext, DecodeResult, PolicyLike, model_free_result
 from vla_accel_ros.models.flow import prefix_condition
 
 
@@ -48,18 +48,9 @@ class FlowDecoder:
             sample = heads.sample(condition, noise, student=self.student)
             head_ms = (context.clock() - head_start) * 1e3  # the sampler alone: its Euler steps
         action = policy.tokenizer.denormalise(sample[0].numpy())
-        return DecodeResult(
-            action=np.asarray(action, dtype=float),
-            tokens=policy.tokenizer.encode(action),
-            accepted_len=0,
-            drafted=0,
-            target_passes=0,
-            draft_passes=0,
-            rounds=0,
-            kf_filled=0,
-            threshold=None,
-            timings={"draft": 0.0, "verify": 0.0, "head": head_ms, "decode": (context.clock() - started) * 1e3},
-            decoder=self.name,
+        return model_free_result(
+            self.name, np.asarray(action, dtype=float), policy.tokenizer.encode(action),
+            {"head": head_ms, "decode": (context.clock() - started) * 1e3},  # read last: the encoding is counted
         )
 
 

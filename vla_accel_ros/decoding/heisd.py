@@ -52,6 +52,7 @@ from vla_accel_ros.decoding.base import (
     PolicyLike,
     SpecState,
     accepted_length,
+    model_free_result,
     speculate_to_end,
 )
 from vla_accel_ros.decoding.boundary import (
@@ -186,20 +187,8 @@ class HeiSDDecoder:
         tokens, action = self._queue.popleft()
         self._next_step = context.step + 1
         self.counts["skip"] += 1
-        return DecodeResult(
-            action=action.copy(),
-            tokens=tokens.copy(),
-            accepted_len=0,
-            drafted=0,
-            target_passes=0,
-            draft_passes=0,
-            rounds=0,
-            kf_filled=0,
-            threshold=None,
-            timings={"draft": 0.0, "verify": 0.0, "decode": (context.clock() - started) * 1e3},
-            decoder=self.name,
-            mode="skip",
-        )
+        return model_free_result(self.name, action.copy(), tokens.copy(), {"decode": (context.clock() - started) * 1e3},
+                                 mode="skip")
 
     # --- model steps --------------------------------------------------------------------------
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:

@@ -153,22 +153,20 @@ class IncrementalVisionEncoder:
 
 # --- reuse of keys and values ---------------------------------------------------------------
 def _block_on_selected(
-    block: Any, x: torch.Tensor, positions: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor], causal: bool
+    block: Any, x: torch.Tensor, positions: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor],
+    mask: torch.Tensor | None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """One pre-LN transformer block (``models.vla.Block``) run on the tokens at ``positions`` only.
 
     x: (1, n, d) their inputs; past: the layer's (keys, values) (1, H, L, hd) of the whole sequence
     as last computed. The selected tokens' new keys/values replace theirs; each selected token
-    attends to all L positions (``causal``: to those up to its own). Returns the selected tokens'
+    attends to all L positions, or where ``mask`` (n, L) allows. Returns the selected tokens'
     outputs and the updated (keys, values), new tensors.
     """
     attn = block.attn
     b, n, d = x.shape
     q, k, v = attn.qkv(block.ln1(x)).view(b, n, 3, attn.n_heads, d // attn.n_heads).permute(2, 0, 3, 1, 4)
-    keys, values = past[0].clone(), past[1].clone()
-    keys[:, :, positions] = k
-    values[:, :, positions] = v
-    mask = positions[:, None] >= torch.arange(keys.shape[2])[None, :] if causal else None
+    keys, values = past[0].index_copy(2, positions, k), past[1].index_copy(2, positions, v)
     y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
     x = x + attn.proj(y.transpose(1, 2).reshape(b, n, d))
     return x + block.mlp(block.ln2(x)), (keys, values)
@@ -216,21 +214,20 @@ class _PrefixCache:
         x = local[:, dynamic, : target.config.d_model] + target.vision_pos[dynamic]
         vision_kv = []
         for block, past in zip(target.vision_blocks, self.vision_kv):
-            x, kv = _block_on_selected(block, x, dynamic, past, causal=False)
+            x, kv = _block_on_selected(block, x, dynamic, past, mask=None)
             vision_kv.append(kv)
-        vision = self.vision.clone()
-        vision[:, dynamic] = target.vision_ln(x)
+        vision = self.vision.index_copy(1, dynamic, target.vision_ln(x))
         embeddings = self._prefix_tokens(policy, vision, local, text, proprio)
         n_patches, length = vision.shape[1], embeddings.shape[1]
         always = [n_patches] if target.config.keypoints else []  # the keypoint token sums over all patches
         positions = torch.cat([dynamic, torch.tensor(always + [length - 2, length - 1], dtype=torch.long)])
         x = embeddings[:, positions]
+        causal = positions[:, None] >= torch.arange(length)[None, :]  # each token sees those up to itself
         decoder_kv = []
         for block, past in zip(target.blocks, self.decoder_kv):
-            x, kv = _block_on_selected(block, x, positions, past, causal=True)
+            x, kv = _block_on_selected(block, x, positions, past, mask=causal)
             decoder_kv.append(kv)
-        hidden = self.hidden.clone()
-        hidden[:, positions] = target.ln_f(x)
+        hidden = self.hidden.index_copy(1, positions, target.ln_f(x))
         return _PrefixCache(tuple(vision_kv), vision, tuple(decoder_kv), hidden)
 
     def prefix(self) -> Prefix:

@@ -39,7 +39,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vla_accel_ros.models.checkpoint import WEIGHTS_FILE, CheckpointError, _read_json
+from vla_accel_ros.json_config import JsonConfig
 
 FORMAT_VERSION = 1
 STORE_KIND = "heisd_retrieval_store"
@@ -60,7 +61,7 @@ MAX_TOKEN_ID = 254
 
 
 @dataclass(frozen=True)
-class RetrievalStoreConfig:
+class RetrievalStoreConfig(JsonConfig):
     """How the store is searched.
 
     horizon: actions per value (the current one + horizon - 1 following ones).
@@ -93,17 +94,6 @@ class RetrievalStoreConfig:
             raise ValueError(f"RetrievalStoreConfig.latency_budget_ms must be > 0, got {self.latency_budget_ms}")
         if not 0.0 < self.min_recall <= 1.0:
             raise ValueError(f"RetrievalStoreConfig.min_recall must be in (0, 1], got {self.min_recall}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RetrievalStoreConfig:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown store config keys {unknown}")
-        return cls(**data)
 
 
 @dataclass(frozen=True)

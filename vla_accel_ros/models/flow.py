@@ -21,18 +21,18 @@ Samples are clipped to [-1, 1], so an action never leaves the tokenizer's range.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vla_accel_ros.json_config import JsonConfig
 from vla_accel_ros.tokenizer import ACTION_DIM
 
 
 @dataclass(frozen=True)
-class FlowHeadConfig:
+class FlowHeadConfig(JsonConfig):
     d_model: int = 128  # the target's width; the condition is 2 * d_model wide
     hidden: int = 256
     layers: int = 3
@@ -50,16 +50,6 @@ class FlowHeadConfig:
                 raise ValueError(f"FlowHeadConfig.{name} must be a positive int, got {value!r}")
         if self.time_features % 2:
             raise ValueError(f"FlowHeadConfig.time_features must be even, got {self.time_features}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FlowHeadConfig:
-        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"unknown FlowHeadConfig fields: {unknown}")
-        return cls(**data)
 
 
 class VelocityField(nn.Module):

@@ -10,13 +10,13 @@ output, i.e. exactly what the LM head reads (and what the draft head uses as its
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vla_accel_ros.json_config import JsonConfig
 from vla_accel_ros.tokenizer import ACTION_DIM, N_BINS, TEXT_PAD, TEXT_VOCAB
 
 BOS = N_BINS  # action-embedding id that starts the action (vocabulary 257 = 256 bins + BOS)
@@ -28,7 +28,7 @@ KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (k, v), eac
 
 
 @dataclass(frozen=True)
-class VLAConfig:
+class VLAConfig(JsonConfig):
     image_size: int = 128
     patch_size: int = 16
     d_model: int = 128
@@ -89,17 +89,6 @@ class VLAConfig:
     @property
     def max_len(self) -> int:
         return self.prefix_len + self.n_action_tokens
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> VLAConfig:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown VLAConfig fields: {unknown}")
-        return cls(**data)
 
 
 class Attention(nn.Module):

@@ -29,7 +29,7 @@ token is computed from unbiased features.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vla_accel_ros.models.vla import VLAConfig
+from vla_accel_ros.json_config import JsonConfig
 
 
 def _check_positive(owner: str, obj: object, names: tuple[str, ...]) -> None:
@@ -44,15 +45,6 @@ def _check_positive(owner: str, obj: object, names: tuple[str, ...]) -> None:
         value = getattr(obj, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
-
-
-def _from_dict(cls: type, data: dict[str, Any]) -> Any:
-    if not isinstance(data, dict):
-        raise ValueError(f"{cls.__name__} must be a JSON object, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(cls.__dataclass_fields__))
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} fields: {unknown}")
-    return cls(**data)
 
 
 def images_to_float(images: torch.Tensor) -> torch.Tensor:
@@ -64,7 +56,7 @@ def images_to_float(images: torch.Tensor) -> torch.Tensor:
 
 # --- the frozen frame autoencoder -------------------------------------------------------------
 @dataclass(frozen=True)
-class FrameAutoencoderConfig:
+class FrameAutoencoderConfig(JsonConfig):
     image_size: int = 128
     patch_size: int = 16  # the latent map has one cell per patch of the target
     latent_channels: int = 8
@@ -81,13 +73,6 @@ class FrameAutoencoderConfig:
     def grid(self) -> int:
         """Side of the latent map (= the target's patch grid)."""
         return self.image_size // self.patch_size
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FrameAutoencoderConfig:
-        return _from_dict(cls, data)
 
 
 class FrameAutoencoder(nn.Module):
@@ -145,7 +130,7 @@ class FrameAutoencoder(nn.Module):
 
 # --- the world-aware bias ---------------------------------------------------------------------
 @dataclass(frozen=True)
-class WorldBiasConfig:
+class WorldBiasConfig(JsonConfig):
     latent_channels: int = 8
     grid: int = 8  # side of the latent map = the target's patch grid
     d_model: int = 128  # width of the target's patch tokens
@@ -160,13 +145,6 @@ class WorldBiasConfig:
     @property
     def n_patches(self) -> int:
         return self.grid * self.grid
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> WorldBiasConfig:
-        return _from_dict(cls, data)
 
 
 class WorldBias(nn.Module):

@@ -18,7 +18,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,13 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from vla_accel_ros.dataset import load_demos
-from vla_accel_ros.models.checkpoint import FLOW_META_FILE, FLOW_WEIGHTS_FILE, load_checkpoint, save_flow_heads
+from vla_accel_ros.models.checkpoint import (
+    FLOW_META_FILE,
+    FLOW_WEIGHTS_FILE,
+    load_checkpoint,
+    load_flow_heads,
+    save_flow_heads,
+)
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads, euler_sample, flow_matching_loss, prefix_condition
 from vla_accel_ros.models.policy import Policy
 from vla_accel_ros.tokenizer import N_BINS
@@ -48,6 +54,7 @@ class FlowTrainConfig:
     hidden: int = 256
     layers: int = 3
     student_hidden: int = 0  # 0 = the teacher's width (the student then starts as the teacher)
+    teacher_from: str | None = None  # a checkpoint whose flow head's teacher is reused (no teacher training)
     seed: int = 0
     val_fraction: float = 0.1
     max_episodes: int | None = None
@@ -91,14 +98,22 @@ def train_heads(cfg: FlowTrainConfig, cond: torch.Tensor, actions: torch.Tensor,
     """Flow matching for the teacher, then distillation of the 2-step student from it."""
     generator = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    heads = FlowHeads(FlowHeadConfig(d_model=cond.shape[1] // 2, hidden=cfg.hidden, layers=cfg.layers,
-                                     student_hidden=cfg.student_hidden))
     x, y = cond[train_idx], actions[train_idx]
-    history = {"teacher": _optimise(
-        heads.teacher, lambda idx: flow_matching_loss(heads.teacher, x[idx], y[idx], generator), len(x), cfg,
-        cfg.epochs, cfg.lr, generator, "flow teacher")}
+    if cfg.teacher_from:
+        trained = load_flow_heads(cfg.teacher_from, cond.shape[1] // 2)
+        if trained is None:
+            raise ValueError(f"--teacher-from {cfg.teacher_from}: no flow head there (vla-accel train-flow)")
+        heads = FlowHeads(replace(trained.config, student_hidden=cfg.student_hidden))
+        heads.teacher.load_state_dict(trained.teacher.state_dict())
+        history = {"teacher": []}
+    else:
+        heads = FlowHeads(FlowHeadConfig(d_model=cond.shape[1] // 2, hidden=cfg.hidden, layers=cfg.layers,
+                                         student_hidden=cfg.student_hidden))
+        history = {"teacher": _optimise(
+            heads.teacher, lambda idx: flow_matching_loss(heads.teacher, x[idx], y[idx], generator), len(x), cfg,
+            cfg.epochs, cfg.lr, generator, "flow teacher")}
 
-    same_width = cfg.student_hidden in (0, cfg.hidden)
+    same_width = cfg.student_hidden in (0, heads.config.hidden)
     if same_width:  # start from the teacher: distillation then only has to shorten its path
         heads.student.load_state_dict(heads.teacher.state_dict())
     heads.teacher.requires_grad_(False)
@@ -132,6 +147,9 @@ def evaluate_heads(heads: FlowHeads, cond: torch.Tensor, actions: torch.Tensor, 
 
 def plot_flow_losses(history: dict[str, list[float]], path: Path) -> None:
     def draw(ax: Any, key: str) -> None:
+        if not history[key]:  # e.g. a teacher reused with --teacher-from
+            ax.text(0.5, 0.5, "not trained in this run", ha="center", va="center", transform=ax.transAxes)
+            return
         ax.plot(history[key], alpha=0.5)
         ax.set_yscale("log")
 
@@ -177,6 +195,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=d.lr)
     parser.add_argument("--hidden", type=int, default=d.hidden, help="width of the velocity MLP")
     parser.add_argument("--layers", type=int, default=d.layers, help="hidden layers of the velocity MLP")
+    parser.add_argument("--teacher-from", default=None,
+                        help="reuse the teacher of this checkpoint's flow head (same target) and only distil a student")
     parser.add_argument("--student-hidden", type=int, default=d.student_hidden,
                         help="width of the 2-step student's MLP (0 = the teacher's; it then starts as the teacher)")
     parser.add_argument("--seed", type=int, default=d.seed)

@@ -61,6 +61,23 @@ def test_a_narrower_student_distils_from_the_teacher() -> None:
         FlowHeadConfig(student_hidden=-1)
 
 
+def test_teacher_from_reuses_a_trained_teacher_and_distils_only(tmp_path) -> None:
+    cond, actions = toy_problem()
+    cfg = FlowTrainConfig(checkpoint="", data="", epochs=20, distill_epochs=2, batch_size=64, lr=3e-3, hidden=32,
+                          layers=2, progress=False)
+    first, _ = train_heads(cfg, cond, actions, torch.arange(448))
+    save_flow_heads(first, tmp_path, recipe={}, metrics={})
+    again = FlowTrainConfig(**{**cfg.__dict__, "teacher_from": str(tmp_path), "student_hidden": 8, "distill_epochs": 5})
+    heads, history = train_heads(again, cond, actions, torch.arange(448))
+    assert history["teacher"] == [] and len(history["student"]) > 0
+    for a, b in zip(heads.teacher.parameters(), first.teacher.parameters()):
+        assert torch.equal(a, b)
+    assert heads.student.net[0].out_features == 8
+    with pytest.raises(ValueError, match="no flow head"):
+        train_heads(FlowTrainConfig(**{**again.__dict__, "teacher_from": str(tmp_path / "none")}), cond, actions,
+                    torch.arange(448))
+
+
 def test_sampler_is_deterministic_for_a_seed_and_bounded() -> None:
     heads = FlowHeads(FlowHeadConfig(d_model=8, hidden=16, layers=1))
     with torch.no_grad():

@@ -227,10 +227,10 @@ def test_fuzzed_messages_over_dds_keep_the_node_running_and_safe(ckpt, dds_rig):
         run()
         ticks = rig.node.stats()["ticks"]
         deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline and not (rig.node.stats()["ticks"] > ticks + 10 and
-                                                   rig.node.stats()["source"] == "policy"):
+        stats = rig.node.stats()  # one snapshot per check: the source changes from tick to tick
+        while time.monotonic() < deadline and not (stats["ticks"] > ticks + 10 and stats["source"] == "policy"):
             time.sleep(0.05)
-        stats = rig.node.stats()
+            stats = rig.node.stats()
         assert stats["ticks"] > ticks + 10 and stats["source"] == "policy", (
             stats["reason"], stats.get("inference_errors"), stats.get("inference_last_error"))
         print(f"fuzz (DDS): sent={rig.sent} input_errors={stats['input_errors']} commands={len(rig.commands)}")

@@ -178,6 +178,18 @@ def test_bad_inputs_are_rejected_with_a_reason(kin, bad):
     assert result.stats.inputs_rejected == 2
 
 
+def test_implausible_joint_positions_are_rejected_but_a_small_overshoot_is_not(kin):
+    ctrl = running(kin)
+    absurd = Q_HOME.copy()
+    absurd[2] = 2.9e16  # finite, but no arm is there: a broken driver or message
+    message = ctrl.on_joint_state(absurd, 0.04, 0.01)
+    assert message is not None and "joint3" in message and "outside its limits" in message
+    near = Q_HOME.copy()
+    near[0] = kin.limits.upper[0] + 0.05  # encoders do report a little past a limit
+    assert ctrl.on_joint_state(near, 0.04, 0.02) is None
+    assert np.all(np.isfinite(ctrl.tick(0.03).q_command))
+
+
 def test_time_going_backwards_is_rejected(kin):
     ctrl = running(kin, t=1.0)
     assert "backwards" in ctrl.on_joint_state(Q_HOME, 0.04, 0.5)

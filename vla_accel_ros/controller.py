@@ -41,6 +41,9 @@ SOURCES = ("policy", "fallback", "hold")
 # A measured jump larger than the velocity limits allow (plus this slack, rad or m) is a reset or
 # a teleport (new sim episode): the filter and pending actions no longer describe the arm.
 JUMP_SLACK = 0.05
+# A measured position this far (rad) past a URDF limit is not a real arm state but a broken driver
+# or message: rejected, never fed to the filter or the policy.
+IMPLAUSIBLE_BEYOND_LIMIT = math.pi
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,12 @@ class Controller:
             if q.shape != (self.kin.n,) or not np.all(np.isfinite(q)):
                 self._counters.add("inputs_rejected")
                 return f"joint state rejected: expected {self.kin.n} finite positions, got {q}"
+            beyond = np.maximum(self.kin.limits.lower - q, q - self.kin.limits.upper)
+            if np.any(beyond > IMPLAUSIBLE_BEYOND_LIMIT):
+                self._counters.add("inputs_rejected")
+                worst = int(np.argmax(beyond))
+                return (f"joint state rejected: {self.kin.joint_names[worst]} = {q[worst]:.6g} rad is more than "
+                        f"{IMPLAUSIBLE_BEYOND_LIMIT:.2f} rad outside its limits")
             if now < self._q_rx:
                 if self._q_rx - now <= self.config.period_s:
                     self._counters.add("inputs_rejected")

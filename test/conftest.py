@@ -3,6 +3,7 @@ helpers several test modules use, as fixtures (pytest runs with --import-mode=im
 modules cannot import this file):
 
 - ``tiny_checkpoint(path, **config)``: a randomly initialised small policy saved as a real checkpoint;
+- ``save_episode(path, images, actions, rng)``: a demo episode file with those frames and actions;
 - ``wait_until(predicate, timeout=10.0, every=None)``: poll until true or the timeout;
 - ``ros_context(domain_id)``: a private rclpy context on its own ROS_DOMAIN_ID (a context manager);
 - ``dds_rig(domain_id, peer_name)``: a :class:`DdsRig`, a node under test and a peer node spun in
@@ -44,6 +45,17 @@ def _tiny_checkpoint(path: Path, **config: Any) -> Path:
                     contact_hidden=8) | config
     save_checkpoint(Policy.create(VLAConfig(**settings), tokenizer, seed=0), path, recipe={"test": "random"})
     return path
+
+
+def _save_episode(path: Path, images: np.ndarray, actions: np.ndarray, rng: np.random.Generator) -> None:
+    """A successful demo episode (``episode_*.npz``, the fields ``load_demos`` reads): the given
+    uint8 frames (T, H, W, 3) and actions (T, 7), random joints, an open gripper, no contact."""
+    steps = len(images)
+    np.savez_compressed(
+        path, images=images, joint_pos=rng.normal(0, 0.5, (steps, 7)).astype(np.float32),
+        gripper=np.full(steps, 0.04, np.float32), actions=actions, near_contact=np.zeros(steps, bool),
+        instruction=np.array("pick up the red cube"), success=np.array(True),
+    )
 
 
 def _wait_until(predicate: Callable[[], Any], timeout: float = 10.0, every: Callable[[], None] | None = None) -> bool:
@@ -126,6 +138,11 @@ class DdsRig:
 @pytest.fixture(scope="session")
 def tiny_checkpoint() -> Callable[..., Path]:
     return _tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def save_episode() -> Callable[..., None]:
+    return _save_episode
 
 
 @pytest.fixture(scope="session")

@@ -53,6 +53,8 @@ from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
 from vla_accel_ros.vision_reuse import IncrementalVisionEncoder
 
 SWEEP_R = (3, 5, 9, 15, 20)
+PARALLEL_DRAFT_DECODERS = ("kerv", "world_aware")  # draft with the parallel head when the checkpoint has one
+SEQUENTIAL_SUFFIX = "@sequential"
 HEISD_KEYS = ("retrieval_mode_share", "verify_skip_share", "retrieval_accept_rate", "retrieval_query_ms_p50")
 
 
@@ -70,8 +72,11 @@ class BenchEntry:
 
 
 def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = False,
-                  reuse_kv: bool = False) -> list[BenchEntry]:
+                  reuse_kv: bool = False, sequential_draft: bool = False) -> list[BenchEntry]:
     entries = [BenchEntry(name, name) for name in decoders]
+    if sequential_draft:  # the parallel-draft decoders again, drafting with the sequential head
+        entries += [BenchEntry(f"{name}{SEQUENTIAL_SUFFIX}", name, (("parallel_draft", False),))
+                    for name in decoders if name in PARALLEL_DRAFT_DECODERS]
     if incremental_vision:  # the same decoders again, prefilling only the patches that changed
         entries += [BenchEntry(f"{name}+iv", name, incremental_vision=True) for name in decoders]
     if reuse_kv:  # and again, also reusing the keys/values of unchanged prefix tokens
@@ -255,6 +260,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reuse-kv", action="store_true",
                         help="also run every decoder with incremental vision that reuses the keys/values of "
                              "unchanged prefix tokens (entries named DECODER+ivkv)")
+    parser.add_argument("--sequential-draft", action="store_true",
+                        help=f"also run {' and '.join(PARALLEL_DRAFT_DECODERS)} with the sequential draft head "
+                             f"(entries named DECODER{SEQUENTIAL_SUFFIX}), next to the parallel head they use by default")
     add_vision_arguments(parser)
 
 
@@ -291,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     if "ar" not in decoders:
         decoders.insert(0, "ar")  # every speed-up is relative to AR from this same run
     entries = bench_entries(decoders, sweep=not args.no_sweep, incremental_vision=args.incremental_vision,
-                            reuse_kv=args.reuse_kv)
+                            reuse_kv=args.reuse_kv, sequential_draft=args.sequential_draft)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     records: dict[str, list[EpisodeRecord]] = {e.name: [] for e in entries}

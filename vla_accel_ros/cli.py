@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("vla_accel_ros.sim_runner", "run the sim bridge and the VLA node over DDS for N episodes"),
     "train": ("vla_accel_ros.train", "train the policy (target VLA, draft head, contact head) on demonstrations"),
     "train-flow": ("vla_accel_ros.train_flow", "train the continuous action head (10-step teacher, 2-step student)"),
+    "train-parallel-draft": ("vla_accel_ros.train_parallel_draft",
+                             "train a parallel draft head (all draft tokens in one light call) on a checkpoint"),
     "train-world": ("vla_accel_ros.train_world",
                     "world-aware prefill: frame autoencoder + next-frame bias, then fine-tune target and draft on it"),
     "build-store": ("vla_accel_ros.build_store", "build the HeiSD retrieval store and boundary calibration from demonstrations"),

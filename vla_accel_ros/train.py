@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from vla_accel_ros.dataset import AUX_SCALE_M, DemoDataset, load_demos
 from vla_accel_ros.models.checkpoint import load_checkpoint, save_checkpoint
-from vla_accel_ros.models.policy import Policy
+from vla_accel_ros.models.policy import Policy, Prefix
 from vla_accel_ros.models.vla import VLAConfig
 from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer
 
@@ -177,6 +177,46 @@ def random_shift(
     return images[torch.arange(b)[:, None, None], rows[:, :, None], cols[:, None, :]], moved
 
 
+@dataclass(frozen=True, eq=False)
+class GreedyRollout:
+    """The frozen target's greedy decoding of a batch: what the draft heads learn to predict.
+
+    tokens: (B, 7) greedy tokens. features: (B, 7, d) the final-norm features that predict them
+    (at BOS and after each of the first 6 tokens). memory: the last-layer (k, v) over the prefix and
+    the first 6 tokens, each (B, H, prefix_len + 6, hd). prefix: the prefill (``prefix_len``, ``pooled``).
+    """
+
+    tokens: torch.Tensor
+    features: torch.Tensor
+    memory: tuple[torch.Tensor, torch.Tensor]
+    prefix: Prefix
+
+    def memory_mask(self, starts: torch.Tensor) -> torch.Tensor:
+        """(S, L) bool: query s may read the prefix and the first ``starts[s]`` tokens, exactly the
+        cache a draft head sees after ``starts[s]`` consumed tokens."""
+        keys = torch.arange(self.memory[0].shape[2], device=starts.device)
+        return keys[None, :] < (self.prefix.prefix_len + starts)[:, None]
+
+
+def greedy_rollout(policy: Policy, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor) -> GreedyRollout:
+    """The greedy rollout of ``policy``'s target on a batch, without gradients (the target is frozen
+    while draft heads train)."""
+    with torch.no_grad():
+        prefix = policy._prefill(images, text, proprio)
+        greedy, final = policy._greedy(prefix)
+    return GreedyRollout(tokens=greedy, features=final.action_hidden, memory=final.kv[-1], prefix=prefix)
+
+
+def draft_step_loss(lm_head: torch.nn.Module, pred: torch.Tensor, want_tokens: torch.Tensor,
+                    want_features: torch.Tensor, feature_weight: float) -> torch.Tensor:
+    """A draft head's loss on predicted features ``pred`` (B, S, d): cross-entropy of the target's
+    LM head on them against the target's greedy tokens (B, S), which is what acceptance needs, plus
+    ``feature_weight`` times EAGLE's smooth-L1 regression onto the target's features (B, S, d),
+    which keeps the prediction in the space the LM head and later steps read."""
+    ce = F.cross_entropy(lm_head(pred).reshape(-1, N_BINS), want_tokens.reshape(-1))
+    return ce + feature_weight * F.smooth_l1_loss(pred, want_features)
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, data: DemoDataset, init: Policy | None = None) -> None:
         self.cfg = cfg
@@ -287,23 +327,18 @@ class Trainer:
     def draft_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         policy, target, draft = self.policy, self.policy.target, self.policy.draft
         n_act = policy.n_action_tokens
-        with torch.no_grad():  # the frozen target's greedy rollout gives tokens, features and KV
-            prefix = policy._prefill(b["images"], b["text"], b["proprio"])
-            greedy, final = policy._greedy(prefix)
-            features = final.action_hidden  # (B, 7, d): at BOS and after each of the first 6 tokens
-            memory = final.kv[-1]
-            pooled = prefix.pooled
-        contact_loss = F.binary_cross_entropy_with_logits(policy.contact_head(pooled), b["contact"])
-        n_prefix = prefix.prefix_len
+        rollout = greedy_rollout(policy, b["images"], b["text"], b["proprio"])
+        greedy, features, memory = rollout.tokens, rollout.features, rollout.memory
+        contact_loss = F.binary_cross_entropy_with_logits(policy.contact_head(rollout.prefix.pooled), b["contact"])
+        n_prefix = rollout.prefix.prefix_len
 
         def step_loss(pred: torch.Tensor, want_tokens: torch.Tensor, want_features: torch.Tensor) -> torch.Tensor:
-            ce = F.cross_entropy(target.lm_head(pred).reshape(-1, N_BINS), want_tokens.reshape(-1))
-            return ce + self.cfg.feature_weight * F.smooth_l1_loss(pred, want_features)
+            return draft_step_loss(target.lm_head, pred, want_tokens, want_features, self.cfg.feature_weight)
 
         # (a) one step from every start: query j reads the target's feature after j tokens and the
         # KV of the prefix plus those j tokens, exactly what draft_tokens sees after truncation.
         j = torch.arange(n_act - 1, device=self.device)
-        mask = torch.arange(memory[0].shape[2], device=self.device)[None, :] < (n_prefix + j)[:, None]
+        mask = rollout.memory_mask(j)
         pred = draft(target.action_emb(greedy[:, :-1]), features[:, :-1], j + 1, memory, mask)
         loss = step_loss(pred, greedy[:, 1:], features[:, 1:])
         # (b) a multi-step unroll on the draft's own features from a random start p.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -30,6 +29,7 @@ from vla_accel_ros.dataset import load_demos
 from vla_accel_ros.models.checkpoint import (
     FLOW_META_FILE,
     FLOW_WEIGHTS_FILE,
+    copy_checkpoint,
     load_checkpoint,
     load_flow_heads,
     save_flow_heads,
@@ -170,10 +170,7 @@ def train_flow(cfg: FlowTrainConfig) -> dict[str, Any]:
     metrics["train_seconds"] = round(time.perf_counter() - start, 1)
     out = Path(cfg.out or cfg.checkpoint)
     if cfg.out and Path(cfg.out).resolve() != Path(cfg.checkpoint).resolve():  # a complete checkpoint there
-        out.mkdir(parents=True, exist_ok=True)
-        for item in Path(cfg.checkpoint).iterdir():
-            if item.is_file() and item.name not in (FLOW_WEIGHTS_FILE, FLOW_META_FILE):
-                shutil.copy2(item, out / item.name)
+        copy_checkpoint(cfg.checkpoint, out, exclude=(FLOW_WEIGHTS_FILE, FLOW_META_FILE))
     recipe = {**{k: v for k, v in asdict(cfg).items() if k != "progress"},
               "data": str(Path(cfg.data).resolve()), "n_train_samples": len(train_idx)}
     save_flow_heads(heads, out, recipe, metrics)

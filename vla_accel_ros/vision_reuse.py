@@ -19,8 +19,11 @@ layer and the causal decoder run only on the tokens that must change (the dynami
 keypoint token, proprioception and BOS), attending to the cached keys and values of every other
 prefix token (the static patches and the instruction bytes) from the frame that last computed
 them. A static token's keys would in truth move a little when a token it attends to changes; the
-same refresh rules bound how long that error can live. Proprioception and BOS come last in the
-prefix, so a new joint state with an unchanged image gives exactly the full prefill.
+same refresh rules bound how long that error can live. In the last decoder layer the changed
+patches contribute only their keys and values: their outputs there would feed nothing but the
+pooled feature (contact head, retrieval key), which keeps them from the last full computation.
+Proprioception and BOS come last in the prefix, so a new joint state with an unchanged image gives
+exactly the full prefill.
 """
 
 from __future__ import annotations
@@ -69,8 +72,8 @@ class ReuseStats:
 class IncrementalVisionEncoder:
     """Local vision encodings of a stream of frames (batch 1), reusing unchanged patches.
 
-    ``policy`` needs ``target.patchify``, ``target.encode_patches`` and ``config.patch_size``
-    (:class:`vla_accel_ros.models.Policy`).
+    ``policy`` needs ``target.patch_bytes``, ``target.patch_pixels``, ``target.patch_encoder`` and
+    ``target.instruction_condition`` (:class:`vla_accel_ros.models.Policy`).
     """
 
     def __init__(self, policy, config: VisionReuseConfig | None = None) -> None:
@@ -80,10 +83,10 @@ class IncrementalVisionEncoder:
 
     def reset(self) -> None:
         """Forget the cache: the next frame is encoded in full."""
-        self._reference: torch.Tensor | None = None  # (P, 3*ps*ps) float pixels behind each cached entry
+        self._reference: torch.Tensor | None = None  # (P, 3*ps*ps) int16 pixels behind each cached entry
         self._local: torch.Tensor | None = None  # (1, P, W) cached local encodings
         self._text: torch.Tensor | None = None
-        self._condition: torch.Tensor | None = None  # FiLM condition of ``_text``
+        self._film: tuple[torch.Tensor, torch.Tensor] | None = None  # the patch encoder's FiLM of ``_text``
         self._dynamic = torch.zeros(0, dtype=torch.long)  # patches the last frame recomputed
         self._prefix_cache: _PrefixCache | None = None
         self._since_refresh = 0
@@ -103,7 +106,7 @@ class IncrementalVisionEncoder:
             if self.last.refreshed or self._prefix_cache is None:
                 self._prefix_cache = _PrefixCache.full(policy, local, text, proprio)
             else:
-                self._prefix_cache = self._prefix_cache.update(policy, local, text, proprio, self._dynamic)
+                self._prefix_cache = self._prefix_cache.update(policy, local, proprio, self._dynamic)
         return self._prefix_cache.prefix()
 
     def encode(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
@@ -112,28 +115,31 @@ class IncrementalVisionEncoder:
             raise ValueError(f"incremental vision encodes one frame at a time, got a batch of {images.shape[0]}")
         target = self.policy.target
         with torch.inference_mode():
-            patches = target.patchify(images)  # (1, P, 3, ps, ps) in [-1, 1]
-            pixels = patches[0].flatten(1) * 127.5  # (P, 3*ps*ps), 0..255 scale differences
+            patch_bytes = target.patch_bytes(images)  # (1, P, 3, ps, ps) uint8
+            # Change detection on integers: exact, and it leaves the float conversion to the few
+            # patches that are re-encoded.
+            pixels = patch_bytes[0].reshape(patch_bytes.shape[1], -1).to(torch.int16)  # (P, 3*ps*ps)
             reason = self._refresh_reason(text)
             if not reason:
-                change = (pixels - self._reference).abs().mean(dim=1)  # (P,)
+                total = (pixels - self._reference).abs_().sum(dim=1, dtype=torch.int32)  # int32: no overflow, faster
+                change = total.to(torch.float32) / pixels.shape[1]  # (P,) mean |change| per pixel value
                 is_dynamic = change > self.config.threshold
                 static_change = change[~is_dynamic]
                 if len(static_change) and float(static_change.mean()) > self.config.max_drift:
                     reason = "drift"
             if reason:
                 if reason == "first frame" or reason == "instruction changed":
-                    self._condition = target.instruction_condition(text)
-                self._local = target.patch_encoder(patches, self._condition)
-                self._reference, self._text = pixels.clone(), text.clone()
+                    self._film = target.patch_encoder.film_params(target.instruction_condition(text))
+                self._local = target.patch_encoder(target.patch_pixels(patch_bytes), film=self._film)
+                self._reference, self._text = pixels, text.clone()
                 self._dynamic = torch.arange(pixels.shape[0])
                 self._since_refresh = 1
                 self.last = ReuseStats(pixels.shape[0], pixels.shape[0], True, reason)
                 return self._local
             dynamic = torch.nonzero(is_dynamic).squeeze(1)
             if len(dynamic):
-                self._local = self._local.clone()  # callers may still hold the previous tensor
-                self._local[:, dynamic] = target.patch_encoder(patches[:, dynamic], self._condition)
+                fresh = target.patch_encoder(target.patch_pixels(patch_bytes[:, dynamic]), film=self._film)
+                self._local = self._local.index_copy(1, dynamic, fresh)  # a new tensor: callers may hold the old
                 self._reference[dynamic] = pixels[dynamic]
             self._dynamic = dynamic
             self._since_refresh += 1
@@ -154,21 +160,25 @@ class IncrementalVisionEncoder:
 # --- reuse of keys and values ---------------------------------------------------------------
 def _block_on_selected(
     block: Any, x: torch.Tensor, positions: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor],
-    mask: torch.Tensor | None,
+    mask: torch.Tensor | None, n_outputs: int | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """One pre-LN transformer block (``models.vla.Block``) run on the tokens at ``positions`` only.
 
     x: (1, n, d) their inputs; past: the layer's (keys, values) (1, H, L, hd) of the whole sequence
     as last computed. The selected tokens' new keys/values replace theirs; each selected token
     attends to all L positions, or where ``mask`` (n, L) allows. Returns the selected tokens'
-    outputs and the updated (keys, values), new tensors.
+    outputs and the updated (keys, values), new tensors. With ``n_outputs`` only the last
+    ``n_outputs`` tokens get outputs (the others contribute their keys and values alone).
     """
     attn = block.attn
     b, n, d = x.shape
     q, k, v = attn.qkv(block.ln1(x)).view(b, n, 3, attn.n_heads, d // attn.n_heads).permute(2, 0, 3, 1, 4)
     keys, values = past[0].index_copy(2, positions, k), past[1].index_copy(2, positions, v)
+    if n_outputs is not None:
+        q, x = q[:, :, n - n_outputs :], x[:, n - n_outputs :]
+        mask = None if mask is None else mask[n - n_outputs :]
     y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-    x = x + attn.proj(y.transpose(1, 2).reshape(b, n, d))
+    x = x + attn.proj(y.transpose(1, 2).reshape(b, x.shape[1], d))
     return x + block.mlp(block.ln2(x)), (keys, values)
 
 
@@ -186,13 +196,11 @@ class _PrefixCache:
     hidden: torch.Tensor
 
     @staticmethod
-    def _prefix_tokens(policy: Any, vision: torch.Tensor, local: torch.Tensor, text: torch.Tensor,
-                       proprio: torch.Tensor) -> torch.Tensor:
-        target = policy.target
-        if target.config.keypoints:
-            keypoint = target.keypoint_mlp(target.keypoint_positions(local).flatten(1)).unsqueeze(1)
-            vision = torch.cat([vision, keypoint], dim=1)
-        return target.embed_prefix(vision, text, policy.normalise_proprio(proprio))
+    def _keypoint_token(target: Any, local: torch.Tensor) -> list[torch.Tensor]:
+        """[the keypoint token (1, 1, d)] (it sums over all patches), or [] without keypoints."""
+        if not target.config.keypoints:
+            return []
+        return [target.keypoint_mlp(target.keypoint_positions(local).flatten(1)).unsqueeze(1)]
 
     @classmethod
     def full(cls, policy: Any, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor) -> _PrefixCache:
@@ -204,11 +212,11 @@ class _PrefixCache:
             x, kv = block(x, causal=False)
             vision_kv.append(kv)
         vision = target.vision_ln(x)
-        hidden, decoder_kv = target.decode(cls._prefix_tokens(policy, vision, local, text, proprio))
+        tokens = torch.cat([vision, *cls._keypoint_token(target, local)], dim=1)
+        hidden, decoder_kv = target.decode(target.embed_prefix(tokens, text, policy.normalise_proprio(proprio)))
         return cls(tuple(vision_kv), vision, decoder_kv, hidden)
 
-    def update(self, policy: Any, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
-               dynamic: torch.Tensor) -> _PrefixCache:
+    def update(self, policy: Any, local: torch.Tensor, proprio: torch.Tensor, dynamic: torch.Tensor) -> _PrefixCache:
         """Recompute the dynamic patches' tokens, the keypoint token, proprioception and BOS."""
         target = policy.target
         x = local[:, dynamic, : target.config.d_model] + target.vision_pos[dynamic]
@@ -216,18 +224,27 @@ class _PrefixCache:
         for block, past in zip(target.vision_blocks, self.vision_kv):
             x, kv = _block_on_selected(block, x, dynamic, past, mask=None)
             vision_kv.append(kv)
-        vision = self.vision.index_copy(1, dynamic, target.vision_ln(x))
-        embeddings = self._prefix_tokens(policy, vision, local, text, proprio)
-        n_patches, length = vision.shape[1], embeddings.shape[1]
-        always = [n_patches] if target.config.keypoints else []  # the keypoint token sums over all patches
+        changed = target.vision_ln(x)
+        vision = self.vision.index_copy(1, dynamic, changed)
+        # Only the recomputed tokens are embedded: the changed patches, the keypoint token, then the
+        # prefix tail (proprioception, BOS), each with its position embedding.
+        keypoint = self._keypoint_token(target, local)
+        length = self.hidden.shape[1]
+        always = [vision.shape[1]] if keypoint else []
         positions = torch.cat([dynamic, torch.tensor(always + [length - 2, length - 1], dtype=torch.long)])
-        x = embeddings[:, positions]
+        tail = target.prefix_tail(policy.normalise_proprio(proprio))
+        x = torch.cat([changed, *keypoint, tail], dim=1) + target.pos_emb[positions]
         causal = positions[:, None] >= torch.arange(length)[None, :]  # each token sees those up to itself
+        # In the last layer the patch tokens give only keys and values (for the action tokens): their
+        # outputs would feed nothing but the pooled feature, which keeps them from their last full
+        # computation. The trailing tokens (keypoint, proprioception, BOS) are computed in full.
+        n_trailing, last = len(always) + 2, len(target.blocks) - 1
         decoder_kv = []
-        for block, past in zip(target.blocks, self.decoder_kv):
-            x, kv = _block_on_selected(block, x, positions, past, mask=causal)
+        for i, (block, past) in enumerate(zip(target.blocks, self.decoder_kv)):
+            x, kv = _block_on_selected(block, x, positions, past, mask=causal,
+                                       n_outputs=n_trailing if i == last else None)
             decoder_kv.append(kv)
-        hidden = self.hidden.index_copy(1, positions, target.ln_f(x))
+        hidden = self.hidden.index_copy(1, positions[-n_trailing:], target.ln_f(x))
         return _PrefixCache(tuple(vision_kv), vision, tuple(decoder_kv), hidden)
 
     def prefix(self) -> Prefix:

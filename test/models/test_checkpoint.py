@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vla_accel_ros.models import CheckpointError, Policy, VLAConfig, load_checkpoint, save_checkpoint
+from vla_accel_ros.models import CheckpointError, ParallelDraftHead, Policy, VLAConfig, load_checkpoint, save_checkpoint
+from vla_accel_ros.models.checkpoint import PARALLEL_DRAFT_META_FILE, PARALLEL_DRAFT_WEIGHTS_FILE, save_parallel_draft
 from vla_accel_ros.tokenizer import ActionTokenizer
 
 torch.set_num_threads(1)
@@ -157,3 +158,75 @@ def test_config_that_does_not_match_the_weights(saved, tmp_path: Path) -> None:
     shutil.copytree(path, other)
     rewrite_json(other, lambda meta: meta["config"].update(d_model=64))
     expect_error(other, "model.safetensors", "shape")
+
+
+# --- the optional parallel draft head (parallel_draft.*) ----------------------------------------
+def with_parallel_draft(policy: Policy) -> Policy:
+    policy.parallel_draft = ParallelDraftHead.from_sequential(policy.config, policy.draft).eval()
+    with torch.no_grad():
+        for p in policy.parallel_draft.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel() + 1)) * 0.1)
+    return policy
+
+
+def parallel_outputs(policy: Policy) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    prefix = policy.prefill_batch(torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8, generator=g),
+                                  torch.randint(0, 257, (2, 8), generator=g), torch.randn(2, 8, generator=g))
+    return policy.draft_tokens_parallel(prefix, 7)
+
+
+def test_parallel_draft_round_trip(saved) -> None:
+    policy, path = saved
+    assert load_checkpoint(path).parallel_draft is None  # a checkpoint without one loads as before
+    with_parallel_draft(policy)
+    save_parallel_draft(policy.parallel_draft, path, recipe={"epochs": 1}, metrics={"parallel_agreement_pos1_6": 0.5})
+    for name in (PARALLEL_DRAFT_WEIGHTS_FILE, PARALLEL_DRAFT_META_FILE):
+        assert (path / name).stat().st_mode & 0o777 == 0o644
+    meta = json.loads((path / PARALLEL_DRAFT_META_FILE).read_text())
+    assert meta["format_version"] == 1 and meta["recipe"] == {"epochs": 1}
+    assert meta["config"] == {"d_model": 32, "n_heads": 2, "draft_mlp_ratio": 2, "n_action_tokens": 7}
+    loaded = load_checkpoint(path)
+    for a, b in zip(parallel_outputs(policy), parallel_outputs(loaded)):
+        assert torch.equal(a, b)
+    for a, b in zip(outputs(policy), outputs(loaded)):  # the rest is untouched
+        assert torch.equal(a, b)
+    assert loaded.n_parameters()["parallel_draft"] == policy.n_parameters()["draft"]
+
+
+def test_bad_parallel_draft_files_name_the_file(saved) -> None:
+    policy, path = saved
+    save_parallel_draft(with_parallel_draft(policy).parallel_draft, path, recipe={}, metrics={})
+    weights, meta_path = path / PARALLEL_DRAFT_WEIGHTS_FILE, path / PARALLEL_DRAFT_META_FILE
+    good_weights, good_meta = load_file(str(weights)), meta_path.read_text()
+
+    tensors = dict(good_weights, **{"fc.weight": torch.zeros(32, 32)})
+    save_file(tensors, str(weights))
+    expect_error(path, PARALLEL_DRAFT_WEIGHTS_FILE, "fc.weight", "(32, 32)", "(32, 64)")
+    save_file({k: v for k, v in good_weights.items() if k != "index_emb.weight"}, str(weights))
+    expect_error(path, PARALLEL_DRAFT_WEIGHTS_FILE, "missing tensors", "index_emb.weight")
+    weights.write_bytes(b"garbage")
+    expect_error(path, PARALLEL_DRAFT_WEIGHTS_FILE, "cannot read")
+    weights.unlink()
+    expect_error(path, PARALLEL_DRAFT_WEIGHTS_FILE, "file not found")
+
+    save_file(good_weights, str(weights))
+    meta = json.loads(good_meta)
+    meta_path.write_text(json.dumps({**meta, "config": {**meta["config"], "n_heads": 4}}))
+    expect_error(path, PARALLEL_DRAFT_META_FILE, "does not match the target", "n_heads 4")
+    meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "config"}))
+    expect_error(path, PARALLEL_DRAFT_META_FILE, "missing key 'config'")
+    meta_path.write_text("{")
+    expect_error(path, PARALLEL_DRAFT_META_FILE, "invalid JSON")
+    meta_path.unlink()
+    expect_error(path, PARALLEL_DRAFT_META_FILE, "file not found")
+
+
+def test_save_checkpoint_drops_a_parallel_draft(saved) -> None:
+    """A re-saved target may differ from the one the parallel head was trained on: the head is
+    neither written nor counted in model.json, and stale parallel_draft.* files go."""
+    policy, path = saved
+    save_parallel_draft(with_parallel_draft(policy).parallel_draft, path, recipe={}, metrics={})
+    save_checkpoint(policy, path, RECIPE)
+    assert not (path / PARALLEL_DRAFT_WEIGHTS_FILE).exists() and load_checkpoint(path).parallel_draft is None
+    assert "parallel_draft" not in json.loads((path / "model.json").read_text())["n_parameters"]

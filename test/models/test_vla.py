@@ -217,6 +217,28 @@ def test_patch_encoder_is_local(policy: Policy) -> None:
     assert moved[1] > 0 and torch.all(moved[torch.arange(16) != 1] == 0)
 
 
+def test_precomputed_film_equals_the_condition(policy: Policy) -> None:
+    """Encoding with ``film_params`` computed once gives exactly what the condition gives."""
+    images, text, _ = make_batch(2, seed=5)
+    target = policy.target
+    with torch.inference_mode():
+        patches = target.patchify(images)
+        condition = target.instruction_condition(text)
+        direct = target.patch_encoder(patches, condition)
+        cached = target.patch_encoder(patches, film=target.patch_encoder.film_params(condition))
+        plain = target.patch_encoder(patches)
+    assert torch.equal(direct, cached)
+    assert not torch.equal(direct, plain)  # the condition does change the encoding
+
+
+def test_patch_bytes_then_pixels_is_patchify(policy: Policy) -> None:
+    images, _, _ = make_batch(2, seed=6)
+    target = policy.target
+    patch_bytes = target.patch_bytes(images)
+    assert patch_bytes.dtype == torch.uint8
+    assert torch.equal(target.patch_pixels(patch_bytes[:, [2, 9]]), target.patchify(images)[:, [2, 9]])
+
+
 def test_keypoints_equal_an_image_wide_spatial_softmax(policy: Policy) -> None:
     """The per-patch log-masses and offsets, combined over patches, are exactly the spatial softmax
     over every sub-cell of the image."""

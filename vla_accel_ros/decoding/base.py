@@ -189,7 +189,12 @@ class PassLedger:
         self.last_verify_s = 0.0
 
     def draft(
-        self, prefix: Any, n: int, last_consumed: int | None = None, pending: int | None = None
+        self,
+        prefix: Any,
+        n: int,
+        last_consumed: int | None = None,
+        pending: int | None = None,
+        parallel: bool = False,
     ) -> np.ndarray:
         """n draft tokens continuing ``prefix``, or continuing ``pending`` when a decided token is
         not in the prefix's cache yet.
@@ -197,12 +202,15 @@ class PassLedger:
         ``last_consumed`` is the last action token the prefix holds (None at the start of the
         action). The policy's first proposal is the target's own token at the prefix end, which
         is ``pending`` when there is one; the draft head then continues from it, so one more token
-        is requested and the first dropped.
+        is requested and the first dropped. ``parallel``: from the policy's parallel draft head
+        (``draft_tokens_parallel``: one light call for all tokens); ``draft_passes`` still counts
+        the tokens requested.
         """
         extra = 0 if pending is None else 1
         last = None if last_consumed is None else torch.tensor([int(last_consumed)], dtype=torch.long)
+        propose = self.policy.draft_tokens_parallel if parallel else self.policy.draft_tokens
         t0 = self.clock()
-        tokens, _ = self.policy.draft_tokens(prefix, n + extra, last)
+        tokens, _ = propose(prefix, n + extra, last)
         self.last_draft_s = self.clock() - t0
         self.draft_s += self.last_draft_s
         self.draft_passes += n + extra

@@ -5,11 +5,18 @@ Per action: propose 7 tokens, verify them in ONE target pass, keep the relaxed-a
 the same pass) and fill every later position with the tokens of the action the joint-space Kalman
 filter predicts for the next control period. There is never a second round.
 
-Kinematic drafting: the draft head proposes the leading tokens, and the KF proposes the trailing
-positions where its tokens have lately agreed with the target (a running acceptance rate of at
-least ``kf_trust``, measured for free on every verify pass). Draft-head steps are sequential and
-cost real time; the KF's proposal costs nothing, and the same single pass verifies both. Positions
-the KF predicts badly keep the draft head, so the saving adapts to the motion and the robot.
+Drafting: with a parallel draft head on the policy (``parallel_draft``, the default when the
+policy has one) the proposal comes from ONE light call that proposes every position at once;
+otherwise from the sequential EAGLE-style head, one step per token (``draft_tokens``).
+
+Kinematic drafting: the KF proposes the positions where its tokens have lately agreed with the
+target (a running acceptance rate of at least ``kf_trust``, measured for free on every verify
+pass); the same single pass verifies them with the draft head's. With the sequential head only
+the trailing run of such positions can go to the KF: a later draft step reads the token proposed
+before it, so a KF token in the middle would leave the steps after it conditioned on a token that
+is not in the proposal, and the steps the KF takes over are the ones saved. The parallel head's
+proposals read nothing but the prefix end, so ANY trusted position (>= 1) can take the KF token.
+Positions the KF predicts badly keep the draft head, so this adapts to the motion and the robot.
 
 The KF prediction is the TCP delta between the filtered joint configuration and its
 constant-acceleration extrapolation one control period ahead (clamped to URDF limits); the gripper
@@ -52,6 +59,9 @@ class KervConfig:
     kf_draft: bool = True  # let the KF propose the trailing positions it has proven reliable on
     kf_trust: float = 0.9  # running acceptance rate a position's KF token needs before the KF drafts it
     kf_rate_weight: float = 0.2  # weight of the newest step in that running rate (exponential average)
+    # draft with the policy's parallel draft head when it has one (one light call for all tokens);
+    # False = always the sequential head. (``deadline`` runs its own rounds, always sequential.)
+    parallel_draft: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.r_min <= self.r_max:
@@ -119,6 +129,12 @@ def complete_suffix(
     return out, int(len(positions))
 
 
+def requested_length(kf_mask: np.ndarray) -> int:
+    """Draft tokens to request when the KF proposes the positions in ``kf_mask`` (7,): up to the
+    last position it does not (position 0 never is, so at least 1)."""
+    return int(np.flatnonzero(~kf_mask).max()) + 1
+
+
 class KervDecoder:
     name = "kerv"
     config_type: type[KervConfig] = KervConfig
@@ -127,16 +143,25 @@ class KervDecoder:
         self.config = self.config_type(**cfg)
         self.kf_acceptance = np.zeros(N_ACTION_TOKENS)  # running rate at which each KF token passes
 
-    def draft_length(self, completion: tuple[np.ndarray, np.ndarray] | None) -> int:
-        """Tokens the draft head proposes (>= 1: the first is the target's own, free); the KF
-        proposes the trailing positions it knows and has been reliable on."""
+    def uses_parallel_draft(self, policy: PolicyLike) -> bool:
+        """Whether this decoder drafts with ``policy``'s parallel draft head."""
+        return self.config.parallel_draft and getattr(policy, "parallel_draft", None) is not None
+
+    def kf_draft_mask(self, completion: tuple[np.ndarray, np.ndarray] | None, parallel: bool = False) -> np.ndarray:
+        """(7,) bool: the positions whose proposal is the KF's token, those it knows and has been
+        reliable on (never position 0, the target's own token). With the sequential head only the
+        trailing run of them (see the module docstring); with the parallel head (``parallel``) all."""
+        mask = np.zeros(N_ACTION_TOKENS, dtype=bool)
         if not self.config.kf_draft or completion is None:
-            return N_ACTION_TOKENS
-        known = completion[1]
-        n = N_ACTION_TOKENS
-        while n > 1 and known[n - 1] and self.kf_acceptance[n - 1] >= self.config.kf_trust:
-            n -= 1
-        return n
+            return mask
+        mask[1:] = completion[1][1:] & (self.kf_acceptance[1:] >= self.config.kf_trust)
+        if not parallel:  # the trailing run only: nothing up to the last distrusted position
+            mask[: requested_length(mask)] = False
+        return mask
+
+    def draft_length(self, completion: tuple[np.ndarray, np.ndarray] | None, parallel: bool = False) -> int:
+        """Tokens requested from the draft head (>= 1: the first is the target's own, free)."""
+        return requested_length(self.kf_draft_mask(completion, parallel))
 
     def update_kf_acceptance(self, kf_tokens: np.ndarray, argmax: np.ndarray, n_valid: int, r: float) -> None:
         """Score the KF's tokens against the target's argmax at positions 1..n_valid-1, whose
@@ -158,12 +183,15 @@ class KervDecoder:
         if context.step == 0:  # a new episode: the KF's record starts over
             self.kf_acceptance[:] = 0.0
         completion = kf_completion_tokens(policy, context)
-        n_draft = self.draft_length(completion)
+        parallel = self.uses_parallel_draft(policy)
+        kf_mask = self.kf_draft_mask(completion, parallel)
+        n_draft = requested_length(kf_mask)
         with torch.inference_mode():
             r = self.threshold(policy, prefix, context)
-            proposal = ledger.draft(prefix, n_draft)
-            if n_draft < N_ACTION_TOKENS:
-                proposal = np.concatenate([proposal, completion[0][n_draft:]])
+            proposal = ledger.draft(prefix, n_draft, parallel=parallel)
+            if completion is not None and kf_mask.any():
+                drafted = np.concatenate([proposal, np.zeros(N_ACTION_TOKENS - n_draft, dtype=np.int64)])
+                proposal = np.where(kf_mask, completion[0], drafted)
             argmax, _ = ledger.score(prefix, proposal.tolist())
         n_acc = accepted_length(proposal, argmax[:N_ACTION_TOKENS], r)
         if completion is not None:

@@ -1,7 +1,10 @@
 """Checkpoint I/O: a directory with ``model.safetensors`` (all weights) and ``model.json``
 (format version, config, tokenizer, proprio statistics, training recipe and metrics), plus
-optional components loaded when present: the continuous action head (``flow_head.*``) and the
-world-aware prefill (``world.*``).
+optional components loaded when present: the continuous action head (``flow_head.*``), the
+world-aware prefill (``world.*``) and the parallel draft head (``parallel_draft.*``). Each optional
+component is a ``NAME.safetensors`` (its weights) + ``NAME.json`` (format version, config, the
+recipe and metrics of the command that trained it) pair, so old checkpoints without one load
+unchanged and a component can be added to a checkpoint without rewriting ``model.*``.
 
 Loading never executes code (no pickle) and every problem is reported as a CheckpointError that
 names the offending file.
@@ -10,6 +13,8 @@ names the offending file.
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +22,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from vla_accel_ros.models.draft import ContactHead, DraftHead
+from vla_accel_ros.models.draft import ContactHead, DraftHead, ParallelDraftHead
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.models.policy import Policy
 from vla_accel_ros.models.vla import PROPRIO_DIM, VLAConfig, VLATarget
@@ -31,6 +36,10 @@ FLOW_WEIGHTS_FILE = "flow_head.safetensors"  # optional continuous action head (
 FLOW_META_FILE = "flow_head.json"
 WORLD_WEIGHTS_FILE = "world.safetensors"  # optional world-aware prefill (vla-accel train-world)
 WORLD_META_FILE = "world.json"
+PARALLEL_DRAFT_WEIGHTS_FILE = "parallel_draft.safetensors"  # optional (vla-accel train-parallel-draft)
+PARALLEL_DRAFT_META_FILE = "parallel_draft.json"
+# the target-config fields a parallel draft head's shapes and attention depend on
+_PARALLEL_DRAFT_CONFIG_KEYS = ("d_model", "n_heads", "draft_mlp_ratio", "n_action_tokens")
 _PARTS = ("target", "draft", "contact_head")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -59,7 +68,10 @@ def save_checkpoint(
 
     A policy with a world component also gets ``world.*`` (with ``policy.world.info`` as its recipe
     and metrics). Without one, stale ``world.*`` files in ``path`` are removed: the target written
-    here was not trained on a world bias, and loading one with it would change its inputs."""
+    here was not trained on a world bias, and loading one with it would change its inputs.
+    ``parallel_draft.*`` files in ``path`` are always removed and a policy's parallel draft head is
+    not written: that head was trained against one particular target, and the target written here
+    may be another (re-train it with ``vla-accel train-parallel-draft``)."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     path = Path(path)
@@ -69,30 +81,32 @@ def save_checkpoint(
         for part, module in _modules(policy).items()
         for name, tensor in module.state_dict().items()
     }
-    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
-    (path / WEIGHTS_FILE).chmod(0o644)  # safetensors writes 0600; an installed checkpoint must be world-readable
+    _write_safetensors(tensors, path / WEIGHTS_FILE)
     meta = {
         "format_version": FORMAT_VERSION,
         "config": policy.config.to_dict(),
         "tokenizer": policy.tokenizer.to_dict(),
         "proprio_stats": {"mean": policy.proprio_mean.tolist(), "std": policy.proprio_std.tolist()},
         "weights_dtype": dtype,
-        "n_parameters": policy.n_parameters(),
+        "n_parameters": {k: v for k, v in policy.n_parameters().items() if k != "parallel_draft"},
         "recipe": recipe,
         "metrics": metrics or {},
     }
-    (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    _write_json(meta, path / META_FILE)
+    stale = [PARALLEL_DRAFT_WEIGHTS_FILE, PARALLEL_DRAFT_META_FILE]
     if policy.world is not None:
         save_world(policy.world, path)
     else:
-        for name in (WORLD_WEIGHTS_FILE, WORLD_META_FILE):
-            (path / name).unlink(missing_ok=True)
+        stale += [WORLD_WEIGHTS_FILE, WORLD_META_FILE]
+    for name in stale:
+        (path / name).unlink(missing_ok=True)
     return path
 
 
-def _read_meta(meta_path: Path) -> dict[str, Any]:
+def _read_meta(meta_path: Path, keys: Sequence[str] = ("config", "tokenizer", "proprio_stats")) -> dict[str, Any]:
+    """A checkpoint JSON, checked for ``format_version`` and ``keys``."""
     meta = _read_json(meta_path)
-    for key in ("format_version", "config", "tokenizer", "proprio_stats"):
+    for key in ("format_version", *keys):
         if key not in meta:
             raise CheckpointError(meta_path, f"missing key '{key}'")
     if meta["format_version"] != FORMAT_VERSION:
@@ -137,31 +151,23 @@ def load_checkpoint(path: Path | str) -> Policy:
     policy = Policy(config, tokenizer, modules["target"], modules["draft"], modules["contact_head"], mean, std, info)
     policy.flow = load_flow_heads(path, config.d_model)
     policy.world = load_world(path, config)
+    policy.parallel_draft = load_parallel_draft(path, config)
     return policy
 
 
 def save_flow_heads(heads: FlowHeads, path: Path | str, recipe: dict[str, Any], metrics: dict[str, Any]) -> Path:
     """Write the continuous action head next to a checkpoint: ``flow_head.safetensors`` + ``.json``."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in heads.state_dict().items()}
-    save_file(tensors, str(path / FLOW_WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
-    (path / FLOW_WEIGHTS_FILE).chmod(0o644)
-    meta = {"format_version": FORMAT_VERSION, "config": heads.config.to_dict(), "recipe": recipe, "metrics": metrics}
-    (path / FLOW_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    return path
+    meta = {"config": heads.config.to_dict(), "recipe": recipe, "metrics": metrics}
+    return _save_component(heads, path, FLOW_WEIGHTS_FILE, FLOW_META_FILE, meta)
 
 
 def load_flow_heads(path: Path | str, d_model: int) -> FlowHeads | None:
     """The continuous action head stored with a checkpoint, None when it has none."""
     path = Path(path)
     meta_path, weights_path = path / FLOW_META_FILE, path / FLOW_WEIGHTS_FILE
-    if not meta_path.exists() and not weights_path.exists():
+    meta = _read_component_meta(meta_path, weights_path, ("config",))
+    if meta is None:
         return None
-    meta = _read_json(meta_path)
-    for key in ("format_version", "config"):
-        if key not in meta:
-            raise CheckpointError(meta_path, f"missing key '{key}'")
     try:
         config = FlowHeadConfig.from_dict(meta["config"])
     except (TypeError, ValueError) as exc:
@@ -176,20 +182,13 @@ def load_flow_heads(path: Path | str, d_model: int) -> FlowHeads | None:
 def save_world(world: WorldPrefill, path: Path | str) -> Path:
     """Write the world-aware prefill next to a checkpoint: ``world.safetensors`` (autoencoder and
     bias weights) and ``world.json`` (both configs, and ``world.info``'s recipe and metrics)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in world.state_dict().items()}
-    save_file(tensors, str(path / WORLD_WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
-    (path / WORLD_WEIGHTS_FILE).chmod(0o644)
     meta = {
-        "format_version": FORMAT_VERSION,
         "autoencoder": world.autoencoder.config.to_dict(),
         "bias": world.bias.config.to_dict(),
         "recipe": world.info.get("recipe", {}),
         "metrics": world.info.get("metrics", {}),
     }
-    (path / WORLD_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    return path
+    return _save_component(world, path, WORLD_WEIGHTS_FILE, WORLD_META_FILE, meta)
 
 
 def load_world(path: Path | str, config: VLAConfig) -> WorldPrefill | None:
@@ -197,16 +196,9 @@ def load_world(path: Path | str, config: VLAConfig) -> WorldPrefill | None:
     None when it has none."""
     path = Path(path)
     meta_path, weights_path = path / WORLD_META_FILE, path / WORLD_WEIGHTS_FILE
-    if not meta_path.exists() and not weights_path.exists():
+    meta = _read_component_meta(meta_path, weights_path, ("autoencoder", "bias"))
+    if meta is None:
         return None
-    meta = _read_json(meta_path)
-    for key in ("format_version", "autoencoder", "bias"):
-        if key not in meta:
-            raise CheckpointError(meta_path, f"missing key '{key}'")
-    if meta["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(
-            meta_path, f"unknown format_version {meta['format_version']!r} (this version reads {FORMAT_VERSION})"
-        )
     try:
         world = WorldPrefill(FrameAutoencoderConfig.from_dict(meta["autoencoder"]),
                              WorldBiasConfig.from_dict(meta["bias"]),
@@ -219,6 +211,88 @@ def load_world(path: Path | str, config: VLAConfig) -> WorldPrefill | None:
         raise CheckpointError(meta_path, f"does not match the target ({exc})") from exc
     _load_weights(world, weights_path)
     return world.eval()
+
+
+def save_parallel_draft(
+    head: DraftHead, path: Path | str, recipe: dict[str, Any], metrics: dict[str, Any]
+) -> Path:
+    """Write the parallel draft head next to a checkpoint: ``parallel_draft.safetensors`` and
+    ``parallel_draft.json`` (the target-config fields it was built for, recipe and metrics).
+    ``head`` must have been built for that checkpoint's target (same width, heads, MLP ratio)."""
+    config = {key: value for key, value in head.config.to_dict().items() if key in _PARALLEL_DRAFT_CONFIG_KEYS}
+    meta = {"config": config, "recipe": recipe, "metrics": metrics}
+    return _save_component(head, path, PARALLEL_DRAFT_WEIGHTS_FILE, PARALLEL_DRAFT_META_FILE, meta)
+
+
+def load_parallel_draft(path: Path | str, config: VLAConfig) -> ParallelDraftHead | None:
+    """The parallel draft head stored with a checkpoint (checked against the target ``config``),
+    None when it has none."""
+    path = Path(path)
+    meta_path, weights_path = path / PARALLEL_DRAFT_META_FILE, path / PARALLEL_DRAFT_WEIGHTS_FILE
+    meta = _read_component_meta(meta_path, weights_path, ("config",))
+    if meta is None:
+        return None
+    stored = meta["config"]
+    if not isinstance(stored, dict):
+        raise CheckpointError(meta_path, "'config' must be a JSON object")
+    target = config.to_dict()
+    differ = [f"{k} {stored.get(k)!r} (the target's is {target[k]!r})"
+              for k in _PARALLEL_DRAFT_CONFIG_KEYS if stored.get(k) != target[k]]
+    if differ:
+        raise CheckpointError(meta_path, f"does not match the target: {', '.join(differ)}")
+    head = ParallelDraftHead(config)
+    _load_weights(head, weights_path)
+    return head.eval()
+
+
+def copy_checkpoint(source: Path | str, destination: Path | str, exclude: Iterable[str] = ()) -> Path:
+    """Copy a checkpoint directory's files and folders (e.g. its retrieval store) into
+    ``destination``, except the names in ``exclude`` (the component the caller is about to write),
+    so that a command adding a component can leave its input untouched and still write a
+    complete checkpoint."""
+    source, destination = Path(source), Path(destination)
+    if source.resolve() == destination.resolve():
+        raise ValueError(f"cannot copy checkpoint {source} onto itself")
+    destination.mkdir(parents=True, exist_ok=True)
+    skip = set(exclude)
+    for item in source.iterdir():
+        if item.name in skip:
+            continue
+        if item.is_dir():
+            shutil.copytree(item, destination / item.name, dirs_exist_ok=True)
+        elif item.is_file():
+            shutil.copy2(item, destination / item.name)
+    return destination
+
+
+def _save_component(module: torch.nn.Module, path: Path | str, weights_name: str, meta_name: str,
+                    meta: dict[str, Any]) -> Path:
+    """Write an optional component's float32 weights and its JSON (``meta`` after the format
+    version) into the checkpoint directory ``path``; returns the directory."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in module.state_dict().items()}
+    _write_safetensors(tensors, path / weights_name)
+    _write_json({"format_version": FORMAT_VERSION, **meta}, path / meta_name)
+    return path
+
+
+def _write_safetensors(tensors: dict[str, torch.Tensor], file: Path) -> None:
+    save_file(tensors, str(file), metadata={"format_version": str(FORMAT_VERSION)})
+    file.chmod(0o644)  # safetensors writes 0600; an installed checkpoint must be world-readable
+
+
+def _write_json(meta: dict[str, Any], file: Path) -> None:
+    file.write_text(json.dumps(meta, indent=2) + "\n")
+    file.chmod(0o644)
+
+
+def _read_component_meta(meta_path: Path, weights_path: Path, keys: Sequence[str]) -> dict[str, Any] | None:
+    """The JSON of an optional component, checked for ``format_version`` and ``keys``; None when
+    neither of its files exists (a checkpoint without it). One file without the other is an error."""
+    if not meta_path.exists() and not weights_path.exists():
+        return None
+    return _read_meta(meta_path, keys)
 
 
 def _read_json(meta_path: Path) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The policy bundle the decoders and the node use: target VLA + draft head + contact head +
 action tokenizer + proprio statistics, with prefill / score / draft operating on immutable
-prefixes. Optional components: a continuous action head (``flow``) and the world-aware prefill
+prefixes. Optional components: a continuous action head (``flow``), the world-aware prefill
 (``world``: its per-patch bias is added to the patch tokens of every prefill, see
-:mod:`vla_accel_ros.models.world`).
+:mod:`vla_accel_ros.models.world`) and a parallel draft head (``parallel_draft``: all remaining
+draft tokens from one light call, see :meth:`Policy.draft_tokens_parallel`).
 
 Public calls run in ``torch.inference_mode``; the underscored twins are mode-agnostic so that
 training can reuse them under ``torch.no_grad`` (inference tensors cannot feed autograd).
@@ -109,8 +110,11 @@ class Policy:
         self.contact_head = contact_head.eval()
         self.proprio_mean = proprio_mean
         self.proprio_std = proprio_std
+        self._proprio_tensors: tuple[torch.Tensor, torch.Tensor] | None = None  # normalise_proprio's cache
         self.info: dict[str, Any] = dict(info or {})  # recipe / metrics from the checkpoint
         self.flow: FlowHeads | None = None  # optional continuous action head (models.flow)
+        # optional parallel draft head (models.draft.ParallelDraftHead, vla-accel train-parallel-draft)
+        self.parallel_draft: DraftHead | None = None
         self._world: WorldPrefill | None = None
 
     @property
@@ -158,19 +162,24 @@ class Policy:
         }
         if self.world is not None:
             counts["world"] = count_parameters(self.world)
+        if self.parallel_draft is not None:
+            counts["parallel_draft"] = count_parameters(self.parallel_draft)
         return counts
 
     def to(self, device: str | torch.device) -> Policy:
-        for module in (self.target, self.draft, self.contact_head, self.world):
+        for module in (self.target, self.draft, self.contact_head, self.world, self.parallel_draft):
             if module is not None:
                 module.to(device)
         return self
 
     # --- inputs -------------------------------------------------------------------------------
     def normalise_proprio(self, proprio: torch.Tensor) -> torch.Tensor:
-        mean = torch.as_tensor(self.proprio_mean, device=proprio.device)
-        std = torch.as_tensor(self.proprio_std, device=proprio.device)
-        return (proprio.to(torch.float32) - mean) / std
+        stats = self._proprio_tensors
+        if stats is None or stats[0].device != proprio.device:  # converted once, not at every prefill
+            stats = (torch.as_tensor(self.proprio_mean, device=proprio.device),
+                     torch.as_tensor(self.proprio_std, device=proprio.device))
+            self._proprio_tensors = stats
+        return (proprio.to(torch.float32) - stats[0]) / stats[1]
 
     def observation_tensors(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(images (1, H, W, 3) uint8, text ids (1, T), raw proprio (1, 8)) for one observation."""
@@ -310,9 +319,28 @@ class Policy:
         with torch.inference_mode():
             return self._draft(prefix, n, last_token)
 
-    def _draft(
-        self, prefix: Prefix, n: int, last_token: torch.Tensor | None
+    def draft_tokens_parallel(
+        self, prefix: Prefix, n: int, last_token: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`draft_tokens` with the parallel draft head: the same contract and the same first
+        proposal (the target's greedy token), but the other n - 1 come from ONE call of
+        ``parallel_draft``, whose queries all read the prefix end (its feature and that greedy
+        token), so drafting costs one light forward whatever n. Raises ValueError when the policy
+        has no parallel draft head."""
+        with torch.inference_mode():
+            return self._draft(prefix, n, last_token, parallel=True)
+
+    def _draft(
+        self, prefix: Prefix, n: int, last_token: torch.Tensor | None, parallel: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both drafting modes: the sequential head's chain of steps, or (``parallel``) the
+        parallel head's single call over all later positions."""
+        head = self.parallel_draft if parallel else self.draft
+        if head is None:
+            raise ValueError(
+                "this policy has no parallel draft head (parallel_draft.* in the checkpoint; "
+                "train one with `vla-accel train-parallel-draft`)"
+            )
         self._check_last_token(prefix, last_token)
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
@@ -324,11 +352,18 @@ class Policy:
         logits = [lm_head(feature)]
         tokens = [logits[-1].argmax(-1)]
         memory = prefix.kv[-1]
-        for i in range(1, n):
-            index = torch.tensor([min(prefix.n_tokens + i, self.n_action_tokens - 1)], device=device)
-            feature = self.draft(action_emb(tokens[-1]), feature, index, memory)
-            logits.append(lm_head(feature))
+        # the action dimension each later proposal predicts (past the last one: the last one again)
+        positions = (prefix.n_tokens + torch.arange(1, n, device=device)).clamp_(max=self.n_action_tokens - 1)
+        if parallel and n > 1:  # every query reads (greedy token, feature) at the prefix end
+            s = n - 1
+            features = head(action_emb(tokens[0]).expand(b, s, -1), feature.expand(b, s, -1), positions, memory)
+            logits.append(lm_head(features))
             tokens.append(logits[-1].argmax(-1))
+        elif not parallel:  # each step reads the token and feature the step before proposed
+            for index in positions.split(1):
+                feature = head(action_emb(tokens[-1]), feature, index, memory)
+                logits.append(lm_head(feature))
+                tokens.append(logits[-1].argmax(-1))
         return torch.cat(tokens, dim=1), torch.cat(logits, dim=1)
 
     @staticmethod

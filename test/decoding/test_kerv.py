@@ -1,0 +1,133 @@
+"""KERV with a parallel draft head: one parallel draft call + one verify pass per action, and KF
+drafting at any trusted position (tiny random policy)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from vla_accel_ros.decoding import DecodeContext, make_decoder
+from vla_accel_ros.decoding.kerv import kf_completion_tokens
+from vla_accel_ros.kalman import JointKalmanFilter
+from vla_accel_ros.kinematics import ArmKinematics
+from vla_accel_ros.models import ParallelDraftHead, Policy
+from vla_accel_ros.observation import Observation
+
+torch.set_num_threads(1)
+Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
+Observations = Callable[..., list[Observation]]  # the conftest.py fixture
+
+
+@pytest.fixture(scope="module")
+def policy(policy: Policy) -> Policy:
+    """The shared tiny policy with a parallel draft head that differs from the sequential one."""
+    policy.parallel_draft = ParallelDraftHead.from_sequential(policy.config, policy.draft).eval()
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in policy.parallel_draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    return policy
+
+
+class CountingPolicy:
+    """The policy, counting its draft and score calls (everything else is passed through)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.calls: Counter[str] = Counter()
+        self.requested: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.policy, name)
+
+    def draft_tokens(self, prefix: Any, n: int, last_token: torch.Tensor | None = None) -> Any:
+        self.calls["draft_tokens"] += 1
+        return self.policy.draft_tokens(prefix, n, last_token)
+
+    def draft_tokens_parallel(self, prefix: Any, n: int, last_token: torch.Tensor | None = None) -> Any:
+        self.calls["draft_tokens_parallel"] += 1
+        self.requested.append(n)
+        return self.policy.draft_tokens_parallel(prefix, n, last_token)
+
+    def score(self, prefix: Any, tokens: torch.Tensor) -> Any:
+        self.calls["score"] += 1
+        return self.policy.score(prefix, tokens)
+
+
+def converged_filter(kin: ArmKinematics) -> JointKalmanFilter:
+    kf = JointKalmanFilter(kin, dt=0.05)
+    for i in range(6):
+        kf.update(Q_HOME + np.array([0.05, -0.03, 0.02, 0.04, 0.0, 0.03, 0.0]) * i, 0.05 * i)
+    return kf
+
+
+def test_one_parallel_draft_call_and_one_verify_pass(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
+    kf = converged_filter(kin)
+    contexts = [DecodeContext(), DecodeContext(kalman=kf, gripper_history=(0.0,), joint_positions=np.stack([Q_HOME] * 5))]
+    for name, r in itertools.product(("kerv", "world_aware"), (0, 5, 15)):
+        decoder = make_decoder(name, r_min=r, r_max=r)
+        for obs, context in itertools.product(observations(3, seed=2), contexts):
+            counting = CountingPolicy(policy)
+            result = decoder.decode(counting, policy.prefill(obs), context)
+            assert counting.calls == Counter(draft_tokens_parallel=1, score=1)
+            assert result.target_passes == 1 and result.rounds == 1 and result.draft_passes == 7
+            assert result.tokens.shape == (7,) and np.all((0 <= result.tokens) & (result.tokens <= 254))
+
+
+def test_the_proposal_is_the_parallel_heads(policy: Policy, observations: Observations) -> None:
+    """Accepting everything, the action is the parallel proposal; exact acceptance keeps AR's tokens
+    up to and including the bonus."""
+    prefix = policy.prefill(observations(1, seed=3)[0])
+    loose = make_decoder("kerv", r_min=255, r_max=255).decode(policy, prefix, DecodeContext())
+    np.testing.assert_array_equal(loose.tokens, policy.draft_tokens_parallel(prefix, 7)[0][0].numpy())
+    assert not np.array_equal(loose.tokens, policy.draft_tokens(prefix, 7)[0][0].numpy())
+    exact = make_decoder("kerv", r_min=0, r_max=0).decode(policy, prefix, DecodeContext())
+    greedy = policy.greedy_decode(prefix)[0].numpy()
+    np.testing.assert_array_equal(exact.tokens[: exact.accepted_len + 1], greedy[: exact.accepted_len + 1])
+
+
+def test_parallel_draft_false_keeps_the_sequential_head(policy: Policy, observations: Observations) -> None:
+    counting = CountingPolicy(policy)
+    prefix = policy.prefill(observations(1)[0])
+    result = make_decoder("kerv", parallel_draft=False).decode(counting, prefix, DecodeContext())
+    assert counting.calls == Counter(draft_tokens=1, score=1) and result.draft_passes == 7
+
+
+def test_the_kf_drafts_any_trusted_position_with_the_parallel_head(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
+    kf = converged_filter(kin)
+    context = DecodeContext(kalman=kf, gripper_history=(1.0,), step=5)
+    completion = kf_completion_tokens(policy, context)
+    kf_tokens = completion[0]
+    prefix = policy.prefill(observations(1, seed=4)[0])
+    parallel = policy.draft_tokens_parallel(prefix, 7)[0][0].numpy()
+    kerv = make_decoder("kerv", r_min=255, r_max=255)  # accept everything: the proposal is the action
+    kerv.kf_acceptance[:] = [0.0, 0.95, 0.0, 0.95, 0.95, 0.0, 0.0]  # reliable on 1, 3 and 4, not at the end
+    mask = np.array([False, True, False, True, True, False, False])
+    np.testing.assert_array_equal(kerv.kf_draft_mask(completion, parallel=True), mask)
+    assert not kerv.kf_draft_mask(completion, parallel=False).any()  # sequential: no trailing run
+    assert kerv.draft_length(completion, parallel=True) == kerv.draft_length(completion) == 7
+    counting = CountingPolicy(policy)
+    result = kerv.decode(counting, prefix, context)
+    assert counting.calls == Counter(draft_tokens_parallel=1, score=1) and counting.requested == [7]
+    np.testing.assert_array_equal(result.tokens, np.where(mask, kf_tokens, parallel))
+
+    # trusted at the end too: the parallel head is asked only up to the last position the KF does not take
+    kerv.kf_acceptance[:] = [0.0, 0.0, 0.95, 0.0, 0.95, 0.95, 0.95]
+    np.testing.assert_array_equal(np.flatnonzero(kerv.kf_draft_mask(completion, parallel=True)), [2, 4, 5, 6])
+    np.testing.assert_array_equal(np.flatnonzero(kerv.kf_draft_mask(completion)), [4, 5, 6])
+    counting = CountingPolicy(policy)
+    result = kerv.decode(counting, prefix, context)
+    assert counting.requested == [4] and result.draft_passes == 4 and result.target_passes == 1
+    expected = np.concatenate([parallel[:4], kf_tokens[4:]])
+    expected[2] = kf_tokens[2]
+    np.testing.assert_array_equal(result.tokens, expected)

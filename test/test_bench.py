@@ -1,0 +1,21 @@
+"""Bench entry construction (the bench itself runs in the CLI, not in the test suite)."""
+
+from __future__ import annotations
+
+from vla_accel_ros.bench import SEQUENTIAL_SUFFIX, bench_entries
+from vla_accel_ros.decoding import make_decoder
+
+
+def test_sequential_draft_entries_only_for_parallel_draft_decoders() -> None:
+    entries = bench_entries(["ar", "sd", "kerv", "world_aware"], sweep=False, sequential_draft=True)
+    extra = {e.name: e for e in entries if e.name.endswith(SEQUENTIAL_SUFFIX)}
+    assert set(extra) == {f"kerv{SEQUENTIAL_SUFFIX}", f"world_aware{SEQUENTIAL_SUFFIX}"}
+    for entry in extra.values():
+        decoder = make_decoder(entry.decoder, **dict(entry.settings))
+        assert decoder.config.parallel_draft is False
+    assert make_decoder("kerv").config.parallel_draft is True
+
+
+def test_no_sequential_entries_by_default() -> None:
+    names = [e.name for e in bench_entries(["ar", "kerv"], sweep=False)]
+    assert names == ["ar", "kerv"]

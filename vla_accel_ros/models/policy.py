@@ -111,6 +111,7 @@ class Policy:
         self.proprio_mean = proprio_mean
         self.proprio_std = proprio_std
         self._proprio_tensors: tuple[torch.Tensor, torch.Tensor] | None = None  # normalise_proprio's cache
+        self._instruction_ids: tuple[str, torch.Tensor] | None = None  # observation_tensors' cache
         self.info: dict[str, Any] = dict(info or {})  # recipe / metrics from the checkpoint
         self.flow: FlowHeads | None = None  # optional continuous action head (models.flow)
         # optional parallel draft head (models.draft.ParallelDraftHead, vla-accel train-parallel-draft)
@@ -190,11 +191,15 @@ class Policy:
         proprio = obs.proprio
         if proprio.shape != (PROPRIO_DIM,) or not np.all(np.isfinite(proprio)):
             raise ValueError(f"proprio must be {PROPRIO_DIM} finite numbers, got {proprio}")
-        text = encode_instruction(obs.instruction, self.config.max_text_len)
         device = self.device
+        cached = self._instruction_ids
+        if cached is None or cached[0] != obs.instruction or cached[1].device != device:
+            # one instruction serves a whole episode: its ids are made once (read-only to callers)
+            text = encode_instruction(obs.instruction, self.config.max_text_len)
+            cached = self._instruction_ids = (obs.instruction, torch.from_numpy(text).unsqueeze(0).to(device))
         return (
             torch.from_numpy(np.ascontiguousarray(image)).unsqueeze(0).to(device),
-            torch.from_numpy(text).unsqueeze(0).to(device),
+            cached[1],
             torch.from_numpy(proprio).unsqueeze(0).to(device),
         )
 

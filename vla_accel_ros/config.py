@@ -115,7 +115,7 @@ class NodeConfig:
     decoder: str = _p("kerv", "Action decoder (ar, speculative, kerv, world_aware, ...)")
     vision_reuse: bool = _p(False, "Re-encode only the image patches that changed since the frame that produced "
                             "their cached encoding (incremental vision); false = encode every patch of every frame")
-    vision_threshold: float = _p(4.0, "Incremental vision: mean |pixel change| (0..255) that makes a patch dynamic",
+    vision_threshold: float = _p(8.0, "Incremental vision: mean |pixel change| (0..255) that makes a patch dynamic",
                                  range=(0.0, 255.0))
     vision_refresh_steps: int = _p(20, "Incremental vision: re-encode every patch at least every N frames",
                                    range=(1, 100000))

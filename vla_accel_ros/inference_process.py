@@ -69,7 +69,7 @@ class ChildSpec:
     period_s: float
     torch_threads: int = 1
     vision_reuse: bool = False  # incremental vision, with the three settings below (VisionReuseConfig)
-    vision_threshold: float = 4.0
+    vision_threshold: float = 8.0
     vision_refresh_steps: int = 20
     vision_max_drift: float = 2.0
     vision_reuse_kv: bool = False

@@ -41,7 +41,7 @@ from vla_accel_ros.observation import Observation
 
 @dataclass(frozen=True)
 class VisionReuseConfig:
-    threshold: float = 4.0  # mean |pixel change| (0..255) above which a patch is re-encoded
+    threshold: float = 8.0  # mean |pixel change| (0..255) above which a patch is re-encoded (4: -6 points SR)
     refresh_steps: int = 20  # re-encode everything at least this often (frames)
     max_drift: float = 2.0  # mean |pixel change| over the cached patches that forces a refresh
     reuse_kv: bool = False  # also reuse the global-vision and decoder keys/values of unchanged tokens

@@ -124,6 +124,20 @@ def command_line(cfg: Any, subcommand: str) -> str:
     return shlex.join(parts)
 
 
+def component_recipe(cfg: Any, data: DemoDataset, n_train: int, n_val: int, *, drop: Sequence[str] = ("progress", "out"),
+                     unit: str = "samples") -> dict[str, Any]:
+    """The recipe of a component trained on a checkpoint (``cfg`` has ``checkpoint`` and ``data``):
+    its settings without ``drop``, both paths resolved, and the episode and split counts."""
+    return {
+        **{k: v for k, v in asdict(cfg).items() if k not in drop},
+        "checkpoint": str(Path(cfg.checkpoint).resolve()),
+        "data": str(Path(cfg.data).resolve()),
+        "n_episodes": data.n_episodes,
+        f"n_train_{unit}": n_train,
+        f"n_val_{unit}": n_val,
+    }
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

@@ -29,7 +29,7 @@ import argparse
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ from vla_accel_ros.train import (
     check_data_selection,
     check_hyperparameters,
     command_line,
+    component_recipe,
     cosine_schedule,
     draft_step_loss,
     greedy_rollout,
@@ -252,12 +253,7 @@ def train_parallel_draft(cfg: ParallelDraftTrainConfig) -> dict[str, Any]:
     if not cfg.in_place:
         copy_checkpoint(cfg.checkpoint, out, exclude=(PARALLEL_DRAFT_WEIGHTS_FILE, PARALLEL_DRAFT_META_FILE, LOSS_PLOT))
     recipe = {
-        **{k: v for k, v in asdict(cfg).items() if k not in ("progress", "out", "in_place")},
-        "checkpoint": str(Path(cfg.checkpoint).resolve()),
-        "data": str(Path(cfg.data).resolve()),
-        "n_episodes": data.n_episodes,
-        "n_train_samples": len(train_idx),
-        "n_val_samples": len(val_idx),
+        **component_recipe(cfg, data, len(train_idx), len(val_idx), drop=("progress", "out", "in_place")),
         "init": "the checkpoint's sequential draft head",
         "objective": "all (j, i) queries, 0 <= j < i <= 6: CE(target LM head) + feature_weight * smooth-L1 feature",
         "optimizer": "AdamW, linear warm-up + cosine to 10%, grad norm clipped to 1",

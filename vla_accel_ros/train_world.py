@@ -28,7 +28,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from vla_accel_ros.train import (
     check_data_selection,
     check_hyperparameters,
     command_line,
+    component_recipe,
     cosine_schedule,
     optimise_epochs,
     plot_loss_curve,
@@ -255,12 +256,7 @@ def train_world(cfg: WorldTrainConfig) -> dict[str, Any]:
 
     out = Path(cfg.out)
     recipe = {
-        **{k: v for k, v in asdict(cfg).items() if k not in ("progress", "out")},
-        "checkpoint": str(Path(cfg.checkpoint).resolve()),
-        "data": str(Path(cfg.data).resolve()),
-        "n_episodes": data.n_episodes,
-        "n_train_frames": len(train_idx),
-        "n_val_frames": len(val_idx),
+        **component_recipe(cfg, data, len(train_idx), len(val_idx), unit="frames"),
         "autoencoder": "plain convolutional autoencoder, L2 reconstruction + latent_l2, frozen after phase (a)",
         "bias_objective": "next-frame latent MSE (per-cell head on [bias, latent]) + bias_l2 * mean(bias^2)",
         "optimizer": "AdamW, linear warm-up + cosine to 10%",

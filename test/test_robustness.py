@@ -464,10 +464,13 @@ def test_clock_jump_back_drops_the_old_timeline():
 
 
 def test_late_description_that_matches_changes_nothing(rig):
-    n_hold = rig.node.stats()["hold_ticks"]
     rig.description.publish(String(data=default_urdf().read_text()))
     time.sleep(0.5)
-    assert rig.node.stats()["source"] != "hold" and rig.node.stats()["hold_ticks"] == n_hold
+    # A loaded CI box can cost a stale-input hold tick now and then; what must not happen is a hold
+    # for the description (a mismatch holds until restart, with robot_description in the reason).
+    n_policy = rig.node.stats()["policy_ticks"]
+    assert rig.wait(lambda: rig.node.stats()["policy_ticks"] >= n_policy + 5, timeout=10.0), rig.node.stats()
+    assert "robot_description" not in rig.node.stats()["hold_reason"]
 
 
 # --- start-up -------------------------------------------------------------------------------------

@@ -602,8 +602,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
 
 
+def config_from_args(config_type: type[Any], args: argparse.Namespace) -> Any:
+    """The config dataclass ``config_type`` from the parsed flags that name its fields."""
+    names = {f.name for f in fields(config_type)}
+    return config_type(**{k: v for k, v in vars(args).items() if k in names})
+
+
 def run(args: argparse.Namespace) -> int:
-    names = {f.name for f in fields(TrainConfig)}
-    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
-    train(cfg)
+    train(config_from_args(TrainConfig, args))
     return 0

@@ -37,7 +37,7 @@ from vla_accel_ros.models.checkpoint import (
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads, euler_sample, flow_matching_loss, prefix_condition
 from vla_accel_ros.models.policy import Policy
 from vla_accel_ros.tokenizer import N_BINS
-from vla_accel_ros.train import optimise_epochs, plot_loss_panels
+from vla_accel_ros.train import config_from_args, optimise_epochs, plot_loss_panels
 
 BIN = 2.0 / (N_BINS - 1)  # one tokenizer bin in normalised action units
 
@@ -204,6 +204,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = FlowTrainConfig(**{k: v for k, v in vars(args).items() if k in FlowTrainConfig.__dataclass_fields__})
-    train_flow(cfg)
+    train_flow(config_from_args(FlowTrainConfig, args))
     return 0

@@ -29,7 +29,7 @@ import argparse
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ from vla_accel_ros.train import (
     check_data_selection,
     check_hyperparameters,
     command_line,
+    config_from_args,
     component_recipe,
     cosine_schedule,
     draft_step_loss,
@@ -292,6 +293,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    names = {f.name for f in fields(ParallelDraftTrainConfig)}
-    train_parallel_draft(ParallelDraftTrainConfig(**{k: v for k, v in vars(args).items() if k in names}))
+    train_parallel_draft(config_from_args(ParallelDraftTrainConfig, args))
     return 0

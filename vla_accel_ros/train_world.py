@@ -28,7 +28,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from vla_accel_ros.train import (
     check_data_selection,
     check_hyperparameters,
     command_line,
+    config_from_args,
     component_recipe,
     cosine_schedule,
     optimise_epochs,
@@ -311,6 +312,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    names = {f.name for f in fields(WorldTrainConfig)}
-    train_world(WorldTrainConfig(**{k: v for k, v in vars(args).items() if k in names}))
+    train_world(config_from_args(WorldTrainConfig, args))
     return 0

@@ -7,9 +7,9 @@ from vla_accel_ros.decoding import make_decoder
 
 
 def test_sequential_draft_entries_only_for_parallel_draft_decoders() -> None:
-    entries = bench_entries(["ar", "sd", "kerv", "world_aware"], sweep=False, sequential_draft=True)
+    entries = bench_entries(["ar", "sd", "kerv", "world_aware", "deadline"], sweep=False, sequential_draft=True)
     extra = {e.name: e for e in entries if e.name.endswith(SEQUENTIAL_SUFFIX)}
-    assert set(extra) == {f"kerv{SEQUENTIAL_SUFFIX}", f"world_aware{SEQUENTIAL_SUFFIX}"}
+    assert set(extra) == {f"{name}{SEQUENTIAL_SUFFIX}" for name in ("kerv", "world_aware", "deadline")}
     for entry in extra.values():
         decoder = make_decoder(entry.decoder, **dict(entry.settings))
         assert decoder.config.parallel_draft is False

@@ -53,7 +53,7 @@ from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
 from vla_accel_ros.vision_reuse import IncrementalVisionEncoder
 
 SWEEP_R = (3, 5, 9, 15, 20)
-PARALLEL_DRAFT_DECODERS = ("kerv", "world_aware")  # draft with the parallel head when the checkpoint has one
+PARALLEL_DRAFT_DECODERS = ("kerv", "world_aware", "deadline")  # draft with the parallel head when the checkpoint has one
 SEQUENTIAL_SUFFIX = "@sequential"
 HEISD_KEYS = ("retrieval_mode_share", "verify_skip_share", "retrieval_accept_rate", "retrieval_query_ms_p50")
 
@@ -261,7 +261,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run every decoder with incremental vision that reuses the keys/values of "
                              "unchanged prefix tokens (entries named DECODER+ivkv)")
     parser.add_argument("--sequential-draft", action="store_true",
-                        help=f"also run {' and '.join(PARALLEL_DRAFT_DECODERS)} with the sequential draft head "
+                        help=f"also run {', '.join(PARALLEL_DRAFT_DECODERS)} with the sequential draft head "
                              f"(entries named DECODER{SEQUENTIAL_SUFFIX}), next to the parallel head they use by default")
     add_vision_arguments(parser)
 

@@ -131,3 +131,21 @@ def test_the_kf_drafts_any_trusted_position_with_the_parallel_head(
     expected = np.concatenate([parallel[:4], kf_tokens[4:]])
     expected[2] = kf_tokens[2]
     np.testing.assert_array_equal(result.tokens, expected)
+
+
+def test_deadline_drafts_with_the_parallel_head_and_prices_a_round_per_call(
+    policy: Policy, observations: Observations
+) -> None:
+    """Every round is one parallel call; the cost of a round no longer grows with its draft length."""
+    decoder = make_decoder("deadline", r_min=0, r_max=0)
+    counting = CountingPolicy(policy)
+    prefix = policy.prefill(observations(1, seed=6)[0])
+    result = decoder.decode(counting, prefix, DecodeContext())  # no deadline: rounds until done
+    assert counting.calls["draft_tokens"] == 0
+    assert counting.calls["draft_tokens_parallel"] == result.rounds == counting.calls["score"] == result.target_passes
+    greedy = policy.greedy_decode(prefix)[0].numpy()
+    np.testing.assert_array_equal(result.tokens, greedy)  # r = 0: exact speculative decoding
+    assert decoder.parallel and decoder.draft_call_s is not None and decoder.draft_call_s > 0
+    assert decoder.round_cost(7) == decoder.round_cost(1)
+    sequential = make_decoder("deadline", parallel_draft=False, draft_step_s=0.001, verify_s=0.002)
+    assert sequential.round_cost(7) > sequential.round_cost(1)

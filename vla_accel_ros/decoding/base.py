@@ -308,17 +308,17 @@ def speculate_to_end(ledger: PassLedger, state: SpecState, r: float) -> None:
 
 
 def speculative_round(
-    ledger: PassLedger, state: SpecState, r: float, n_draft: int | None = None
+    ledger: PassLedger, state: SpecState, r: float, n_draft: int | None = None, parallel: bool = False
 ) -> tuple[np.ndarray, int]:
     """One draft/verify round with relaxed acceptance, advancing ``state`` in place.
 
-    Drafts ``n_draft`` (default: all remaining) tokens, verifies them in one target pass (the
-    pending bonus, if any, is fed first), keeps the accepted prefix, then appends the target's
-    argmax at the first rejection, or after the last draft token when all were accepted and tokens
-    are still missing. Returns (draft tokens, accepted count).
+    Drafts ``n_draft`` (default: all remaining) tokens (with the parallel head when ``parallel``),
+    verifies them in one target pass (the pending bonus, if any, is fed first), keeps the accepted
+    prefix, then appends the target's argmax at the first rejection, or after the last draft token
+    when all were accepted and tokens are still missing. Returns (draft tokens, accepted count).
     """
     n = state.remaining if n_draft is None else max(1, min(n_draft, state.remaining))
-    draft = ledger.draft(state.prefix, n, state.consumed_last, state.pending)
+    draft = ledger.draft(state.prefix, n, state.consumed_last, state.pending, parallel=parallel)
     offset = 0 if state.pending is None else 1
     feed = ([state.pending] if state.pending is not None else []) + [int(t) for t in draft]
     argmax, extended = ledger.score(state.prefix, feed)

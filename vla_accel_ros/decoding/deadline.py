@@ -5,7 +5,8 @@ Policy, re-evaluated before every round on ``context.clock``:
    minus a safety margin;
 2. a round drafting n tokens costs ``n * draft_step + verify`` by running averages (exponential,
    weight ``ema``) of this decoder's own measured pass costs (optimistic 0 until first measured,
-   unless priors are configured);
+   unless priors are configured); with the policy's parallel draft head (``parallel_draft``, as in
+   ``kerv``) one draft call proposes all n, so a round costs ``draft_call + verify`` whatever n;
 3. if a round with at least one draft token fits, draft the largest affordable n (at most the
    tokens still missing), verify once with the kinematic threshold (as in ``kerv``), keep the
    accepted prefix and the target's bonus token, and go back to 1;
@@ -66,13 +67,16 @@ class DeadlineDecoder(KervDecoder):
         super().__init__(**cfg)
         self.draft_step_s: float | None = self.config.draft_step_s
         self.verify_s: float | None = self.config.verify_s
+        self.draft_call_s: float | None = None  # one parallel draft call (any length), measured
+        self.parallel = False  # whether the current policy drafts with its parallel head
 
     def _average(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.config.ema) * old + self.config.ema * new
 
     def round_cost(self, n_draft: int) -> float:
         """Expected seconds of one round drafting n tokens (0 for costs not yet measured)."""
-        return n_draft * (self.draft_step_s or 0.0) + (self.verify_s or 0.0)
+        draft = (self.draft_call_s or 0.0) if self.parallel else n_draft * (self.draft_step_s or 0.0)
+        return draft + (self.verify_s or 0.0)
 
     def affordable_draft(self, budget_s: float, missing: int) -> int:
         """Largest draft length in 1..missing whose round fits the budget; 0 if none does."""
@@ -87,14 +91,18 @@ class DeadlineDecoder(KervDecoder):
         started, ledger, state = start_speculation(policy, prefix, context)
         deadline = math.inf if context.time_left_s is None else started + context.time_left_s
         kf_filled = 0
+        self.parallel = self.uses_parallel_draft(policy)
         with torch.inference_mode():
             r = self.threshold(policy, prefix, context)
             while state.remaining > 0 and state.rounds < cfg.max_rounds:
                 n = self.affordable_draft(deadline - clock() - cfg.margin_s, state.remaining)
                 if n == 0:
                     break
-                speculative_round(ledger, state, r, n)
-                self.draft_step_s = self._average(self.draft_step_s, ledger.last_draft_s / n)
+                speculative_round(ledger, state, r, n, parallel=self.parallel)
+                if self.parallel:
+                    self.draft_call_s = self._average(self.draft_call_s, ledger.last_draft_s)
+                else:
+                    self.draft_step_s = self._average(self.draft_step_s, ledger.last_draft_s / n)
                 self.verify_s = self._average(self.verify_s, ledger.last_verify_s)
             if state.remaining > 0:
                 kf_filled = self._complete(ledger, state, policy, context)
@@ -110,7 +118,7 @@ class DeadlineDecoder(KervDecoder):
             fill, known = completion
             filled = np.where(known[missing], fill[missing], -1)
         if np.any(filled < 0):
-            draft = ledger.draft(state.prefix, len(missing), state.consumed_last, state.pending)
+            draft = ledger.draft(state.prefix, len(missing), state.consumed_last, state.pending, parallel=self.parallel)
             filled = np.where(filled < 0, draft, filled)
         n_kf = int(np.sum(known[missing])) if completion is not None else 0
         state.tokens.extend(int(t) for t in filled)

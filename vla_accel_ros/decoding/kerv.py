@@ -60,7 +60,7 @@ class KervConfig:
     kf_trust: float = 0.9  # running acceptance rate a position's KF token needs before the KF drafts it
     kf_rate_weight: float = 0.2  # weight of the newest step in that running rate (exponential average)
     # draft with the policy's parallel draft head when it has one (one light call for all tokens);
-    # False = always the sequential head. (``deadline`` runs its own rounds, always sequential.)
+    # False = always the sequential head
     parallel_draft: bool = True
 
     def __post_init__(self) -> None:

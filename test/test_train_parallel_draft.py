@@ -123,7 +123,7 @@ def test_command_writes_a_copy_with_the_head(setup, tmp_path: Path) -> None:
             assert 0.0 <= metrics[key + "_pos1_6"] <= 1.0
             assert 1.0 <= metrics[f"{head}_accept_len_r{r}"] <= 7.0
         assert metrics[f"{head}_agreement_within9_pos1_6"] >= metrics[f"{head}_agreement_pos1_6"]
-    assert "train_loss_end" in metrics and metrics["train_seconds"] > 0
+    assert metrics["train_loss_end"] > 0 and metrics["train_seconds"] >= 0  # a fast machine rounds to 0.0 s
     # the recorded command rebuilds the configuration
     words = shlex.split(meta["recipe"]["command"])
     assert words[:2] == ["vla-accel", "train-parallel-draft"]

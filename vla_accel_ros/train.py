@@ -538,7 +538,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     trainer.train_target()
     trainer.train_heads()
     metrics = trainer.evaluate()
-    metrics["train_seconds"] = round(time.perf_counter() - start, 1)
+    metrics["train_seconds"] = round(time.perf_counter() - start, 2)
     out = Path(cfg.out)
     recipe = {
         **{k: v for k, v in asdict(cfg).items() if k not in ("progress", "out")},

@@ -167,7 +167,7 @@ def train_flow(cfg: FlowTrainConfig) -> dict[str, Any]:
     actions = torch.from_numpy(policy.tokenizer.normalise(data.actions.numpy())).to(torch.float32)
     heads, history = train_heads(cfg, cond, actions, train_idx)
     metrics = evaluate_heads(heads, cond[val_idx], actions[val_idx], cfg.seed) if len(val_idx) else {}
-    metrics["train_seconds"] = round(time.perf_counter() - start, 1)
+    metrics["train_seconds"] = round(time.perf_counter() - start, 2)
     out = Path(cfg.out or cfg.checkpoint)
     if cfg.out and Path(cfg.out).resolve() != Path(cfg.checkpoint).resolve():  # a complete checkpoint there
         copy_checkpoint(cfg.checkpoint, out, exclude=(FLOW_WEIGHTS_FILE, FLOW_META_FILE))

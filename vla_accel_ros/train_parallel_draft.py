@@ -249,7 +249,7 @@ def train_parallel_draft(cfg: ParallelDraftTrainConfig) -> dict[str, Any]:
         window = max(1, min(20, len(losses) // 4))
         metrics["train_loss_start"] = float(np.mean(losses[:window]))
         metrics["train_loss_end"] = float(np.mean(losses[-window:]))
-    metrics["train_seconds"] = round(time.perf_counter() - start, 1)
+    metrics["train_seconds"] = round(time.perf_counter() - start, 2)
 
     if not cfg.in_place:
         copy_checkpoint(cfg.checkpoint, out, exclude=(PARALLEL_DRAFT_WEIGHTS_FILE, PARALLEL_DRAFT_META_FILE, LOSS_PLOT))

@@ -253,7 +253,7 @@ def train_world(cfg: WorldTrainConfig) -> dict[str, Any]:
     finetuned = trainer.evaluate()
     history.update(trainer.history)
     metrics["finetuned"] = finetuned
-    metrics["train_seconds"] = round(time.perf_counter() - start, 1)
+    metrics["train_seconds"] = round(time.perf_counter() - start, 2)
 
     out = Path(cfg.out)
     recipe = {

@@ -36,11 +36,13 @@ from vla_accel_ros.decoding import DECODERS, FLOW_DECODERS, STORE_DECODERS, Epis
 from vla_accel_ros.decoding.wa_prefill import WA_DEFAULT_BASES, WA_PREFILL_PREFIX, split_prefill
 from vla_accel_ros.evaluate import (
     EpisodeRecord,
+    add_sampling_arguments,
     add_vision_arguments,
     checkpoint_megabytes,
     decoder_options,
     peak_rss_mb,
     run_episode,
+    sampling_config,
     summarize,
     vision_config,
 )
@@ -264,6 +266,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"also run {', '.join(PARALLEL_DRAFT_DECODERS)} with the sequential draft head "
                              f"(entries named DECODER{SEQUENTIAL_SUFFIX}), next to the parallel head they use by default")
     add_vision_arguments(parser)
+    add_sampling_arguments(parser)
 
 
 def bench_store_options(args: argparse.Namespace, decoders: list[str], ckpt: Path, policy: Policy) -> dict[str, Any]:
@@ -300,6 +303,7 @@ def run(args: argparse.Namespace) -> int:
         decoders.insert(0, "ar")  # every speed-up is relative to AR from this same run
     entries = bench_entries(decoders, sweep=not args.no_sweep, incremental_vision=args.incremental_vision,
                             reuse_kv=args.reuse_kv, sequential_draft=args.sequential_draft)
+    sampling = sampling_config(args)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     records: dict[str, list[EpisodeRecord]] = {e.name: [] for e in entries}
@@ -308,7 +312,8 @@ def run(args: argparse.Namespace) -> int:
         runners = {
             e.name: (
                 make_decoder(e.decoder, **dict(e.settings), **(store_options if e.decoder in STORE_DECODERS else {})),
-                EpisodeHistory(JointKalmanFilter(env.kin, env.control_dt), max_steps=args.max_steps, control_period_s=env.control_dt),
+                EpisodeHistory(JointKalmanFilter(env.kin, env.control_dt), max_steps=args.max_steps,
+                               control_period_s=env.control_dt, sampling=sampling),
                 IncrementalVisionEncoder(policies[e.name], vision_config(args, e.reuse_kv)) if e.incremental_vision else None,
             )
             for e in entries
@@ -334,6 +339,7 @@ def run(args: argparse.Namespace) -> int:
         "peak_rss_mb": peak_rss_mb(),
         "wall_s": time.perf_counter() - start,
         "threads": args.threads,
+        "temperature": sampling.temperature,
     }
     comparison = wa_comparison(main_rows)
     if wa_policy is not None:

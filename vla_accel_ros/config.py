@@ -18,6 +18,8 @@ from typing import Any, TypeVar, get_type_hints
 
 import yaml
 
+from vla_accel_ros.sampling import DEFAULT_TEMPERATURE, MAX_TEMPERATURE
+
 OUTPUT_FORMATS = ("forward_position", "joint_trajectory", "joint_state")
 EXECUTORS = ("single", "multi")
 INFERENCE_MODES = ("thread", "process")
@@ -113,6 +115,8 @@ class NodeConfig:
     tcp_frame: str = _p("tcp", "URDF frame the policy's end-effector deltas refer to")
     checkpoint: str = _p("", "Policy checkpoint directory; empty = the package's checkpoints/default")
     decoder: str = _p("kerv", "Action decoder (ar, speculative, kerv, world_aware, ...)")
+    temperature: float = _p(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy (every decoder "
+                            "samples the same way; see README, The policy)", range=(0.0, MAX_TEMPERATURE))
     vision_reuse: bool = _p(False, "Re-encode only the image patches that changed since the frame that produced "
                             "their cached encoding (incremental vision); false = encode every patch of every frame")
     vision_threshold: float = _p(8.0, "Incremental vision: mean |pixel change| (0..255) that makes a patch dynamic",

@@ -32,6 +32,7 @@ from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.models import Policy, load_checkpoint
 from vla_accel_ros.resources import default_checkpoint
 from vla_accel_ros.retrieval import resolve_store, store_mismatch
+from vla_accel_ros.sampling import DEFAULT_TEMPERATURE, SamplingConfig
 from vla_accel_ros.sim.demos import EVAL_SEED_START
 from vla_accel_ros.sim.env import NEAR_CONTACT_DISTANCE, PickCubeEnv, SimConfig
 from vla_accel_ros.vision_reuse import IncrementalVisionEncoder, VisionReuseConfig
@@ -77,7 +78,7 @@ def run_episode(
     clearance (world-aware acceptance); without it they fall back to the policy's contact head."""
     record = EpisodeRecord(seed=seed, decoder=getattr(decoder, "name", type(decoder).__name__))
     obs = env.reset(seed)
-    history.reset()
+    history.reset(episode=seed)  # the episode's sampling noise follows its seed
     if vision is not None:
         vision.reset()
     while not env.done:
@@ -209,6 +210,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"checkpoint with a world component (vla-accel train-world) for --decoder "
                              f"{WA_PREFILL_PREFIX}X (default: --checkpoint, which must then have one)")
     add_vision_arguments(parser)
+    add_sampling_arguments(parser)
 
 
 def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
@@ -222,6 +224,19 @@ def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
                         help="incremental: re-encode every patch at least every N frames")
     parser.add_argument("--vision-max-drift", type=float, default=d.max_drift,
                         help="incremental: mean sub-threshold change of cached patches that forces a refresh")
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                        help=f"action-token sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE}: the shipped "
+                             "policy's setting); the noise follows each episode's seed, and the draft heads share it")
+
+
+def sampling_config(args: argparse.Namespace) -> SamplingConfig:
+    try:
+        return SamplingConfig(args.temperature)
+    except ValueError as err:
+        raise SystemExit(f"--temperature: {err}") from err
 
 
 def vision_config(args: argparse.Namespace, reuse_kv: bool | None = None) -> VisionReuseConfig:
@@ -263,6 +278,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"{ckpt} has no world component for --decoder {args.decoder}: run vla-accel train-world")
     if base_decoder in FLOW_DECODERS and policy.flow is None:
         raise SystemExit(f"{ckpt} has no continuous action head for --decoder {args.decoder}: run vla-accel train-flow")
+    sampling = sampling_config(args)
     decoder = make_decoder(base_decoder, **decoder_options(base_decoder, args.store, args.checkpoint or default_checkpoint(), policy, ckpt))
     vision = IncrementalVisionEncoder(policy, vision_config(args)) if args.vision != "full" else None
     args.out.mkdir(parents=True, exist_ok=True)
@@ -270,7 +286,8 @@ def run(args: argparse.Namespace) -> int:
     records = []
     start = time.perf_counter()
     with PickCubeEnv(sim_config) as env:
-        history = EpisodeHistory(JointKalmanFilter(env.kin, env.control_dt), max_steps=args.max_steps, control_period_s=env.control_dt)
+        history = EpisodeHistory(JointKalmanFilter(env.kin, env.control_dt), max_steps=args.max_steps,
+                                 control_period_s=env.control_dt, sampling=sampling)
         bar = tqdm(range(args.episodes), desc=f"eval {args.decoder}", unit="ep")
         for i in bar:
             records.append(run_episode(env, policy, decoder, history, args.seed + i, vision=vision))
@@ -279,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
     summary.update(
         decoder=args.decoder,
         vision=args.vision,
+        temperature=sampling.temperature,
         seed=args.seed,
         checkpoint=str(ckpt),
         params=sum(policy.n_parameters().values()),

@@ -25,6 +25,7 @@ from vla_accel_ros.controller import Controller
 from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.kinematics import ArmKinematics
 from vla_accel_ros.observation import Observation
+from vla_accel_ros.sampling import SamplingConfig
 
 if TYPE_CHECKING:
     from vla_accel_ros.vision_reuse import VisionReuseConfig
@@ -52,7 +53,7 @@ class PolicyRunner:
 
     def __init__(self, policy: Any, decoder_name: str, kin: ArmKinematics, *, action_dt_s: float,
                  period_s: float, max_steps: int = 120, clock: Callable[[], float] = time.perf_counter,
-                 vision: VisionReuseConfig | None = None) -> None:
+                 vision: VisionReuseConfig | None = None, sampling: SamplingConfig | None = None) -> None:
         from vla_accel_ros.decoding.base import EpisodeHistory
         from vla_accel_ros.vision_reuse import IncrementalVisionEncoder
 
@@ -64,7 +65,7 @@ class PolicyRunner:
         self.decoder_name = decoder_name
         self.period_s = period_s
         self.history = EpisodeHistory(JointKalmanFilter(kin, action_dt_s), max_steps=max_steps,
-                                      control_period_s=action_dt_s, clock=clock)
+                                      control_period_s=action_dt_s, clock=clock, sampling=sampling)
         self._last_instruction: str | None = None
         self._last_q: np.ndarray | None = None
         self.vision = IncrementalVisionEncoder(policy, vision) if vision is not None else None

@@ -43,6 +43,7 @@ import numpy as np
 from vla_accel_ros.controller import Controller
 from vla_accel_ros.inference import WorkerBase, _percentile
 from vla_accel_ros.observation import Observation
+from vla_accel_ros.sampling import DEFAULT_TEMPERATURE, SamplingConfig
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class ChildSpec:
     vision_refresh_steps: int = 20
     vision_max_drift: float = 2.0
     vision_reuse_kv: bool = False
+    temperature: float = DEFAULT_TEMPERATURE  # action-token sampling (vla_accel_ros.sampling)
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
@@ -401,7 +403,7 @@ def _load(spec: ChildSpec) -> Any:
     vision = (VisionReuseConfig(spec.vision_threshold, spec.vision_refresh_steps, spec.vision_max_drift,
                                 reuse_kv=spec.vision_reuse_kv) if spec.vision_reuse else None)
     return PolicyRunner.load(spec.checkpoint, spec.decoder, kin, action_dt_s=spec.action_dt_s,
-                             period_s=spec.period_s, vision=vision)
+                             period_s=spec.period_s, vision=vision, sampling=SamplingConfig(spec.temperature))
 
 
 def _serve(conn: Connection, memfd: int, runner: Any) -> None:

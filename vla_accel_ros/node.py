@@ -53,6 +53,7 @@ from vla_accel_ros.inference import InferenceWorker, PolicyRunner
 from vla_accel_ros.inference_process import ChildSpec, ProcessInferenceWorker
 from vla_accel_ros.kinematics import ArmKinematics
 from vla_accel_ros.resources import default_checkpoint, default_urdf
+from vla_accel_ros.sampling import SamplingConfig
 from vla_accel_ros.ros_util import LATCHED_QOS, declare_config, run_node
 
 NODE_NAME = "vla_accel_node"
@@ -183,14 +184,15 @@ class VlaAccelNode(Node):
                     spec = ChildSpec(str(checkpoint), cfg.decoder, self.kin.urdf_xml, self.kin.tcp_frame,
                                      cfg.action_dt_s, cfg.period_s, cfg.torch_threads, cfg.vision_reuse,
                                      cfg.vision_threshold, cfg.vision_refresh_steps, cfg.vision_max_drift,
-                                     cfg.vision_reuse_kv)
+                                     cfg.vision_reuse_kv, cfg.temperature)
                     self.worker = ProcessInferenceWorker(self.controller, spec, self._now,
                                                          max_restarts=cfg.inference_restarts)
                     self.worker.start()
                     model_size = self.worker.image_size
                 else:
                     self.runner = PolicyRunner.load(checkpoint, cfg.decoder, self.kin, action_dt_s=cfg.action_dt_s,
-                                                    period_s=cfg.period_s, vision=cfg.vision_config())
+                                                    period_s=cfg.period_s, vision=cfg.vision_config(),
+                                                    sampling=SamplingConfig(cfg.temperature))
                     model_size = self.runner.image_size
             except (OSError, ValueError, KeyError) as err:
                 raise ConfigError(f"cannot load policy checkpoint '{checkpoint}' with decoder '{cfg.decoder}': {err}") from err

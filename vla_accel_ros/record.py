@@ -69,7 +69,8 @@ class RecordOptions:
         data = asdict(self)
         if data["checkpoint"]:
             data["checkpoint"] = str(Path(data["checkpoint"]).resolve())
-        return {"source": "record", **data}
+        # the node's sampling temperature: a replay must sample the same way to reproduce the commands
+        return {"source": "record", **data, "temperature": NodeConfig().temperature}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

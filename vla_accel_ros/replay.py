@@ -48,6 +48,7 @@ import numpy as np
 from vla_accel_ros.bag import (STORAGES, TOPICS, BagError, BagMessage, BagReader, BagWriter, float_seconds,
                                make_float_array, make_string, open_bag, parse_remaps)
 from vla_accel_ros.config import NodeConfig
+from vla_accel_ros.sampling import SamplingConfig
 
 MODES = ("deterministic", "realtime")
 DEFAULT_TOLERANCE = 1e-6  # rad
@@ -113,7 +114,8 @@ class LockstepCore:
         checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else default_checkpoint()
         try:
             self.runner = PolicyRunner.load(checkpoint, cfg.decoder, self.kin, action_dt_s=cfg.action_dt_s,
-                                            period_s=cfg.period_s, clock=frozen_clock, vision=cfg.vision_config())
+                                            period_s=cfg.period_s, clock=frozen_clock, vision=cfg.vision_config(),
+                                            sampling=SamplingConfig(cfg.temperature))
         except (OSError, ValueError, KeyError) as err:
             raise ValueError(f"cannot load policy checkpoint '{checkpoint}' with decoder '{cfg.decoder}': {err}") from err
         self.image_size = cfg.image_size or self.runner.image_size
@@ -313,6 +315,8 @@ def node_config(opts: ReplayOptions, custom: dict[str, Any]) -> NodeConfig:
             values[key] = float(value) if key == "control_rate_hz" else str(value)
     if opts.instruction:
         values["instruction"] = opts.instruction
+    if "temperature" in custom:  # else (an older bag) the node's default
+        values["temperature"] = float(custom["temperature"])
     return NodeConfig(**values)
 
 
@@ -381,7 +385,8 @@ def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str
 
 def _out_custom(opts: ReplayOptions, cfg: NodeConfig) -> dict[str, Any]:
     return {"source": "replay", "mode": opts.mode, "input_bag": str(Path(opts.bag).resolve()),
-            "decoder": cfg.decoder, "checkpoint": cfg.checkpoint, "control_rate_hz": cfg.control_rate_hz}
+            "decoder": cfg.decoder, "checkpoint": cfg.checkpoint, "control_rate_hz": cfg.control_rate_hz,
+            "temperature": cfg.temperature}
 
 
 def _summarise(opts: ReplayOptions, cfg: NodeConfig, kin: Any, produced: list[Command], recorded: list[Command],

@@ -16,6 +16,7 @@ from vla_accel_ros.kinematics import ArmKinematics
 from vla_accel_ros.models import Policy
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.observation import Observation
+from vla_accel_ros.sampling import SamplingConfig
 
 torch.set_num_threads(1)
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
@@ -88,6 +89,36 @@ def test_exact_sd_and_kerv_agree_with_ar(policy: Policy, kin: ArmKinematics, obs
             np.testing.assert_array_equal(k.tokens[: n + 1], expected[: n + 1])
             if n == 7:
                 np.testing.assert_array_equal(k.tokens, expected)
+
+
+def test_shared_sampling_noise_keeps_exact_speculation_equal_to_ar(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
+    """With the step's sampling noise in the context, sd at r = 0 returns AR's *sampled* tokens
+    token for token, kerv up to its bonus, and the draft's first proposal is the target's sample."""
+    sampling = SamplingConfig(1.5, seed=0)
+    ar, sd, kerv = make_decoder("ar"), make_decoder("sd", r=0), make_decoder("kerv", r_min=0, r_max=0)
+    changed = 0
+    for step, obs in enumerate(observations(8, seed=2)):
+        prefix = policy.prefill(obs)
+        noise = sampling.token_noise(episode=0, step=step)
+        sampled = ar.decode(policy, prefix, DecodeContext(token_noise=noise)).tokens
+        np.testing.assert_array_equal(sd.decode(policy, prefix, DecodeContext(token_noise=noise)).tokens, sampled)
+        k = kerv.decode(policy, prefix, DecodeContext(kalman=converged_filter(kin), token_noise=noise))
+        np.testing.assert_array_equal(k.tokens[: k.accepted_len + 1], sampled[: k.accepted_len + 1])
+        draft, _ = policy.draft_tokens(prefix, 3, noise=noise)
+        assert int(draft[0, 0]) == sampled[0]
+        changed += not np.array_equal(sampled, ar.decode(policy, prefix, DecodeContext()).tokens)
+    assert changed > 0  # the noise did move tokens off the greedy ones
+
+
+def test_episode_history_gives_each_step_its_noise() -> None:
+    assert EpisodeHistory().context().token_noise is None  # greedy by default
+    history = EpisodeHistory(sampling=SamplingConfig(0.5))
+    history.reset(episode=100003)
+    torch.testing.assert_close(history.context().token_noise, SamplingConfig(0.5).token_noise(100003, 0))
+    with pytest.raises(ValueError, match="token_noise"):
+        DecodeContext(token_noise=torch.zeros(6, 256))
 
 
 def test_kerv_and_world_aware_make_one_verify_pass(

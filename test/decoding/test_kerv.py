@@ -46,11 +46,11 @@ class CountingPolicy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.policy, name)
 
-    def draft_tokens(self, prefix: Any, n: int, last_token: torch.Tensor | None = None) -> Any:
+    def draft_tokens(self, prefix: Any, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> Any:
         self.calls["draft_tokens"] += 1
         return self.policy.draft_tokens(prefix, n, last_token)
 
-    def draft_tokens_parallel(self, prefix: Any, n: int, last_token: torch.Tensor | None = None) -> Any:
+    def draft_tokens_parallel(self, prefix: Any, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> Any:
         self.calls["draft_tokens_parallel"] += 1
         self.requested.append(n)
         return self.policy.draft_tokens_parallel(prefix, n, last_token)

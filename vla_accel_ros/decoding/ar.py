@@ -17,7 +17,7 @@ class ARDecoder:
 
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
         started = context.clock()
-        ledger = PassLedger(policy, context.clock)
+        ledger = PassLedger(policy, context.clock, context.token_noise)
         with torch.inference_mode():
             argmax, _ = ledger.score(prefix, [])
             tokens = [int(argmax[0])]

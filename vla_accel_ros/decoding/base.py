@@ -7,7 +7,8 @@ and ``draft_tokens`` (the light draft head), so the counts in :class:`DecodeResu
 Relaxed acceptance (all speculative decoders): draft token d_i is accepted when
 ``|d_i - argmax target_i| <= r``, prefix-wise (the accepted length is the first failure's index);
 the draft token is kept, not the argmax. At the first rejection the target's argmax there comes
-free with the same verify pass (the "bonus" token).
+free with the same verify pass (the "bonus" token). With sampling (``DecodeContext.token_noise``,
+see :mod:`vla_accel_ros.sampling`) "argmax" reads "the target's sampled token" throughout.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+
+from vla_accel_ros.sampling import SamplingConfig, pick_tokens
+from vla_accel_ros.tokenizer import N_BINS
 
 if TYPE_CHECKING:
     from vla_accel_ros.kalman import JointKalmanFilter
@@ -43,7 +47,7 @@ class PolicyLike(Protocol):
     def score(self, prefix: Any, tokens: torch.Tensor) -> Any: ...
 
     def draft_tokens(
-        self, prefix: Any, n: int, last_token: torch.Tensor | None = None
+        self, prefix: Any, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def contact_probability(self, prefix: Any) -> float: ...
@@ -65,6 +69,7 @@ class DecodeContext:
     target_clearance: gripper-to-target distance (m) from the scene, None on a real robot.
     token_history: (S, 7) action tokens of the episode's previous steps, oldest first.
     clock: seconds, monotonic; every timing and deadline decision reads it.
+    token_noise: (7, 256) this step's sampling noise (:mod:`vla_accel_ros.sampling`); None = greedy.
     """
 
     joint_positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 7)))
@@ -78,8 +83,12 @@ class DecodeContext:
     target_clearance: float | None = None
     token_history: np.ndarray = field(default_factory=lambda: np.zeros((0, N_ACTION_TOKENS), dtype=np.int64))
     clock: Callable[[], float] = time.perf_counter
+    token_noise: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        if self.token_noise is not None and tuple(self.token_noise.shape) != (N_ACTION_TOKENS, N_BINS):
+            raise ValueError(f"DecodeContext.token_noise must be ({N_ACTION_TOKENS}, {N_BINS}), "
+                             f"got {tuple(self.token_noise.shape)}")
         q = np.asarray(self.joint_positions, dtype=float)
         if q.ndim != 2:
             raise ValueError(f"DecodeContext.joint_positions must be (H, n), got shape {q.shape}")
@@ -178,9 +187,10 @@ def accepted_length(
 class PassLedger:
     """Calls the policy, counts its passes and times them on the context clock."""
 
-    def __init__(self, policy: PolicyLike, clock: Callable[[], float]) -> None:
+    def __init__(self, policy: PolicyLike, clock: Callable[[], float], noise: torch.Tensor | None = None) -> None:
         self.policy = policy
         self.clock = clock
+        self.noise = noise  # the step's sampling noise: every token picked, drafted or verified, reads it
         self.target_passes = 0
         self.draft_passes = 0
         self.draft_s = 0.0
@@ -210,21 +220,23 @@ class PassLedger:
         last = None if last_consumed is None else torch.tensor([int(last_consumed)], dtype=torch.long)
         propose = self.policy.draft_tokens_parallel if parallel else self.policy.draft_tokens
         t0 = self.clock()
-        tokens, _ = propose(prefix, n + extra, last)
+        tokens, _ = propose(prefix, n + extra, last, noise=self.noise)
         self.last_draft_s = self.clock() - t0
         self.draft_s += self.last_draft_s
         self.draft_passes += n + extra
         return tokens[0, extra:].detach().cpu().numpy().astype(np.int64)
 
     def score(self, prefix: Any, tokens: Sequence[int]) -> tuple[np.ndarray, Any]:
-        """One target pass: argmax (k+1,) of the next-token logits, and the extended prefix."""
+        """One target pass: the picked (argmax, or sampled) token (k+1,) at each position, and the
+        extended prefix."""
         feed = torch.tensor([int(t) for t in tokens], dtype=torch.long).reshape(1, len(tokens))
         t0 = self.clock()
         out = self.policy.score(prefix, feed)
         self.last_verify_s = self.clock() - t0
         self.verify_s += self.last_verify_s
         self.target_passes += 1
-        return out.logits[0].argmax(dim=-1).cpu().numpy().astype(np.int64), out.prefix
+        first = prefix.n_tokens if self.noise is not None else 0
+        return pick_tokens(out.logits[0], self.noise, first).cpu().numpy().astype(np.int64), out.prefix
 
     def result(
         self,
@@ -298,7 +310,7 @@ class SpecState:
 def start_speculation(policy: PolicyLike, prefix: Any, context: DecodeContext) -> tuple[float, PassLedger, SpecState]:
     """The start of speculative decoding: the time on ``context.clock``, a ledger and a fresh state."""
     started = context.clock()
-    return started, PassLedger(policy, context.clock), SpecState(prefix=prefix)
+    return started, PassLedger(policy, context.clock, context.token_noise), SpecState(prefix=prefix)
 
 
 def speculate_to_end(ledger: PassLedger, state: SpecState, r: float) -> None:
@@ -397,6 +409,7 @@ class EpisodeHistory:
         control_period_s: float = 0.05,
         keep_joints: int = 16,
         clock: Callable[[], float] = time.perf_counter,
+        sampling: SamplingConfig | None = None,
     ) -> None:
         if keep_joints < 5:
             raise ValueError(f"keep_joints must be >= 5 (the curvature fit uses 5 points), got {keep_joints}")
@@ -405,10 +418,14 @@ class EpisodeHistory:
         self.control_period_s = control_period_s
         self.keep_joints = keep_joints
         self.clock = clock
+        self.sampling = sampling or SamplingConfig()
+        self.episode = -1
         self.reset()
 
-    def reset(self) -> None:
-        """Start a new episode (also resets the filter)."""
+    def reset(self, episode: int | None = None) -> None:
+        """Start a new episode (also resets the filter). ``episode`` keys the sampling noise
+        (e.g. the episode's seed); by default the episodes are counted."""
+        self.episode = self.episode + 1 if episode is None else int(episode)
         self.step = 0
         self._q: list[np.ndarray] = []
         self._stamps: list[float] = []
@@ -449,4 +466,5 @@ class EpisodeHistory:
             target_clearance=target_clearance,
             token_history=np.array(self._tokens, dtype=np.int64).reshape(-1, N_ACTION_TOKENS),
             clock=self.clock,
+            token_noise=self.sampling.token_noise(self.episode, self.step),
         )

@@ -214,7 +214,7 @@ class HeiSDDecoder:
         self.query_ms.append(query_ms)
         trajectory = np.clip(np.asarray(hit.values[0], dtype=np.int64), 0, MAX_TOKEN_ID)
         draft = trajectory[0]
-        ledger = PassLedger(policy, clock)
+        ledger = PassLedger(policy, clock, context.token_noise)
         with torch.inference_mode():
             argmax, extended = ledger.score(prefix, draft.tolist())
             target = argmax[:N_ACTION_TOKENS]

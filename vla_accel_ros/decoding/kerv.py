@@ -179,7 +179,7 @@ class KervDecoder:
 
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
         started = context.clock()
-        ledger = PassLedger(policy, context.clock)
+        ledger = PassLedger(policy, context.clock, context.token_noise)
         if context.step == 0:  # a new episode: the KF's record starts over
             self.kf_acceptance[:] = 0.0
         completion = kf_completion_tokens(policy, context)

@@ -22,6 +22,7 @@ from vla_accel_ros.models.flow import FlowHeads
 from vla_accel_ros.models.vla import BOS, PROPRIO_DIM, KVCache, VLAConfig, VLATarget, count_parameters
 from vla_accel_ros.models.world import WorldPrefill
 from vla_accel_ros.observation import Observation
+from vla_accel_ros.sampling import pick_tokens
 from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer, encode_instruction
 
 
@@ -311,7 +312,7 @@ class Policy:
 
     # --- draft --------------------------------------------------------------------------------
     def draft_tokens(
-        self, prefix: Prefix, n: int, last_token: torch.Tensor | None = None
+        self, prefix: Prefix, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Propose n tokens after the prefix: (tokens (B, n), logits (B, n, 256)).
 
@@ -319,13 +320,15 @@ class Policy:
         prefix consumed); None means the start of the action (BOS). The first proposal is the
         LM head of ``prefix.hidden_last``, i.e. exactly the target's greedy token; later ones
         come from the draft head, whose feature starts at ``prefix.hidden_last`` and then is its
-        own output. No target forward pass is run.
+        own output. No target forward pass is run. ``noise``: the step's sampling noise (7, 256)
+        from :mod:`vla_accel_ros.sampling`; each proposal is then the argmax of its logits plus
+        the noise of its action dimension, as the target's own sampled token would be.
         """
         with torch.inference_mode():
-            return self._draft(prefix, n, last_token)
+            return self._draft(prefix, n, last_token, noise=noise)
 
     def draft_tokens_parallel(
-        self, prefix: Prefix, n: int, last_token: torch.Tensor | None = None
+        self, prefix: Prefix, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`draft_tokens` with the parallel draft head: the same contract and the same first
         proposal (the target's greedy token), but the other n - 1 come from ONE call of
@@ -333,10 +336,11 @@ class Policy:
         token), so drafting costs one light forward whatever n. Raises ValueError when the policy
         has no parallel draft head."""
         with torch.inference_mode():
-            return self._draft(prefix, n, last_token, parallel=True)
+            return self._draft(prefix, n, last_token, parallel=True, noise=noise)
 
     def _draft(
-        self, prefix: Prefix, n: int, last_token: torch.Tensor | None, parallel: bool = False
+        self, prefix: Prefix, n: int, last_token: torch.Tensor | None, parallel: bool = False,
+        noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Both drafting modes: the sequential head's chain of steps, or (``parallel``) the
         parallel head's single call over all later positions."""
@@ -354,21 +358,22 @@ class Policy:
             return torch.empty(b, 0, dtype=torch.long, device=device), torch.empty(b, 0, N_BINS, device=device)
         lm_head, action_emb = self.target.lm_head, self.target.action_emb
         feature = prefix.hidden_last.unsqueeze(1)
+        start = prefix.n_tokens
         logits = [lm_head(feature)]
-        tokens = [logits[-1].argmax(-1)]
+        tokens = [pick_tokens(logits[-1], noise, start)]
         memory = prefix.kv[-1]
         # the action dimension each later proposal predicts (past the last one: the last one again)
-        positions = (prefix.n_tokens + torch.arange(1, n, device=device)).clamp_(max=self.n_action_tokens - 1)
-        if parallel and n > 1:  # every query reads (greedy token, feature) at the prefix end
+        positions = (start + torch.arange(1, n, device=device)).clamp_(max=self.n_action_tokens - 1)
+        if parallel and n > 1:  # every query reads (first token, feature) at the prefix end
             s = n - 1
             features = head(action_emb(tokens[0]).expand(b, s, -1), feature.expand(b, s, -1), positions, memory)
             logits.append(lm_head(features))
-            tokens.append(logits[-1].argmax(-1))
+            tokens.append(pick_tokens(logits[-1], noise, start + 1))
         elif not parallel:  # each step reads the token and feature the step before proposed
             for index in positions.split(1):
                 feature = head(action_emb(tokens[-1]), feature, index, memory)
                 logits.append(lm_head(feature))
-                tokens.append(logits[-1].argmax(-1))
+                tokens.append(pick_tokens(logits[-1], noise, int(index)))
         return torch.cat(tokens, dim=1), torch.cat(logits, dim=1)
 
     @staticmethod

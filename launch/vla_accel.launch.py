@@ -51,6 +51,8 @@ def generate_launch_description() -> LaunchDescription:
                               description="Follow /clock (simulators, rosbag play --clock)"),
         DeclareLaunchArgument("decoder", default_value="kerv",
                               description="Action decoder: ar, sd, kerv_released, kerv, world_aware, deadline"),
+        DeclareLaunchArgument("temperature", default_value="0.5",
+                              description="Action-token sampling temperature, 0 = greedy"),
     ]
 
     common = {
@@ -59,6 +61,7 @@ def generate_launch_description() -> LaunchDescription:
         "output": LaunchConfiguration("output"),
         "controller": LaunchConfiguration("controller"),
         "decoder": LaunchConfiguration("decoder"),
+        "temperature": ParameterValue(LaunchConfiguration("temperature"), value_type=float),
         "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool),
         "urdf_file": LaunchConfiguration("urdf_file"),
     }

@@ -19,8 +19,8 @@ PACKAGE = "vla_accel_ros"
 LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
 REQUIRED_ARGS = {
     "vla_accel.launch.py": {"params_file", "robot_description", "urdf_file", "image_topic", "joint_states_topic",
-                            "output", "controller", "use_sim_time", "decoder"},
-    "sim.launch.py": {"params_file", "use_sim_time", "decoder", "control_rate_hz"},
+                            "output", "controller", "use_sim_time", "decoder", "temperature"},
+    "sim.launch.py": {"params_file", "use_sim_time", "decoder", "temperature", "control_rate_hz"},
 }
 NODE_CONFIG = {"vla_accel_node": NodeConfig, "sim_node": SimBridgeConfig}
 

@@ -53,3 +53,27 @@ def test_bad_temperature_is_refused(temperature: float) -> None:
         SamplingConfig(temperature)
     with pytest.raises(ValueError, match="seed"):
         SamplingConfig(0.5, seed=-1)
+
+
+def test_policy_runner_samples_as_configured(tmp_path, tiny_checkpoint) -> None:
+    """The node's runner (thread and process mode build the same one): the same sampling config
+    gives the same tokens step for step, greedy gives the argmax ones, and they differ."""
+    from vla_accel_ros.inference import PolicyRunner
+    from vla_accel_ros.kinematics import ArmKinematics
+    from vla_accel_ros.observation import Observation
+    from vla_accel_ros.resources import default_urdf
+
+    kin = ArmKinematics(default_urdf())
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    rng = np.random.default_rng(0)
+    q = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
+    frames = [Observation(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), "pick up the red cube", q, 0.04,
+                          stamp=0.05 * i) for i in range(4)]
+
+    def tokens(sampling: SamplingConfig | None) -> list[list[int]]:
+        runner = PolicyRunner.load(ckpt, "ar", kin, action_dt_s=0.05, period_s=0.05, sampling=sampling)
+        return [runner(frame).tokens.tolist() for frame in frames]
+
+    sampled = tokens(SamplingConfig(1.5, seed=4))
+    assert sampled == tokens(SamplingConfig(1.5, seed=4))
+    assert sampled != tokens(None) == tokens(SamplingConfig(0.0))

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from vla_accel_ros.config import OUTPUT_FORMATS
+from vla_accel_ros.sampling import DEFAULT_TEMPERATURE, MAX_TEMPERATURE
 
 READY_TIMEOUT_S = 90.0
 
@@ -34,6 +35,7 @@ class SimRunOptions:
     episodes: int = 3
     control_rate_hz: float = 20.0
     decoder: str = "kerv"
+    temperature: float = DEFAULT_TEMPERATURE
     out: str = "outputs/sim"
     seed: int = 100_000
     checkpoint: str = ""
@@ -53,6 +55,8 @@ class SimRunOptions:
             raise ValueError(f"--control-rate must be in [1, 500] Hz, got {self.control_rate_hz}")
         if self.duration_s <= 0:
             raise ValueError(f"--duration-s must be > 0, got {self.duration_s}")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"--temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
         if self.output not in OUTPUT_FORMATS:
             raise ValueError(f"--output must be one of {', '.join(OUTPUT_FORMATS)}, got {self.output}")
         if not 0 <= self.domain_id <= 232:
@@ -63,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=3, help="number of seeded episodes")
     parser.add_argument("--control-rate", type=float, default=20.0, help="node control rate (Hz)")
     parser.add_argument("--decoder", default="kerv", help="action decoder of the node")
+    parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                        help="the node's action-token sampling temperature (0 = greedy)")
     parser.add_argument("--out", default="outputs/sim", help="output directory")
     parser.add_argument("--seed", type=int, default=100_000, help="seed of the first episode (then +1 each)")
     parser.add_argument("--checkpoint", default="", help="policy checkpoint directory (default: the package's)")
@@ -169,7 +175,8 @@ def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], 
     stats_file.unlink(missing_ok=True)
     sim_params = {"start_episode": False, "episode_duration_s": float(opts.duration_s), "success_hold_s": 0.15,
                   "real_time_factor": float(opts.real_time_factor)}
-    node_params = {"control_rate_hz": float(opts.control_rate_hz), "decoder": opts.decoder, "autostart": True,
+    node_params = {"control_rate_hz": float(opts.control_rate_hz), "decoder": opts.decoder,
+                   "temperature": float(opts.temperature), "autostart": True,
                    "output": opts.output, "executor": opts.executor, "stats_file": str(stats_file.resolve()),
                    "inference": opts.inference, "robot_description_timeout_s": 10.0,
                    "inference_mode": opts.inference_mode, "realtime_priority": opts.realtime_priority}
@@ -279,8 +286,8 @@ def _plot(node: dict[str, Any], rate_hz: float, out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     opts = SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, decoder=args.decoder,
-                         out=args.out, seed=args.seed, checkpoint=args.checkpoint, duration_s=args.duration_s,
-                         output=args.output, executor=args.executor, domain_id=args.domain_id,
+                         temperature=args.temperature, out=args.out, seed=args.seed, checkpoint=args.checkpoint,
+                         duration_s=args.duration_s, output=args.output, executor=args.executor, domain_id=args.domain_id,
                          inference_mode=args.inference_mode, realtime_priority=args.realtime_priority)
     started = time.monotonic()
     s = run_sim(opts)

@@ -176,7 +176,7 @@ def test_flow_heads_are_seeded_per_episode_and_stay_in_bounds(policy: Policy, ob
         first = [decoder.decode(policy, prefix, DecodeContext(step=s)).action for s in range(3)]
         again = [decoder.decode(policy, prefix, DecodeContext(step=s)).action for s in range(3)]
         np.testing.assert_array_equal(first, again)  # step 0 reseeds: the episode repeats exactly
-        assert not np.array_equal(first[0], first[1])  # fresh noise each step
+        assert not np.array_equal(first[0], first[1])  # new noise each step (correlated with the last)
         for action in first:
             assert np.all(action >= policy.tokenizer.q01 - 1e-12) and np.all(action <= policy.tokenizer.q99 + 1e-12)
         result = decoder.decode(policy, prefix, DecodeContext(step=1))
@@ -184,6 +184,21 @@ def test_flow_heads_are_seeded_per_episode_and_stay_in_bounds(policy: Policy, ob
     bare = Policy.create(policy.config, policy.tokenizer, seed=3)
     with pytest.raises(ValueError, match="continuous action head"):
         make_decoder("flow2").decode(bare, bare.prefill(observations(1)[0]), DecodeContext())
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.9])
+def test_flow_noise_is_standard_normal_with_the_configured_step_correlation(rho: float) -> None:
+    """Every step's noise is N(0, 1) (each action a proper sample of the head), and consecutive
+    steps correlate by rho (so a two-way choice like the gripper's does not flip every step)."""
+    decoder = make_decoder("flow2", seed=1, noise_correlation=rho)
+    noise = np.concatenate([decoder.next_noise(step).numpy() for step in range(20000)])
+    np.testing.assert_allclose(noise.mean(0), 0.0, atol=0.1)
+    np.testing.assert_allclose(noise.std(0), 1.0, atol=0.06)
+    lag1 = np.mean([np.corrcoef(noise[:-1, d], noise[1:, d])[0, 1] for d in range(7)])
+    assert abs(lag1 - rho) < 0.05
+    assert not np.array_equal(decoder.next_noise(0).numpy(), noise[-1])  # step 0: a fresh start
+    with pytest.raises(ValueError, match="noise_correlation"):
+        make_decoder("flow2", noise_correlation=1.5)
 
 
 def test_kerv_released_one_pass_on_forced_steps(policy: Policy, observations: Observations) -> None:

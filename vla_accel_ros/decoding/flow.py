@@ -5,10 +5,18 @@ are the action's bins, for bookkeeping only.
 
 The noise comes from a generator seeded with ``seed`` at every episode start (step 0), so an
 episode is reproducible; samples are clipped to the tokenizer's range, so actions stay in bounds.
+
+The noise is correlated from step to step (``noise_correlation`` rho): n_t = rho n_(t-1) +
+sqrt(1 - rho^2) e_t with fresh standard normal e_t, so every n_t is still standard normal and
+every action a sample of the head's distribution, but consecutive samples pick the same side of
+a two-way choice. With independent noise (rho = 0) the gripper, whose demonstrated command is
+open or closed and nothing between, flipped between the two at the cube step after step and
+never held a grasp long enough to lift it (see the README).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +30,11 @@ from vla_accel_ros.models.flow import prefix_condition
 @dataclass(frozen=True)
 class FlowDecoderConfig:
     seed: int = 0
+    noise_correlation: float = 0.9  # rho of the step-to-step noise; 0 = independent noise every step
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.noise_correlation <= 1.0:
+            raise ValueError(f"noise_correlation must be in [0, 1], got {self.noise_correlation}")
 
 
 class FlowDecoder:
@@ -31,6 +44,17 @@ class FlowDecoder:
     def __init__(self, **cfg: Any) -> None:
         self.config = FlowDecoderConfig(**cfg)
         self.generator = torch.Generator().manual_seed(self.config.seed)
+        self.noise: torch.Tensor | None = None  # the previous step's noise
+
+    def next_noise(self, step: int) -> torch.Tensor:
+        """This step's (1, 7) standard normal noise, correlated with the previous step's."""
+        fresh = torch.randn(1, N_ACTION_TOKENS, generator=self.generator)
+        rho = self.config.noise_correlation
+        if step == 0 or self.noise is None or rho == 0.0:
+            self.noise = fresh
+        else:
+            self.noise = rho * self.noise + math.sqrt(1.0 - rho * rho) * fresh
+        return self.noise
 
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
         heads = getattr(policy, "flow", None)
@@ -41,7 +65,7 @@ class FlowDecoder:
         started = context.clock()
         if context.step == 0:
             self.generator.manual_seed(self.config.seed)
-        noise = torch.randn(1, N_ACTION_TOKENS, generator=self.generator)
+        noise = self.next_noise(context.step)
         with torch.inference_mode():
             condition = prefix_condition(prefix.hidden_last, prefix.pooled)
             head_start = context.clock()

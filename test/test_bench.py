@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vla_accel_ros.bench import SEQUENTIAL_SUFFIX, bench_entries
+from vla_accel_ros.bench import SEQUENTIAL_SUFFIX, TEMPERATURE_PREFIX, bench_entries
 from vla_accel_ros.decoding import make_decoder
 
 
@@ -19,3 +19,11 @@ def test_sequential_draft_entries_only_for_parallel_draft_decoders() -> None:
 def test_no_sequential_entries_by_default() -> None:
     names = [e.name for e in bench_entries(["ar", "kerv"], sweep=False)]
     assert names == ["ar", "kerv"]
+
+
+def test_temperature_sweep_adds_ar_entries_at_each_temperature() -> None:
+    entries = bench_entries(["ar", "kerv"], sweep=False, temperatures=(0.0, 0.5))
+    swept = [e for e in entries if e.temperature is not None]
+    assert [(e.name, e.decoder, e.temperature) for e in swept] == [
+        (f"ar{TEMPERATURE_PREFIX}0", "ar", 0.0), (f"ar{TEMPERATURE_PREFIX}0.5", "ar", 0.5)]
+    assert all(e.temperature is None for e in entries if e not in swept)  # the run's --temperature

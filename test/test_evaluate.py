@@ -39,6 +39,19 @@ def test_bench_compares_decoders_on_the_same_episodes(tmp_path):
     assert (out / "table.md").read_text().startswith("| decoder")
 
 
+def test_bench_temperature_sweep_rows_and_plot(tmp_path):
+    out = tmp_path / "bench_t"
+    args = ["bench", "--episodes", "1", "--max-steps", "4", "--decoders", "ar", "--no-sweep",
+            "--temperature-sweep", "0,1.5", "--out", str(out)]
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"ar", "ar@T=0", "ar@T=1.5"}
+    assert summary["ar@T=1.5"]["target_passes_per_action"] == 7.0
+    assert (out / "temperature_sweep.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit):
+        main(["bench", "--temperature-sweep", "0,3", "--out", str(tmp_path / "bad")])
+
+
 def test_bench_with_incremental_vision_and_the_flow_heads(tmp_path):
     out = tmp_path / "bench_iv"
     args = ["bench", "--episodes", "1", "--max-steps", "6", "--decoders", "ar,flow10,flow2", "--no-sweep",

@@ -50,6 +50,7 @@ from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.models import Policy, load_checkpoint
 from vla_accel_ros.resources import default_checkpoint
 from vla_accel_ros.retrieval import default_store_dir
+from vla_accel_ros.sampling import SamplingConfig
 from vla_accel_ros.sim.demos import EVAL_SEED_START
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
 from vla_accel_ros.vision_reuse import IncrementalVisionEncoder
@@ -57,6 +58,7 @@ from vla_accel_ros.vision_reuse import IncrementalVisionEncoder
 SWEEP_R = (3, 5, 9, 15, 20)
 PARALLEL_DRAFT_DECODERS = ("kerv", "world_aware", "deadline")  # draft with the parallel head when the checkpoint has one
 SEQUENTIAL_SUFFIX = "@sequential"
+TEMPERATURE_PREFIX = "@T="
 HEISD_KEYS = ("retrieval_mode_share", "verify_skip_share", "retrieval_accept_rate", "retrieval_query_ms_p50")
 
 
@@ -71,11 +73,15 @@ class BenchEntry:
     incremental_vision: bool = False
     reuse_kv: bool = False
     wa_prefill: bool = False  # run by the --wa-checkpoint policy (world-aware prefill)
+    temperature: float | None = None  # token sampling temperature; None = the run's --temperature
 
 
 def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = False,
-                  reuse_kv: bool = False, sequential_draft: bool = False) -> list[BenchEntry]:
+                  reuse_kv: bool = False, sequential_draft: bool = False,
+                  temperatures: tuple[float, ...] = ()) -> list[BenchEntry]:
     entries = [BenchEntry(name, name) for name in decoders]
+    # AR again at each temperature (ar@T=...): what sampling does to success, on the same episodes
+    entries += [BenchEntry(f"ar{TEMPERATURE_PREFIX}{t:g}", "ar", temperature=t) for t in temperatures]
     if sequential_draft:  # the parallel-draft decoders again, drafting with the sequential head
         entries += [BenchEntry(f"{name}{SEQUENTIAL_SUFFIX}", name, (("parallel_draft", False),))
                     for name in decoders if name in PARALLEL_DRAFT_DECODERS]
@@ -221,6 +227,28 @@ def plot_pareto(sweep: dict[str, dict[str, Any]], main: dict[str, dict[str, Any]
     plt.close(fig)
 
 
+def plot_temperature_sweep(rows: dict[float, dict[str, Any]], out: Path) -> None:
+    """Success and NCF rate of ar against the token sampling temperature (0 = greedy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temperatures = sorted(rows)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label, style in (("success_rate", "success", "o-"), ("ncf_rate", "near-contact failure", "s--")):
+        ax.plot(temperatures, [rows[t][key] for t in temperatures], style, label=label)
+    ax.set_xlabel("sampling temperature (0 = greedy)")
+    ax.set_ylabel("rate over the episodes")
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_title("ar: success against temperature")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def plot_threshold_trace(records: dict[str, EpisodeRecord], out: Path) -> None:
     import matplotlib
 
@@ -262,11 +290,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reuse-kv", action="store_true",
                         help="also run every decoder with incremental vision that reuses the keys/values of "
                              "unchanged prefix tokens (entries named DECODER+ivkv)")
+    parser.add_argument("--temperature-sweep", type=_temperatures, default=(), metavar="T1,T2,...",
+                        help=f"also run ar at each of these sampling temperatures (entries ar{TEMPERATURE_PREFIX}T) and "
+                             "plot success against temperature (temperature_sweep.png)")
     parser.add_argument("--sequential-draft", action="store_true",
                         help=f"also run {', '.join(PARALLEL_DRAFT_DECODERS)} with the sequential draft head "
                              f"(entries named DECODER{SEQUENTIAL_SUFFIX}), next to the parallel head they use by default")
     add_vision_arguments(parser)
     add_sampling_arguments(parser)
+
+
+def _temperatures(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(t) for t in text.split(",") if t.strip())
+        for t in values:
+            SamplingConfig(t)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of temperatures in [0, 2]: {err}") from err
+    return values
 
 
 def bench_store_options(args: argparse.Namespace, decoders: list[str], ckpt: Path, policy: Policy) -> dict[str, Any]:
@@ -302,7 +343,8 @@ def run(args: argparse.Namespace) -> int:
     if "ar" not in decoders:
         decoders.insert(0, "ar")  # every speed-up is relative to AR from this same run
     entries = bench_entries(decoders, sweep=not args.no_sweep, incremental_vision=args.incremental_vision,
-                            reuse_kv=args.reuse_kv, sequential_draft=args.sequential_draft)
+                            reuse_kv=args.reuse_kv, sequential_draft=args.sequential_draft,
+                            temperatures=args.temperature_sweep)
     sampling = sampling_config(args)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -313,7 +355,8 @@ def run(args: argparse.Namespace) -> int:
             e.name: (
                 make_decoder(e.decoder, **dict(e.settings), **(store_options if e.decoder in STORE_DECODERS else {})),
                 EpisodeHistory(JointKalmanFilter(env.kin, env.control_dt), max_steps=args.max_steps,
-                               control_period_s=env.control_dt, sampling=sampling),
+                               control_period_s=env.control_dt,
+                               sampling=sampling if e.temperature is None else SamplingConfig(e.temperature)),
                 IncrementalVisionEncoder(policies[e.name], vision_config(args, e.reuse_kv)) if e.incremental_vision else None,
             )
             for e in entries
@@ -354,6 +397,9 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "table.md").write_text(table + ("\n\nr sweep:\n\n" + sweep_table if sweep_table else "") + "\n")
     if sweep_rows:
         plot_pareto(sweep_rows, main_rows, args.out / "pareto.png")
+    swept = {e.temperature: main_rows[e.name] for e in entries if e.temperature is not None}
+    if swept:
+        plot_temperature_sweep(swept, args.out / "temperature_sweep.png")
     traced = {n: records[n][0] for n in ("kerv", "world_aware", "sd", "kerv_released") if n in records}
     if traced:
         plot_threshold_trace(traced, args.out / "threshold_trace.png")

@@ -310,7 +310,8 @@ def run(args: argparse.Namespace) -> int:
     plot_latency(records, args.out / "latency.png", f"{args.decoder}: per-step latency")
     lat = summary["latency_ms"]
     print(
-        f"eval {args.decoder}: success {summary['success_rate']:.1%} over {summary['episodes']} episodes, "
+        f"eval {args.decoder} (temperature {sampling.temperature:g}): success {summary['success_rate']:.1%} "
+        f"over {summary['episodes']} episodes, "
         f"NCF {summary['ncf_rate']:.1%}, {summary['target_passes_per_action']:.2f} target passes/action, "
         f"prefill {lat['prefill_p50']:.2f} ms, decode {lat['decode_p50']:.2f} ms, total p50 {lat['total_p50']:.2f} "
         f"/ p99 {lat['total_p99']:.2f} ms -> {args.out}"

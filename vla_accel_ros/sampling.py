@@ -8,8 +8,9 @@ speculative decoders keep their exactness: with r = 0 they return AR's sampled t
 token, and the draft heads, reading the same g, propose the sample the target is about to take.
 Temperature 0 is greedy (no noise is drawn).
 
-Greedy decoding can lock the closed loop into a repeating state (hovering beside the cube,
-closing on air); a little sampling breaks the tie (see the README's policy section).
+A greedy policy is a fixed function of the frame, so a state it does not get out of (a grasp
+closed beside the cube, a cube held but not lifted) repeats until the time limit; a little
+sampling lets the next step differ (see the README's policy section).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ pixels, not against the previous frame, bounds the error: slow drift accumulates
 is recomputed. On top, everything is refreshed every ``refresh_steps`` frames, when the mean drift
 of the cached patches exceeds ``max_drift``, and whenever the instruction changes (the encoder is
 FiLM-conditioned on it). With ``threshold`` 0 every changed patch is recomputed, which equals full
-encoding exactly. The instruction's FiLM condition is computed once per instruction (exact).
+encoding exactly.
 
 With ``reuse_kv`` the reuse goes past the local encoder, as an approximation: the global vision
 layer and the causal decoder run only on the tokens that must change (the dynamic patches, the
@@ -72,8 +72,8 @@ class ReuseStats:
 class IncrementalVisionEncoder:
     """Local vision encodings of a stream of frames (batch 1), reusing unchanged patches.
 
-    ``policy`` needs ``target.patch_bytes``, ``target.patch_pixels``, ``target.patch_encoder`` and
-    ``target.instruction_condition`` (:class:`vla_accel_ros.models.Policy`).
+    ``policy`` needs ``instruction_film``, ``target.patch_bytes``, ``target.patch_pixels`` and
+    ``target.patch_encoder`` (:class:`vla_accel_ros.models.Policy`).
     """
 
     def __init__(self, policy, config: VisionReuseConfig | None = None) -> None:
@@ -113,7 +113,8 @@ class IncrementalVisionEncoder:
         """uint8 images (1, H, W, 3), instruction ids (1, T) -> local encodings (1, P, W)."""
         if images.shape[0] != 1:
             raise ValueError(f"incremental vision encodes one frame at a time, got a batch of {images.shape[0]}")
-        target = self.policy.target
+        policy = self.policy
+        target = policy.target
         with torch.inference_mode():
             patch_bytes = target.patch_bytes(images)  # (1, P, 3, ps, ps) uint8
             # Change detection on integers: exact, and it leaves the float conversion to the few
@@ -129,7 +130,7 @@ class IncrementalVisionEncoder:
                     reason = "drift"
             if reason:
                 if reason == "first frame" or reason == "instruction changed":
-                    self._film = target.patch_encoder.film_params(target.instruction_condition(text))
+                    self._film = policy.instruction_film(text)
                 self._local = target.patch_encoder(target.patch_pixels(patch_bytes), film=self._film)
                 self._reference, self._text = pixels, text.clone()
                 self._dynamic = torch.arange(pixels.shape[0])

@@ -6,7 +6,7 @@ import torch
 
 from vla_accel_ros.models import BOS, Policy, Prefix, VLAConfig
 from vla_accel_ros.observation import Observation
-from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer
+from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer, encode_instruction
 
 torch.set_num_threads(1)
 TINY = dict(image_size=32, patch_size=8, d_model=32, n_heads=2, n_layers=2, vision_layers=1, max_text_len=8,
@@ -316,3 +316,22 @@ def test_prefill_observation_and_local_tokens(policy: Policy) -> None:
         policy.prefill(Observation(np.zeros((16, 16, 3), np.uint8), "x", obs.joint_pos, 0.0))
     with pytest.raises(ValueError, match="proprio"):
         policy.prefill(Observation(obs.image, "x", np.full(7, np.nan, np.float32), 0.0))
+
+
+def test_instruction_film_is_cached_until_ids_or_weights_change() -> None:
+    policy = make_policy()
+    encoder = policy.target.patch_encoder
+    torch.nn.init.normal_(encoder.film.weight, std=0.5)  # a FiLM that is not the identity
+    red = torch.from_numpy(encode_instruction("red", policy.config.max_text_len)).unsqueeze(0)
+    blue = torch.from_numpy(encode_instruction("blue", policy.config.max_text_len)).unsqueeze(0)
+    expected = encoder.film_params(policy.target.instruction_condition(red))
+    first = policy.instruction_film(red)
+    assert policy.instruction_film(red.clone()) is first  # equal ids: served from the cache
+    torch.testing.assert_close(first, expected, atol=0, rtol=0)
+    assert not torch.equal(policy.instruction_film(blue)[0], first[0])
+    with torch.no_grad():  # an in-place weight update (as an optimiser step makes) invalidates it
+        policy.target.text_emb.weight.add_(0.1)
+    updated = policy.instruction_film(red)
+    assert updated is not first
+    torch.testing.assert_close(updated, encoder.film_params(policy.target.instruction_condition(red)), atol=0, rtol=0)
+    assert not torch.equal(updated[1], first[1])

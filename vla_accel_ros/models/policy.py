@@ -113,6 +113,8 @@ class Policy:
         self.proprio_std = proprio_std
         self._proprio_tensors: tuple[torch.Tensor, torch.Tensor] | None = None  # normalise_proprio's cache
         self._instruction_ids: tuple[str, torch.Tensor] | None = None  # observation_tensors' cache
+        # instruction_film's cache: (ids, versions of the weights that made it, FiLM)
+        self._instruction_film: tuple[torch.Tensor, tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] | None = None
         self.info: dict[str, Any] = dict(info or {})  # recipe / metrics from the checkpoint
         self.flow: FlowHeads | None = None  # optional continuous action head (models.flow)
         # optional parallel draft head (models.draft.ParallelDraftHead, vla-accel train-parallel-draft)
@@ -212,6 +214,25 @@ class Policy:
         with torch.inference_mode():
             return self.target.encode_patches(self.target.patchify(images), text)
 
+    def instruction_film(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The patch encoder's FiLM (scale, shift) for instruction ids ``text`` (B, T), as
+        ``encode_patches`` computes it. An episode keeps its instruction while its text layers cost
+        ~7% of a prefill, so the last one is kept and reused (exact) until the ids or the weights
+        that made it change (in-place updates, e.g. an optimiser step or ``load_state_dict``)."""
+        target = self.target
+        weights = [target.text_emb.weight, *target.patch_encoder.film.parameters()]
+        if target.config.text_layers:
+            weights += [target.text_pos, *target.text_blocks.parameters(), *target.text_ln.parameters()]
+        versions = tuple(w._version for w in weights)
+        cached = self._instruction_film
+        if (cached is not None and cached[1] == versions and cached[0].shape == text.shape
+                and cached[0].device == text.device and torch.equal(cached[0], text)):
+            return cached[2]
+        with torch.inference_mode():
+            film = target.patch_encoder.film_params(target.instruction_condition(text))
+            self._instruction_film = (text.clone(), versions, film)
+        return film
+
     def world_bias(self, images: torch.Tensor) -> torch.Tensor | None:
         """The world-aware bias (B, P, d) of uint8 images (B, H, W, 3); None without a world component.
         Mode-agnostic and gradient-free (the component is frozen), so training can add it too."""
@@ -247,7 +268,7 @@ class Policy:
     ) -> Prefix:
         target = self.target
         if local_tokens is None:
-            local_tokens = target.encode_patches(target.patchify(images), text)
+            local_tokens = target.patch_encoder(target.patchify(images), film=self.instruction_film(text))
         local_tokens = target.add_patch_bias(local_tokens, self.world_bias(images))
         x = target.embed_prefix(target.global_vision(local_tokens), text, self.normalise_proprio(proprio))
         hidden, kv = target.decode(x)

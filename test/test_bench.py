@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from vla_accel_ros.bench import SEQUENTIAL_SUFFIX, TEMPERATURE_PREFIX, bench_entries
+import argparse
+
+import pytest
+
+from vla_accel_ros.bench import SEQUENTIAL_SUFFIX, TEMPERATURE_PREFIX, _bounds, bench_entries
 from vla_accel_ros.decoding import make_decoder
 
 
@@ -27,3 +31,21 @@ def test_temperature_sweep_adds_ar_entries_at_each_temperature() -> None:
     assert [(e.name, e.decoder, e.temperature) for e in swept] == [
         (f"ar{TEMPERATURE_PREFIX}0", "ar", 0.0), (f"ar{TEMPERATURE_PREFIX}0.5", "ar", 0.5)]
     assert all(e.temperature is None for e in entries if e not in swept)  # the run's --temperature
+
+
+def test_contact_bounds_add_kerv_and_world_aware_at_the_same_bounds() -> None:
+    entries = bench_entries(["ar", "kerv"], sweep=False, contact_bounds=((20, 60), (40, 100)))
+    bounded = [e for e in entries if e.bounds is not None]
+    assert [(e.name, e.decoder) for e in bounded] == [
+        ("kerv@r=[20,60]", "kerv"), ("world_aware@r=[20,60]", "world_aware"),
+        ("kerv@r=[40,100]", "kerv"), ("world_aware@r=[40,100]", "world_aware")]
+    for entry in bounded:
+        config = make_decoder(entry.decoder, **dict(entry.settings)).config
+        assert (config.r_min, config.r_max) == entry.bounds
+
+
+def test_contact_bounds_argument_is_validated() -> None:
+    assert _bounds("20:60, 5:15") == ((20, 60), (5, 15))
+    for bad in ("20", "60:20", "a:b", "1:2:3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _bounds(bad)

@@ -52,6 +52,17 @@ def test_bench_temperature_sweep_rows_and_plot(tmp_path):
         main(["bench", "--temperature-sweep", "0,3", "--out", str(tmp_path / "bad")])
 
 
+def test_bench_contact_bounds_rows_and_plot(tmp_path):
+    out = tmp_path / "bench_cb"
+    args = ["bench", "--episodes", "1", "--max-steps", "4", "--decoders", "ar", "--no-sweep",
+            "--contact-bounds", "20:60", "--out", str(out)]
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"ar", "kerv@r=[20,60]", "world_aware@r=[20,60]"}
+    assert summary["world_aware@r=[20,60]"]["target_passes_per_action"] == 1.0
+    assert (out / "contact_bounds.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_bench_with_incremental_vision_and_the_flow_heads(tmp_path):
     out = tmp_path / "bench_iv"
     args = ["bench", "--episodes", "1", "--max-steps", "6", "--decoders", "ar,flow10,flow2", "--no-sweep",

@@ -33,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from vla_accel_ros.decoding import DECODERS, FLOW_DECODERS, STORE_DECODERS, EpisodeHistory, make_decoder
+from vla_accel_ros.decoding.kerv import KervConfig
 from vla_accel_ros.decoding.wa_prefill import WA_DEFAULT_BASES, WA_PREFILL_PREFIX, split_prefill
 from vla_accel_ros.evaluate import (
     EpisodeRecord,
@@ -59,6 +60,7 @@ SWEEP_R = (3, 5, 9, 15, 20)
 PARALLEL_DRAFT_DECODERS = ("kerv", "world_aware", "deadline")  # draft with the parallel head when the checkpoint has one
 SEQUENTIAL_SUFFIX = "@sequential"
 TEMPERATURE_PREFIX = "@T="
+CONTACT_PAIR = ("kerv", "world_aware")  # the decoders --contact-bounds compares, at the same r bounds
 HEISD_KEYS = ("retrieval_mode_share", "verify_skip_share", "retrieval_accept_rate", "retrieval_query_ms_p50")
 
 
@@ -74,12 +76,17 @@ class BenchEntry:
     reuse_kv: bool = False
     wa_prefill: bool = False  # run by the --wa-checkpoint policy (world-aware prefill)
     temperature: float | None = None  # token sampling temperature; None = the run's --temperature
+    bounds: tuple[int, int] | None = None  # (r_min, r_max) of a --contact-bounds entry
 
 
 def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = False,
                   reuse_kv: bool = False, sequential_draft: bool = False,
-                  temperatures: tuple[float, ...] = ()) -> list[BenchEntry]:
+                  temperatures: tuple[float, ...] = (),
+                  contact_bounds: tuple[tuple[int, int], ...] = ()) -> list[BenchEntry]:
     entries = [BenchEntry(name, name) for name in decoders]
+    # kerv and world_aware at the same (loose) r bounds: what contact awareness does to NCF
+    entries += [BenchEntry(bounds_name(name, lo, hi), name, (("r_min", lo), ("r_max", hi)), bounds=(lo, hi))
+                for lo, hi in contact_bounds for name in CONTACT_PAIR]
     # AR again at each temperature (ar@T=...): what sampling does to success, on the same episodes
     entries += [BenchEntry(f"ar{TEMPERATURE_PREFIX}{t:g}", "ar", temperature=t) for t in temperatures]
     if sequential_draft:  # the parallel-draft decoders again, drafting with the sequential head
@@ -268,6 +275,47 @@ def plot_threshold_trace(records: dict[str, EpisodeRecord], out: Path) -> None:
     plt.close(fig)
 
 
+def bounds_name(decoder: str, r_min: int, r_max: int) -> str:
+    return f"{decoder}@r=[{r_min},{r_max}]"
+
+
+def plot_contact_bounds(rows: dict[str, dict[str, Any]], bounds: tuple[tuple[int, int], ...], out: Path) -> None:
+    """Near-contact failure and success of kerv and world_aware at each of the same r bounds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+    x = np.arange(len(bounds))
+    for ax, key, title in ((axes[0], "ncf_rate", "near-contact failure rate"), (axes[1], "success_rate", "success rate")):
+        for k, name in enumerate(CONTACT_PAIR):
+            values = [rows[bounds_name(name, lo, hi)][key] for lo, hi in bounds]
+            ax.bar(x + (k - 0.5) * 0.38, values, width=0.38, label=name)
+        ax.set_xticks(x, [f"[{lo}, {hi}]" for lo, hi in bounds])
+        ax.set_xlabel("r bounds [r_min, r_max]")
+        ax.set_title(title)
+        ax.set_ylim(0, 1.05)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _bounds(text: str) -> tuple[tuple[int, int], ...]:
+    """"20:60,40:100" -> ((20, 60), (40, 100)), each a valid kerv (r_min, r_max)."""
+    try:
+        pairs = tuple(tuple(int(v) for v in item.split(":")) for item in text.split(",") if item.strip())
+        for pair in pairs:
+            if len(pair) != 2:
+                raise ValueError(f"{pair} is not R_MIN:R_MAX")
+            KervConfig(r_min=pair[0], r_max=pair[1])
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"comma-separated R_MIN:R_MAX pairs with 0 <= R_MIN <= R_MAX: {err}") from err
+    return pairs  # type: ignore[return-value]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=50, help="episodes per decoder (same seeds for all)")
     parser.add_argument("--seed", type=int, default=EVAL_SEED_START, help="first seed (held out)")
@@ -296,6 +344,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sequential-draft", action="store_true",
                         help=f"also run {', '.join(PARALLEL_DRAFT_DECODERS)} with the sequential draft head "
                              f"(entries named DECODER{SEQUENTIAL_SUFFIX}), next to the parallel head they use by default")
+    parser.add_argument("--contact-bounds", type=_bounds, default=(), metavar="R_MIN:R_MAX,...",
+                        help=f"also run {' and '.join(CONTACT_PAIR)} at each of these same r bounds (entries named "
+                             "DECODER@r=[R_MIN,R_MAX]) and plot their near-contact failures (contact_bounds.png)")
     add_vision_arguments(parser)
     add_sampling_arguments(parser)
 
@@ -344,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
         decoders.insert(0, "ar")  # every speed-up is relative to AR from this same run
     entries = bench_entries(decoders, sweep=not args.no_sweep, incremental_vision=args.incremental_vision,
                             reuse_kv=args.reuse_kv, sequential_draft=args.sequential_draft,
-                            temperatures=args.temperature_sweep)
+                            temperatures=args.temperature_sweep, contact_bounds=args.contact_bounds)
     sampling = sampling_config(args)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -400,6 +451,8 @@ def run(args: argparse.Namespace) -> int:
     swept = {e.temperature: main_rows[e.name] for e in entries if e.temperature is not None}
     if swept:
         plot_temperature_sweep(swept, args.out / "temperature_sweep.png")
+    if args.contact_bounds:
+        plot_contact_bounds(main_rows, args.contact_bounds, args.out / "contact_bounds.png")
     traced = {n: records[n][0] for n in ("kerv", "world_aware", "sd", "kerv_released") if n in records}
     if traced:
         plot_threshold_trace(traced, args.out / "threshold_trace.png")

@@ -94,12 +94,16 @@ def test_clearance_and_contact_probability_directions() -> None:
 
 def test_world_aware_threshold_tight_near_contact_loose_in_free_space() -> None:
     looseness = np.linspace(0.0, 1.0, 11)
-    for r_kin in (5, 10, 15):
-        rs = [th.world_aware_threshold(r_kin, c) for c in looseness]
-        assert non_decreasing(rs)
-        assert rs[0] < r_kin < rs[-1] or rs[-1] == th.R_CEILING
-        assert all(th.R_FLOOR <= r <= th.R_CEILING for r in rs)
-    assert non_decreasing([th.world_aware_threshold(r, 0.5) for r in range(0, 20)])
+    for r_max in (15, 60):
+        ceiling = th.world_aware_ceiling(r_max)
+        assert ceiling == int(th.FREE_SPACE_SCALE * r_max)  # the bounds' own top, loosened
+        for r_kin in (5, 10, 15, r_max):
+            rs = [th.world_aware_threshold(r_kin, c, r_max) for c in looseness]
+            assert non_decreasing(rs)
+            assert rs[0] < r_kin < rs[-1] or rs[-1] == ceiling
+            assert all(th.R_FLOOR <= r <= ceiling for r in rs)
+        assert non_decreasing([th.world_aware_threshold(r, 0.5, r_max) for r in range(0, r_max + 1)])
+    assert th.world_aware_ceiling(15) == 18  # the default bounds [5, 15]
 
 
 def test_released_schedule_decays_from_r_start_to_r_min() -> None:

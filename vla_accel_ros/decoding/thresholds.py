@@ -46,11 +46,11 @@ MIN_PATH_SPREAD = 1e-4
 COLLINEAR_RATIO = 1e-3
 
 # World-aware scaling of the kinematic r: near contact it shrinks to NEAR_CONTACT_SCALE * r,
-# in free space it grows to FREE_SPACE_SCALE * r; the result is bounded to [R_FLOOR, R_CEILING].
+# in free space it grows to FREE_SPACE_SCALE * r; the result is bounded to [R_FLOOR, the ceiling
+# FREE_SPACE_SCALE * r_max] (18 at the default r_max 15), so it follows the decoder's r bounds.
 NEAR_CONTACT_SCALE = 0.4
 FREE_SPACE_SCALE = 1.25
 R_FLOOR = 2
-R_CEILING = 18
 
 N_CURVATURE_POINTS = 5
 
@@ -157,12 +157,19 @@ def kinematic_threshold(signals: KinematicSignals, r_min: int = 5, r_max: int = 
     return int(round(r_min + (r_max - r_min) * signals.looseness()))
 
 
-def world_aware_threshold(r_kinematic: int, contact_looseness: float) -> int:
-    """Scale the kinematic r by the contact looseness (0 = at contact, 1 = free space):
-    from NEAR_CONTACT_SCALE * r to FREE_SPACE_SCALE * r, bounded to [R_FLOOR, R_CEILING]."""
+def world_aware_ceiling(r_max: int) -> int:
+    """The largest world-aware r for kinematic bounds up to ``r_max``: free space loosens r_max
+    itself by FREE_SPACE_SCALE, and no further."""
+    return max(R_FLOOR, int(FREE_SPACE_SCALE * r_max))
+
+
+def world_aware_threshold(r_kinematic: int, contact_looseness: float, r_max: int = 15) -> int:
+    """Scale the kinematic r (from bounds up to ``r_max``) by the contact looseness (0 = at
+    contact, 1 = free space): from NEAR_CONTACT_SCALE * r to FREE_SPACE_SCALE * r, bounded to
+    [R_FLOOR, world_aware_ceiling(r_max)]."""
     c = float(np.clip(contact_looseness, 0.0, 1.0)) if math.isfinite(contact_looseness) else 0.0
     scale = NEAR_CONTACT_SCALE + (FREE_SPACE_SCALE - NEAR_CONTACT_SCALE) * c
-    return int(np.clip(round(r_kinematic * scale), R_FLOOR, R_CEILING))
+    return int(np.clip(round(r_kinematic * scale), R_FLOOR, world_aware_ceiling(r_max)))
 
 
 def released_schedule_threshold(step: int, max_steps: int, r_start: int = 15, r_min: int = 3) -> float:

@@ -37,4 +37,4 @@ class WorldAwareDecoder(KervDecoder):
 
     def threshold(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
         r_kin = super().threshold(policy, prefix, context)
-        return float(world_aware_threshold(int(r_kin), contact_looseness(policy, prefix, context)))
+        return float(world_aware_threshold(int(r_kin), contact_looseness(policy, prefix, context), self.config.r_max))

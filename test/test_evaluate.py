@@ -39,28 +39,29 @@ def test_bench_compares_decoders_on_the_same_episodes(tmp_path):
     assert (out / "table.md").read_text().startswith("| decoder")
 
 
-def test_bench_temperature_sweep_rows_and_plot(tmp_path):
-    out = tmp_path / "bench_t"
-    args = ["bench", "--episodes", "1", "--max-steps", "4", "--decoders", "ar", "--no-sweep",
-            "--temperature-sweep", "0,1.5", "--out", str(out)]
+@pytest.mark.parametrize(
+    ("option", "value", "rows", "checked_row", "passes", "plot"),
+    [
+        ("--temperature-sweep", "0,1.5", {"ar", "ar@T=0", "ar@T=1.5"}, "ar@T=1.5", 7.0, "temperature_sweep.png"),
+        ("--contact-bounds", "20:60", {"ar", "kerv@r=[20,60]", "world_aware@r=[20,60]"}, "world_aware@r=[20,60]",
+         1.0, "contact_bounds.png"),
+    ],
+)
+def test_bench_extra_rows_and_their_plot(tmp_path, option, value, rows, checked_row, passes, plot):
+    out = tmp_path / "bench"
+    args = ["bench", "--episodes", "1", "--max-steps", "4", "--decoders", "ar", "--no-sweep", option, value,
+            "--out", str(out)]
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary) == {"ar", "ar@T=0", "ar@T=1.5"}
-    assert summary["ar@T=1.5"]["target_passes_per_action"] == 7.0
-    assert (out / "temperature_sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert set(summary) == rows
+    assert summary[checked_row]["target_passes_per_action"] == passes
+    assert (out / plot).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(("option", "bad"), [("--temperature-sweep", "0,3"), ("--contact-bounds", "60:20")])
+def test_bench_refuses_bad_extra_rows(tmp_path, option, bad):
     with pytest.raises(SystemExit):
-        main(["bench", "--temperature-sweep", "0,3", "--out", str(tmp_path / "bad")])
-
-
-def test_bench_contact_bounds_rows_and_plot(tmp_path):
-    out = tmp_path / "bench_cb"
-    args = ["bench", "--episodes", "1", "--max-steps", "4", "--decoders", "ar", "--no-sweep",
-            "--contact-bounds", "20:60", "--out", str(out)]
-    assert main(args) == 0
-    summary = json.loads((out / "summary.json").read_text())
-    assert set(summary) == {"ar", "kerv@r=[20,60]", "world_aware@r=[20,60]"}
-    assert summary["world_aware@r=[20,60]"]["target_passes_per_action"] == 1.0
-    assert (out / "contact_bounds.png").read_bytes()[:4] == b"\x89PNG"
+        main(["bench", option, bad, "--out", str(tmp_path / "bad")])
 
 
 def test_bench_with_incremental_vision_and_the_flow_heads(tmp_path):

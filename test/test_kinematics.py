@@ -1,3 +1,6 @@
+import sys
+import threading
+
 import mujoco
 import numpy as np
 import pytest
@@ -174,3 +177,32 @@ def test_generic_arm_with_continuous_prismatic_fixed_joints():
     # Continuous joints have no position limits, but velocity limits still bind.
     clamped = kin.clamp(np.array([100.0, 0.1, 0.4]), q, dt=0.1)
     assert clamped[0] == pytest.approx(0.3 + 0.3)
+
+
+def test_threads_sharing_one_arm_each_get_their_own_poses() -> None:
+    """The node's control timer (IK) and an inference thread (the Kalman filter's FK) share one
+    ArmKinematics; a shared Pinocchio workspace let one read the other's pose."""
+    import sys
+    import threading
+
+    kin = ArmKinematics(default_urdf())
+    rng = np.random.default_rng(0)
+    configurations = [rng.uniform(np.maximum(kin.limits.lower, -3), np.minimum(kin.limits.upper, 3)) for _ in range(2)]
+    expected = [kin.fk(q).position for q in configurations]
+    wrong = [0, 0]
+
+    def poses(i: int) -> None:
+        for _ in range(5000):
+            wrong[i] += not np.allclose(kin.fk(configurations[i]).position, expected[i])
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible, to make a race show
+    try:
+        threads = [threading.Thread(target=poses, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == [0, 0]

@@ -12,6 +12,7 @@ for the small per-step deltas of a policy equals roll/pitch/yaw increments to fi
 
 from __future__ import annotations
 
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ class ArmKinematics:
             if full.joints[j].nq == 1 and np.isfinite(full.lowerPositionLimit[idx]):
                 q_ref[idx] = full.lowerPositionLimit[idx]
         self.model = pin.buildReducedModel(full, locked, q_ref) if locked else full
-        self.data = self.model.createData()
+        self._per_thread = threading.local()  # each thread's own Pinocchio workspace (see ``data``)
         self._tcp_id = self.model.getFrameId(tcp_frame)
 
         self.joint_names: tuple[str, ...] = tuple(full.names[j] for j in chain)
@@ -132,6 +133,16 @@ class ArmKinematics:
         as_arr = lambda v: np.asarray(v, dtype=float)  # noqa: E731
         return JointLimits(as_arr(lo), as_arr(hi), as_arr(vel), as_arr(eff))
 
+    @property
+    def data(self) -> pin.Data:
+        """The calling thread's Pinocchio workspace. FK and Jacobians write their results into it
+        and read them back, so two threads sharing one workspace (the node's control timer doing IK
+        beside an inference thread's Kalman filter) could read each other's pose."""
+        data = getattr(self._per_thread, "data", None)
+        if data is None:
+            data = self._per_thread.data = self.model.createData()
+        return data
+
     # --- configuration conversion -------------------------------------------------------------
     def _to_pin(self, q: np.ndarray) -> np.ndarray:
         q = np.asarray(q, dtype=float)
@@ -143,8 +154,9 @@ class ArmKinematics:
     # --- kinematics ---------------------------------------------------------------------------
     def fk(self, q: np.ndarray) -> Pose:
         """Pose of the TCP frame in the root frame."""
-        pin.framesForwardKinematics(self.model, self.data, self._to_pin(q))
-        placement = self.data.oMf[self._tcp_id]
+        data = self.data
+        pin.framesForwardKinematics(self.model, data, self._to_pin(q))
+        placement = data.oMf[self._tcp_id]
         return Pose(placement.translation.copy(), placement.rotation.copy())
 
     def jacobian(self, q: np.ndarray) -> np.ndarray:

@@ -13,6 +13,10 @@ per step of one episode). The ``heisd`` row also holds ``retrieval_mode_share``,
 ``verify_skip_share``, ``retrieval_accept_rate`` and ``retrieval_query_ms_p50``; it needs a
 retrieval store (``--store``, default CHECKPOINT/retrieval_store, from ``vla-accel build-store``).
 
+``--contact-bounds R_MIN:R_MAX,...`` adds ``kerv`` and ``world_aware`` at each of those same r
+bounds (rows ``DECODER@r=[R_MIN,R_MAX]``) and ``contact_bounds.png``: at bounds loose enough for
+``kerv`` to fail near contact, what the contact signal saves.
+
 With ``--wa-checkpoint`` (a checkpoint from ``vla-accel train-world``), ``wa_prefill+X`` rows run
 decoder X with that checkpoint's world-aware prefill on the same seeds (same summary.json keys;
 speed-ups vs AR are against the base AR), and ``wa_comparison.json`` / ``.md`` set each against X:

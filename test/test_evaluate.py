@@ -73,9 +73,14 @@ def test_bench_with_incremental_vision_and_the_flow_heads(tmp_path):
     assert set(summary) == {"ar", "flow10", "flow2", "ar+iv", "flow10+iv", "flow2+iv"}
     assert summary["ar"]["vision_recomputed_fraction"] == 1.0
     assert summary["ar+iv"]["vision_recomputed_fraction"] < 1.0  # the arm moves, the table does not
+    for name in ("ar", "flow10", "flow2"):
+        assert summary[f"{name}+iv"]["prefill_speedup_vs_full"] == pytest.approx(
+            summary[name]["prefill_ms_p50"] / summary[f"{name}+iv"]["prefill_ms_p50"])
+        assert "prefill_speedup_vs_full" not in summary[name]
     for name in ("flow10", "flow2"):
         assert summary[name]["target_passes_per_action"] == 0.0  # no token decoding after the prefill
-    assert "prefill ms p50" in (out / "table.md").read_text()
+    table = (out / "table.md").read_text()
+    assert "prefill ms p50" in table and "prefill speed-up over the same decoder with full vision: ar+iv " in table
 
 
 def test_heisd_eval_and_bench_with_a_store(tmp_path):

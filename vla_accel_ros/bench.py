@@ -9,7 +9,8 @@ Outputs in DIR: ``summary.json`` (decoder name -> ``success_rate``, ``ncf_rate``
 ``mean_accepted_len``, ``target_passes_per_action``, ``decode_ms_p50``, ``total_ms_p50``,
 ``total_ms_p99``, ``speedup_vs_ar``, ``decode_speedup_vs_ar``, …), ``sweep.json``, ``table.md``,
 ``pareto.png`` (success vs speed-up over the sweep) and ``threshold_trace.png`` (r and acceptance
-per step of one episode). The ``heisd`` row also holds ``retrieval_mode_share``,
+per step of one episode). Incremental-vision rows (``DECODER+iv``, ``DECODER+ivkv``) also hold
+``prefill_speedup_vs_full``: the same decoder's full-vision prefill p50 over theirs. The ``heisd`` row also holds ``retrieval_mode_share``,
 ``verify_skip_share``, ``retrieval_accept_rate`` and ``retrieval_query_ms_p50``; it needs a
 retrieval store (``--store``, default CHECKPOINT/retrieval_store, from ``vla-accel build-store``).
 
@@ -428,6 +429,10 @@ def run(args: argparse.Namespace) -> int:
     summaries = {name: summarize(recs) for name, recs in records.items()}
     ar = summaries["ar"]
     main_rows = {e.name: row(summaries[e.name], ar) for e in entries if e.sweep_r is None}
+    for e in entries:  # incremental rows: their prefill against the same decoder's full-vision prefill
+        if e.incremental_vision and e.decoder in main_rows:
+            main_rows[e.name]["prefill_speedup_vs_full"] = (
+                main_rows[e.decoder]["prefill_ms_p50"] / main_rows[e.name]["prefill_ms_p50"])
     sweep_rows = {e.name: dict(row(summaries[e.name], ar), sweep_r=e.sweep_r, decoder=e.decoder) for e in entries if e.sweep_r is not None}
     meta = {
         "seed": args.seed,
@@ -448,6 +453,10 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "sweep.json").write_text(json.dumps(sweep_rows, indent=2))
     (args.out / "meta.json").write_text(json.dumps(meta, indent=2))
     table = markdown_table(main_rows)
+    incremental = {name: r["prefill_speedup_vs_full"] for name, r in main_rows.items() if "prefill_speedup_vs_full" in r}
+    if incremental:
+        table += "\n\nprefill speed-up over the same decoder with full vision: " + ", ".join(
+            f"{name} {ratio:.2f}x" for name, ratio in incremental.items())
     sweep_table = markdown_table(sweep_rows) if sweep_rows else ""
     (args.out / "table.md").write_text(table + ("\n\nr sweep:\n\n" + sweep_table if sweep_table else "") + "\n")
     if sweep_rows:

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from vla_accel_ros.bench import SEQUENTIAL_SUFFIX, TEMPERATURE_PREFIX, _bounds, bench_entries
+from vla_accel_ros.bench import SEQUENTIAL_SUFFIX, TEMPERATURE_PREFIX, _bounds, bench_entries, plot_pareto
 from vla_accel_ros.decoding import make_decoder
 
 
@@ -49,3 +49,15 @@ def test_contact_bounds_argument_is_validated() -> None:
     for bad in ("20", "60:20", "a:b", "1:2:3"):
         with pytest.raises(argparse.ArgumentTypeError):
             _bounds(bad)
+
+
+def test_pareto_plot_of_the_sweeps_and_the_named_rows(tmp_path) -> None:
+    def row(success: float, decode: float, e2e: float, **extra: object) -> dict:
+        return {"success_rate": success, "decode_speedup_vs_ar": decode, "speedup_vs_ar": e2e, **extra}
+
+    sweep = {f"{family}@r={r}": row(1.0 - r / 100, 1.0 + r / 10, 1.0 + r / 40, sweep_r=r)
+             for family in ("sd", "kerv") for r in (3, 9, 20)}
+    main = {"ar": row(1.0, 1.0, 1.0), "kerv": row(0.98, 1.5, 1.2), "kerv@sequential": row(0.98, 1.1, 1.0)}
+    out = tmp_path / "pareto.png"
+    plot_pareto(sweep, main, out)
+    assert out.read_bytes()[:4] == b"\x89PNG"

@@ -100,6 +100,7 @@ class DdsRig:
         self.peer = rclpy.create_node(peer_name, context=self.context)
         self.node: Any = None
         self.executors: list[Any] = []
+        self.threads: list[threading.Thread] = []
         self.stop = threading.Event()
 
     def spin(self, node: Any, *, executor: str = "multi", feed: Callable[[], None] | None = None) -> None:
@@ -115,10 +116,10 @@ class DdsRig:
             self.executors = [SingleThreadedExecutor(context=self.context) for _ in range(2 if executor == "split" else 1)]
         self.executors[0].add_node(node)
         self.executors[-1].add_node(self.peer)
-        threads = [threading.Thread(target=e.spin, daemon=True) for e in self.executors]
+        self.threads = [threading.Thread(target=e.spin, daemon=True) for e in self.executors]
         if feed is not None:
-            threads.append(threading.Thread(target=feed, daemon=True))
-        for t in threads:
+            self.threads.append(threading.Thread(target=feed, daemon=True))
+        for t in self.threads:
             t.start()
 
     def close(self) -> None:
@@ -129,6 +130,10 @@ class DdsRig:
             self.node.shutdown()
         for e in self.executors:
             e.shutdown(timeout_sec=2.0)
+        # A spin thread can still be inside spin_once after shutdown returns; destroying the nodes
+        # under it makes it raise on a destroyed guard condition, so it is joined first.
+        for t in self.threads:
+            t.join(timeout=2.0)
         if self.node is not None:
             self.node.destroy_node()
         self.peer.destroy_node()

@@ -116,24 +116,29 @@ class DdsRig:
             self.executors = [SingleThreadedExecutor(context=self.context) for _ in range(2 if executor == "split" else 1)]
         self.executors[0].add_node(node)
         self.executors[-1].add_node(self.peer)
-        self.threads = [threading.Thread(target=e.spin, daemon=True) for e in self.executors]
+        self.threads = [threading.Thread(target=self._spin_until_stopped, args=(e,), daemon=True)
+                        for e in self.executors]
         if feed is not None:
             self.threads.append(threading.Thread(target=feed, daemon=True))
         for t in self.threads:
             t.start()
 
+    def _spin_until_stopped(self, executor: Any) -> None:
+        # Not executor.spin(): shutting an executor down while a thread spins it races inside rclpy
+        # (a finishing callback can trigger a guard condition the shutdown has just destroyed).
+        while not self.stop.is_set():
+            executor.spin_once(timeout_sec=0.02)
+
     def close(self) -> None:
         import rclpy
 
         self.stop.set()
+        for t in self.threads:  # no thread spins any more when the executors shut down
+            t.join(timeout=2.0)
         if self.node is not None:
             self.node.shutdown()
         for e in self.executors:
             e.shutdown(timeout_sec=2.0)
-        # A spin thread can still be inside spin_once after shutdown returns; destroying the nodes
-        # under it makes it raise on a destroyed guard condition, so it is joined first.
-        for t in self.threads:
-            t.join(timeout=2.0)
         if self.node is not None:
             self.node.destroy_node()
         self.peer.destroy_node()

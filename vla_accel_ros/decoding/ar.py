@@ -1,4 +1,5 @@
-"""Autoregressive greedy decoding: the baseline, 7 sequential target passes."""
+"""Autoregressive decoding, the baseline: 7 sequential target passes, each picking its token greedily or,
+with the step's sampling noise, as a sample (:mod:`vla_accel_ros.sampling`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from vla_accel_ros.decoding.base import N_ACTION_TOKENS, DecodeContext, DecodeRe
 
 
 class ARDecoder:
-    """Greedy: the first pass scores the bare prefix (k=0), each later one feeds the previous token
-    (k=1) on the prefix extended so far."""
+    """The first pass scores the bare prefix (k=0: the prefill's last hidden state, so only the LM
+    head runs), each later one feeds the previous token (k=1) on the prefix extended so far."""
 
     name = "ar"
 

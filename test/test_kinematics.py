@@ -182,10 +182,7 @@ def test_generic_arm_with_continuous_prismatic_fixed_joints():
 def test_threads_sharing_one_arm_each_get_their_own_poses() -> None:
     """The node's control timer (IK) and an inference thread (the Kalman filter's FK) share one
     ArmKinematics; a shared Pinocchio workspace let one read the other's pose."""
-    import sys
-    import threading
-
-    kin = ArmKinematics(default_urdf())
+    kin = ArmKinematics(URDF)
     rng = np.random.default_rng(0)
     configurations = [rng.uniform(np.maximum(kin.limits.lower, -3), np.minimum(kin.limits.upper, 3)) for _ in range(2)]
     expected = [kin.fk(q).position for q in configurations]

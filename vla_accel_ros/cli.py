@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-store": ("vla_accel_ros.build_store", "build the HeiSD retrieval store and boundary calibration from demonstrations"),
     "eval": ("vla_accel_ros.evaluate", "closed-loop episodes of the policy in the sim with one decoder"),
     "bench": ("vla_accel_ros.bench", "every decoder on the same seeded episodes, side by side, with plots"),
+    "vision-fidelity": ("vla_accel_ros.vision_fidelity",
+                        "what incremental vision's approximation costs against the full prefill, frame by frame"),
     "sim-speed": ("vla_accel_ros.sim.throughput", "measure sim steps/s with and without rendering"),
     "record": ("vla_accel_ros.record", "record sim episodes with the node into a rosbag2 (mcap or sqlite3)"),
     "replay": ("vla_accel_ros.replay", "replay a rosbag2 through the node and diff its commands with the recorded ones"),

@@ -194,16 +194,22 @@ def plot_latency(records: list[EpisodeRecord], out: Path, title: str) -> None:
     plt.close(fig)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--decoder", default="ar", metavar="DECODER",
-                        help=f"decoding method: {', '.join(DECODERS)}, or {WA_PREFILL_PREFIX}<one of them> "
-                             "(that decoder on the world-aware prefill, see --wa-checkpoint)")
-    parser.add_argument("--episodes", type=int, default=50, help="number of episodes")
+def add_episode_arguments(parser: argparse.ArgumentParser, episodes: int = 50,
+                          episodes_help: str = "number of episodes") -> None:
+    """What every closed-loop command takes: episodes, first seed, output, checkpoint, step limit, threads."""
+    parser.add_argument("--episodes", type=int, default=episodes, help=episodes_help)
     parser.add_argument("--seed", type=int, default=EVAL_SEED_START, help=f"first seed (held out: >= {EVAL_SEED_START})")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: the shipped one)")
     parser.add_argument("--max-steps", type=int, default=120, help="episode step limit (20 Hz)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--decoder", default="ar", metavar="DECODER",
+                        help=f"decoding method: {', '.join(DECODERS)}, or {WA_PREFILL_PREFIX}<one of them> "
+                             "(that decoder on the world-aware prefill, see --wa-checkpoint)")
+    add_episode_arguments(parser)
     parser.add_argument("--store", type=Path, default=None,
                         help="heisd: retrieval store directory (default: CHECKPOINT/retrieval_store; see vla-accel build-store)")
     parser.add_argument("--wa-checkpoint", type=Path, default=None,
@@ -214,10 +220,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
-    d = VisionReuseConfig()
     parser.add_argument("--vision", choices=("full", "incremental", "incremental_kv"), default="full",
                         help="encode every patch of every frame; only the patches that changed; or that and reuse "
                              "the cached keys/values of unchanged tokens in the global layer and decoder (approximate)")
+    add_vision_reuse_arguments(parser)
+
+
+def add_vision_reuse_arguments(parser: argparse.ArgumentParser) -> None:
+    """The incremental encoder's settings (``vision_config`` reads them)."""
+    d = VisionReuseConfig()
     parser.add_argument("--vision-threshold", type=float, default=d.threshold,
                         help="incremental: mean |pixel change| (0..255) that makes a patch dynamic")
     parser.add_argument("--vision-refresh", type=int, default=d.refresh_steps,

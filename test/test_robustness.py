@@ -429,7 +429,9 @@ def test_faults_leave_the_policy_within_two_ticks_are_reported_and_recover(rig, 
             assert _first_non_policy_after(rig, index) <= allowed, rig.ticks()[index:index + 5]
         if fault.hold_within is not None:
             assert rig.wait(lambda: rig.node.stats()["source"] == "hold")
-            assert _hold_start_delay(rig, index, t_fault) <= fault.hold_within + 0.02, rig.ticks()[index:index + 8]
+            # + one period: the last messages sent before the fault may reach the node a tick late
+            # on a loaded machine (seen once in CI: 0.23 s against 0.20), and staleness counts from them.
+            assert _hold_start_delay(rig, index, t_fault) <= fault.hold_within + PERIOD, rig.ticks()[index:index + 8]
     finally:
         recover()
     assert rig.wait(lambda: rig.node.stats()["source"] == "policy", timeout=10.0), rig.node.stats()["reason"]

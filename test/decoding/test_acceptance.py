@@ -142,7 +142,7 @@ def test_sd_keeps_draft_tokens_within_r_and_adds_the_bonus() -> None:
     assert consistent(result.tokens, policy, {1: 1, 2: -2})
     assert result.accepted_len == 3 + 1 + 1
     assert result.rounds == 3 and result.target_passes == 3
-    assert policy.score_ks == [7, 4, 2]  # all 7 drafts, then bonus + 3, then bonus + 1
+    assert policy.score_ks == [6, 3, 1]  # 6 of the 7 drafts (the 7th has no next), then bonus + 2, then the bonus
     assert result.tokens.tolist() != ar_tokens(policy)
 
 
@@ -167,7 +167,7 @@ def test_kerv_fills_after_the_bonus_from_the_kalman_filter() -> None:
     context = DecodeContext(kalman=kf, gripper_history=(0.0,))
     result = make_decoder("kerv").decode(policy, policy.prefill(None), context)
     kf_tokens = policy.tokenizer.encode(kf.predict_action(0.05, [0.0]))
-    assert result.target_passes == 1 and result.rounds == 1 and policy.score_ks == [7]
+    assert result.target_passes == 1 and result.rounds == 1 and policy.score_ks == [6]
     assert result.accepted_len == 2
     assert result.tokens[:2].tolist() == ar_tokens(policy)[:2]
     assert result.tokens[2] == policy.next_token(tuple(result.tokens[:2].tolist()))  # bonus
@@ -200,7 +200,7 @@ def test_kerv_released_forced_step_fills_from_token_filter() -> None:
     decoder = make_decoder("kerv_released")
     forced = DecodeContext(step=3, max_steps=120, token_history=history)
     result = decoder.decode(policy, policy.prefill(None), forced)
-    assert policy.score_ks == [7] and result.rounds == 1
+    assert policy.score_ks == [6] and result.rounds == 1
     assert result.accepted_len == 3
     np.testing.assert_array_equal(result.tokens[3:], token_filter_prediction(history)[3:])
     assert result.kf_filled == 4

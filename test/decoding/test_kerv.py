@@ -1,5 +1,5 @@
-"""KERV with a parallel draft head: one parallel draft call + one verify pass per action, and KF
-drafting at any trusted position (tiny random policy)."""
+"""KERV with a parallel draft head: one parallel draft call + one verify pass per action, and
+drafting by the KF and the previous action at any trusted position (tiny random policy)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from vla_accel_ros.decoding import DecodeContext, make_decoder
-from vla_accel_ros.decoding.kerv import kf_completion_tokens
+from vla_accel_ros.decoding.kerv import kf_completion_tokens, update_rate
 from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.kinematics import ArmKinematics
 from vla_accel_ros.models import ParallelDraftHead, Policy
@@ -149,3 +149,66 @@ def test_deadline_drafts_with_the_parallel_head_and_prices_a_round_per_call(
     assert decoder.round_cost(7) == decoder.round_cost(1)
     sequential = make_decoder("deadline", parallel_draft=False, draft_step_s=0.001, verify_s=0.002)
     assert sequential.round_cost(7) > sequential.round_cost(1)
+
+
+def test_the_previous_action_drafts_where_it_has_been_reliable_and_the_head_does_not_run(
+    policy: Policy, observations: Observations
+) -> None:
+    prefix = policy.prefill(observations(1, seed=4)[0])
+    own_token = int(policy.draft_tokens_parallel(prefix, 1)[0][0, 0])
+    held = np.array([3, 30, 60, 90, 120, 150, 180])
+    context = DecodeContext(token_history=held[None], step=5)
+    kerv = make_decoder("kerv", r_min=255, r_max=255)  # accept everything: the proposal is the action
+    kerv.hold_acceptance[:] = 0.95
+    head_calls: list[int] = []
+    hook = policy.parallel_draft.register_forward_hook(lambda *_: head_calls.append(1))
+    try:
+        result = kerv.decode(policy, prefix, context)
+    finally:
+        hook.remove()
+    assert head_calls == [] and result.draft_passes == 1 and result.target_passes == 1
+    np.testing.assert_array_equal(result.tokens, [own_token, *held[1:]])  # position 0 is always the target's
+
+    kerv.hold_acceptance[4] = 0.3  # one unreliable position: the head proposes it (and only what it must)
+    counting = CountingPolicy(policy)
+    result = kerv.decode(counting, prefix, context)
+    parallel = policy.draft_tokens_parallel(prefix, 5)[0][0].numpy()
+    assert counting.requested == [5] and result.target_passes == 1
+    np.testing.assert_array_equal(result.tokens, [own_token, *held[1:4], parallel[4], *held[5:]])
+    assert make_decoder("kerv", hold_draft=False).draft_length(None, parallel=True, hold=held) == 7
+
+
+def test_where_the_kf_and_the_previous_action_both_qualify_the_more_reliable_proposes(
+    policy: Policy, kin: ArmKinematics
+) -> None:
+    context = DecodeContext(kalman=converged_filter(kin), gripper_history=(1.0,), step=5)
+    completion = kf_completion_tokens(policy, context)
+    held = (completion[0] + 7) % 255  # differs from the KF's token everywhere
+    kerv = make_decoder("kerv", kf_trust=0.8, hold_trust=0.5)
+    kerv.kf_acceptance[:] = [0.0, 0.9, 0.9, 0.85, 0.0, 0.0, 0.0]
+    kerv.hold_acceptance[:] = [0.0, 0.95, 0.6, 0.4, 0.7, 0.0, 0.3]
+    tokens, mask = kerv.cheap_proposal(completion, held, parallel=True)
+    np.testing.assert_array_equal(mask, [False, True, True, True, True, False, False])
+    np.testing.assert_array_equal(tokens[1:5], [held[1], completion[0][2], completion[0][3], held[4]])
+    # the sequential head keeps only the trailing run of cheap positions, here none
+    assert not kerv.cheap_proposal(completion, held)[1].any()
+
+
+def test_the_previous_actions_record_counts_conditioned_positions_and_restarts_each_episode(
+    policy: Policy, observations: Observations
+) -> None:
+    rate = np.zeros(7)
+    held = np.array([10, 20, 30, 40, 50, 60, 70])
+    argmax = np.array([99, 21, 33, 40, 50, 60, 70])
+    update_rate(rate, held, argmax, n_valid=4, r=2, weight=0.5)  # positions 1..3 count; 0 is the target's
+    np.testing.assert_allclose(rate, [0, 0.5, 0, 0.5, 0, 0, 0])
+    kerv = make_decoder("kerv")
+    kerv.hold_acceptance[:] = 0.9
+    kerv.decode(policy, policy.prefill(observations(1, seed=4)[0]), DecodeContext(step=0))
+    assert not kerv.hold_acceptance.any()  # a new episode: the record starts over
+
+
+@pytest.mark.parametrize("value", [0.0, 1.5, float("nan")])
+def test_hold_trust_outside_zero_one_is_refused(value: float) -> None:
+    with pytest.raises(ValueError, match="hold_trust"):
+        make_decoder("kerv", hold_trust=value)

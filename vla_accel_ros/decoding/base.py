@@ -333,10 +333,12 @@ def speculative_round(
     draft = ledger.draft(state.prefix, n, state.consumed_last, state.pending, parallel=parallel)
     offset = 0 if state.pending is None else 1
     feed = ([state.pending] if state.pending is not None else []) + [int(t) for t in draft]
+    if n == state.remaining:  # the draft ends the action: its last token's output would predict an 8th
+        feed = feed[:-1]
     argmax, extended = ledger.score(state.prefix, feed)
     n_acc = accepted_length(draft, argmax[offset : offset + n], r)
     state.tokens.extend(int(t) for t in draft[:n_acc])
-    state.prefix = extended.truncate(offset + n_acc)
+    state.prefix = extended.truncate(min(offset + n_acc, len(feed)))
     if n_acc > 0:
         state.consumed_last = int(draft[n_acc - 1])
     elif state.pending is not None:

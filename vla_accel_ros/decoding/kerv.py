@@ -9,14 +9,20 @@ Drafting: with a parallel draft head on the policy (``parallel_draft``, the defa
 policy has one) the proposal comes from ONE light call that proposes every position at once;
 otherwise from the sequential EAGLE-style head, one step per token (``draft_tokens``).
 
-Kinematic drafting: the KF proposes the positions where its tokens have lately agreed with the
-target (a running acceptance rate of at least ``kf_trust``, measured for free on every verify
-pass); the same single pass verifies them with the draft head's. With the sequential head only
-the trailing run of such positions can go to the KF: a later draft step reads the token proposed
-before it, so a KF token in the middle would leave the steps after it conditioned on a token that
-is not in the proposal, and the steps the KF takes over are the ones saved. The parallel head's
-proposals read nothing but the prefix end, so ANY trusted position (>= 1) can take the KF token.
-Positions the KF predicts badly keep the draft head, so this adapts to the motion and the robot.
+Cheap drafting: two sources propose positions without the draft head, each only where its
+tokens have lately agreed with the target (a running acceptance rate, measured for free on every
+verify pass):
+- the KF, where its rate is at least ``kf_trust``;
+- the hold, the previous action's token, where its rate is at least ``hold_trust``. At the control
+  rate the command stream is smooth, so the last token is often the next one: always on the axes
+  the policy never moves, and on most steps on the others.
+Where both qualify, the one with the higher rate proposes. The same single pass verifies every
+proposal, so a cheap source costs acceptance, never correctness. When the cheap sources cover
+every position, the draft head does not run at all, and the proposal costs only the target's own
+first token. With the sequential head only the trailing run of cheap positions can go to them: a
+later draft step reads the token proposed before it, so a cheap token in the middle would leave
+the steps after it conditioned on a token that is not in the proposal. The parallel head's
+proposals read nothing but the prefix end, so ANY trusted position (>= 1) can take a cheap token.
 
 The KF prediction is the TCP delta between the filtered joint configuration and its
 constant-acceleration extrapolation one control period ahead (clamped to URDF limits); the gripper
@@ -56,8 +62,12 @@ GRIPPER_INDEX = N_ACTION_TOKENS - 1
 class KervConfig:
     r_min: int = 5
     r_max: int = 15
-    kf_draft: bool = True  # let the KF propose the trailing positions it has proven reliable on
+    kf_draft: bool = True  # let the KF propose the positions it has proven reliable on
     kf_trust: float = 0.9  # running acceptance rate a position's KF token needs before the KF drafts it
+    hold_draft: bool = True  # let the previous action's tokens propose the positions they have proven reliable on
+    # running acceptance rate a position's held token needs before it is proposed: below 1, because
+    # skipping the draft head saves a fixed cost while a rejected proposal costs no extra pass
+    hold_trust: float = 0.6
     kf_rate_weight: float = 0.2  # weight of the newest step in that running rate (exponential average)
     # draft with the policy's parallel draft head when it has one (one light call for all tokens);
     # False = always the sequential head
@@ -68,8 +78,9 @@ class KervConfig:
             raise ValueError(
                 f"{type(self).__name__} needs 0 <= r_min <= r_max, got r_min={self.r_min}, r_max={self.r_max}"
             )
-        if not 0.0 < self.kf_trust <= 1.0:
-            raise ValueError(f"{type(self).__name__}.kf_trust must be in (0, 1], got {self.kf_trust}")
+        for name in ("kf_trust", "hold_trust"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{type(self).__name__}.{name} must be in (0, 1], got {getattr(self, name)}")
         if not 0.0 < self.kf_rate_weight <= 1.0:
             raise ValueError(f"{type(self).__name__}.kf_rate_weight must be in (0, 1], got {self.kf_rate_weight}")
 
@@ -142,6 +153,7 @@ class KervDecoder:
     def __init__(self, **cfg: Any) -> None:
         self.config = self.config_type(**cfg)
         self.kf_acceptance = np.zeros(N_ACTION_TOKENS)  # running rate at which each KF token passes
+        self.hold_acceptance = np.zeros(N_ACTION_TOKENS)  # the same for the previous action's tokens
 
     def uses_parallel_draft(self, policy: PolicyLike) -> bool:
         """Whether this decoder drafts with ``policy``'s parallel draft head."""
@@ -151,25 +163,41 @@ class KervDecoder:
         """(7,) bool: the positions whose proposal is the KF's token, those it knows and has been
         reliable on (never position 0, the target's own token). With the sequential head only the
         trailing run of them (see the module docstring); with the parallel head (``parallel``) all."""
-        mask = np.zeros(N_ACTION_TOKENS, dtype=bool)
-        if not self.config.kf_draft or completion is None:
-            return mask
-        mask[1:] = completion[1][1:] & (self.kf_acceptance[1:] >= self.config.kf_trust)
-        if not parallel:  # the trailing run only: nothing up to the last distrusted position
-            mask[: requested_length(mask)] = False
-        return mask
+        return self.cheap_proposal(completion, None, parallel)[1]
 
-    def draft_length(self, completion: tuple[np.ndarray, np.ndarray] | None, parallel: bool = False) -> int:
+    def cheap_proposal(
+        self, completion: tuple[np.ndarray, np.ndarray] | None, hold: np.ndarray | None, parallel: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens (7,), mask (7,) bool): the positions the cheap sources propose (the KF's
+        ``completion``, the previous action's tokens ``hold``) and their tokens; at each position
+        the source with the higher running rate, if that rate reaches its trust (never position 0,
+        the target's own token). Sequential head: only the trailing run (the module docstring)."""
+        cfg = self.config
+        tokens = np.zeros(N_ACTION_TOKENS, dtype=np.int64)
+        best = np.full(N_ACTION_TOKENS, -1.0)  # the winning source's rate; -1 = no source
+        sources = []
+        if cfg.kf_draft and completion is not None:
+            sources.append((completion[0], completion[1] & (self.kf_acceptance >= cfg.kf_trust), self.kf_acceptance))
+        if cfg.hold_draft and hold is not None:
+            sources.append((hold, self.hold_acceptance >= cfg.hold_trust, self.hold_acceptance))
+        for source_tokens, trusted, rate in sources:
+            wins = trusted & (rate > best)
+            tokens[wins], best[wins] = source_tokens[wins], rate[wins]
+        mask = best >= 0.0
+        mask[0] = False
+        if not parallel:  # the trailing run only: nothing up to the last uncovered position
+            mask[: requested_length(mask)] = False
+        return tokens, mask
+
+    def draft_length(self, completion: tuple[np.ndarray, np.ndarray] | None, parallel: bool = False,
+                     hold: np.ndarray | None = None) -> int:
         """Tokens requested from the draft head (>= 1: the first is the target's own, free)."""
-        return requested_length(self.kf_draft_mask(completion, parallel))
+        return requested_length(self.cheap_proposal(completion, hold, parallel)[1])
 
     def update_kf_acceptance(self, kf_tokens: np.ndarray, argmax: np.ndarray, n_valid: int, r: float) -> None:
         """Score the KF's tokens against the target's argmax at positions 1..n_valid-1, whose
         argmax is conditioned on accepted tokens (position 0 is always the target's own)."""
-        w = self.config.kf_rate_weight
-        for i in range(1, min(n_valid, N_ACTION_TOKENS)):
-            hit = float(abs(int(kf_tokens[i]) - int(argmax[i])) <= r)
-            self.kf_acceptance[i] = (1 - w) * self.kf_acceptance[i] + w * hit
+        update_rate(self.kf_acceptance, kf_tokens, argmax, n_valid, r, self.config.kf_rate_weight)
 
     def threshold(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
         signals = kinematic_signals(context)
@@ -180,22 +208,26 @@ class KervDecoder:
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
         started = context.clock()
         ledger = PassLedger(policy, context.clock, context.token_noise)
-        if context.step == 0:  # a new episode: the KF's record starts over
+        if context.step == 0:  # a new episode: the cheap sources' record starts over
             self.kf_acceptance[:] = 0.0
+            self.hold_acceptance[:] = 0.0
         completion = kf_completion_tokens(policy, context)
+        hold = context.token_history[-1] if len(context.token_history) else None
         parallel = self.uses_parallel_draft(policy)
-        kf_mask = self.kf_draft_mask(completion, parallel)
-        n_draft = requested_length(kf_mask)
+        cheap_tokens, cheap_mask = self.cheap_proposal(completion, hold, parallel)
+        n_draft = requested_length(cheap_mask)
         with torch.inference_mode():
             r = self.threshold(policy, prefix, context)
-            proposal = ledger.draft(prefix, n_draft, parallel=parallel)
-            if completion is not None and kf_mask.any():
-                drafted = np.concatenate([proposal, np.zeros(N_ACTION_TOKENS - n_draft, dtype=np.int64)])
-                proposal = np.where(kf_mask, completion[0], drafted)
-            argmax, _ = ledger.score(prefix, proposal.tolist())
-        n_acc = accepted_length(proposal, argmax[:N_ACTION_TOKENS], r)
+            drafted = ledger.draft(prefix, n_draft, parallel=parallel)
+            proposal = np.concatenate([drafted, cheap_tokens[n_draft:]])
+            proposal[cheap_mask] = cheap_tokens[cheap_mask]
+            # the last token's own output would predict an 8th token: it is not fed
+            argmax, _ = ledger.score(prefix, proposal[: N_ACTION_TOKENS - 1].tolist())
+        n_acc = accepted_length(proposal, argmax, r)
         if completion is not None:
             self.update_kf_acceptance(completion[0], argmax, n_acc + 1, r)
+        if hold is not None:
+            update_rate(self.hold_acceptance, hold, argmax, n_acc + 1, r, self.config.kf_rate_weight)
         tokens, kf_filled = proposal.copy(), 0
         if n_acc < N_ACTION_TOKENS:
             tokens[n_acc] = argmax[n_acc]  # bonus: the target's own token, free from this pass
@@ -210,3 +242,12 @@ class KervDecoder:
             threshold=r,
             started=started,
         )
+
+
+def update_rate(rate: np.ndarray, proposed: np.ndarray, argmax: np.ndarray, n_valid: int, r: float,
+                weight: float) -> None:
+    """Update a source's running acceptance ``rate`` (7,) in place with its ``proposed`` tokens
+    against the target's at positions 1..n_valid-1 (exponential average, newest weight ``weight``)."""
+    for i in range(1, min(n_valid, N_ACTION_TOKENS)):
+        hit = float(abs(int(proposed[i]) - int(argmax[i])) <= r)
+        rate[i] = (1 - weight) * rate[i] + weight * hit

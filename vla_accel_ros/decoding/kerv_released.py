@@ -81,8 +81,8 @@ class KervReleasedDecoder:
         with torch.inference_mode():
             if self.forced(context.step) and len(context.token_history) > 0:
                 draft = ledger.draft(state.prefix, N_ACTION_TOKENS)
-                argmax, _ = ledger.score(state.prefix, draft.tolist())
-                n_acc = accepted_length(draft, argmax[:N_ACTION_TOKENS], r)
+                argmax, _ = ledger.score(state.prefix, draft[: N_ACTION_TOKENS - 1].tolist())  # no 8th token
+                n_acc = accepted_length(draft, argmax, r)
                 fill = token_filter_prediction(context.token_history, cfg.q, cfg.r_noise, cfg.p0)
                 state.tokens = draft[:n_acc].tolist() + fill[n_acc:].tolist()
                 state.accepted, state.drafted, state.rounds = n_acc, N_ACTION_TOKENS, 1

@@ -382,6 +382,8 @@ class Policy:
         start = prefix.n_tokens
         logits = [lm_head(feature)]
         tokens = [pick_tokens(logits[-1], noise, start)]
+        if n == 1:  # the target's own token alone (a decoder whose cheap sources cover the rest)
+            return tokens[0], logits[0]
         memory = prefix.kv[-1]
         # the action dimension each later proposal predicts (past the last one: the last one again)
         positions = (start + torch.arange(1, n, device=device)).clamp_(max=self.n_action_tokens - 1)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from vla_accel_ros.decoding import DecodeContext, make_decoder
-from vla_accel_ros.decoding.kerv import kf_completion_tokens, update_rate
+from vla_accel_ros.decoding.kerv import TcpPositions, kf_completion_tokens, update_rate
 from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.kinematics import ArmKinematics
 from vla_accel_ros.models import ParallelDraftHead, Policy
@@ -212,3 +212,23 @@ def test_the_previous_actions_record_counts_conditioned_positions_and_restarts_e
 def test_hold_trust_outside_zero_one_is_refused(value: float) -> None:
     with pytest.raises(ValueError, match="hold_trust"):
         make_decoder("kerv", hold_trust=value)
+
+
+def test_tcp_positions_compute_each_measurement_once_and_match_the_fk(kin: ArmKinematics) -> None:
+    calls: list[int] = []
+
+    class CountingKinematics:
+        def fk(self, q: np.ndarray) -> Any:
+            calls.append(1)
+            return kin.fk(q)
+
+    counting = CountingKinematics()
+    path = np.stack([Q_HOME + 0.02 * i for i in range(7)])
+    positions = TcpPositions()
+    first = positions(counting, path[:5])
+    second = positions(counting, path[2:7])  # three seen before, two new
+    assert len(calls) == 5 + 2
+    np.testing.assert_array_equal(second, np.array([kin.fk(q).position for q in path[2:7]]))
+    np.testing.assert_array_equal(first[2:], second[:3])
+    positions(CountingKinematics(), path[2:7])  # another robot: nothing carries over
+    assert len(calls) == 7 + 5

@@ -85,8 +85,29 @@ class KervConfig:
             raise ValueError(f"{type(self).__name__}.kf_rate_weight must be in (0, 1], got {self.kf_rate_weight}")
 
 
-def kinematic_signals(context: DecodeContext) -> KinematicSignals | None:
-    """Threshold inputs from the context's filter and joint history; None without a converged KF."""
+class TcpPositions:
+    """TCP positions of measured joint configurations, each computed once: the curvature fit reads
+    the last 5 at every step, 4 of which the step before already had (exact: a measurement's FK
+    never changes). Keeps only the configurations of the latest call."""
+
+    def __init__(self) -> None:
+        self._kin: Any = None
+        self._known: dict[bytes, np.ndarray] = {}
+
+    def __call__(self, kin: Any, joint_positions: np.ndarray) -> np.ndarray:
+        """(k, 3) TCP positions of ``joint_positions`` (k, n) under ``kin``."""
+        if kin is not self._kin:
+            self._kin, self._known = kin, {}
+        keys = [q.tobytes() for q in joint_positions]
+        points = [self._known[key] if key in self._known else kin.fk(q).position
+                  for key, q in zip(keys, joint_positions)]
+        self._known = dict(zip(keys, points))
+        return np.array(points)
+
+
+def kinematic_signals(context: DecodeContext, tcp_positions: TcpPositions | None = None) -> KinematicSignals | None:
+    """Threshold inputs from the context's filter and joint history; None without a converged KF.
+    ``tcp_positions`` keeps the FK of measurements across steps (a caller decoding a stream)."""
     kf = context.kalman
     if kf is None or not kf.converged:
         return None
@@ -94,7 +115,7 @@ def kinematic_signals(context: DecodeContext) -> KinematicSignals | None:
     recent = recent[np.all(np.isfinite(recent), axis=1)] if len(recent) else recent
     radius = math.inf
     if len(recent) >= 3 and recent.shape[1] == kf.kin.n:
-        radius = fit_circle_radius(np.array([kf.kin.fk(q).position for q in recent]))
+        radius = fit_circle_radius((tcp_positions or TcpPositions())(kf.kin, recent))
     return KinematicSignals(
         innovation=kf.innovation(),
         ee_acceleration=kf.ee_acceleration(),
@@ -154,6 +175,7 @@ class KervDecoder:
         self.config = self.config_type(**cfg)
         self.kf_acceptance = np.zeros(N_ACTION_TOKENS)  # running rate at which each KF token passes
         self.hold_acceptance = np.zeros(N_ACTION_TOKENS)  # the same for the previous action's tokens
+        self.tcp_positions = TcpPositions()
 
     def uses_parallel_draft(self, policy: PolicyLike) -> bool:
         """Whether this decoder drafts with ``policy``'s parallel draft head."""
@@ -200,7 +222,7 @@ class KervDecoder:
         update_rate(self.kf_acceptance, kf_tokens, argmax, n_valid, r, self.config.kf_rate_weight)
 
     def threshold(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
-        signals = kinematic_signals(context)
+        signals = kinematic_signals(context, self.tcp_positions)
         if signals is None:
             return float(self.config.r_min)
         return float(kinematic_threshold(signals, self.config.r_min, self.config.r_max))

@@ -9,6 +9,7 @@ output, i.e. exactly what the LM head reads (and what the draft head uses as its
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -91,6 +92,15 @@ class VLAConfig(JsonConfig):
         return self.prefix_len + self.n_action_tokens
 
 
+@functools.lru_cache(maxsize=64)
+def extension_mask(new: int, past: int, device: torch.device) -> torch.Tensor:
+    """(new, past + new) bool: new token i sees the cache and new tokens 0..i (a bottom-right
+    aligned causal mask). Cached, as every layer of every verify pass asks for the same few shapes;
+    callers only read it. Made outside inference mode, so that autograd may use it too."""
+    with torch.inference_mode(False):
+        return torch.ones(new, past + new, dtype=torch.bool, device=device).tril(diagonal=past)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention that can extend a KV cache."""
 
@@ -122,9 +132,7 @@ class Attention(nn.Module):
         elif past_len == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            # new token i sees the cache and new tokens 0..i (bottom-right aligned causal mask)
-            mask = torch.ones(t, past_len + t, dtype=torch.bool, device=x.device).tril(diagonal=past_len)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=extension_mask(t, past_len, x.device))
         return self.proj(y.transpose(1, 2).reshape(b, t, d)), (k, v)
 
 

@@ -146,3 +146,22 @@ def test_kv_reuse_recomputes_the_changed_patch_and_refreshes_to_exact(policy: Po
         torch.testing.assert_close(reuse._prefix_cache.vision[:, 6], vision[:, 6], atol=1e-5, rtol=0)
         assert_same_prefix(reuse.prefill(observation(changed)), exact)  # the timer refresh: exact again
         assert reuse.last.refreshed and reuse.last.reason == "timer"
+
+
+def test_kv_reuse_with_an_unchanged_image_recomputes_only_proprioception_and_bos(policy: Policy) -> None:
+    reuse = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
+    images = frame(5)
+    changed = images.clone()
+    changed[0, 0:8, 0:8] = 255 - changed[0, 0:8, 0:8]  # patch 0
+    with torch.inference_mode():
+        reuse.prefill(observation(images))
+        reuse.prefill(observation(changed))
+        before = reuse._prefix_cache
+        reuse.prefill(observation(changed, q_offset=0.2))  # the arm moved, the image did not
+        after = reuse._prefix_cache
+    assert reuse.last.recomputed == 0
+    assert after.vision_kv is before.vision_kv and after.vision is before.vision
+    for (k0, v0), (k1, v1) in zip(before.decoder_kv, after.decoder_kv):
+        assert torch.equal(k0[:, :, :-2], k1[:, :, :-2]) and torch.equal(v0[:, :, :-2], v1[:, :, :-2])
+        assert not torch.equal(k0[:, :, -2:], k1[:, :, -2:])  # proprioception and BOS are new
+    assert torch.equal(before.hidden[:, :-2], after.hidden[:, :-2])

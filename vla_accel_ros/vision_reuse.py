@@ -122,11 +122,15 @@ class IncrementalVisionEncoder:
             pixels = patch_bytes[0].reshape(patch_bytes.shape[1], -1).to(torch.int16)  # (P, 3*ps*ps)
             reason = self._refresh_reason(text)
             if not reason:
-                total = (pixels - self._reference).abs_().sum(dim=1, dtype=torch.int32)  # int32: no overflow, faster
-                change = total.to(torch.float32) / pixels.shape[1]  # (P,) mean |change| per pixel value
-                is_dynamic = change > self.config.threshold
-                static_change = change[~is_dynamic]
-                if len(static_change) and float(static_change.mean()) > self.config.max_drift:
+                # per patch, the sum of |change| over its pixel values (int32: no overflow, faster),
+                # compared with the thresholds scaled to sums rather than divided down to means
+                total = (pixels - self._reference).abs_().sum(dim=1, dtype=torch.int32)  # (P,)
+                n_values = pixels.shape[1]
+                is_dynamic = total > self.config.threshold * n_values
+                dynamic = torch.nonzero(is_dynamic).squeeze(1)
+                n_static = pixels.shape[0] - len(dynamic)
+                static_total = float(total.masked_fill(is_dynamic, 0).sum())
+                if n_static and static_total > self.config.max_drift * n_values * n_static:
                     reason = "drift"
             if reason:
                 if reason == "first frame" or reason == "instruction changed":
@@ -137,7 +141,6 @@ class IncrementalVisionEncoder:
                 self._since_refresh = 1
                 self.last = ReuseStats(pixels.shape[0], pixels.shape[0], True, reason)
                 return self._local
-            dynamic = torch.nonzero(is_dynamic).squeeze(1)
             if len(dynamic):
                 fresh = target.patch_encoder(target.patch_pixels(patch_bytes[:, dynamic]), film=self._film)
                 self._local = self._local.index_copy(1, dynamic, fresh)  # a new tensor: callers may hold the old
@@ -229,26 +232,35 @@ class _PrefixCache:
     def update(self, policy: Any, local: torch.Tensor, proprio: torch.Tensor, dynamic: torch.Tensor) -> _PrefixCache:
         """Recompute the dynamic patches' tokens, the keypoint token, proprioception and BOS."""
         target = policy.target
-        x = local[:, dynamic, : target.config.d_model] + target.vision_pos[dynamic]
-        vision_kv = []
-        for block, past in zip(target.vision_blocks, self.vision_kv):
-            x, kv = _block_on_selected(block, x, dynamic, past, mask=None)
-            vision_kv.append(kv)
-        changed = target.vision_ln(x)
-        vision = self.vision.index_copy(1, dynamic, changed)
-        # Only the recomputed tokens are embedded: the changed patches, the keypoint token, then the
-        # prefix tail (proprioception, BOS), each with its position embedding.
-        keypoint = self._keypoint_token(target, local)
         length = self.hidden.shape[1]
-        always = [vision.shape[1]] if keypoint else []
-        positions = torch.cat([dynamic, torch.tensor(always + [length - 2, length - 1], dtype=torch.long)])
         tail = target.prefix_tail(policy.normalise_proprio(proprio))
-        x = torch.cat([changed, *keypoint, tail], dim=1) + target.pos_emb[positions]
+        if len(dynamic) == 0:
+            # An unchanged image: the vision tokens, the keypoint token (a function of the patches
+            # alone) and everything the decoder computed for them stand as they are, exactly.
+            vision_kv, vision, recomputed = self.vision_kv, self.vision, [tail]
+            positions = torch.tensor([length - 2, length - 1], dtype=torch.long)
+            n_trailing = 2
+        else:
+            x = local[:, dynamic, : target.config.d_model] + target.vision_pos[dynamic]
+            vision_kv = []
+            for block, past in zip(target.vision_blocks, self.vision_kv):
+                x, kv = _block_on_selected(block, x, dynamic, past, mask=None)
+                vision_kv.append(kv)
+            changed = target.vision_ln(x)
+            vision = self.vision.index_copy(1, dynamic, changed)
+            # Only the recomputed tokens are embedded: the changed patches, the keypoint token, then
+            # the prefix tail (proprioception, BOS), each with its position embedding.
+            keypoint = self._keypoint_token(target, local)
+            always = [vision.shape[1]] if keypoint else []
+            positions = torch.cat([dynamic, torch.tensor(always + [length - 2, length - 1], dtype=torch.long)])
+            recomputed = [changed, *keypoint, tail]
+            n_trailing = len(always) + 2
+        x = torch.cat(recomputed, dim=1) + target.pos_emb[positions]
         causal = positions[:, None] >= torch.arange(length)[None, :]  # each token sees those up to itself
         # In the last layer the patch tokens give only keys and values (for the action tokens): their
         # outputs would feed nothing but the pooled feature, which keeps them from their last full
         # computation. The trailing tokens (keypoint, proprioception, BOS) are computed in full.
-        n_trailing, last = len(always) + 2, len(target.blocks) - 1
+        last = len(target.blocks) - 1
         decoder_kv = []
         for i, (block, past) in enumerate(zip(target.blocks, self.decoder_kv)):
             x, kv = _block_on_selected(block, x, positions, past, mask=causal,

@@ -232,3 +232,20 @@ def test_tcp_positions_compute_each_measurement_once_and_match_the_fk(kin: ArmKi
     np.testing.assert_array_equal(first[2:], second[:3])
     positions(CountingKinematics(), path[2:7])  # another robot: nothing carries over
     assert len(calls) == 7 + 5
+
+
+def test_world_aware_keeps_the_previous_action_from_drafting_near_contact(
+    policy: Policy, observations: Observations
+) -> None:
+    prefix = policy.prefill(observations(1, seed=4)[0])
+    held = np.array([3, 30, 60, 90, 120, 150, 180])
+    requested = {}
+    for clearance in (0.01, 0.2):  # within 2 cm of the target, and 20 cm from it
+        decoder = make_decoder("world_aware")
+        decoder.hold_acceptance[:] = 0.95
+        counting = CountingPolicy(policy)
+        decoder.decode(counting, prefix, DecodeContext(token_history=held[None], step=5, target_clearance=clearance))
+        requested[clearance] = counting.requested
+    assert requested == {0.01: [7], 0.2: [1]}  # near contact the head proposes every position
+    with pytest.raises(ValueError, match="hold_min_looseness"):
+        make_decoder("world_aware", hold_min_looseness=1.5)

@@ -221,6 +221,10 @@ class KervDecoder:
         argmax is conditioned on accepted tokens (position 0 is always the target's own)."""
         update_rate(self.kf_acceptance, kf_tokens, argmax, n_valid, r, self.config.kf_rate_weight)
 
+    def hold_allowed(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> bool:
+        """Whether the previous action may draft at this step (always, for kerv)."""
+        return True
+
     def threshold(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
         signals = kinematic_signals(context, self.tcp_positions)
         if signals is None:
@@ -235,6 +239,8 @@ class KervDecoder:
             self.hold_acceptance[:] = 0.0
         completion = kf_completion_tokens(policy, context)
         hold = context.token_history[-1] if len(context.token_history) else None
+        if hold is not None and not self.hold_allowed(policy, prefix, context):
+            hold = None
         parallel = self.uses_parallel_draft(policy)
         cheap_tokens, cheap_mask = self.cheap_proposal(completion, hold, parallel)
         n_draft = requested_length(cheap_mask)

@@ -16,7 +16,7 @@ verify pass):
 - the hold, the previous action's token, where its rate is at least ``hold_trust``. At the control
   rate the command stream is smooth, so the last token is often the next one: always on the axes
   the policy never moves, and on most steps on the others.
-Where both qualify, the one with the higher rate proposes. The same single pass verifies every
+Where both qualify, the one with the higher rate proposes (the KF on a tie). The same single pass verifies every
 proposal, so a cheap source costs acceptance, never correctness. When the cheap sources cover
 every position, the draft head does not run at all, and the proposal costs only the target's own
 first token. With the sequential head only the trailing run of cheap positions can go to them: a
@@ -192,7 +192,7 @@ class KervDecoder:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(tokens (7,), mask (7,) bool): the positions the cheap sources propose (the KF's
         ``completion``, the previous action's tokens ``hold``) and their tokens; at each position
-        the source with the higher running rate, if that rate reaches its trust (never position 0,
+        the source with the higher running rate (the KF on a tie), if that rate reaches its trust (never position 0,
         the target's own token). Sequential head: only the trailing run (the module docstring)."""
         cfg = self.config
         tokens = np.zeros(N_ACTION_TOKENS, dtype=np.int64)

@@ -6,7 +6,15 @@ import argparse
 
 import pytest
 
-from vla_accel_ros.bench import SEQUENTIAL_SUFFIX, TEMPERATURE_PREFIX, _bounds, bench_entries, plot_pareto
+from vla_accel_ros.bench import (
+    AFTER_PREFILL_SUFFIX,
+    SEQUENTIAL_SUFFIX,
+    TEMPERATURE_PREFIX,
+    _bounds,
+    bench_entries,
+    plot_pareto,
+    row,
+)
 from vla_accel_ros.decoding import make_decoder
 
 
@@ -61,3 +69,31 @@ def test_pareto_plot_of_the_sweeps_and_the_named_rows(tmp_path) -> None:
     out = tmp_path / "pareto.png"
     plot_pareto(sweep, main, out)
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_after_prefill_entries_only_for_decoders_that_verify_inside_the_prefill() -> None:
+    entries = bench_entries(["ar", "kerv", "world_aware"], sweep=False, after_prefill=True)
+    extra = [e for e in entries if e.name.endswith(AFTER_PREFILL_SUFFIX)]
+    assert [e.name for e in extra] == [f"world_aware{AFTER_PREFILL_SUFFIX}"]
+    assert make_decoder(extra[0].decoder, **dict(extra[0].settings)).config.prefill_verify is False
+    assert make_decoder("world_aware").config.prefill_verify is True
+
+
+def test_decode_of_a_prefill_verifying_decoder_counts_the_prefills_extra_rows() -> None:
+    def summary(prefill: float, decode: float, total: float, **extra: float) -> dict:
+        latency = {"prefill_p50": prefill, "decode_p50": decode, "head_p50": None, "total_p50": total,
+                   "total_p99": total, "total_mean": total, **extra}
+        return {"success_rate": 1.0, "ncf_rate": 0.0, "ncf_share": 0.0, "mean_accepted_len": 4.0,
+                "acceptance_rate": 0.5, "target_passes_per_action": 1.0, "draft_passes_per_action": 1.0,
+                "vision_recomputed_fraction": 1.0, "episodes": 1, "latency_ms": latency}
+
+    ar = summary(2.0, 1.8, 3.8)
+    plain = row(summary(2.0, 0.9, 2.9), ar, plain_prefill_ms=2.0)
+    assert plain["decode_ms_p50"] == 0.9 and "prefill_verified_share" not in plain
+    verified = summary(2.1, 0.2, 2.35, prefill_verified_p50=2.1)
+    verified["prefill_verified_share"] = 0.7
+    out = row(verified, ar, plain_prefill_ms=2.0)
+    assert out["decode_ms_p50"] == pytest.approx(0.35)  # total - ar's prefill: the extra rows count
+    assert out["decode_after_prefill_ms_p50"] == 0.2 and out["prefill_verified_share"] == 0.7
+    assert out["decode_speedup_vs_ar"] == pytest.approx(1.8 / 0.35)
+    assert out["speedup_vs_ar"] == pytest.approx(3.8 / 2.35)

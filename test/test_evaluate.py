@@ -106,3 +106,18 @@ def test_heisd_eval_and_bench_with_a_store(tmp_path):
     for key in ("retrieval_mode_share", "verify_skip_share", "retrieval_accept_rate", "retrieval_query_ms_p50"):
         assert key in summary["heisd"] and key not in summary["ar"]
     assert 0.0 <= summary["heisd"]["retrieval_mode_share"] <= 1.0
+
+
+def test_bench_world_aware_verifies_inside_the_prefill_beside_its_after_prefill_row(tmp_path):
+    out = tmp_path / "bench"
+    args = ["bench", "--episodes", "1", "--max-steps", "6", "--decoders", "ar,world_aware", "--no-sweep",
+            "--after-prefill", "--out", str(out)]
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"ar", "world_aware", "world_aware@after_prefill"}
+    verified = summary["world_aware"]
+    assert 0 < verified["prefill_verified_share"] < 1  # the first step has no previous action to propose
+    assert verified["target_passes_per_action"] == 1.0
+    assert verified["decode_ms_p50"] == pytest.approx(verified["total_ms_p50"] - summary["ar"]["prefill_ms_p50"])
+    assert "prefill_verified_share" not in summary["world_aware@after_prefill"]
+    assert "verified inside the prefill" in (out / "table.md").read_text()

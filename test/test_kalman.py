@@ -141,3 +141,19 @@ def test_config_rejects_non_positive(field: str) -> None:
 def test_rejects_bad_dt(kin: ArmKinematics) -> None:
     with pytest.raises(ValueError, match="dt"):
         JointKalmanFilter(kin, dt=0.0)
+
+
+def test_ee_acceleration_follows_the_filtered_motion_and_each_new_measurement(kin: ArmKinematics) -> None:
+    """The TCP acceleration is J qdd + dJ/dt qd of the filtered state, recomputed after every fused
+    measurement (the pose and acceleration are kept only while the state stands)."""
+    v0, acc = np.array([0.2, -0.1, 0.15, 0.1, -0.2, 0.1, 0.3]), np.array([0.5, 0.3, -0.4, 0.2, 0.1, -0.3, 0.2])
+    kf = JointKalmanFilter(kin, dt=0.05)
+    feed_trajectory(kf, v0, acc, n=10)
+    q, qd, qdd = kf.q, kf.qd, kf.qdd
+    h = 1e-4
+    position = lambda t: kin.fk(q + qd * t + 0.5 * qdd * t * t).position  # noqa: E731
+    expected = np.linalg.norm((position(h) - 2 * position(0.0) + position(-h)) / h**2)
+    assert kf.ee_acceleration() == pytest.approx(expected, rel=1e-4)
+    first = kf.predict_action(0.05, [1.0])
+    kf.update(kf.predict_q(0.05) + 0.01, kf.stamp + 0.05)
+    assert not np.allclose(kf.predict_action(0.05, [1.0]), first)  # not the kept pose of the old state

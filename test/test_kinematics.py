@@ -203,3 +203,26 @@ def test_threads_sharing_one_arm_each_get_their_own_poses() -> None:
     finally:
         sys.setswitchinterval(interval)
     assert wrong == [0, 0]
+
+
+def test_fk_acceleration_is_the_second_derivative_of_the_tcp_position(kin):
+    rng = np.random.default_rng(7)
+    for _ in range(5):
+        q = rng.uniform(kin.limits.lower, kin.limits.upper)
+        qd, qdd = rng.normal(0, 0.5, 7), rng.normal(0, 2.0, 7)
+        pose, acceleration = kin.fk_acceleration(q, qd, qdd)
+        np.testing.assert_allclose(pose.position, kin.fk(q).position, atol=1e-12)
+        np.testing.assert_allclose(pose.rotation, kin.fk(q).rotation, atol=1e-12)
+        h = 1e-4  # central difference of the TCP along q(t) = q + qd t + qdd t^2 / 2
+        position = lambda t: kin.fk(q + qd * t + 0.5 * qdd * t * t).position  # noqa: E731
+        second = (position(h) - 2 * position(0.0) + position(-h)) / h**2
+        np.testing.assert_allclose(acceleration, second, atol=1e-5)
+    with pytest.raises(ValueError, match="velocities"):
+        kin.fk_acceleration(q, np.zeros(3), qdd)
+
+
+def test_min_limit_margin_is_the_smallest_limit_margin(kin):
+    rng = np.random.default_rng(8)
+    for q in rng.uniform(kin.limits.lower - 0.2, kin.limits.upper + 0.2, (200, 7)):
+        assert kin.min_limit_margin(q) == pytest.approx(float(np.min(kin.limit_margin(q))), abs=1e-12)
+    assert np.isnan(kin.min_limit_margin(np.full(7, np.nan)))

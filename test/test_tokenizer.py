@@ -94,3 +94,13 @@ def test_encode_instruction() -> None:
     assert np.all(encode_instruction("", 3) == TEXT_PAD)
     with pytest.raises(ValueError):
         encode_instruction("x", 0)
+
+
+def test_one_action_and_checked_tokens_take_the_fast_path_to_the_same_result(tokenizer: ActionTokenizer) -> None:
+    rng = np.random.default_rng(2)
+    span = tokenizer.q99 - tokenizer.q01
+    values = rng.uniform(tokenizer.q01 - span, tokenizer.q99 + span, size=(3000, 7))
+    values[:1000] = tokenizer.q01 + span * (tokenizer.edges[rng.integers(0, N_BINS, (1000, 7))] + 1) / 2  # bin edges
+    np.testing.assert_array_equal(np.array([tokenizer.encode_one(v) for v in values]), tokenizer.encode(values))
+    tokens = rng.integers(0, N_BINS - 1, size=(100, 7))
+    np.testing.assert_array_equal(tokenizer.decode_checked(tokens), tokenizer.decode(tokens))

@@ -64,6 +64,8 @@ from vla_accel_ros.vision_reuse import IncrementalVisionEncoder
 SWEEP_R = (3, 5, 9, 15, 20)
 PARALLEL_DRAFT_DECODERS = ("kerv", "world_aware", "deadline")  # draft with the parallel head when the checkpoint has one
 SEQUENTIAL_SUFFIX = "@sequential"
+PREFILL_VERIFY_DECODERS = ("world_aware",)  # verify inside the prefill by default (prefill_verify)
+AFTER_PREFILL_SUFFIX = "@after_prefill"
 TEMPERATURE_PREFIX = "@T="
 CONTACT_PAIR = ("kerv", "world_aware")  # the decoders --contact-bounds compares, at the same r bounds
 # The speed-ups the accelerated decoders aim for (decode, end to end), drawn on pareto.png.
@@ -90,7 +92,8 @@ class BenchEntry:
 def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = False,
                   reuse_kv: bool = False, sequential_draft: bool = False,
                   temperatures: tuple[float, ...] = (),
-                  contact_bounds: tuple[tuple[int, int], ...] = ()) -> list[BenchEntry]:
+                  contact_bounds: tuple[tuple[int, int], ...] = (),
+                  after_prefill: bool = False) -> list[BenchEntry]:
     entries = [BenchEntry(name, name) for name in decoders]
     # kerv and world_aware at the same (loose) r bounds: what contact awareness does to NCF
     entries += [BenchEntry(bounds_name(name, lo, hi), name, (("r_min", lo), ("r_max", hi)), bounds=(lo, hi))
@@ -100,6 +103,9 @@ def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = F
     if sequential_draft:  # the parallel-draft decoders again, drafting with the sequential head
         entries += [BenchEntry(f"{name}{SEQUENTIAL_SUFFIX}", name, (("parallel_draft", False),))
                     for name in decoders if name in PARALLEL_DRAFT_DECODERS]
+    if after_prefill:  # the prefill-verifying decoders again, verifying after the prefill on every step
+        entries += [BenchEntry(f"{name}{AFTER_PREFILL_SUFFIX}", name, (("prefill_verify", False),))
+                    for name in decoders if name in PREFILL_VERIFY_DECODERS]
     if incremental_vision:  # the same decoders again, prefilling only the patches that changed
         entries += [BenchEntry(f"{name}+iv", name, incremental_vision=True) for name in decoders]
     if reuse_kv:  # and again, also reusing the keys/values of unchanged prefix tokens
@@ -177,7 +183,11 @@ def wa_table(comparison: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def row(summary: dict[str, Any], ar: dict[str, Any] | None) -> dict[str, Any]:
+def row(summary: dict[str, Any], ar: dict[str, Any] | None, plain_prefill_ms: float | None = None) -> dict[str, Any]:
+    """One decoder's summary.json entry. For a decoder whose proposal the prefill verified on some
+    steps, ``decode_ms_p50`` counts the extra rows of that prefill as decoding: total p50 minus
+    ``plain_prefill_ms``, the prefill p50 of ``ar`` with the same vision in the same run (the
+    decoder's own time after its prefill is ``decode_after_prefill_ms_p50``)."""
     lat = summary["latency_ms"]
     out = {
         "success_rate": summary["success_rate"],
@@ -199,11 +209,23 @@ def row(summary: dict[str, Any], ar: dict[str, Any] | None) -> dict[str, Any]:
     for key in HEISD_KEYS:  # heisd's mode shares and store query time
         if key in summary:
             out[key] = summary[key]
+    if "prefill_verified_share" in summary:
+        out["prefill_verified_share"] = summary["prefill_verified_share"]
+        out["prefill_verified_ms_p50"] = lat["prefill_verified_p50"]
+        out["decode_after_prefill_ms_p50"] = lat["decode_p50"]
+        if plain_prefill_ms is not None:
+            out["decode_ms_p50"] = lat["total_p50"] - plain_prefill_ms
     if ar is not None:
         out["speedup_vs_ar"] = ar["latency_ms"]["total_p50"] / lat["total_p50"]
-        out["decode_speedup_vs_ar"] = ar["latency_ms"]["decode_p50"] / lat["decode_p50"]
+        out["decode_speedup_vs_ar"] = ar["latency_ms"]["decode_p50"] / out["decode_ms_p50"]
         out["speedup_vs_ar_mean"] = ar["latency_ms"]["total_mean"] / lat["total_mean"]  # time per action
     return out
+
+
+def plain_prefill_ms(summaries: dict[str, dict[str, Any]], entry: BenchEntry) -> float | None:
+    """The prefill p50 of ``ar`` with ``entry``'s vision (full, +iv or +ivkv) in this run."""
+    reference = "ar" + ("+ivkv" if entry.reuse_kv else "+iv" if entry.incremental_vision else "")
+    return summaries[reference]["latency_ms"]["prefill_p50"] if reference in summaries else None
 
 
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
@@ -372,6 +394,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contact-bounds", type=_bounds, default=(), metavar="R_MIN:R_MAX,...",
                         help=f"also run {' and '.join(CONTACT_PAIR)} at each of these same r bounds (entries named "
                              "DECODER@r=[R_MIN,R_MAX]) and plot their near-contact failures (contact_bounds.png)")
+    parser.add_argument("--after-prefill", action="store_true",
+                        help=f"also run {', '.join(PREFILL_VERIFY_DECODERS)} verifying after the prefill on every step "
+                             f"(entries named DECODER{AFTER_PREFILL_SUFFIX}), next to their default of verifying the "
+                             "proposal inside the prefill in free space")
     add_vision_arguments(parser)
     add_sampling_arguments(parser)
 
@@ -420,7 +446,8 @@ def run(args: argparse.Namespace) -> int:
         decoders.insert(0, "ar")  # every speed-up is relative to AR from this same run
     entries = bench_entries(decoders, sweep=not args.no_sweep, incremental_vision=args.incremental_vision,
                             reuse_kv=args.reuse_kv, sequential_draft=args.sequential_draft,
-                            temperatures=args.temperature_sweep, contact_bounds=args.contact_bounds)
+                            temperatures=args.temperature_sweep, contact_bounds=args.contact_bounds,
+                            after_prefill=args.after_prefill)
     sampling = sampling_config(args)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -448,7 +475,7 @@ def run(args: argparse.Namespace) -> int:
 
     summaries = {name: summarize(recs) for name, recs in records.items()}
     ar = summaries["ar"]
-    main_rows = {e.name: row(summaries[e.name], ar) for e in entries if e.sweep_r is None}
+    main_rows = {e.name: row(summaries[e.name], ar, plain_prefill_ms(summaries, e)) for e in entries if e.sweep_r is None}
     for e in entries:  # incremental rows: their prefill against the same decoder's full-vision prefill
         if e.incremental_vision and e.decoder in main_rows:
             main_rows[e.name]["prefill_speedup_vs_full"] = (
@@ -473,6 +500,11 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "sweep.json").write_text(json.dumps(sweep_rows, indent=2))
     (args.out / "meta.json").write_text(json.dumps(meta, indent=2))
     table = markdown_table(main_rows)
+    verified = {name: r for name, r in main_rows.items() if "prefill_verified_share" in r}
+    if verified:
+        table += "\n\nverified inside the prefill (decode ms = total - the prefill of ar with the same vision): " + ", ".join(
+            f"{name} {r['prefill_verified_share']:.0%} of actions (prefill {r['prefill_verified_ms_p50']:.2f} ms there, "
+            f"{r['decode_after_prefill_ms_p50']:.2f} ms after it)" for name, r in verified.items())
     incremental = {name: r["prefill_speedup_vs_full"] for name, r in main_rows.items() if "prefill_speedup_vs_full" in r}
     if incremental:
         table += "\n\nprefill speed-up over the same decoder with full vision: " + ", ".join(

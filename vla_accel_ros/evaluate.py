@@ -26,7 +26,8 @@ import torch
 from tqdm import tqdm
 
 from vla_accel_ros.decoding import DECODERS, FLOW_DECODERS, STORE_DECODERS, EpisodeHistory, make_decoder, run_policy_step
-from vla_accel_ros.decoding.base import N_ACTION_TOKENS
+from vla_accel_ros.decoding.base import N_ACTION_TOKENS, PREFILL_VERIFIED
+from vla_accel_ros.decoding.heisd import MODES as HEISD_MODES
 from vla_accel_ros.decoding.wa_prefill import WA_PREFILL_PREFIX, split_prefill
 from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.models import Policy, load_checkpoint
@@ -145,8 +146,14 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
         },
         "mean_episode_steps": float(np.mean([r.steps for r in records])),
     }
-    if any(cat("modes")):  # a decoder with several paths (heisd): how often each ran
-        summary.update(mode_summary(cat("modes"), accepted, cat("retrieval_query_ms")))
+    modes = cat("modes")
+    if any(m in HEISD_MODES for m in modes):  # heisd's paths: how often each ran
+        summary.update(mode_summary(modes, accepted, cat("retrieval_query_ms")))
+    verified = [m == PREFILL_VERIFIED for m in modes]
+    if any(verified):  # decoders whose proposal the prefill verified on some steps (world_aware)
+        prefill = cat("prefill_ms")
+        summary["prefill_verified_share"] = float(np.mean(verified))
+        summary["latency_ms"]["prefill_verified_p50"] = percentile([t for t, v in zip(prefill, verified) if v], 50)
     return summary
 
 

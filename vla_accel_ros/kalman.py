@@ -17,12 +17,13 @@ so the state stays finite.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from vla_accel_ros.kinematics import ArmKinematics
+from vla_accel_ros.kinematics import ArmKinematics, Pose
 
 # Number of fused measurements after which velocity and acceleration are observable.
 MIN_UPDATES_CONVERGED = 3
@@ -86,6 +87,9 @@ class JointKalmanFilter:
         self._p = np.zeros((n, 3, 3))
         self._stamp: float | None = None
         self._nis = np.zeros(n)  # last normalised innovation squared per joint
+        # TCP pose and acceleration of the current state, computed on first use after each change:
+        # a decoder asks for both (prediction and threshold) once per control step
+        self._tcp_motion: tuple[Pose, np.ndarray] | None = None
         self.n_updates = 0
         self.n_skipped = 0
         self.reset()
@@ -97,6 +101,7 @@ class JointKalmanFilter:
         self._p[:] = 0.0
         self._stamp = None
         self._nis[:] = 0.0
+        self._tcp_motion = None
         self.n_updates = 0
         self.n_skipped = 0
 
@@ -158,6 +163,7 @@ class JointKalmanFilter:
             self._p = self._initial_covariance()
             self._stamp = stamp
             self._nis[:] = 0.0
+            self._tcp_motion = None
             self.n_updates = 1
             return True
 
@@ -180,6 +186,7 @@ class JointKalmanFilter:
         self._x[:, 1] = np.clip(self._x[:, 1], -self._vmax, self._vmax)
         self._x[:, 2] = np.clip(self._x[:, 2], -self._amax, self._amax)
         self._stamp = stamp
+        self._tcp_motion = None
         self.n_updates += 1
         return True
 
@@ -189,7 +196,10 @@ class JointKalmanFilter:
         About 1 when the measurements follow the constant-acceleration model within its noise;
         large when the motion changed unexpectedly. 0 before the second measurement.
         """
-        return float(np.sqrt(np.mean(self._nis))) if self.n_updates >= 2 else 0.0
+        if self.n_updates < 2:
+            return 0.0
+        nis = self._nis.tolist()  # plain floats: called once per control step, where NumPy's calls cost more
+        return math.sqrt(sum(nis) / len(nis))
 
     # --- prediction -------------------------------------------------------------------------
     def predict_q(self, horizon_s: float) -> np.ndarray:
@@ -209,19 +219,21 @@ class JointKalmanFilter:
         """Predicted 7-D action: the TCP delta from the filtered q to ``predict_q(horizon_s)``
         (``kin.pose_delta`` convention) and the gripper command, which is its last value in
         ``gripper_history`` (1.0 = open when the history is empty)."""
-        q_now = np.clip(self._x[:, 0], self.kin.limits.lower, self.kin.limits.upper)
-        delta = self.kin.pose_delta(self.kin.fk(q_now), self.kin.fk(self.predict_q(horizon_s)))
+        delta = self.kin.pose_delta(self._current_tcp_motion()[0], self.kin.fk(self.predict_q(horizon_s)))
         gripper = float(gripper_history[-1]) if len(gripper_history) else 1.0
         return np.concatenate([delta, [gripper if np.isfinite(gripper) else 1.0]])
 
-    def ee_acceleration(self, eps: float = 1e-4) -> float:
+    def ee_acceleration(self) -> float:
         """Magnitude of the TCP linear acceleration (m/s^2) implied by the filtered state:
-        ``J qdd + dJ/dt qd``, with dJ/dt by a finite difference along qd."""
+        ``J qdd + dJ/dt qd`` at the filtered q (clamped to the position limits)."""
         if not self.initialized:
             return 0.0
-        q = np.clip(self._x[:, 0], self.kin.limits.lower, self.kin.limits.upper)
-        qd, qdd = self._x[:, 1], self._x[:, 2]
-        jac = self.kin.jacobian(q)[:3]
-        jac_ahead = self.kin.jacobian(np.clip(q + eps * qd, self.kin.limits.lower, self.kin.limits.upper))[:3]
-        accel = jac @ qdd + ((jac_ahead - jac) / eps) @ qd
-        return float(np.linalg.norm(accel))
+        return math.hypot(*self._current_tcp_motion()[1].tolist())
+
+    def _current_tcp_motion(self) -> tuple[Pose, np.ndarray]:
+        """(TCP pose, TCP linear acceleration) of the filtered state, q clamped to the position
+        limits; kept until the state changes."""
+        if self._tcp_motion is None:
+            q = np.clip(self._x[:, 0], self.kin.limits.lower, self.kin.limits.upper)
+            self._tcp_motion = self.kin.fk_acceleration(q, self._x[:, 1], self._x[:, 2])
+        return self._tcp_motion

@@ -12,6 +12,7 @@ for the small per-step deltas of a policy equals roll/pitch/yaw increments to fi
 
 from __future__ import annotations
 
+import math
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
@@ -112,6 +113,7 @@ class ArmKinematics:
         self._continuous = self.model.nq != self.model.nv
         self._q_neutral = pin.neutral(self.model)
         self.limits = self._limits(self.joint_names, urdf_joints)
+        self._lower, self._upper = self.limits.lower.tolist(), self.limits.upper.tolist()
         self.gripper_limits = self._limits(self.gripper_joint_names, urdf_joints)
 
     @staticmethod
@@ -158,6 +160,20 @@ class ArmKinematics:
         pin.framesForwardKinematics(self.model, data, self._to_pin(q))
         placement = data.oMf[self._tcp_id]
         return Pose(placement.translation.copy(), placement.rotation.copy())
+
+    def fk_acceleration(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> tuple[Pose, np.ndarray]:
+        """Pose of the TCP frame and its linear acceleration (m/s^2, root frame) at joint positions
+        ``q``, velocities ``qd`` and accelerations ``qdd``: ``J qdd + dJ/dt qd``, from one pass of
+        Pinocchio's forward kinematics to second order."""
+        qd, qdd = np.asarray(qd, dtype=float), np.asarray(qdd, dtype=float)
+        if qd.shape != (self.n,) or qdd.shape != (self.n,):
+            raise ValueError(f"expected {self.n} joint velocities and accelerations, got {qd.shape} and {qdd.shape}")
+        data = self.data
+        pin.forwardKinematics(self.model, data, self._to_pin(q), qd, qdd)
+        placement = pin.updateFramePlacement(self.model, data, self._tcp_id)
+        acceleration = pin.getFrameClassicalAcceleration(
+            self.model, data, self._tcp_id, pin.ReferenceFrame.LOCAL_WORLD_ALIGNED).linear
+        return Pose(placement.translation.copy(), placement.rotation.copy()), np.array(acceleration)
 
     def jacobian(self, q: np.ndarray) -> np.ndarray:
         """6 x n TCP Jacobian, linear rows first, in the root-aligned frame at the TCP."""
@@ -211,6 +227,20 @@ class ArmKinematics:
         q = np.asarray(q, dtype=float)
         margin = np.minimum(q - self.limits.lower, self.limits.upper - q) / np.where(np.isfinite(span), span, 1.0)
         return np.where(np.isfinite(span), np.clip(margin, 0.0, 0.5), 0.5)
+
+    def min_limit_margin(self, q: np.ndarray) -> float:
+        """The smallest of :meth:`limit_margin` (the joint nearest its limit), on plain floats: the
+        kinematic threshold asks once per control step, where NumPy's calls cost more."""
+        smallest = 0.5
+        for value, lower, upper in zip(np.asarray(q, dtype=float).tolist(), self._lower, self._upper):
+            if not math.isfinite(value):
+                return math.nan
+            span = upper - lower
+            if span <= 0.0:  # a joint whose limits coincide is always at them
+                smallest = 0.0
+            elif math.isfinite(span):
+                smallest = min(smallest, max(min(value - lower, upper - value) / span, 0.0))
+        return smallest
 
     # --- name mapping -------------------------------------------------------------------------
     def from_named(self, names: Iterable[str], values: Iterable[float]) -> np.ndarray:

@@ -61,5 +61,8 @@ def pick_tokens(logits: torch.Tensor, noise: torch.Tensor | None, first_position
     (past the last dimension: the last one again)."""
     if noise is None:
         return logits.argmax(-1)
-    positions = [min(first_position + i, ACTION_DIM - 1) for i in range(logits.shape[-2])]
+    k = logits.shape[-2]
+    if first_position + k <= ACTION_DIM:  # the usual case: a slice (a view), not an index copy
+        return (logits + noise[first_position : first_position + k]).argmax(-1)
+    positions = [min(first_position + i, ACTION_DIM - 1) for i in range(k)]
     return (logits + noise[positions]).argmax(-1)

@@ -11,6 +11,7 @@ Instructions are plain UTF-8 bytes (ids 0..255) padded with ``TEXT_PAD = 256``.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,11 @@ class ActionTokenizer:
         self.q99 = q99
         self.edges = np.linspace(-1.0, 1.0, N_BINS)
         self.centres = (self.edges[:-1] + self.edges[1:]) / 2.0
+        # (255, 7): the action value of every token id in every dimension, by the same arithmetic
+        # as ``denormalise`` (so ``decode`` is one lookup, bit for bit the same)
+        self._token_values = self.denormalise(np.repeat(self.centres[:, None], ACTION_DIM, axis=1))
+        self._dims = np.arange(ACTION_DIM)
+        self._q01, self._q99, self._edges = q01.tolist(), q99.tolist(), self.edges.tolist()  # for encode_one
 
     @classmethod
     def from_actions(cls, actions: np.ndarray) -> ActionTokenizer:
@@ -84,9 +90,23 @@ class ActionTokenizer:
             raise ValueError(f"tokens must end in dimension {ACTION_DIM}, got shape {tokens.shape}")
         if not np.issubdtype(tokens.dtype, np.integer):
             raise ValueError(f"tokens must be integers, got dtype {tokens.dtype}")
-        if np.any(tokens < 0) or np.any(tokens >= N_BINS):
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= N_BINS):
             raise ValueError(f"tokens must lie in [0, {N_BINS})")
-        return self.denormalise(self.centres[np.clip(tokens, 0, N_CENTRES - 1)])
+        return self.decode_checked(np.minimum(tokens, N_CENTRES - 1))
+
+    def decode_checked(self, tokens: np.ndarray) -> np.ndarray:
+        """:meth:`decode` of tokens (..., 7) known to be integers in [0, 255) (a decoder's own,
+        clipped): one table lookup, without the checks."""
+        return self._token_values[tokens, self._dims]
+
+    def encode_one(self, action: np.ndarray) -> np.ndarray:
+        """:meth:`encode` of one finite action (7,), by the same arithmetic on plain floats (a
+        decoder encodes one prediction per control step, where NumPy's calls cost more)."""
+        tokens = []
+        for value, low, high in zip(np.asarray(action, dtype=np.float64).tolist(), self._q01, self._q99):
+            normalised = min(max(2.0 * (value - low) / (high - low) - 1.0, -1.0), 1.0)
+            tokens.append(min(max(bisect.bisect_right(self._edges, normalised) - 1, 0), N_CENTRES - 1))
+        return np.array(tokens, dtype=np.int64)
 
     def denormalise(self, normalised: np.ndarray) -> np.ndarray:
         """Actions (..., 7) from normalised values in [-1, 1] (clipped): the inverse of ``normalise``."""

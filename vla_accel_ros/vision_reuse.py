@@ -35,7 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vla_accel_ros.models.policy import Prefix
+from vla_accel_ros.models.policy import Prefix, ScoreOutput
+from vla_accel_ros.models.vla import dense
 from vla_accel_ros.observation import Observation
 
 
@@ -109,6 +110,20 @@ class IncrementalVisionEncoder:
                 self._prefix_cache = self._prefix_cache.update(policy, local, proprio, self._dynamic)
         return self._prefix_cache.prefix()
 
+    @property
+    def can_score(self) -> bool:
+        """Whether :meth:`prefill_scored` is available: not with ``reuse_kv``, whose cached keys
+        and values hold no action tokens."""
+        return not self.config.reuse_kv
+
+    def prefill_scored(self, obs: Observation, tokens: torch.Tensor) -> ScoreOutput:
+        """``Policy.prefill_scored`` of one observation (action tokens (1, k) verified in the same
+        pass), reusing unchanged patches' local encodings."""
+        if not self.can_score:
+            raise ValueError("vision reuse_kv cannot verify action tokens within the prefill; use reuse_kv=False")
+        images, text, proprio = self.policy.observation_tensors(obs)
+        return self.policy.prefill_batch_scored(images, text, proprio, tokens, self.encode(images, text))
+
     def encode(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         """uint8 images (1, H, W, 3), instruction ids (1, T) -> local encodings (1, P, W)."""
         if images.shape[0] != 1:
@@ -174,21 +189,19 @@ def _block_on_selected(
     outputs and the updated (keys, values), new tensors. With ``n_outputs`` only the last
     ``n_outputs`` tokens get outputs (the others contribute their keys and values alone).
     """
-    # The block's arithmetic, written with its weights directly: this runs on a dozen tokens, where
+    # The block's arithmetic, written with its layers directly: this runs on a dozen tokens, where
     # the module-call overhead of its seven layers is a measurable share of the time.
     attn, mlp = block.attn, block.mlp
     b, n, d = x.shape
     h = _layer_norm(block.ln1, x)
-    q, k, v = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(b, n, 3, attn.n_heads, d // attn.n_heads).permute(
-        2, 0, 3, 1, 4)
+    q, k, v = dense(h, attn.qkv).view(b, n, 3, attn.n_heads, d // attn.n_heads).permute(2, 0, 3, 1, 4)
     keys, values = past[0].index_copy(2, positions, k), past[1].index_copy(2, positions, v)
     if n_outputs is not None:
         q, x = q[:, :, n - n_outputs :], x[:, n - n_outputs :]
         mask = None if mask is None else mask[n - n_outputs :]
     y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-    x = x + F.linear(y.transpose(1, 2).reshape(b, x.shape[1], d), attn.proj.weight, attn.proj.bias)
-    h = F.gelu(F.linear(_layer_norm(block.ln2, x), mlp.fc.weight, mlp.fc.bias))
-    return x + F.linear(h, mlp.proj.weight, mlp.proj.bias), (keys, values)
+    x = x + dense(y.transpose(1, 2).reshape(b, x.shape[1], d), attn.proj)
+    return x + dense(dense(_layer_norm(block.ln2, x), mlp.fc, gelu=True), mlp.proj), (keys, values)
 
 
 def _layer_norm(norm: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:

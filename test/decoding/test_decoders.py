@@ -164,9 +164,9 @@ def test_kerv_lets_the_kf_draft_where_it_has_been_reliable(
 def test_kf_acceptance_counts_only_positions_the_target_conditioned_on_accepted_tokens() -> None:
     kerv = make_decoder("kerv", kf_rate_weight=0.5)
     kf_tokens = np.array([10, 20, 30, 40, 50, 60, 70])
-    argmax = np.array([99, 21, 99, 40, 50, 60, 70, 0])
-    kerv.update_kf_acceptance(kf_tokens, argmax, n_valid=4, r=2)  # positions 1..3 count
-    np.testing.assert_allclose(kerv.kf_acceptance, [0, 0.5, 0, 0.5, 0, 0, 0])
+    argmax = np.array([11, 21, 99, 40, 50, 60, 70, 0])
+    kerv.update_kf_acceptance(kf_tokens, argmax, n_valid=4, r=2)  # positions 0..3 count
+    np.testing.assert_allclose(kerv.kf_acceptance, [0.5, 0.5, 0, 0.5, 0, 0, 0])
 
 
 def test_flow_heads_are_seeded_per_episode_and_stay_in_bounds(policy: Policy, observations: Observations) -> None:
@@ -271,3 +271,14 @@ def test_run_policy_step_over_an_episode(policy: Policy, kin: ArmKinematics, obs
         assert context.step == 5 and context.token_history.shape == (5, 7)
         assert len(context.gripper_history) == 5 and context.kalman.converged
     assert history.observe_joints(np.full(7, np.nan), 1.0) is False
+
+
+def test_a_context_with_less_time_left_keeps_everything_else() -> None:
+    context = DecodeContext(joint_positions=np.stack([Q_HOME] * 3), step=4, gripper_history=(1.0, 0.0),
+                            token_history=np.ones((2, 7), dtype=np.int64), time_left_s=0.05)
+    later = context.with_time_left(0.01)
+    assert later.time_left_s == 0.01 and context.time_left_s == 0.05
+    assert later.step == 4 and later.gripper_history == (1.0, 0.0) and later.joint_positions is context.joint_positions
+    assert context.with_time_left(None).time_left_s is None
+    with pytest.raises(ValueError, match="NaN"):
+        context.with_time_left(float("nan"))

@@ -6,18 +6,22 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from vla_accel_ros.decoding import DecodeContext, make_decoder
+from vla_accel_ros.decoding import DecodeContext, make_decoder, run_policy_step
+from vla_accel_ros.decoding.base import PREFILL_VERIFIED
 from vla_accel_ros.decoding.kerv import TcpPositions, kf_completion_tokens, update_rate
 from vla_accel_ros.kalman import JointKalmanFilter
 from vla_accel_ros.kinematics import ArmKinematics
 from vla_accel_ros.models import ParallelDraftHead, Policy
 from vla_accel_ros.observation import Observation
+from vla_accel_ros.sampling import pick_tokens
+from vla_accel_ros.vision_reuse import IncrementalVisionEncoder, VisionReuseConfig
 
 torch.set_num_threads(1)
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
@@ -199,9 +203,9 @@ def test_the_previous_actions_record_counts_conditioned_positions_and_restarts_e
 ) -> None:
     rate = np.zeros(7)
     held = np.array([10, 20, 30, 40, 50, 60, 70])
-    argmax = np.array([99, 21, 33, 40, 50, 60, 70])
-    update_rate(rate, held, argmax, n_valid=4, r=2, weight=0.5)  # positions 1..3 count; 0 is the target's
-    np.testing.assert_allclose(rate, [0, 0.5, 0, 0.5, 0, 0, 0])
+    argmax = np.array([11, 21, 33, 40, 50, 60, 70])
+    update_rate(rate, held, argmax, n_valid=4, r=2, weight=0.5)  # positions 0..3 count
+    np.testing.assert_allclose(rate, [0.5, 0.5, 0, 0.5, 0, 0, 0])
     kerv = make_decoder("kerv")
     kerv.hold_acceptance[:] = 0.9
     kerv.decode(policy, policy.prefill(observations(1, seed=4)[0]), DecodeContext(step=0))
@@ -249,3 +253,132 @@ def test_world_aware_keeps_the_previous_action_from_drafting_near_contact(
     assert requested == {0.01: [7], 0.2: [1]}  # near contact the head proposes every position
     with pytest.raises(ValueError, match="hold_min_looseness"):
         make_decoder("world_aware", hold_min_looseness=1.5)
+
+
+class PassCountingPolicy(CountingPolicy):
+    """Also counts the two kinds of prefill."""
+
+    def prefill(self, obs: Observation, local_tokens: torch.Tensor | None = None) -> Any:
+        self.calls["prefill"] += 1
+        return self.policy.prefill(obs, local_tokens)
+
+    def prefill_scored(self, obs: Observation, tokens: torch.Tensor, local_tokens: torch.Tensor | None = None) -> Any:
+        self.calls["prefill_scored"] += 1
+        return self.policy.prefill_scored(obs, tokens, local_tokens)
+
+
+def prefill_verify_context(kin: ArmKinematics, held: np.ndarray, **kwargs: Any) -> DecodeContext:
+    return DecodeContext(kalman=converged_filter(kin), gripper_history=(1.0,), token_history=held[None], step=5,
+                         joint_positions=np.stack([Q_HOME + 0.01 * i for i in range(5)]), **kwargs)
+
+
+def test_a_proposal_verified_inside_the_prefill_costs_no_pass_of_its_own(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
+    obs = observations(1, seed=8)[0]
+    held = np.array([3, 30, 60, 90, 120, 150, 180])
+    counting = PassCountingPolicy(policy)
+    decoder = make_decoder("kerv", prefill_verify=True, r_min=255, r_max=255)  # accept everything
+    result = run_policy_step(counting, obs, decoder, prefill_verify_context(kin, held))
+    assert counting.calls == Counter(prefill_scored=1)  # no prefill of its own, no score, no draft head
+    assert result.mode == PREFILL_VERIFIED and result.target_passes == 1 and result.rounds == 1
+    assert result.draft_passes == 0 and result.accepted_len == 7
+    np.testing.assert_array_equal(result.tokens, held)  # every position is a cheap token, the first too
+    assert {"prefill", "decode", "total"} <= set(result.timings)
+    # an episode's first step has no previous action: it decodes after the prefill
+    counting = PassCountingPolicy(policy)
+    first = run_policy_step(counting, obs, decoder, DecodeContext(kalman=converged_filter(kin)))
+    assert counting.calls == Counter(prefill=1, draft_tokens_parallel=1, score=1) and first.mode == ""
+    counting = PassCountingPolicy(policy)
+    run_policy_step(counting, obs, make_decoder("kerv"), prefill_verify_context(kin, held))  # off by default for kerv
+    assert counting.calls["prefill_scored"] == 0 and counting.calls["score"] == 1
+
+
+@pytest.mark.parametrize("r", [0, 9, 40])
+def test_verifying_inside_the_prefill_equals_verifying_the_same_proposal_after_it(
+    policy: Policy, kin: ArmKinematics, observations: Observations, r: int
+) -> None:
+    """One pass or two, the same proposal gets the same verdict: accepted prefix, the target's token
+    at the first rejection, the KF's tokens after it."""
+    held = np.array([120, 110, 130, 127, 127, 127, 200])
+    for obs in observations(4, seed=9):
+        noise = torch.distributions.Gumbel(0.0, 0.5).sample((7, 256))
+        context = prefill_verify_context(kin, held, token_noise=noise)
+        one_pass = make_decoder("kerv", prefill_verify=True, r_min=r, r_max=r)
+        proposal = one_pass.prefill_proposal(policy, context)
+        fused = one_pass.decode_scored(policy, policy.prefill_scored(obs, torch.tensor([proposal[:6].tolist()])),
+                                       proposal, context)
+        two_passes = make_decoder("kerv", prefill_verify=True, r_min=r, r_max=r)
+        two_passes.prefill_proposal(policy, context)
+        scored = policy.score(policy.prefill(obs), torch.tensor([proposal[:6].tolist()]))
+        after = two_passes.decode_scored(policy, scored, proposal, context)
+        np.testing.assert_array_equal(fused.tokens, after.tokens)
+        assert fused.accepted_len == after.accepted_len
+        target = pick_tokens(scored.logits[0], noise, 0).numpy()
+        n = fused.accepted_len
+        assert np.all(np.abs(fused.tokens[:n] - target[:n]) <= r)
+        if n < 7:
+            assert fused.tokens[n] == target[n]  # the bonus
+            completion = kf_completion_tokens(policy, context)
+            np.testing.assert_array_equal(fused.tokens[n + 1 :], completion[0][n + 1 :])  # the KF's fill
+
+
+def test_world_aware_verifies_inside_the_prefill_in_free_space_only(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
+    obs = observations(1, seed=10)[0]
+    held = np.array([3, 30, 60, 90, 120, 150, 180])
+    modes = {}
+    for clearance in (0.01, 0.2):
+        counting = PassCountingPolicy(policy)
+        result = run_policy_step(counting, obs, make_decoder("world_aware"),
+                                 prefill_verify_context(kin, held, target_clearance=clearance))
+        modes[clearance] = (result.mode, counting.calls["prefill_scored"], counting.calls["score"])
+    assert modes == {0.01: ("", 0, 1), 0.2: (PREFILL_VERIFIED, 1, 0)}
+    off = make_decoder("world_aware", prefill_verify=False)
+    assert off.prefill_proposal(policy, prefill_verify_context(kin, held, target_clearance=0.2)) is None
+    with pytest.raises(ValueError, match="prefill_min_looseness"):
+        make_decoder("world_aware", prefill_min_looseness=-0.1)
+
+
+def test_world_aware_without_the_scene_decides_from_the_previous_steps_contact_head(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
+    """On a robot the decision before the prefill reads the contact head of the step before (one
+    control period old): none at an episode's start, and none after a step that did not run."""
+    free = make_decoder("world_aware", prefill_min_looseness=0.0)  # any contact reading allows it
+    held = np.array([3, 30, 60, 90, 120, 150, 180])
+    context = lambda step: replace(prefill_verify_context(kin, held), step=step)  # noqa: E731
+    obs = observations(3, seed=11)
+    assert free.prefill_proposal(policy, context(5)) is None  # no reading yet
+    first = run_policy_step(policy, obs[0], free, context(5))
+    assert first.mode == ""  # decoded after the prefill, which read the contact head
+    second = run_policy_step(policy, obs[1], free, context(6))
+    assert second.mode == PREFILL_VERIFIED  # the reading of step 5 decided
+    assert run_policy_step(policy, obs[2], free, context(7)).mode == PREFILL_VERIFIED  # step 6 read it again
+    assert free.prefill_proposal(policy, context(9)) is None  # step 8 never ran: its reading is missing
+    strict = make_decoder("world_aware", prefill_min_looseness=1.0)  # a contact head never says "free" this surely
+    run_policy_step(policy, obs[0], strict, context(5))
+    assert run_policy_step(policy, obs[1], strict, context(6)).mode == ""
+
+
+def test_prefill_verification_with_incremental_vision_and_without_it_under_reused_keys(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
+    held = np.array([3, 30, 60, 90, 120, 150, 180])
+    context = prefill_verify_context(kin, held, target_clearance=0.2)
+    obs = observations(1, seed=12)[0]
+    reuse = IncrementalVisionEncoder(policy, VisionReuseConfig())
+    counting = PassCountingPolicy(policy)
+    result = run_policy_step(counting, obs, make_decoder("world_aware"), context, reuse)
+    assert result.mode == PREFILL_VERIFIED and reuse.last.refreshed
+    expected = policy.prefill_scored(obs, torch.tensor([held[:6].tolist()]))
+    decoder = make_decoder("world_aware")
+    decoder.prefill_proposal(policy, context)
+    np.testing.assert_array_equal(result.tokens, decoder.decode_scored(policy, expected, held, context).tokens)
+    kv = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
+    assert not kv.can_score
+    result = run_policy_step(counting, obs, make_decoder("world_aware"), context, kv)
+    assert result.mode == "" and result.target_passes == 1  # its cache holds no action tokens: verified after
+    with pytest.raises(ValueError, match="reuse_kv"):
+        kv.prefill_scored(obs, torch.tensor([held[:6].tolist()]))

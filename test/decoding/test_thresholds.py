@@ -150,3 +150,18 @@ def test_kinematic_signals_from_context_see_curvature_and_limits() -> None:
     for i in range(5):
         kf_rest.update(q_home, 0.05 * i)
     assert kerv.threshold(None, None, DecodeContext(joint_positions=np.stack([q_home] * 5), kalman=kf_rest)) == 15.0
+
+
+def test_circle_fit_on_plain_floats_matches_the_numpy_fit() -> None:
+    rng = np.random.default_rng(3)
+    for i in range(300):
+        radius, arc = 10 ** rng.uniform(-2, 0.5), rng.uniform(0.05, 2.0)
+        rotation = np.linalg.qr(rng.normal(size=(3, 3)))[0]
+        angles = np.linspace(0.0, arc, 5)
+        points = np.stack([radius * np.cos(angles), radius * np.sin(angles), np.zeros(5)], 1) @ rotation.T + 0.4
+        points += rng.normal(0, 1e-4 if i % 2 else 1e-6, points.shape)
+        fast, reference = th.fit_circle_radius(points), th._fit_circle_radius_numpy(points)
+        assert fast == pytest.approx(reference, rel=1e-6) or (math.isinf(fast) and math.isinf(reference))
+    # two smallest eigenvalues equal (a symmetric star in 3-D): the plane is NumPy's choice
+    star = np.array([[1, 0, 0], [-1, 0, 0], [0, 2, 0], [0, -2, 0], [0, 0, 1], [0, 0, -1]], dtype=float) * 0.01
+    assert th.fit_circle_radius(star) == th._fit_circle_radius_numpy(star)

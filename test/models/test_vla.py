@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from vla_accel_ros.models import BOS, Policy, Prefix, VLAConfig
+from vla_accel_ros.models.vla import ONEDNN_MIN_MACS, dense, onednn_linear_available
 from vla_accel_ros.observation import Observation
 from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer, encode_instruction
 
@@ -335,3 +336,47 @@ def test_instruction_film_is_cached_until_ids_or_weights_change() -> None:
     assert updated is not first
     torch.testing.assert_close(updated, encoder.film_params(policy.target.instruction_condition(red)), atol=0, rtol=0)
     assert not torch.equal(updated[1], first[1])
+
+
+def test_prefill_scored_is_score_after_prefill_in_one_pass(policy: Policy, batch) -> None:
+    """Action tokens verified inside the prefill give what scoring them after it gives: the same
+    logits at every position and a prefix that truncates to the observation prefix."""
+    images, text, proprio = batch
+    tokens = random_tokens(2, 6)
+    two_passes = policy.score(policy.prefill_batch(images, text, proprio), tokens)
+    one_pass = policy.prefill_batch_scored(images, text, proprio, tokens)
+    torch.testing.assert_close(one_pass.logits, two_passes.logits, atol=TOL, rtol=0)
+    assert one_pass.prefix.base == 0 and one_pass.prefix.n_tokens == 6
+    assert one_pass.prefix.prefix_len == two_passes.prefix.prefix_len
+    torch.testing.assert_close(one_pass.prefix.pooled, two_passes.prefix.pooled, atol=TOL, rtol=0)
+    kept = one_pass.prefix.truncate(2)  # the accepted prefix continues like any scored prefix
+    after = policy.score(kept, tokens[:, 2:3])
+    torch.testing.assert_close(after.logits, policy.score(two_passes.prefix.truncate(2), tokens[:, 2:3]).logits,
+                               atol=TOL, rtol=0)
+    rng = np.random.default_rng(0)
+    obs = Observation(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "red", rng.normal(size=7), 0.02)
+    single = policy.prefill_scored(obs, tokens[:1])
+    torch.testing.assert_close(single.logits, policy.score(policy.prefill(obs), tokens[:1]).logits, atol=TOL, rtol=0)
+    with pytest.raises(ValueError, match="lie in"):
+        policy.prefill_scored(obs, torch.tensor([[N_BINS]]))
+    with pytest.raises(ValueError, match="int64"):
+        policy.prefill_scored(obs, torch.tensor([[1.0]]))
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+def test_dense_takes_onednn_for_large_products_and_follows_weight_updates() -> None:
+    layer = torch.nn.Linear(128, 512)
+    x = torch.randn(1, 99, 128)  # 6.5 M multiply-adds: oneDNN's kernel at inference
+    assert 99 * 128 * 512 >= ONEDNN_MIN_MACS
+    with torch.inference_mode():
+        torch.testing.assert_close(dense(x, layer), layer(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(dense(x, layer, gelu=True), torch.nn.functional.gelu(layer(x)), atol=1e-5, rtol=1e-5)
+        assert "_onednn_weight" in layer.__dict__  # the weight in oneDNN's layout, kept on the layer
+    with torch.no_grad():
+        layer.weight.mul_(-2.0)  # an in-place update (an optimiser step) must not leave a stale copy
+    with torch.inference_mode():
+        torch.testing.assert_close(dense(x, layer), layer(x), atol=1e-4, rtol=1e-5)
+    small = torch.randn(1, 1, 128)  # a decode step's token: the usual kernel, and autograd works too
+    torch.testing.assert_close(dense(small, layer), layer(small), atol=0, rtol=0)
+    dense(x.requires_grad_(), layer).sum().backward()
+    assert layer.weight.grad is not None

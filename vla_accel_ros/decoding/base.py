@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from vla_accel_ros.vision_reuse import IncrementalVisionEncoder
 
 N_ACTION_TOKENS = 7
+PREFILL_VERIFIED = "prefill_verified"  # DecodeResult.mode of an action whose proposal the prefill verified
 MAX_TOKEN_ID = 254  # 256 bin edges give 255 bins: ids 0..254 (255 is never emitted)
 
 
@@ -113,6 +114,14 @@ class DecodeContext:
         object.__setattr__(self, "token_history", tokens.reshape(-1, N_ACTION_TOKENS))
         object.__setattr__(self, "gripper_history", tuple(float(g) for g in self.gripper_history))
 
+    def with_time_left(self, time_left_s: float | None) -> DecodeContext:
+        """This context with another ``time_left_s`` (the rest already validated: no second check)."""
+        if time_left_s is not None and np.isnan(time_left_s):
+            raise ValueError("DecodeContext.time_left_s is NaN; pass None for 'no deadline'")
+        context = object.__new__(DecodeContext)
+        context.__dict__.update(self.__dict__, time_left_s=time_left_s)
+        return context
+
 
 @dataclass(frozen=True, eq=False)
 class DecodeResult:
@@ -179,8 +188,24 @@ def relaxed_accept_mask(
 def accepted_length(
     draft: Sequence[int] | np.ndarray, target_argmax: Sequence[int] | np.ndarray, r: float
 ) -> int:
-    """Number of leading draft tokens accepted under threshold r."""
-    return int(relaxed_accept_mask(draft, target_argmax, r).sum())
+    """Number of leading draft tokens accepted under threshold r: the length of
+    :func:`relaxed_accept_mask`'s run of True, counted on plain ints (it runs on every verify pass)."""
+    d, a = token_list(draft), token_list(target_argmax)
+    if len(d) != len(a):
+        raise ValueError(f"draft ({len(d)},) and target argmax ({len(a)},) differ in shape")
+    if not r >= 0:
+        raise ValueError(f"acceptance threshold r must be >= 0, got {r}")
+    n = 0
+    for proposed, target in zip(d, a):
+        if abs(proposed - target) > r:
+            break
+        n += 1
+    return n
+
+
+def token_list(tokens: Sequence[int] | np.ndarray) -> list[int]:
+    """Tokens (any sequence of ints, or an int array of any shape) as a flat list of Python ints."""
+    return tokens.ravel().tolist() if isinstance(tokens, np.ndarray) else [int(t) for t in tokens]
 
 
 # --- pass accounting --------------------------------------------------------------------------
@@ -224,19 +249,19 @@ class PassLedger:
         self.last_draft_s = self.clock() - t0
         self.draft_s += self.last_draft_s
         self.draft_passes += n + extra
-        return tokens[0, extra:].detach().cpu().numpy().astype(np.int64)
+        return tokens[0, extra:].detach().cpu().numpy()
 
     def score(self, prefix: Any, tokens: Sequence[int]) -> tuple[np.ndarray, Any]:
         """One target pass: the picked (argmax, or sampled) token (k+1,) at each position, and the
         extended prefix."""
-        feed = torch.tensor([int(t) for t in tokens], dtype=torch.long).reshape(1, len(tokens))
+        feed = torch.tensor([[int(t) for t in tokens]], dtype=torch.long).reshape(1, len(tokens))
         t0 = self.clock()
         out = self.policy.score(prefix, feed)
         self.last_verify_s = self.clock() - t0
         self.verify_s += self.last_verify_s
         self.target_passes += 1
         first = prefix.n_tokens if self.noise is not None else 0
-        return pick_tokens(out.logits[0], self.noise, first).cpu().numpy().astype(np.int64), out.prefix
+        return pick_tokens(out.logits[0], self.noise, first).cpu().numpy(), out.prefix
 
     def result(
         self,
@@ -249,11 +274,12 @@ class PassLedger:
         kf_filled: int,
         threshold: float | None,
         started: float,
+        mode: str = "",
     ) -> DecodeResult:
         toks = np.clip(np.asarray(tokens, dtype=np.int64), 0, MAX_TOKEN_ID)
         if toks.shape != (N_ACTION_TOKENS,):
             raise RuntimeError(f"decoder {name} produced {toks.shape} tokens, expected ({N_ACTION_TOKENS},)")
-        action = np.asarray(self.policy.tokens_to_action(toks), dtype=float)
+        action = self.policy.tokenizer.decode_checked(toks)
         timings = {"draft": self.draft_s * 1e3, "verify": self.verify_s * 1e3, "decode": (self.clock() - started) * 1e3}
         return DecodeResult(
             action=action,
@@ -267,6 +293,7 @@ class PassLedger:
             threshold=threshold,
             timings=timings,
             decoder=name,
+            mode=mode,
         )
 
     def state_result(
@@ -370,6 +397,14 @@ def run_policy_step(
     A decoder with a ``skip_step(context)`` method may serve the step without the model (HeiSD's
     verify-skip executes queued retrieved actions): when it returns a result, that result is
     returned at once, with no prefill (prefill time 0, nothing re-encoded) and no target pass.
+
+    A decoder with ``prefill_proposal(policy, context)`` may propose the 7 tokens before the
+    prefill (from what it knows without the image: the previous action, the Kalman filter). When
+    it does, the prefill verifies them in the same pass (``Policy.prefill_scored``: its first 6
+    ride along with the prefix) and ``decode_scored(policy, scored, proposal, context)`` finishes
+    the action, with no target pass of its own. The proposal's time counts as decoding; the one
+    pass counts as the prefill. Incremental vision with ``reuse_kv`` cannot carry a proposal
+    (``vision.can_score``): there the step is decoded as usual.
     """
     clock = context.clock
     t0 = clock()
@@ -380,19 +415,35 @@ def run_policy_step(
             elapsed = (clock() - t0) * 1e3
             return replace(skipped, timings=dict(skipped.timings, prefill=0.0, total=elapsed), vision_fraction=0.0)
     fraction = 1.0
+    propose = getattr(decoder, "prefill_proposal", None)
+    proposal = None
+    if callable(propose) and (vision is None or vision.can_score):
+        with torch.inference_mode():
+            proposal = propose(policy, context)
+    t_proposed = clock()
     with torch.inference_mode():
-        if vision is None:
+        if proposal is not None:
+            # The last proposed token is not fed: its output would predict an 8th token.
+            feed = torch.tensor([proposal[: N_ACTION_TOKENS - 1].tolist()], dtype=torch.long)
+            scored = policy.prefill_scored(obs, feed) if vision is None else vision.prefill_scored(obs, feed)
+        elif vision is None:
             prefix = policy.prefill(obs)
         else:
             prefix = vision.prefill(obs)
+        if vision is not None:
             fraction = vision.last.fraction
     t1 = clock()
     if context.time_left_s is not None:
-        context = replace(context, time_left_s=context.time_left_s - (t1 - t0))
+        context = context.with_time_left(context.time_left_s - (t1 - t0))
     with torch.inference_mode():
-        result = decoder.decode(policy, prefix, context)
+        if proposal is not None:
+            result = decoder.decode_scored(policy, scored, proposal, context)
+        else:
+            result = decoder.decode(policy, prefix, context)
     t2 = clock()
-    timings = dict(result.timings, prefill=(t1 - t0) * 1e3, total=(t2 - t0) * 1e3)
+    # Choosing a proposal for the prefill to verify (or deciding not to) is decoding work.
+    decode_ms = result.timings["decode"] + (t_proposed - t0) * 1e3
+    timings = dict(result.timings, decode=decode_ms, prefill=(t1 - t_proposed) * 1e3, total=(t2 - t0) * 1e3)
     return replace(result, timings=timings, vision_fraction=fraction)
 
 

@@ -24,6 +24,14 @@ later draft step reads the token proposed before it, so a cheap token in the mid
 the steps after it conditioned on a token that is not in the proposal. The parallel head's
 proposals read nothing but the prefix end, so ANY trusted position (>= 1) can take a cheap token.
 
+Verification inside the prefill (``prefill_verify``, on for ``world_aware`` in free space): the
+cheap sources need no image, so their tokens are known before the prefill starts. Fed after the
+observation prefix in the prefill's own pass (``Policy.prefill_scored``), they are verified for 6
+more rows of that pass instead of a pass of their own, and the decoding after the prefill is only
+the acceptance test and the KF fill. The price: no draft head (it reads the prefix), and position
+0 is a cheap token too, which the target may reject; the bonus and the KF fill then take over as
+usual. Still exactly one verify pass per action, never a second round.
+
 The KF prediction is the TCP delta between the filtered joint configuration and its
 constant-acceleration extrapolation one control period ahead (clamped to URDF limits); the gripper
 is its last commanded value. Before the filter has converged (fewer than 3 measurements) or when
@@ -42,11 +50,13 @@ import torch
 
 from vla_accel_ros.decoding.base import (
     N_ACTION_TOKENS,
+    PREFILL_VERIFIED,
     DecodeContext,
     DecodeResult,
     PassLedger,
     PolicyLike,
     accepted_length,
+    token_list,
 )
 from vla_accel_ros.decoding.thresholds import (
     N_CURVATURE_POINTS,
@@ -54,6 +64,7 @@ from vla_accel_ros.decoding.thresholds import (
     fit_circle_radius,
     kinematic_threshold,
 )
+from vla_accel_ros.sampling import pick_tokens
 
 GRIPPER_INDEX = N_ACTION_TOKENS - 1
 
@@ -72,6 +83,10 @@ class KervConfig:
     # draft with the policy's parallel draft head when it has one (one light call for all tokens);
     # False = always the sequential head
     parallel_draft: bool = True
+    # verify a proposal of the cheap sources inside the prefill (Policy.prefill_scored) where
+    # ``prefill_allowed`` says so: no pass after the prefill, but no draft head either, and the
+    # first position is a cheap token too (module docstring)
+    prefill_verify: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.r_min <= self.r_max:
@@ -112,7 +127,8 @@ def kinematic_signals(context: DecodeContext, tcp_positions: TcpPositions | None
     if kf is None or not kf.converged:
         return None
     recent = context.joint_positions[-N_CURVATURE_POINTS:]
-    recent = recent[np.all(np.isfinite(recent), axis=1)] if len(recent) else recent
+    if len(recent) and not np.isfinite(recent).all():
+        recent = recent[np.isfinite(recent).all(axis=1)]
     radius = math.inf
     if len(recent) >= 3 and recent.shape[1] == kf.kin.n:
         radius = fit_circle_radius((tcp_positions or TcpPositions())(kf.kin, recent))
@@ -120,7 +136,7 @@ def kinematic_signals(context: DecodeContext, tcp_positions: TcpPositions | None
         innovation=kf.innovation(),
         ee_acceleration=kf.ee_acceleration(),
         path_radius=radius,
-        min_limit_margin=float(np.min(kf.kin.limit_margin(kf.q))),
+        min_limit_margin=kf.kin.min_limit_margin(kf.q),
     )
 
 
@@ -131,9 +147,9 @@ def kf_completion_tokens(policy: PolicyLike, context: DecodeContext) -> tuple[np
     if kf is None or not kf.converged:
         return None
     action = kf.predict_action(context.control_period_s, context.gripper_history)
-    if not np.all(np.isfinite(action)):  # a filter fed absurd (finite but huge) joints: no prediction
+    if not np.isfinite(action).all():  # a filter fed absurd (finite but huge) joints: no prediction
         return None
-    tokens = np.asarray(policy.tokenizer.encode(action), dtype=np.int64).reshape(N_ACTION_TOKENS)
+    tokens = policy.tokenizer.encode_one(action)
     known = np.ones(N_ACTION_TOKENS, dtype=bool)
     known[GRIPPER_INDEX] = len(context.gripper_history) > 0
     return tokens, known
@@ -161,10 +177,14 @@ def complete_suffix(
     return out, int(len(positions))
 
 
-def requested_length(kf_mask: np.ndarray) -> int:
+def requested_length(kf_mask: np.ndarray | list[bool]) -> int:
     """Draft tokens to request when the KF proposes the positions in ``kf_mask`` (7,): up to the
     last position it does not (position 0 never is, so at least 1)."""
-    return int(np.flatnonzero(~kf_mask).max()) + 1
+    flags = kf_mask.tolist() if isinstance(kf_mask, np.ndarray) else list(kf_mask)
+    for i in range(len(flags) - 1, -1, -1):
+        if not flags[i]:
+            return i + 1
+    raise ValueError("a cheap source proposes every position; position 0 is always the target's own")
 
 
 class KervDecoder:
@@ -176,6 +196,9 @@ class KervDecoder:
         self.kf_acceptance = np.zeros(N_ACTION_TOKENS)  # running rate at which each KF token passes
         self.hold_acceptance = np.zeros(N_ACTION_TOKENS)  # the same for the previous action's tokens
         self.tcp_positions = TcpPositions()
+        # what ``prefill_proposal`` computed for ``decode_scored`` of the same step: the KF
+        # completion and the threshold
+        self._proposed: tuple[tuple[np.ndarray, np.ndarray] | None, float] | None = None
 
     def uses_parallel_draft(self, policy: PolicyLike) -> bool:
         """Whether this decoder drafts with ``policy``'s parallel draft head."""
@@ -193,23 +216,28 @@ class KervDecoder:
         """(tokens (7,), mask (7,) bool): the positions the cheap sources propose (the KF's
         ``completion``, the previous action's tokens ``hold``) and their tokens; at each position
         the source with the higher running rate (the KF on a tie), if that rate reaches its trust (never position 0,
-        the target's own token). Sequential head: only the trailing run (the module docstring)."""
+        the target's own token). Sequential head: only the trailing run (the module docstring).
+        Seven positions, once per step: plain Python lists, which cost less than NumPy's calls here."""
         cfg = self.config
-        tokens = np.zeros(N_ACTION_TOKENS, dtype=np.int64)
-        best = np.full(N_ACTION_TOKENS, -1.0)  # the winning source's rate; -1 = no source
+        tokens = [0] * N_ACTION_TOKENS
+        best = [-1.0] * N_ACTION_TOKENS  # the winning source's rate; -1 = no source
         sources = []
         if cfg.kf_draft and completion is not None:
-            sources.append((completion[0], completion[1] & (self.kf_acceptance >= cfg.kf_trust), self.kf_acceptance))
+            rates = self.kf_acceptance.tolist()
+            known = completion[1].tolist()
+            sources.append((completion[0].tolist(), [k and rate >= cfg.kf_trust for k, rate in zip(known, rates)], rates))
         if cfg.hold_draft and hold is not None:
-            sources.append((hold, self.hold_acceptance >= cfg.hold_trust, self.hold_acceptance))
-        for source_tokens, trusted, rate in sources:
-            wins = trusted & (rate > best)
-            tokens[wins], best[wins] = source_tokens[wins], rate[wins]
-        mask = best >= 0.0
-        mask[0] = False
+            rates = self.hold_acceptance.tolist()
+            sources.append((hold.tolist(), [rate >= cfg.hold_trust for rate in rates], rates))
+        for source_tokens, trusted, rates in sources:
+            for i in range(1, N_ACTION_TOKENS):
+                if trusted[i] and rates[i] > best[i]:
+                    tokens[i], best[i] = source_tokens[i], rates[i]
+        mask = [rate >= 0.0 for rate in best]
         if not parallel:  # the trailing run only: nothing up to the last uncovered position
-            mask[: requested_length(mask)] = False
-        return tokens, mask
+            uncovered = requested_length(mask)
+            mask[:uncovered] = [False] * uncovered
+        return np.array(tokens, dtype=np.int64), np.array(mask)
 
     def draft_length(self, completion: tuple[np.ndarray, np.ndarray] | None, parallel: bool = False,
                      hold: np.ndarray | None = None) -> int:
@@ -217,13 +245,81 @@ class KervDecoder:
         return requested_length(self.cheap_proposal(completion, hold, parallel)[1])
 
     def update_kf_acceptance(self, kf_tokens: np.ndarray, argmax: np.ndarray, n_valid: int, r: float) -> None:
-        """Score the KF's tokens against the target's argmax at positions 1..n_valid-1, whose
-        argmax is conditioned on accepted tokens (position 0 is always the target's own)."""
+        """Score the KF's tokens against the target's argmax at positions 0..n_valid-1, whose
+        argmax is conditioned on the prefix and accepted tokens alone."""
         update_rate(self.kf_acceptance, kf_tokens, argmax, n_valid, r, self.config.kf_rate_weight)
 
     def hold_allowed(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> bool:
         """Whether the previous action may draft at this step (always, for kerv)."""
         return True
+
+    def prefill_allowed(self, policy: PolicyLike, context: DecodeContext) -> bool:
+        """Whether this step's proposal may be verified inside the prefill (with ``prefill_verify``:
+        always, for kerv). Decided before the prefill, so from the context alone."""
+        return True
+
+    def prefill_proposal(self, policy: PolicyLike, context: DecodeContext) -> np.ndarray | None:
+        """With ``prefill_verify``, the 7 tokens for the prefill to verify (:func:`run_policy_step`),
+        or None to decode after the prefill as usual. Every position, the first included, comes from
+        a cheap source: the KF where its running rate is the higher, else the previous action
+        (which the step needs, so never at an episode's first step)."""
+        if not (self.config.prefill_verify and context.step > 0 and len(context.token_history)):
+            return None
+        if not self.prefill_allowed(policy, context):
+            return None
+        completion = kf_completion_tokens(policy, context)
+        proposal = np.array(context.token_history[-1], dtype=np.int64)
+        if self.config.kf_draft and completion is not None:
+            kf_leads = completion[1] & (self.kf_acceptance > self.hold_acceptance)
+            proposal[kf_leads] = completion[0][kf_leads]
+        # The threshold too, while the kinematics' code is warm: it needs no image either.
+        self._proposed = (completion, self.threshold(policy, None, context))
+        return proposal
+
+    def decode_scored(self, policy: PolicyLike, scored: Any, proposal: np.ndarray, context: DecodeContext) -> DecodeResult:
+        """Finish an action whose ``proposal`` the prefill verified (``scored``: the prefix extended
+        by it, and the target's logits at every position): keep the accepted prefix, the target's
+        token at the first rejection and the KF's tokens after it. No target pass of its own; the
+        prefill's counts as this action's one verify pass."""
+        started = context.clock()
+        ledger = PassLedger(policy, context.clock, context.token_noise)
+        ledger.target_passes = 1  # the prefill's pass verified the proposal
+        if self._proposed is None:
+            raise RuntimeError("decode_scored needs this step's prefill_proposal first")
+        (completion, r), self._proposed = self._proposed, None
+        hold = context.token_history[-1]
+        argmax = pick_tokens(scored.logits[0], context.token_noise, 0).cpu().numpy()
+        n_acc = accepted_length(proposal, argmax, r)
+        if completion is not None:
+            self.update_kf_acceptance(completion[0], argmax, n_acc + 1, r)
+        update_rate(self.hold_acceptance, hold, argmax, n_acc + 1, r, self.config.kf_rate_weight)
+        self.after_prefill_verified(policy, scored.prefix, context)
+        return self._finish(ledger, proposal, argmax, n_acc, r, policy, context, completion, started,
+                            mode=PREFILL_VERIFIED)
+
+    def after_prefill_verified(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> None:
+        """What a prefill-verified step still reads from the prefix for later steps (kerv: nothing)."""
+
+    def _finish(self, ledger: PassLedger, proposal: np.ndarray, argmax: np.ndarray, n_acc: int, r: float,
+                policy: PolicyLike, context: DecodeContext, completion: tuple[np.ndarray, np.ndarray] | None,
+                started: float, mode: str = "") -> DecodeResult:
+        """The action from a verified proposal: its accepted prefix, the target's token at the first
+        rejection (the bonus, free from the same pass) and the KF's tokens after it."""
+        tokens, kf_filled = proposal.copy(), 0
+        if n_acc < N_ACTION_TOKENS:
+            tokens[n_acc] = argmax[n_acc]
+            tokens, kf_filled = complete_suffix(tokens, n_acc + 1, policy, context, completion)
+        return ledger.result(
+            self.name,
+            tokens,
+            accepted_len=n_acc,
+            drafted=N_ACTION_TOKENS,
+            rounds=1,
+            kf_filled=kf_filled,
+            threshold=r,
+            started=started,
+            mode=mode,
+        )
 
     def threshold(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
         signals = kinematic_signals(context, self.tcp_positions)
@@ -247,8 +343,7 @@ class KervDecoder:
         with torch.inference_mode():
             r = self.threshold(policy, prefix, context)
             drafted = ledger.draft(prefix, n_draft, parallel=parallel)
-            proposal = np.concatenate([drafted, cheap_tokens[n_draft:]])
-            proposal[cheap_mask] = cheap_tokens[cheap_mask]
+            proposal = np.where(cheap_mask, cheap_tokens, np.concatenate([drafted, cheap_tokens[n_draft:]]))
             # the last token's own output would predict an 8th token: it is not fed
             argmax, _ = ledger.score(prefix, proposal[: N_ACTION_TOKENS - 1].tolist())
         n_acc = accepted_length(proposal, argmax, r)
@@ -256,26 +351,16 @@ class KervDecoder:
             self.update_kf_acceptance(completion[0], argmax, n_acc + 1, r)
         if hold is not None:
             update_rate(self.hold_acceptance, hold, argmax, n_acc + 1, r, self.config.kf_rate_weight)
-        tokens, kf_filled = proposal.copy(), 0
-        if n_acc < N_ACTION_TOKENS:
-            tokens[n_acc] = argmax[n_acc]  # bonus: the target's own token, free from this pass
-            tokens, kf_filled = complete_suffix(tokens, n_acc + 1, policy, context, completion)
-        return ledger.result(
-            self.name,
-            tokens,
-            accepted_len=n_acc,
-            drafted=N_ACTION_TOKENS,
-            rounds=1,
-            kf_filled=kf_filled,
-            threshold=r,
-            started=started,
-        )
+        return self._finish(ledger, proposal, argmax, n_acc, r, policy, context, completion, started)
 
 
 def update_rate(rate: np.ndarray, proposed: np.ndarray, argmax: np.ndarray, n_valid: int, r: float,
                 weight: float) -> None:
     """Update a source's running acceptance ``rate`` (7,) in place with its ``proposed`` tokens
-    against the target's at positions 1..n_valid-1 (exponential average, newest weight ``weight``)."""
-    for i in range(1, min(n_valid, N_ACTION_TOKENS)):
-        hit = float(abs(int(proposed[i]) - int(argmax[i])) <= r)
-        rate[i] = (1 - weight) * rate[i] + weight * hit
+    against the target's at positions 0..n_valid-1 (exponential average, newest weight ``weight``)."""
+    values, proposed_list, target_list = rate.tolist(), token_list(proposed), token_list(argmax)
+    for i in range(min(n_valid, N_ACTION_TOKENS)):
+        hit = float(abs(proposed_list[i] - target_list[i]) <= r)
+        values[i] = (1 - weight) * values[i] + weight * hit
+    rate[:] = values
+

@@ -110,16 +110,115 @@ def contact_probability_looseness(probability: float) -> float:
 def fit_circle_radius(points: np.ndarray) -> float:
     """Radius (m) of the least-squares circle through 3-D points, fitted in their best-fit plane.
 
-    The plane comes from an SVD of the centred points; the circle is the algebraic least-squares
-    fit ``x^2 + y^2 + a x + b y + c = 0`` in plane coordinates. Returns inf for a straight path and
-    for a path too short to say (spread below MIN_PATH_SPREAD), and inf for fewer than 3 points.
+    The plane is spanned by the two major principal axes of the centred points (their scatter
+    matrix's eigenvectors); the circle is the algebraic least-squares fit
+    ``x^2 + y^2 + a x + b y + c = 0`` in plane coordinates. Returns inf for a straight path, for a
+    path too short to say (spread below MIN_PATH_SPREAD) and for fewer than 3 points.
+
+    It runs once per control step on 5 points, cold (after the prefill and the simulator): plain
+    floats cost a tenth of NumPy's eigh and solve there, for the same fit.
     """
     pts = np.asarray(points, dtype=float)
-    if pts.ndim != 2 or pts.shape[1] != 3 or len(pts) < 3 or not np.isfinite(pts).all():
+    if pts.ndim != 2 or pts.shape[1] != 3 or len(pts) < 3:
         return math.inf
+    rows = pts.tolist()
+    if not all(math.isfinite(v) for row in rows for v in row):
+        return math.inf
+    k = len(rows)
+    mx, my, mz = sum(row[0] for row in rows) / k, sum(row[1] for row in rows) / k, sum(row[2] for row in rows) / k
+    centred = [(x - mx, y - my, z - mz) for x, y, z in rows]
+    sxx = syy = szz = sxy = sxz = syz = 0.0
+    for x, y, z in centred:
+        sxx += x * x
+        syy += y * y
+        szz += z * z
+        sxy += x * y
+        sxz += x * z
+        syz += y * z
+    smallest, middle, largest = _symmetric_eigenvalues(sxx, syy, szz, sxy, sxz, syz)
+    spread, width = math.sqrt(max(largest, 0.0)), math.sqrt(max(middle, 0.0))
+    if spread < MIN_PATH_SPREAD or width < COLLINEAR_RATIO * spread:
+        return math.inf
+    normal = _null_vector(
+        ((sxx - smallest, sxy, sxz), (sxy, syy - smallest, syz), (sxz, syz, szz - smallest)), largest)
+    if normal is None:  # the two smallest eigenvalues coincide: let NumPy pick the plane
+        return _fit_circle_radius_numpy(pts)
+    u, w = _plane_basis(normal)
+    # The points are centred, so in plane coordinates the normal equations split into a 2x2 system
+    # for (a, b) and c = -mean(x^2 + y^2).
+    pxx = pyy = pxy = bx = by = total = 0.0
+    for x3, y3, z3 in centred:
+        x, y = x3 * u[0] + y3 * u[1] + z3 * u[2], x3 * w[0] + y3 * w[1] + z3 * w[2]
+        square = x * x + y * y
+        pxx += x * x
+        pyy += y * y
+        pxy += x * y
+        bx -= square * x
+        by -= square * y
+        total += square
+    det = pxx * pyy - pxy * pxy
+    if not det > 0.0:  # points in line after all (within rounding): no circle
+        return math.inf
+    ca, cb = (bx * pyy - by * pxy) / det, (pxx * by - pxy * bx) / det
+    r2 = (ca * ca + cb * cb) / 4.0 + total / k
+    return float(math.sqrt(r2)) if r2 > 0 else math.inf
+
+
+def _symmetric_eigenvalues(
+    a11: float, a22: float, a33: float, a12: float, a13: float, a23: float
+) -> tuple[float, float, float]:
+    """Eigenvalues (ascending) of a symmetric 3x3 matrix, in closed form (the trigonometric
+    solution of its characteristic cubic)."""
+    off = a12 * a12 + a13 * a13 + a23 * a23
+    q = (a11 + a22 + a33) / 3.0
+    p2 = (a11 - q) ** 2 + (a22 - q) ** 2 + (a33 - q) ** 2 + 2.0 * off
+    if p2 <= 0.0:  # a multiple of the identity
+        return q, q, q
+    p = math.sqrt(p2 / 6.0)
+    b11, b22, b33 = (a11 - q) / p, (a22 - q) / p, (a33 - q) / p
+    b12, b13, b23 = a12 / p, a13 / p, a23 / p
+    half_det = (b11 * (b22 * b33 - b23 * b23) - b12 * (b12 * b33 - b23 * b13) + b13 * (b12 * b23 - b22 * b13)) / 2.0
+    phi = math.acos(min(max(half_det, -1.0), 1.0)) / 3.0
+    largest = q + 2.0 * p * math.cos(phi)
+    smallest = q + 2.0 * p * math.cos(phi + 2.0 * math.pi / 3.0)
+    return smallest, 3.0 * q - largest - smallest, largest
+
+
+def _null_vector(rows: tuple[tuple[float, float, float], ...], scale: float) -> tuple[float, float, float] | None:
+    """The unit vector a rank-2 symmetric 3x3 matrix (rows) sends to 0: the largest cross product
+    of two of its rows. None when every cross product vanishes against ``scale``^2 (rank 1)."""
+    best, best_norm = (0.0, 0.0, 0.0), 0.0
+    for (a1, a2, a3), (b1, b2, b3) in ((rows[0], rows[1]), (rows[0], rows[2]), (rows[1], rows[2])):
+        cross = (a2 * b3 - a3 * b2, a3 * b1 - a1 * b3, a1 * b2 - a2 * b1)
+        norm = math.sqrt(cross[0] ** 2 + cross[1] ** 2 + cross[2] ** 2)
+        if norm > best_norm:
+            best, best_norm = cross, norm
+    if not best_norm > 1e-12 * scale * scale:
+        return None
+    return best[0] / best_norm, best[1] / best_norm, best[2] / best_norm
+
+
+def _plane_basis(normal: tuple[float, float, float]) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """Two orthonormal vectors perpendicular to the unit vector ``normal`` (the circle fit is the
+    same in any such basis)."""
+    n1, n2, n3 = normal
+    # cross with the coordinate axis least aligned with the normal
+    if abs(n1) <= abs(n2) and abs(n1) <= abs(n3):
+        u = (0.0, n3, -n2)
+    elif abs(n2) <= abs(n3):
+        u = (-n3, 0.0, n1)
+    else:
+        u = (n2, -n1, 0.0)
+    norm = math.sqrt(u[0] ** 2 + u[1] ** 2 + u[2] ** 2)
+    u = (u[0] / norm, u[1] / norm, u[2] / norm)
+    w = (n2 * u[2] - n3 * u[1], n3 * u[0] - n1 * u[2], n1 * u[1] - n2 * u[0])
+    return u, w
+
+
+def _fit_circle_radius_numpy(pts: np.ndarray) -> float:
+    """:func:`fit_circle_radius` with NumPy's eigh and solve: the reference, and the fallback when
+    the plane is not unique."""
     centred = pts - pts.mean(axis=0)
-    # The plane's axes from the 3x3 scatter matrix and the fit from its 3x3 normal equations: the
-    # same solution as an SVD and lstsq of the points, in a third less time (runs every step).
     variances, axes = np.linalg.eigh(centred.T @ centred)  # ascending
     spread, width = math.sqrt(max(variances[2], 0.0)), math.sqrt(max(variances[1], 0.0))
     if spread < MIN_PATH_SPREAD or width < COLLINEAR_RATIO * spread:
@@ -154,7 +253,8 @@ class KinematicSignals:
 
     def looseness(self) -> float:
         """The smallest factor: the most worried signal decides."""
-        return min(self.factors().values())
+        return min(innovation_looseness(self.innovation), acceleration_looseness(self.ee_acceleration),
+                   curvature_looseness(self.path_radius), limit_looseness(self.min_limit_margin))
 
 
 def _check_bounds(r_min: int, r_max: int) -> None:
@@ -178,9 +278,9 @@ def world_aware_threshold(r_kinematic: int, contact_looseness: float, r_max: int
     """Scale the kinematic r (from bounds up to ``r_max``) by the contact looseness (0 = at
     contact, 1 = free space): from NEAR_CONTACT_SCALE * r to FREE_SPACE_SCALE * r, bounded to
     [R_FLOOR, world_aware_ceiling(r_max)]."""
-    c = float(np.clip(contact_looseness, 0.0, 1.0)) if math.isfinite(contact_looseness) else 0.0
+    c = _unit(float(contact_looseness)) if math.isfinite(contact_looseness) else 0.0
     scale = NEAR_CONTACT_SCALE + (FREE_SPACE_SCALE - NEAR_CONTACT_SCALE) * c
-    return int(np.clip(round(r_kinematic * scale), R_FLOOR, world_aware_ceiling(r_max)))
+    return min(max(round(r_kinematic * scale), R_FLOOR), world_aware_ceiling(r_max))
 
 
 def released_schedule_threshold(step: int, max_steps: int, r_start: int = 15, r_min: int = 3) -> float:

@@ -5,7 +5,13 @@ gripper-to-target distance) and otherwise from the policy's learned near-contact
 prefix features (a real robot has no scene). Near contact the previous action does not draft
 either: where a bin of error decides the grasp, the proposal comes from the draft head (and the KF
 where it has earned it), which is accepted further, so less of the action is left to the KF's
-unverified fill. Decoding is otherwise exactly :class:`KervDecoder`.
+unverified fill.
+
+In free space (the same contact rule, ``hold_min_looseness``) the cheap sources' proposal is
+verified inside the prefill (``prefill_verify``, :mod:`kerv`): the action costs 6 more rows of the
+prefill and no pass after it. That decision comes before the prefill, so without the scene it
+reads the contact head of the episode's previous step (one control period old; none at the first
+step, which decodes after the prefill). Decoding is otherwise exactly :class:`KervDecoder`.
 """
 
 from __future__ import annotations
@@ -27,11 +33,15 @@ class WorldAwareConfig(KervConfig):
     # contact looseness (0 at contact, 1 in free space) below which the previous action does not
     # draft: 0.5 is about 6 cm from the target with the scene's clearance
     hold_min_looseness: float = 0.5
+    prefill_verify: bool = True  # in free space, verify the cheap proposal inside the prefill
+    # contact looseness from which the proposal is verified inside the prefill
+    prefill_min_looseness: float = 0.5
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= self.hold_min_looseness <= 1.0:
-            raise ValueError(f"WorldAwareConfig.hold_min_looseness must be in [0, 1], got {self.hold_min_looseness}")
+        for name in ("hold_min_looseness", "prefill_min_looseness"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"WorldAwareConfig.{name} must be in [0, 1], got {getattr(self, name)}")
 
 
 def contact_looseness(policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
@@ -48,6 +58,7 @@ class WorldAwareDecoder(KervDecoder):
     def __init__(self, **cfg: Any) -> None:
         super().__init__(**cfg)
         self._last_contact: tuple[Any, DecodeContext, float] | None = None
+        self._previous_looseness: tuple[int, float] | None = None  # (step, contact looseness) last computed
 
     def contact_looseness(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
         """:func:`contact_looseness`, computed once per (prefix, context): the threshold and the
@@ -57,12 +68,38 @@ class WorldAwareDecoder(KervDecoder):
             return last[2]
         value = contact_looseness(policy, prefix, context)
         self._last_contact = (prefix, context, value)
+        self._previous_looseness = (context.step, value)
         return value
+
+    def looseness_before_prefill(self, context: DecodeContext) -> float | None:
+        """Contact looseness known before this step's prefill: the scene's clearance, or the
+        contact head's reading at the episode's previous step; None when there is neither."""
+        if context.target_clearance is not None:
+            return clearance_looseness(float(context.target_clearance))
+        previous = self._previous_looseness
+        if previous is None or previous[0] != context.step - 1:
+            return None
+        return previous[1]
 
     def hold_allowed(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> bool:
         return self.contact_looseness(policy, prefix, context) >= self.config.hold_min_looseness
 
+    def prefill_allowed(self, policy: PolicyLike, context: DecodeContext) -> bool:
+        """In free space, by the same rule as ``hold_allowed``, judged before the prefill."""
+        looseness = self.looseness_before_prefill(context)
+        return looseness is not None and looseness >= self.config.prefill_min_looseness
+
     def threshold(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
+        """The kinematic r scaled by contact; with ``prefix`` None (before the prefill) the contact
+        known then (:meth:`looseness_before_prefill`), tight when there is none."""
         r_kin = super().threshold(policy, prefix, context)
-        looseness = self.contact_looseness(policy, prefix, context)
+        if prefix is None:
+            looseness = self.looseness_before_prefill(context) or 0.0
+        else:
+            looseness = self.contact_looseness(policy, prefix, context)
         return float(world_aware_threshold(int(r_kin), looseness, self.config.r_max))
+
+    def after_prefill_verified(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> None:
+        """Without the scene, the next step's decision reads this step's contact head."""
+        if context.target_clearance is None:
+            self.contact_looseness(policy, prefix, context)

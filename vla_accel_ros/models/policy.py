@@ -248,6 +248,16 @@ class Policy:
         images, text, proprio = self.observation_tensors(obs)
         return self.prefill_batch(images, text, proprio, local_tokens)
 
+    def prefill_scored(
+        self, obs: Observation, tokens: torch.Tensor, local_tokens: torch.Tensor | None = None
+    ) -> ScoreOutput:
+        """``score(prefill(obs), tokens)`` in ONE target pass: action tokens (1, k) known before the
+        observation (a decoder's cheap proposal) ride along with its prefix, so verifying them
+        costs k more rows of the prefill instead of a pass of its own. The prefix rows attend only
+        to the prefix (causal), so they are the prefill's; ``local_tokens`` as in :meth:`prefill`."""
+        images, text, proprio = self.observation_tensors(obs)
+        return self.prefill_batch_scored(images, text, proprio, tokens, local_tokens)
+
     def prefill_batch(
         self,
         images: torch.Tensor,
@@ -259,6 +269,23 @@ class Policy:
         with torch.inference_mode():
             return self._prefill(images, text, proprio, local_tokens)
 
+    def prefill_batch_scored(
+        self,
+        images: torch.Tensor,
+        text: torch.Tensor,
+        proprio: torch.Tensor,
+        tokens: torch.Tensor,
+        local_tokens: torch.Tensor | None = None,
+    ) -> ScoreOutput:
+        """Batched :meth:`prefill_scored`: tokens (B, k) after each observation's prefix."""
+        with torch.inference_mode():
+            self._check_action_tokens(tokens, images.shape[0])
+            hidden, kv = self._prefix_pass(images, text, proprio, local_tokens, tokens)
+            n = hidden.shape[1] - tokens.shape[1]
+            prefix = Prefix(kv=kv, action_hidden=hidden[:, n - 1 :], tokens=tokens, pooled=hidden[:, :n].mean(dim=1),
+                            prefix_len=n, base=0)
+            return ScoreOutput(self.target.lm_head(prefix.action_hidden), prefix)
+
     def _prefill(
         self,
         images: torch.Tensor,
@@ -266,12 +293,7 @@ class Policy:
         proprio: torch.Tensor,
         local_tokens: torch.Tensor | None = None,
     ) -> Prefix:
-        target = self.target
-        if local_tokens is None:
-            local_tokens = target.patch_encoder(target.patchify(images), film=self.instruction_film(text))
-        local_tokens = target.add_patch_bias(local_tokens, self.world_bias(images))
-        x = target.embed_prefix(target.global_vision(local_tokens), text, self.normalise_proprio(proprio))
-        hidden, kv = target.decode(x)
+        hidden, kv = self._prefix_pass(images, text, proprio, local_tokens)
         b = hidden.shape[0]
         return Prefix(
             kv=kv,
@@ -281,22 +303,45 @@ class Policy:
             prefix_len=hidden.shape[1],
         )
 
+    def _prefix_pass(
+        self,
+        images: torch.Tensor,
+        text: torch.Tensor,
+        proprio: torch.Tensor,
+        local_tokens: torch.Tensor | None = None,
+        tokens: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """The decoder over the observation prefix, then the action ``tokens`` (B, k) if given:
+        final-norm hidden states (B, prefix_len [+ k], d) and the cache."""
+        target = self.target
+        if local_tokens is None:
+            local_tokens = target.patch_encoder(target.patchify(images), film=self.instruction_film(text))
+        local_tokens = target.add_patch_bias(local_tokens, self.world_bias(images))
+        x = target.embed_prefix(target.global_vision(local_tokens), text, self.normalise_proprio(proprio))
+        if tokens is not None:
+            x = torch.cat([x, target.embed_actions(tokens, x.shape[1])], dim=1)
+        return target.decode(x)
+
     def score(self, prefix: Prefix, tokens: torch.Tensor) -> ScoreOutput:
         """ONE target forward over k new tokens (B, k) after the prefix; logits (B, k+1, 256)."""
         with torch.inference_mode():
             return self._score(prefix, tokens)
 
-    def _score(self, prefix: Prefix, tokens: torch.Tensor) -> ScoreOutput:
-        if tokens.dim() != 2 or tokens.shape[0] != prefix.batch_size:
-            raise ValueError(f"tokens must be (B={prefix.batch_size}, k), got {tuple(tokens.shape)}")
+    @staticmethod
+    def _check_action_tokens(tokens: torch.Tensor, batch_size: int) -> None:
+        if tokens.dim() != 2 or tokens.shape[0] != batch_size:
+            raise ValueError(f"tokens must be (B={batch_size}, k), got {tuple(tokens.shape)}")
         if tokens.dtype != torch.long:
             raise ValueError(f"tokens must be int64, got {tokens.dtype}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= N_BINS):
+            raise ValueError(f"action tokens must lie in [0, {N_BINS})")
+
+    def _score(self, prefix: Prefix, tokens: torch.Tensor) -> ScoreOutput:
+        self._check_action_tokens(tokens, prefix.batch_size)
         k = tokens.shape[1]
         if k == 0:  # nothing to run: the prefix's last hidden state already predicts the next token
             logits = self.target.lm_head(prefix.hidden_last).unsqueeze(1)
             return ScoreOutput(logits, replace(prefix, base=prefix.n_tokens))
-        if int(tokens.min()) < 0 or int(tokens.max()) >= N_BINS:
-            raise ValueError(f"action tokens must lie in [0, {N_BINS})")
         x = self.target.embed_actions(tokens, prefix.length)
         hidden, kv = self.target.decode(x, prefix.kv)
         action_hidden = torch.cat([prefix.action_hidden, hidden], dim=1)

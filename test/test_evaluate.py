@@ -64,12 +64,17 @@ def test_bench_refuses_bad_extra_rows(tmp_path, option, bad):
         main(["bench", option, bad, "--out", str(tmp_path / "bad")])
 
 
+def short_bench(out, decoders: str, *options: str) -> dict:
+    """``vla-accel bench`` over one 6-step episode without the r sweep; its summary.json."""
+    args = ["bench", "--episodes", "1", "--max-steps", "6", "--decoders", decoders, "--no-sweep", *options,
+            "--out", str(out)]
+    assert main(args) == 0
+    return json.loads((out / "summary.json").read_text())
+
+
 def test_bench_with_incremental_vision_and_the_flow_heads(tmp_path):
     out = tmp_path / "bench_iv"
-    args = ["bench", "--episodes", "1", "--max-steps", "6", "--decoders", "ar,flow10,flow2", "--no-sweep",
-            "--incremental-vision", "--out", str(out)]
-    assert main(args) == 0
-    summary = json.loads((out / "summary.json").read_text())
+    summary = short_bench(out, "ar,flow10,flow2", "--incremental-vision")
     assert set(summary) == {"ar", "flow10", "flow2", "ar+iv", "flow10+iv", "flow2+iv"}
     assert summary["ar"]["vision_recomputed_fraction"] == 1.0
     assert summary["ar+iv"]["vision_recomputed_fraction"] < 1.0  # the arm moves, the table does not
@@ -110,10 +115,7 @@ def test_heisd_eval_and_bench_with_a_store(tmp_path):
 
 def test_bench_world_aware_verifies_inside_the_prefill_beside_its_after_prefill_row(tmp_path):
     out = tmp_path / "bench"
-    args = ["bench", "--episodes", "1", "--max-steps", "6", "--decoders", "ar,world_aware", "--no-sweep",
-            "--after-prefill", "--out", str(out)]
-    assert main(args) == 0
-    summary = json.loads((out / "summary.json").read_text())
+    summary = short_bench(out, "ar,world_aware", "--after-prefill")
     assert set(summary) == {"ar", "world_aware", "world_aware@after_prefill"}
     verified = summary["world_aware"]
     assert 0 < verified["prefill_verified_share"] < 1  # the first step has no previous action to propose

@@ -100,29 +100,34 @@ class IncrementalVisionEncoder:
         local = self.encode(images, text)
         if not self.config.reuse_kv:
             return policy.prefill_batch(images, text, proprio, local)
+        return self._reuse_kv(local, text, proprio, None).prefix
+
+    def prefill_scored(self, obs: Observation, tokens: torch.Tensor) -> ScoreOutput:
+        """``Policy.prefill_scored`` of one observation: action tokens (1, k) verified in the same
+        pass, here the incremental one (with ``reuse_kv``, they ride along with the recomputed
+        tokens)."""
+        policy = self.policy
+        images, text, proprio = policy.observation_tensors(obs)
+        local = self.encode(images, text)
+        if not self.config.reuse_kv:
+            return policy.prefill_batch_scored(images, text, proprio, tokens, local)
+        policy._check_action_tokens(tokens, 1)
+        return self._reuse_kv(local, text, proprio, tokens)
+
+    def _reuse_kv(self, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
+                  tokens: torch.Tensor | None) -> ScoreOutput:
+        """The prefix (extended by ``tokens``, if any) from the cached keys and values, which it
+        then updates; the logits are those of the action positions (empty without tokens)."""
+        policy = self.policy
         if getattr(policy, "world", None) is not None:
             raise ValueError("vision reuse_kv does not support a world-aware prefill; use reuse_kv=False")
         assert self.last is not None
         with torch.inference_mode():
             if self.last.refreshed or self._prefix_cache is None:
-                self._prefix_cache = _PrefixCache.full(policy, local, text, proprio)
+                self._prefix_cache, scored = _PrefixCache.full(policy, local, text, proprio, tokens)
             else:
-                self._prefix_cache = self._prefix_cache.update(policy, local, proprio, self._dynamic)
-        return self._prefix_cache.prefix()
-
-    @property
-    def can_score(self) -> bool:
-        """Whether :meth:`prefill_scored` is available: not with ``reuse_kv``, whose cached keys
-        and values hold no action tokens."""
-        return not self.config.reuse_kv
-
-    def prefill_scored(self, obs: Observation, tokens: torch.Tensor) -> ScoreOutput:
-        """``Policy.prefill_scored`` of one observation (action tokens (1, k) verified in the same
-        pass), reusing unchanged patches' local encodings."""
-        if not self.can_score:
-            raise ValueError("vision reuse_kv cannot verify action tokens within the prefill; use reuse_kv=False")
-        images, text, proprio = self.policy.observation_tensors(obs)
-        return self.policy.prefill_batch_scored(images, text, proprio, tokens, self.encode(images, text))
+                self._prefix_cache, scored = self._prefix_cache.update(policy, local, proprio, self._dynamic, tokens)
+        return scored
 
     def encode(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         """uint8 images (1, H, W, 3), instruction ids (1, T) -> local encodings (1, P, W)."""
@@ -184,10 +189,11 @@ def _block_on_selected(
     """One pre-LN transformer block (``models.vla.Block``) run on the tokens at ``positions`` only.
 
     x: (1, n, d) their inputs; past: the layer's (keys, values) (1, H, L, hd) of the whole sequence
-    as last computed. The selected tokens' new keys/values replace theirs; each selected token
-    attends to all L positions, or where ``mask`` (n, L) allows. Returns the selected tokens'
-    outputs and the updated (keys, values), new tensors. With ``n_outputs`` only the last
-    ``n_outputs`` tokens get outputs (the others contribute their keys and values alone).
+    as last computed. The selected tokens' new keys/values replace theirs; rows of ``x`` past the
+    ``len(positions)`` selected ones are new tokens after the sequence (action tokens), whose keys
+    and values are appended. Each token attends to every key, or where ``mask`` (n, keys) allows.
+    Returns the tokens' outputs and the updated (keys, values), new tensors. With ``n_outputs``
+    only the last ``n_outputs`` tokens get outputs (the others contribute their keys and values alone).
     """
     # The block's arithmetic, written with its layers directly: this runs on a dozen tokens, where
     # the module-call overhead of its seven layers is a measurable share of the time.
@@ -195,7 +201,10 @@ def _block_on_selected(
     b, n, d = x.shape
     h = _layer_norm(block.ln1, x)
     q, k, v = dense(h, attn.qkv).view(b, n, 3, attn.n_heads, d // attn.n_heads).permute(2, 0, 3, 1, 4)
-    keys, values = past[0].index_copy(2, positions, k), past[1].index_copy(2, positions, v)
+    selected = len(positions)
+    keys, values = past[0].index_copy(2, positions, k[:, :, :selected]), past[1].index_copy(2, positions, v[:, :, :selected])
+    if selected < n:  # new tokens after the sequence
+        keys, values = torch.cat([keys, k[:, :, selected:]], dim=2), torch.cat([values, v[:, :, selected:]], dim=2)
     if n_outputs is not None:
         q, x = q[:, :, n - n_outputs :], x[:, n - n_outputs :]
         mask = None if mask is None else mask[n - n_outputs :]
@@ -229,8 +238,10 @@ class _PrefixCache:
         return [target.keypoint_mlp(target.keypoint_positions(local).flatten(1)).unsqueeze(1)]
 
     @classmethod
-    def full(cls, policy: Any, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor) -> _PrefixCache:
-        """Every token computed (the same arithmetic as ``Policy.prefill``), caches kept."""
+    def full(cls, policy: Any, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
+             tokens: torch.Tensor | None = None) -> tuple[_PrefixCache, ScoreOutput]:
+        """Every token computed (the same arithmetic as ``Policy.prefill``, or ``prefill_scored``
+        with action ``tokens``), caches kept."""
         target = policy.target
         x = local[..., : target.config.d_model] + target.vision_pos
         vision_kv = []
@@ -238,12 +249,19 @@ class _PrefixCache:
             x, kv = block(x, causal=False)
             vision_kv.append(kv)
         vision = target.vision_ln(x)
-        tokens = torch.cat([vision, *cls._keypoint_token(target, local)], dim=1)
-        hidden, decoder_kv = target.decode(target.embed_prefix(tokens, text, policy.normalise_proprio(proprio)))
-        return cls(tuple(vision_kv), vision, decoder_kv, hidden)
+        tokens_in = torch.cat([vision, *cls._keypoint_token(target, local)], dim=1)
+        x = target.embed_prefix(tokens_in, text, policy.normalise_proprio(proprio))
+        length = x.shape[1]
+        if tokens is not None:
+            x = torch.cat([x, target.embed_actions(tokens, length)], dim=1)
+        hidden, decoder_kv = target.decode(x)
+        cache = cls(tuple(vision_kv), vision, _prefix_part(decoder_kv, length), hidden[:, :length])
+        return cache, cache._scored(policy, decoder_kv, hidden[:, length:], tokens)
 
-    def update(self, policy: Any, local: torch.Tensor, proprio: torch.Tensor, dynamic: torch.Tensor) -> _PrefixCache:
-        """Recompute the dynamic patches' tokens, the keypoint token, proprioception and BOS."""
+    def update(self, policy: Any, local: torch.Tensor, proprio: torch.Tensor, dynamic: torch.Tensor,
+               tokens: torch.Tensor | None = None) -> tuple[_PrefixCache, ScoreOutput]:
+        """Recompute the dynamic patches' tokens, the keypoint token, proprioception and BOS (and
+        run the action ``tokens``, if any, after them in the same pass)."""
         target = policy.target
         length = self.hidden.shape[1]
         tail = target.prefix_tail(policy.normalise_proprio(proprio))
@@ -270,6 +288,13 @@ class _PrefixCache:
             n_trailing = len(always) + 2
         x = torch.cat(recomputed, dim=1) + target.pos_emb[positions]
         causal = positions[:, None] >= torch.arange(length)[None, :]  # each token sees those up to itself
+        n_actions = 0 if tokens is None else tokens.shape[1]
+        if n_actions:  # the action tokens come after the prefix: they see all of it, the prefix none of them
+            x = torch.cat([x, target.embed_actions(tokens, length)], dim=1)
+            causal = torch.cat([
+                torch.cat([causal, causal.new_zeros(len(positions), n_actions)], dim=1),
+                torch.cat([causal.new_ones(n_actions, length),
+                           torch.ones(n_actions, n_actions, dtype=torch.bool).tril_()], dim=1)])
         # In the last layer the patch tokens give only keys and values (for the action tokens): their
         # outputs would feed nothing but the pooled feature, which keeps them from their last full
         # computation. The trailing tokens (keypoint, proprioception, BOS) are computed in full.
@@ -277,16 +302,30 @@ class _PrefixCache:
         decoder_kv = []
         for i, (block, past) in enumerate(zip(target.blocks, self.decoder_kv)):
             x, kv = _block_on_selected(block, x, positions, past, mask=causal,
-                                       n_outputs=n_trailing if i == last else None)
+                                       n_outputs=n_trailing + n_actions if i == last else None)
             decoder_kv.append(kv)
-        hidden = self.hidden.index_copy(1, positions[-n_trailing:], target.ln_f(x))
-        return _PrefixCache(tuple(vision_kv), vision, tuple(decoder_kv), hidden)
+        out = target.ln_f(x)
+        hidden = self.hidden.index_copy(1, positions[-n_trailing:], out[:, :n_trailing])
+        cache = _PrefixCache(tuple(vision_kv), vision, _prefix_part(decoder_kv, length), hidden)
+        return cache, cache._scored(policy, tuple(decoder_kv), out[:, n_trailing:], tokens)
 
-    def prefix(self) -> Prefix:
-        return Prefix(
-            kv=self.decoder_kv,
-            action_hidden=self.hidden[:, -1:],
-            tokens=torch.empty(1, 0, dtype=torch.long),
+    def _scored(self, policy: Any, decoder_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...],
+                action_hidden: torch.Tensor, tokens: torch.Tensor | None) -> ScoreOutput:
+        """The prefix this frame's pass made (``decoder_kv`` runs on over the action ``tokens``,
+        whose hidden states are ``action_hidden``) and the target's logits at the action positions."""
+        length = self.hidden.shape[1]
+        if tokens is None:
+            tokens = torch.empty(1, 0, dtype=torch.long)
+        prefix = Prefix(
+            kv=decoder_kv,
+            action_hidden=torch.cat([self.hidden[:, -1:], action_hidden], dim=1),
+            tokens=tokens,
             pooled=self.hidden.mean(dim=1),
-            prefix_len=self.hidden.shape[1],
+            prefix_len=length,
         )
+        return ScoreOutput(policy.target.lm_head(prefix.action_hidden) if tokens.shape[1] else torch.empty(0), prefix)
+
+
+def _prefix_part(kv: tuple[tuple[torch.Tensor, torch.Tensor], ...], length: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """Each layer's (keys, values) of the first ``length`` positions (views): what the next frame reuses."""
+    return tuple((k[:, :, :length], v[:, :, :length]) for k, v in kv)

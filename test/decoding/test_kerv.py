@@ -362,23 +362,55 @@ def test_world_aware_without_the_scene_decides_from_the_previous_steps_contact_h
     assert run_policy_step(policy, obs[1], strict, context(6)).mode == ""
 
 
-def test_prefill_verification_with_incremental_vision_and_without_it_under_reused_keys(
+def test_prefill_verification_with_incremental_vision_with_and_without_reused_keys(
     policy: Policy, kin: ArmKinematics, observations: Observations
 ) -> None:
+    """Incremental vision carries the proposal too: re-encoding changed patches, its pass is the
+    full one (exact); reusing keys and values, the action tokens ride along with the recomputed
+    tokens, and on a frame refreshed in full the result is again exactly the full pass's."""
     held = np.array([3, 30, 60, 90, 120, 150, 180])
     context = prefill_verify_context(kin, held, target_clearance=0.2)
-    obs = observations(1, seed=12)[0]
-    reuse = IncrementalVisionEncoder(policy, VisionReuseConfig())
-    counting = PassCountingPolicy(policy)
-    result = run_policy_step(counting, obs, make_decoder("world_aware"), context, reuse)
-    assert result.mode == PREFILL_VERIFIED and reuse.last.refreshed
-    expected = policy.prefill_scored(obs, torch.tensor([held[:6].tolist()]))
-    decoder = make_decoder("world_aware")
-    decoder.prefill_proposal(policy, context)
-    np.testing.assert_array_equal(result.tokens, decoder.decode_scored(policy, expected, held, context).tokens)
-    kv = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
-    assert not kv.can_score
-    result = run_policy_step(counting, obs, make_decoder("world_aware"), context, kv)
-    assert result.mode == "" and result.target_passes == 1  # its cache holds no action tokens: verified after
-    with pytest.raises(ValueError, match="reuse_kv"):
-        kv.prefill_scored(obs, torch.tensor([held[:6].tolist()]))
+    feed = torch.tensor([held[:6].tolist()])
+    frames = observations(3, seed=12)
+    for config in (VisionReuseConfig(), VisionReuseConfig(reuse_kv=True)):
+        reuse = IncrementalVisionEncoder(policy, config)
+        counting = PassCountingPolicy(policy)
+        result = run_policy_step(counting, frames[0], make_decoder("world_aware"), context, reuse)
+        assert result.mode == PREFILL_VERIFIED and reuse.last.refreshed and counting.calls["score"] == 0
+        decoder = make_decoder("world_aware")
+        decoder.prefill_proposal(policy, context)
+        np.testing.assert_array_equal(result.tokens, decoder.decode_scored(
+            policy, policy.prefill_scored(frames[0], feed), held, context).tokens)
+        reuse.prefill_scored(frames[0], feed)  # the same image again: nothing re-encoded
+        assert reuse.last.recomputed == 0
+
+
+def test_action_tokens_ride_along_with_the_recomputed_tokens_under_reused_keys(
+    policy: Policy, observations: Observations
+) -> None:
+    """With reuse_kv the verified tokens see exactly the prefix a plain incremental prefill builds
+    for that frame: scoring them after ``prefill`` or inside ``prefill_scored`` agrees."""
+    feed = torch.tensor([[3, 30, 60, 90, 120, 150]])
+    first = observations(1, seed=13)[0]
+    frames = [first]
+    for step, patch in enumerate((1, None, 2)):  # one patch changes, then only the joints, then another patch
+        image = frames[-1].image.copy()
+        if patch is not None:
+            image[:16, 16 * (patch % 2) : 16 * (patch % 2) + 16] ^= 0x80
+        frames.append(Observation(image, first.instruction, first.joint_pos + 0.02 * (step + 1), 0.04, 0.05 * (step + 1)))
+    plain = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
+    scored = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
+    recomputed = []
+    for obs in frames:
+        after = policy.score(plain.prefill(obs), feed)
+        inside = scored.prefill_scored(obs, feed)
+        assert plain.last == scored.last
+        torch.testing.assert_close(inside.logits, after.logits, atol=1e-5, rtol=0)
+        assert inside.prefix.prefix_len == after.prefix.prefix_len and inside.prefix.n_tokens == 6
+        for (ka, va), (kb, vb) in zip(inside.prefix.kv, after.prefix.kv):
+            torch.testing.assert_close(ka, kb, atol=1e-5, rtol=0)
+            torch.testing.assert_close(va, vb, atol=1e-5, rtol=0)
+        recomputed.append(scored.last.recomputed)
+    assert recomputed == [4, 1, 0, 1]  # the first frame in full, then incremental ones
+    with pytest.raises(ValueError, match="lie in"):
+        scored.prefill_scored(frames[0], torch.tensor([[300]]))

@@ -403,8 +403,7 @@ def run_policy_step(
     it does, the prefill verifies them in the same pass (``Policy.prefill_scored``: its first 6
     ride along with the prefix) and ``decode_scored(policy, scored, proposal, context)`` finishes
     the action, with no target pass of its own. The proposal's time counts as decoding; the one
-    pass counts as the prefill. Incremental vision with ``reuse_kv`` cannot carry a proposal
-    (``vision.can_score``): there the step is decoded as usual.
+    pass counts as the prefill (incremental too: ``vision.prefill_scored``).
     """
     clock = context.clock
     t0 = clock()
@@ -416,12 +415,9 @@ def run_policy_step(
             return replace(skipped, timings=dict(skipped.timings, prefill=0.0, total=elapsed), vision_fraction=0.0)
     fraction = 1.0
     propose = getattr(decoder, "prefill_proposal", None)
-    proposal = None
-    if callable(propose) and (vision is None or vision.can_score):
-        with torch.inference_mode():
-            proposal = propose(policy, context)
-    t_proposed = clock()
     with torch.inference_mode():
+        proposal = propose(policy, context) if callable(propose) else None
+        t_proposed = clock()
         if proposal is not None:
             # The last proposed token is not fed: its output would predict an 8th token.
             feed = torch.tensor([proposal[: N_ACTION_TOKENS - 1].tolist()], dtype=torch.long)
@@ -432,10 +428,9 @@ def run_policy_step(
             prefix = vision.prefill(obs)
         if vision is not None:
             fraction = vision.last.fraction
-    t1 = clock()
-    if context.time_left_s is not None:
-        context = context.with_time_left(context.time_left_s - (t1 - t0))
-    with torch.inference_mode():
+        t1 = clock()
+        if context.time_left_s is not None:
+            context = context.with_time_left(context.time_left_s - (t1 - t0))
         if proposal is not None:
             result = decoder.decode_scored(policy, scored, proposal, context)
         else:

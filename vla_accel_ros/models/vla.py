@@ -92,10 +92,13 @@ class VLAConfig(JsonConfig):
         return self.prefix_len + self.n_action_tokens
 
 
-# Products (rows x in x out) from which inference runs a linear layer on oneDNN's kernel, not
-# MKL's: on the AVX-512 CPUs measured here (AMD EPYC) MKL takes its AVX2 path and oneDNN ran the
-# prefill's matrices twice as fast, while MKL's lower call overhead wins below about a million
-# multiply-adds (a decode step's single token: 4 against 12 microseconds).
+# Inference runs a linear layer on oneDNN's kernel rather than MKL's from this many rows and this
+# product (rows x in x out): on the AVX-512 CPUs measured here (AMD EPYC) MKL takes its AVX2 path,
+# and oneDNN ran the prefill's matrices (64 to 1024 rows) twice as fast. Below, MKL's lower call
+# overhead wins: a decode step's single token took 4 against 12 microseconds, and the incremental
+# prefill's dozen-row products, all on MKL, ran 6% faster in the closed loop than with oneDNN for
+# the larger of them (its code then competes with MKL's for the cache).
+ONEDNN_MIN_ROWS = 32
 ONEDNN_MIN_MACS = 1 << 20
 
 
@@ -125,9 +128,9 @@ def dense(x: torch.Tensor, layer: nn.Linear, gelu: bool = False) -> torch.Tensor
     """``layer(x)``, then GELU when ``gelu``. Without autograd, large products on the CPU go to
     oneDNN's kernel (the GELU fused into it); the result is the same up to float rounding."""
     weight = layer.weight
-    if (not torch.is_grad_enabled() and x.is_cpu
-            and x.numel() // x.shape[-1] * weight.shape[0] * weight.shape[1] >= ONEDNN_MIN_MACS
-            and onednn_linear_available()):
+    rows = x.numel() // x.shape[-1]
+    if (rows >= ONEDNN_MIN_ROWS and rows * weight.shape[0] * weight.shape[1] >= ONEDNN_MIN_MACS
+            and not torch.is_grad_enabled() and x.is_cpu and onednn_linear_available()):
         if gelu:
             return torch.ops.mkldnn._linear_pointwise(x, _onednn_weight(layer), layer.bias, "gelu", [], "none")
         return torch.ops.mkldnn._linear_pointwise(x, _onednn_weight(layer), layer.bias, "none", [], "")

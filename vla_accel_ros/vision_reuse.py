@@ -111,7 +111,7 @@ class IncrementalVisionEncoder:
         local = self.encode(images, text)
         if not self.config.reuse_kv:
             return policy.prefill_batch_scored(images, text, proprio, tokens, local)
-        policy._check_action_tokens(tokens, 1)
+        policy.check_action_tokens(tokens, 1)
         return self._reuse_kv(local, text, proprio, tokens)
 
     def _reuse_kv(self, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
@@ -249,8 +249,8 @@ class _PrefixCache:
             x, kv = block(x, causal=False)
             vision_kv.append(kv)
         vision = target.vision_ln(x)
-        tokens_in = torch.cat([vision, *cls._keypoint_token(target, local)], dim=1)
-        x = target.embed_prefix(tokens_in, text, policy.normalise_proprio(proprio))
+        vision_tokens = torch.cat([vision, *cls._keypoint_token(target, local)], dim=1)
+        x = target.embed_prefix(vision_tokens, text, policy.normalise_proprio(proprio))
         length = x.shape[1]
         if tokens is not None:
             x = torch.cat([x, target.embed_actions(tokens, length)], dim=1)
@@ -313,17 +313,15 @@ class _PrefixCache:
                 action_hidden: torch.Tensor, tokens: torch.Tensor | None) -> ScoreOutput:
         """The prefix this frame's pass made (``decoder_kv`` runs on over the action ``tokens``,
         whose hidden states are ``action_hidden``) and the target's logits at the action positions."""
-        length = self.hidden.shape[1]
-        if tokens is None:
-            tokens = torch.empty(1, 0, dtype=torch.long)
+        scored = tokens is not None and tokens.shape[1] > 0
         prefix = Prefix(
             kv=decoder_kv,
-            action_hidden=torch.cat([self.hidden[:, -1:], action_hidden], dim=1),
-            tokens=tokens,
+            action_hidden=torch.cat([self.hidden[:, -1:], action_hidden], dim=1) if scored else self.hidden[:, -1:],
+            tokens=tokens if tokens is not None else torch.empty(1, 0, dtype=torch.long),
             pooled=self.hidden.mean(dim=1),
-            prefix_len=length,
+            prefix_len=self.hidden.shape[1],
         )
-        return ScoreOutput(policy.target.lm_head(prefix.action_hidden) if tokens.shape[1] else torch.empty(0), prefix)
+        return ScoreOutput(policy.target.lm_head(prefix.action_hidden) if scored else torch.empty(0), prefix)
 
 
 def _prefix_part(kv: tuple[tuple[torch.Tensor, torch.Tensor], ...], length: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:

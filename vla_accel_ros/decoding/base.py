@@ -45,6 +45,8 @@ class PolicyLike(Protocol):
 
     def prefill(self, obs: Observation) -> Any: ...
 
+    def prefill_scored(self, obs: Observation, tokens: torch.Tensor) -> Any: ...
+
     def score(self, prefix: Any, tokens: torch.Tensor) -> Any: ...
 
     def draft_tokens(
@@ -254,7 +256,7 @@ class PassLedger:
     def score(self, prefix: Any, tokens: Sequence[int]) -> tuple[np.ndarray, Any]:
         """One target pass: the picked (argmax, or sampled) token (k+1,) at each position, and the
         extended prefix."""
-        feed = torch.tensor([[int(t) for t in tokens]], dtype=torch.long).reshape(1, len(tokens))
+        feed = torch.tensor([[int(t) for t in tokens]], dtype=torch.long)  # (1, k), k = 0 too
         t0 = self.clock()
         out = self.policy.score(prefix, feed)
         self.last_verify_s = self.clock() - t0

@@ -7,8 +7,8 @@ either: where a bin of error decides the grasp, the proposal comes from the draf
 where it has earned it), which is accepted further, so less of the action is left to the KF's
 unverified fill.
 
-In free space (the same contact rule, ``hold_min_looseness``) the cheap sources' proposal is
-verified inside the prefill (``prefill_verify``, :mod:`kerv`): the action costs 6 more rows of the
+In free space (contact looseness from ``prefill_min_looseness``, by default where the previous
+action drafts too) the cheap sources' proposal is verified inside the prefill (``prefill_verify``, :mod:`kerv`): the action costs 6 more rows of the
 prefill and no pass after it. That decision comes before the prefill, so without the scene it
 reads the contact head of the episode's previous step (one control period old; none at the first
 step, which decodes after the prefill). Decoding is otherwise exactly :class:`KervDecoder`.
@@ -85,7 +85,7 @@ class WorldAwareDecoder(KervDecoder):
         return self.contact_looseness(policy, prefix, context) >= self.config.hold_min_looseness
 
     def prefill_allowed(self, policy: PolicyLike, context: DecodeContext) -> bool:
-        """In free space, by the same rule as ``hold_allowed``, judged before the prefill."""
+        """In free space (looseness from ``prefill_min_looseness``), judged before the prefill."""
         looseness = self.looseness_before_prefill(context)
         return looseness is not None and looseness >= self.config.prefill_min_looseness
 

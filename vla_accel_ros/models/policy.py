@@ -279,7 +279,7 @@ class Policy:
     ) -> ScoreOutput:
         """Batched :meth:`prefill_scored`: tokens (B, k) after each observation's prefix."""
         with torch.inference_mode():
-            self._check_action_tokens(tokens, images.shape[0])
+            self.check_action_tokens(tokens, images.shape[0])
             hidden, kv = self._prefix_pass(images, text, proprio, local_tokens, tokens)
             n = hidden.shape[1] - tokens.shape[1]
             prefix = Prefix(kv=kv, action_hidden=hidden[:, n - 1 :], tokens=tokens, pooled=hidden[:, :n].mean(dim=1),
@@ -328,7 +328,8 @@ class Policy:
             return self._score(prefix, tokens)
 
     @staticmethod
-    def _check_action_tokens(tokens: torch.Tensor, batch_size: int) -> None:
+    def check_action_tokens(tokens: torch.Tensor, batch_size: int) -> None:
+        """Raise ValueError unless ``tokens`` are int64 action ids (batch_size, k) in [0, 256)."""
         if tokens.dim() != 2 or tokens.shape[0] != batch_size:
             raise ValueError(f"tokens must be (B={batch_size}, k), got {tuple(tokens.shape)}")
         if tokens.dtype != torch.long:
@@ -337,7 +338,7 @@ class Policy:
             raise ValueError(f"action tokens must lie in [0, {N_BINS})")
 
     def _score(self, prefix: Prefix, tokens: torch.Tensor) -> ScoreOutput:
-        self._check_action_tokens(tokens, prefix.batch_size)
+        self.check_action_tokens(tokens, prefix.batch_size)
         k = tokens.shape[1]
         if k == 0:  # nothing to run: the prefix's last hidden state already predicts the next token
             logits = self.target.lm_head(prefix.hidden_last).unsqueeze(1)

@@ -243,14 +243,6 @@ class KinematicSignals:
     path_radius: float = math.inf
     min_limit_margin: float = 0.5
 
-    def factors(self) -> dict[str, float]:
-        return {
-            "innovation": innovation_looseness(self.innovation),
-            "ee_acceleration": acceleration_looseness(self.ee_acceleration),
-            "curvature": curvature_looseness(self.path_radius),
-            "joint_limit": limit_looseness(self.min_limit_margin),
-        }
-
     def looseness(self) -> float:
         """The smallest factor: the most worried signal decides."""
         return min(innovation_looseness(self.innovation), acceleration_looseness(self.ee_acceleration),

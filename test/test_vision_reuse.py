@@ -148,6 +148,27 @@ def test_kv_reuse_recomputes_the_changed_patch_and_refreshes_to_exact(policy: Po
         assert reuse.last.refreshed and reuse.last.reason == "timer"
 
 
+def test_kv_reuse_writes_the_keys_of_exactly_the_changed_patch_and_the_keypoint_token(policy: Policy) -> None:
+    reuse = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
+    images = frame(6)
+    changed = images.clone()
+    changed[0, 8:16, 16:24] = 255 - changed[0, 8:16, 16:24]  # patch 6
+    with torch.inference_mode():
+        reuse.prefill(observation(images))
+        before = reuse._prefix_cache
+        reuse.prefill(observation(changed))
+        after = reuse._prefix_cache
+    assert reuse.last.recomputed == 1
+    n_patches = policy.config.n_patches
+    # In the first layer a token's keys and values depend on its own input alone: those of the
+    # changed patch and of the keypoint token (which comes right after the patches) are new, the
+    # rest (proprioception and BOS are recomputed from the same joint state) stay bit for bit.
+    keys_before, keys_after = before.decoder_kv[0], after.decoder_kv[0]
+    assert keys_after.shape == keys_before.shape
+    moved = (keys_before != keys_after).flatten(0, 2).any(dim=0).any(dim=-1)
+    assert torch.nonzero(moved).flatten().tolist() == [6, n_patches]
+
+
 def test_kv_reuse_with_an_unchanged_image_recomputes_only_proprioception_and_bos(policy: Policy) -> None:
     reuse = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
     images = frame(5)

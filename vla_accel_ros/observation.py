@@ -27,4 +27,8 @@ class Observation:
     @property
     def proprio(self) -> np.ndarray:
         """Proprioception vector fed to the policy: arm joints then gripper opening."""
-        return np.concatenate([np.asarray(self.joint_pos, np.float32), np.float32([self.gripper])])
+        joints = np.asarray(self.joint_pos)
+        out = np.empty(joints.shape[0] + 1, np.float32)  # one allocation: read at every prefill
+        out[:-1] = joints
+        out[-1] = self.gripper
+        return out

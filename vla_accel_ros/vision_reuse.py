@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from vla_accel_ros.models.policy import Prefix, ScoreOutput
-from vla_accel_ros.models.vla import dense
+from vla_accel_ros.models.vla import dense, layer_norm
 from vla_accel_ros.observation import Observation
 
 
@@ -73,7 +73,7 @@ class ReuseStats:
 class IncrementalVisionEncoder:
     """Local vision encodings of a stream of frames (batch 1), reusing unchanged patches.
 
-    ``policy`` needs ``instruction_film``, ``target.patch_bytes``, ``target.patch_pixels`` and
+    ``policy`` needs ``instruction_film``, ``target.patch_cells``, ``target.encode_images`` and
     ``target.patch_encoder`` (:class:`vla_accel_ros.models.Policy`).
     """
 
@@ -84,7 +84,7 @@ class IncrementalVisionEncoder:
 
     def reset(self) -> None:
         """Forget the cache: the next frame is encoded in full."""
-        self._reference: torch.Tensor | None = None  # (P, 3*ps*ps) int16 pixels behind each cached entry
+        self._reference: torch.Tensor | None = None  # (H, W, 3) float: the pixels behind each cached patch
         self._local: torch.Tensor | None = None  # (1, P, W) cached local encodings
         self._text: torch.Tensor | None = None
         self._film: tuple[torch.Tensor, torch.Tensor] | None = None  # the patch encoder's FiLM of ``_text``
@@ -97,10 +97,11 @@ class IncrementalVisionEncoder:
         """The policy's prefix for one observation, reusing what the previous frames computed."""
         policy = self.policy
         images, text, proprio = policy.observation_tensors(obs)
-        local = self.encode(images, text)
-        if not self.config.reuse_kv:
-            return policy.prefill_batch(images, text, proprio, local)
-        return self._reuse_kv(local, text, proprio, None).prefix
+        with torch.inference_mode():
+            local = self._encode(images, text)
+            if not self.config.reuse_kv:
+                return policy.prefill_batch(images, text, proprio, local)
+            return self._reuse_kv(local, text, proprio, None).prefix
 
     def prefill_scored(self, obs: Observation, tokens: torch.Tensor) -> ScoreOutput:
         """``Policy.prefill_scored`` of one observation: action tokens (1, k) verified in the same
@@ -108,67 +109,81 @@ class IncrementalVisionEncoder:
         tokens)."""
         policy = self.policy
         images, text, proprio = policy.observation_tensors(obs)
-        local = self.encode(images, text)
-        if not self.config.reuse_kv:
-            return policy.prefill_batch_scored(images, text, proprio, tokens, local)
-        policy.check_action_tokens(tokens, 1)
-        return self._reuse_kv(local, text, proprio, tokens)
+        with torch.inference_mode():
+            local = self._encode(images, text)
+            if not self.config.reuse_kv:
+                return policy.prefill_batch_scored(images, text, proprio, tokens, local)
+            policy.check_action_tokens(tokens, 1)
+            return self._reuse_kv(local, text, proprio, tokens)
 
     def _reuse_kv(self, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
                   tokens: torch.Tensor | None) -> ScoreOutput:
         """The prefix (extended by ``tokens``, if any) from the cached keys and values, which it
-        then updates; the logits are those of the action positions (empty without tokens)."""
+        then updates; the logits are those of the action positions (empty without tokens). In
+        inference mode."""
         policy = self.policy
         if getattr(policy, "world", None) is not None:
             raise ValueError("vision reuse_kv does not support a world-aware prefill; use reuse_kv=False")
         assert self.last is not None
-        with torch.inference_mode():
-            if self.last.refreshed or self._prefix_cache is None:
-                self._prefix_cache, scored = _PrefixCache.full(policy, local, text, proprio, tokens)
-            else:
-                self._prefix_cache, scored = self._prefix_cache.update(policy, local, proprio, self._dynamic, tokens)
+        if self.last.refreshed or self._prefix_cache is None:
+            self._prefix_cache, scored = _PrefixCache.full(policy, local, text, proprio, tokens)
+        else:
+            self._prefix_cache, scored = self._prefix_cache.update(policy, local, proprio, self._dynamic, tokens)
         return scored
 
     def encode(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         """uint8 images (1, H, W, 3), instruction ids (1, T) -> local encodings (1, P, W)."""
+        with torch.inference_mode():
+            return self._encode(images, text)
+
+    def _encode(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """:meth:`encode`, in inference mode."""
         if images.shape[0] != 1:
             raise ValueError(f"incremental vision encodes one frame at a time, got a batch of {images.shape[0]}")
         policy = self.policy
         target = policy.target
-        with torch.inference_mode():
-            patch_bytes = target.patch_bytes(images)  # (1, P, 3, ps, ps) uint8
-            # Change detection on integers: exact, and it leaves the float conversion to the few
-            # patches that are re-encoded.
-            pixels = patch_bytes[0].reshape(patch_bytes.shape[1], -1).to(torch.int16)  # (P, 3*ps*ps)
-            reason = self._refresh_reason(text)
-            if not reason:
-                # per patch, the sum of |change| over its pixel values (int32: no overflow, faster),
-                # compared with the thresholds scaled to sums rather than divided down to means
-                total = (pixels - self._reference).abs_().sum(dim=1, dtype=torch.int32)  # (P,)
-                n_values = pixels.shape[1]
-                is_dynamic = total > self.config.threshold * n_values
-                dynamic = torch.nonzero(is_dynamic).squeeze(1)
-                n_static = pixels.shape[0] - len(dynamic)
-                static_total = float(total.masked_fill(is_dynamic, 0).sum())
-                if n_static and static_total > self.config.max_drift * n_values * n_static:
-                    reason = "drift"
-            if reason:
-                if reason == "first frame" or reason == "instruction changed":
-                    self._film = policy.instruction_film(text)
-                self._local = target.patch_encoder(target.patch_pixels(patch_bytes), film=self._film)
-                self._reference, self._text = pixels, text.clone()
-                self._dynamic = torch.arange(pixels.shape[0])
-                self._since_refresh = 1
-                self.last = ReuseStats(pixels.shape[0], pixels.shape[0], True, reason)
-                return self._local
-            if len(dynamic):
-                fresh = target.patch_encoder(target.patch_pixels(patch_bytes[:, dynamic]), film=self._film)
-                self._local = self._local.index_copy(1, dynamic, fresh)  # a new tensor: callers may hold the old
-                self._reference[dynamic] = pixels[dynamic]
-            self._dynamic = dynamic
-            self._since_refresh += 1
-            self.last = ReuseStats(int(len(dynamic)), pixels.shape[0], False)
+        # Change detection on the image's own layout, in float: the per-patch sums of |change|
+        # are integers below 2**24, so exact, and float has the fastest kernels for them.
+        pixels = images[0].to(torch.float32)  # (H, W, 3) on 0..255
+        reason = self._refresh_reason(text)
+        if not reason:
+            total = self._per_patch((pixels - self._reference).abs_()).sum(dim=(1, 3)).flatten()  # (P,)
+            # compared with the thresholds scaled to sums rather than divided down to means
+            n_values = pixels.numel() // total.shape[0]
+            is_dynamic = total > self.config.threshold * n_values
+            dynamic = torch.nonzero(is_dynamic).squeeze(1)
+            n_static = total.shape[0] - len(dynamic)
+            static_total = float(total.masked_fill(is_dynamic, 0).sum())
+            if n_static and static_total > self.config.max_drift * n_values * n_static:
+                reason = "drift"
+        n_patches = target.config.n_patches
+        if reason:
+            if reason == "first frame" or reason == "instruction changed":
+                self._film = policy.instruction_film(text)
+            self._local = target.encode_images(images, self._film)
+            self._reference, self._text = pixels, text.clone()
+            self._dynamic = torch.arange(n_patches)
+            self._since_refresh = 1
+            self.last = ReuseStats(n_patches, n_patches, True, reason)
             return self._local
+        if len(dynamic):
+            # the dynamic patches' pixels in the encoder's order: they become the reference, then its input
+            offsets = target.cell_offsets(dynamic)
+            values = pixels.view(-1).index_select(0, offsets)
+            self._reference.view(-1).index_copy_(0, offsets, values)
+            cells = target.patch_pixels(values).view(1, len(dynamic), *target.patch_cell_shape)
+            fresh = target.patch_encoder.encode_cells(cells, film=self._film)
+            self._local = self._local.index_copy(1, dynamic, fresh)  # a new tensor: callers may hold the old
+        self._dynamic = dynamic
+        self._since_refresh += 1
+        self.last = ReuseStats(int(len(dynamic)), n_patches, False)
+        return self._local
+
+    def _per_patch(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(H, W, 3) -> a view (patch row, row in patch, patch column, values in the patch's row)."""
+        c = self.policy.config
+        side = c.image_size // c.patch_size
+        return pixels.view(side, c.patch_size, side, 3 * c.patch_size)
 
     def _refresh_reason(self, text: torch.Tensor) -> str:
         """Why this frame must be encoded in full ('' when the cache may serve it)."""
@@ -182,60 +197,60 @@ class IncrementalVisionEncoder:
 
 
 # --- reuse of keys and values ---------------------------------------------------------------
+KeysValues = torch.Tensor  # one layer's keys and values stacked: (2, 1, H, length, head_dim)
+
+
 def _block_on_selected(
-    block: Any, x: torch.Tensor, positions: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor],
+    block: Any, x: torch.Tensor, positions: torch.Tensor, past: KeysValues,
     mask: torch.Tensor | None, n_outputs: int | None = None,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+) -> tuple[torch.Tensor, KeysValues]:
     """One pre-LN transformer block (``models.vla.Block``) run on the tokens at ``positions`` only.
 
-    x: (1, n, d) their inputs; past: the layer's (keys, values) (1, H, L, hd) of the whole sequence
-    as last computed. The selected tokens' new keys/values replace theirs; rows of ``x`` past the
-    ``len(positions)`` selected ones are new tokens after the sequence (action tokens), whose keys
-    and values are appended. Each token attends to every key, or where ``mask`` (n, keys) allows.
-    Returns the tokens' outputs and the updated (keys, values), new tensors. With ``n_outputs``
-    only the last ``n_outputs`` tokens get outputs (the others contribute their keys and values alone).
+    x: (1, n, d) their inputs; past: the layer's keys and values (2, 1, H, L, hd) of the whole
+    sequence as last computed. The selected tokens' new keys/values replace theirs; rows of ``x``
+    past the ``len(positions)`` selected ones are new tokens after the sequence (action tokens),
+    whose keys and values are appended. Each token attends to every key, or where ``mask``
+    (n, keys) allows. Returns the tokens' outputs and the updated keys and values, a new tensor.
+    With ``n_outputs`` only the last ``n_outputs`` tokens get outputs (the others contribute their
+    keys and values alone).
     """
-    # The block's arithmetic, written with its layers directly: this runs on a dozen tokens, where
-    # the module-call overhead of its seven layers is a measurable share of the time.
-    attn, mlp = block.attn, block.mlp
+    # The block's arithmetic, written with its layers directly (and their parameters read from
+    # the modules' own dicts): on a dozen tokens, module calls and attribute lookups cost a
+    # measurable share of the time.
+    layers = block._modules
+    attn, mlp = layers["attn"]._modules, layers["mlp"]._modules
     b, n, d = x.shape
-    h = _layer_norm(block.ln1, x)
-    q, k, v = dense(h, attn.qkv).view(b, n, 3, attn.n_heads, d // attn.n_heads).permute(2, 0, 3, 1, 4)
+    n_heads = layers["attn"].n_heads
+    qkv = dense(layer_norm(layers["ln1"], x), attn["qkv"]).view(b, n, 3, n_heads, d // n_heads).permute(2, 0, 3, 1, 4)
     selected = len(positions)
-    keys, values = past[0].index_copy(2, positions, k[:, :, :selected]), past[1].index_copy(2, positions, v[:, :, :selected])
+    keys_values = past.index_copy(3, positions, qkv[1:, :, :, :selected])  # keys and values in one copy
     if selected < n:  # new tokens after the sequence
-        keys, values = torch.cat([keys, k[:, :, selected:]], dim=2), torch.cat([values, v[:, :, selected:]], dim=2)
+        keys_values = torch.cat([keys_values, qkv[1:, :, :, selected:]], dim=3)
+    q = qkv[0]
     if n_outputs is not None:
         q, x = q[:, :, n - n_outputs :], x[:, n - n_outputs :]
         mask = None if mask is None else mask[n - n_outputs :]
-    y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-    x = x + dense(y.transpose(1, 2).reshape(b, x.shape[1], d), attn.proj)
-    return x + dense(dense(_layer_norm(block.ln2, x), mlp.fc, gelu=True), mlp.proj), (keys, values)
-
-
-def _layer_norm(norm: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+    y = F.scaled_dot_product_attention(q, keys_values[0], keys_values[1], attn_mask=mask)
+    x = x + dense(y.transpose(1, 2).reshape(b, x.shape[1], d), attn["proj"])
+    return x + dense(dense(layer_norm(layers["ln2"], x), mlp["fc"], gelu=True), mlp["proj"]), keys_values
 
 
 @dataclass(frozen=True, eq=False)
 class _PrefixCache:
     """What a prefill computed, per prefix position, for the next frame to reuse.
 
-    vision_kv / decoder_kv: per layer (keys, values) (1, H, P or L, hd); vision: (1, P, d) patch
-    tokens after the global layers; hidden: (1, L, d) final-norm decoder states of the prefix.
+    vision_kv / decoder_kv: per layer the keys and values (2, 1, H, P or L, hd); vision: (1, P, d)
+    patch tokens after the global layers; hidden: (1, L, d) final-norm decoder states of the
+    prefix; key_positions: arange(L), for the causal masks; trailing_positions: those of the
+    tokens an image change always recomputes (the keypoint token, if any, proprioception, BOS).
     """
 
-    vision_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    vision_kv: tuple[KeysValues, ...]
     vision: torch.Tensor
-    decoder_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    decoder_kv: tuple[KeysValues, ...]
     hidden: torch.Tensor
-
-    @staticmethod
-    def _keypoint_token(target: Any, local: torch.Tensor) -> list[torch.Tensor]:
-        """[the keypoint token (1, 1, d)] (it sums over all patches), or [] without keypoints."""
-        if not target.config.keypoints:
-            return []
-        return [target.keypoint_mlp(target.keypoint_positions(local).flatten(1)).unsqueeze(1)]
+    key_positions: torch.Tensor
+    trailing_positions: torch.Tensor
 
     @classmethod
     def full(cls, policy: Any, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
@@ -247,15 +262,18 @@ class _PrefixCache:
         vision_kv = []
         for block in target.vision_blocks:
             x, kv = block(x, causal=False)
-            vision_kv.append(kv)
+            vision_kv.append(torch.stack(kv))
         vision = target.vision_ln(x)
-        vision_tokens = torch.cat([vision, *cls._keypoint_token(target, local)], dim=1)
-        x = target.embed_prefix(vision_tokens, text, policy.normalise_proprio(proprio))
+        keypoint = [target.keypoint_token(local)] if target.config.keypoints else []
+        x = target.embed_prefix(torch.cat([vision, *keypoint], dim=1), text, policy.normalise_proprio(proprio))
         length = x.shape[1]
         if tokens is not None:
             x = torch.cat([x, target.embed_actions(tokens, length)], dim=1)
         hidden, decoder_kv = target.decode(x)
-        cache = cls(tuple(vision_kv), vision, _prefix_part(decoder_kv, length), hidden[:, :length])
+        key_positions = torch.arange(length, device=x.device)
+        trailing = torch.cat([key_positions[vision.shape[1] : vision.shape[1] + len(keypoint)], key_positions[-2:]])
+        cache = cls(tuple(vision_kv), vision, tuple(torch.stack(kv)[..., :length, :] for kv in decoder_kv),
+                    hidden[:, :length], key_positions, trailing)
         return cache, cache._scored(policy, decoder_kv, hidden[:, length:], tokens)
 
     def update(self, policy: Any, local: torch.Tensor, proprio: torch.Tensor, dynamic: torch.Tensor,
@@ -264,12 +282,12 @@ class _PrefixCache:
         run the action ``tokens``, if any, after them in the same pass)."""
         target = policy.target
         length = self.hidden.shape[1]
-        tail = target.prefix_tail(policy.normalise_proprio(proprio))
+        tail = target.prefix_tail_tokens(policy.normalise_proprio(proprio))  # proprioception, BOS
         if len(dynamic) == 0:
             # An unchanged image: the vision tokens, the keypoint token (a function of the patches
             # alone) and everything the decoder computed for them stand as they are, exactly.
-            vision_kv, vision, recomputed = self.vision_kv, self.vision, [tail]
-            positions = torch.tensor([length - 2, length - 1], dtype=torch.long)
+            vision_kv, vision, recomputed = self.vision_kv, self.vision, [*tail]
+            positions = self.key_positions[-2:]
             n_trailing = 2
         else:
             x = local[:, dynamic, : target.config.d_model] + target.vision_pos[dynamic]
@@ -277,17 +295,16 @@ class _PrefixCache:
             for block, past in zip(target.vision_blocks, self.vision_kv):
                 x, kv = _block_on_selected(block, x, dynamic, past, mask=None)
                 vision_kv.append(kv)
-            changed = target.vision_ln(x)
+            changed = layer_norm(target.vision_ln, x)
             vision = self.vision.index_copy(1, dynamic, changed)
             # Only the recomputed tokens are embedded: the changed patches, the keypoint token, then
             # the prefix tail (proprioception, BOS), each with its position embedding.
-            keypoint = self._keypoint_token(target, local)
-            always = [vision.shape[1]] if keypoint else []
-            positions = torch.cat([dynamic, torch.tensor(always + [length - 2, length - 1], dtype=torch.long)])
-            recomputed = [changed, *keypoint, tail]
-            n_trailing = len(always) + 2
+            keypoint = [target.keypoint_token(local)] if target.config.keypoints else []
+            n_trailing = len(keypoint) + 2
+            positions = torch.cat([dynamic, self.trailing_positions])
+            recomputed = [changed, *keypoint, *tail]
         x = torch.cat(recomputed, dim=1) + target.pos_emb[positions]
-        causal = positions[:, None] >= torch.arange(length)[None, :]  # each token sees those up to itself
+        causal = positions[:, None] >= self.key_positions  # each token sees those up to itself
         n_actions = 0 if tokens is None else tokens.shape[1]
         if n_actions:  # the action tokens come after the prefix: they see all of it, the prefix none of them
             x = torch.cat([x, target.embed_actions(tokens, length)], dim=1)
@@ -304,15 +321,17 @@ class _PrefixCache:
             x, kv = _block_on_selected(block, x, positions, past, mask=causal,
                                        n_outputs=n_trailing + n_actions if i == last else None)
             decoder_kv.append(kv)
-        out = target.ln_f(x)
+        out = layer_norm(target.ln_f, x)
         hidden = self.hidden.index_copy(1, positions[-n_trailing:], out[:, :n_trailing])
-        cache = _PrefixCache(tuple(vision_kv), vision, _prefix_part(decoder_kv, length), hidden)
-        return cache, cache._scored(policy, tuple(decoder_kv), out[:, n_trailing:], tokens)
+        prefix_kv = decoder_kv if not n_actions else [kv[..., :length, :] for kv in decoder_kv]
+        cache = _PrefixCache(tuple(vision_kv), vision, tuple(prefix_kv), hidden, self.key_positions, self.trailing_positions)
+        return cache, cache._scored(policy, tuple((kv[0], kv[1]) for kv in decoder_kv), out[:, n_trailing:], tokens)
 
     def _scored(self, policy: Any, decoder_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...],
                 action_hidden: torch.Tensor, tokens: torch.Tensor | None) -> ScoreOutput:
-        """The prefix this frame's pass made (``decoder_kv`` runs on over the action ``tokens``,
-        whose hidden states are ``action_hidden``) and the target's logits at the action positions."""
+        """The prefix this frame's pass made (``decoder_kv``, per layer (keys, values), runs on over
+        the action ``tokens``, whose hidden states are ``action_hidden``) and the target's logits at
+        the action positions."""
         scored = tokens is not None and tokens.shape[1] > 0
         prefix = Prefix(
             kv=decoder_kv,
@@ -322,8 +341,3 @@ class _PrefixCache:
             prefix_len=self.hidden.shape[1],
         )
         return ScoreOutput(policy.target.lm_head(prefix.action_hidden) if scored else torch.empty(0), prefix)
-
-
-def _prefix_part(kv: tuple[tuple[torch.Tensor, torch.Tensor], ...], length: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-    """Each layer's (keys, values) of the first ``length`` positions (views): what the next frame reuses."""
-    return tuple((k[:, :, :length], v[:, :, :length]) for k, v in kv)

@@ -11,6 +11,8 @@ training can reuse them under ``torch.no_grad`` (inference tensors cannot feed a
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -192,7 +194,8 @@ class Policy:
         if image.dtype != np.uint8 or image.shape != (size, size, 3):
             raise ValueError(f"image must be uint8 ({size}, {size}, 3) RGB, got {image.dtype} {image.shape}")
         proprio = obs.proprio
-        if proprio.shape != (PROPRIO_DIM,) or not np.all(np.isfinite(proprio)):
+        # one sum finds a NaN or an infinity (either makes it non-finite) faster than isfinite
+        if proprio.shape != (PROPRIO_DIM,) or not math.isfinite(proprio.sum()):
             raise ValueError(f"proprio must be {PROPRIO_DIM} finite numbers, got {proprio}")
         device = self.device
         cached = self._instruction_ids
@@ -212,7 +215,7 @@ class Policy:
         instruction ids ``text`` (B, T). Never world-biased: the prefill adds the bias, so these
         can be cached and reused."""
         with torch.inference_mode():
-            return self.target.encode_patches(self.target.patchify(images), text)
+            return self.target.encode_images(images, self.instruction_film(text))
 
     def instruction_film(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The patch encoder's FiLM (scale, shift) for instruction ids ``text`` (B, T), as
@@ -315,7 +318,7 @@ class Policy:
         final-norm hidden states (B, prefix_len [+ k], d) and the cache."""
         target = self.target
         if local_tokens is None:
-            local_tokens = target.patch_encoder(target.patchify(images), film=self.instruction_film(text))
+            local_tokens = target.encode_images(images, self.instruction_film(text))
         local_tokens = target.add_patch_bias(local_tokens, self.world_bias(images))
         x = target.embed_prefix(target.global_vision(local_tokens), text, self.normalise_proprio(proprio))
         if tokens is not None:

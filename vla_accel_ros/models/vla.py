@@ -127,15 +127,24 @@ def _onednn_weight(layer: nn.Linear) -> torch.Tensor:
 def dense(x: torch.Tensor, layer: nn.Linear, gelu: bool = False) -> torch.Tensor:
     """``layer(x)``, then GELU when ``gelu``. Without autograd, large products on the CPU go to
     oneDNN's kernel (the GELU fused into it); the result is the same up to float rounding."""
-    weight = layer.weight
+    # The parameters from the module's own dict: nn.Module's attribute lookup costs 0.5 us each,
+    # a fifth of a small product's time on the incremental prefill's dozen rows.
+    params = layer._parameters
+    weight, bias = params["weight"], params["bias"]
     rows = x.numel() // x.shape[-1]
     if (rows >= ONEDNN_MIN_ROWS and rows * weight.shape[0] * weight.shape[1] >= ONEDNN_MIN_MACS
             and not torch.is_grad_enabled() and x.is_cpu and onednn_linear_available()):
         if gelu:
-            return torch.ops.mkldnn._linear_pointwise(x, _onednn_weight(layer), layer.bias, "gelu", [], "none")
-        return torch.ops.mkldnn._linear_pointwise(x, _onednn_weight(layer), layer.bias, "none", [], "")
-    y = F.linear(x, weight, layer.bias)
+            return torch.ops.mkldnn._linear_pointwise(x, _onednn_weight(layer), bias, "gelu", [], "none")
+        return torch.ops.mkldnn._linear_pointwise(x, _onednn_weight(layer), bias, "none", [], "")
+    y = F.linear(x, weight, bias)
     return F.gelu(y) if gelu else y
+
+
+def layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` without the module call and its attribute lookups (see :func:`dense`)."""
+    params = norm._parameters
+    return F.layer_norm(x, norm.normalized_shape, params["weight"], params["bias"], norm.eps)
 
 
 @functools.lru_cache(maxsize=64)
@@ -264,9 +273,24 @@ class PatchEncoder(nn.Module):
         """patches (B, P, 3, ps, ps) float in [-1, 1], instruction condition (B, d) or its
         ``film_params`` -> local encodings (B, P, d + 3K): token, K keypoint log-masses, K x-offsets,
         K y-offsets."""
+        return self.encode_cells(self.cells(patches), condition, film)
+
+    def cells(self, patches: torch.Tensor) -> torch.Tensor:
+        """patches (B, P, 3, ps, ps) -> the stem's input (B, P, cells, 3*SUB*SUB): each sub-patch's
+        values, channel-major, the sub-patches row-major."""
         b, p, g, s = patches.shape[0], patches.shape[1], self.grid, self.SUB
-        x = patches.reshape(b, p, 3, g, s, g, s).permute(0, 1, 3, 5, 2, 4, 6).reshape(b, p, g * g, 3 * s * s)
-        x = dense(x, self.stem, gelu=True)
+        return patches.reshape(b, p, 3, g, s, g, s).permute(0, 1, 3, 5, 2, 4, 6).reshape(b, p, g * g, 3 * s * s)
+
+    def encode_cells(
+        self,
+        cells: torch.Tensor,
+        condition: torch.Tensor | None = None,
+        film: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """:meth:`forward` from the stem's input (B, P, cells, 3*SUB*SUB) (:meth:`cells`,
+        ``VLATarget.patch_cells``)."""
+        b, p = cells.shape[:2]
+        x = dense(cells, self.stem, gelu=True)
         if film is None and condition is not None:
             film = self.film_params(condition)
         if film is not None:
@@ -359,8 +383,62 @@ class VLATarget(nn.Module):
 
     @staticmethod
     def patch_pixels(patch_bytes: torch.Tensor) -> torch.Tensor:
-        """uint8 patches (any shape) -> float pixels in [-1, 1], the encoder's input scale."""
+        """uint8 patches (any shape) -> float pixels in [-1, 1], the encoder's input scale (a float
+        tensor on the 0..255 scale is scaled in place)."""
         return patch_bytes.to(torch.float32).mul_(2.0 / 255.0).sub_(1.0)
+
+    def patch_cells(self, images: torch.Tensor, patches: torch.Tensor | None = None) -> torch.Tensor:
+        """Images (B, H, W, 3), uint8 or float32 on the 0..255 scale -> the patch encoder's input
+        (B, P', cells, 3*SUB*SUB) in [-1, 1] (``patch_encoder.cells(patchify(images))``), for every
+        patch or only those numbered ``patches`` (P',). One gather straight from the image: the
+        incremental encoder takes a few patches of each frame, and copying the whole image into
+        patch order first cost more than encoding them."""
+        c = self.config
+        if images.dim() != 4 or tuple(images.shape[1:]) != (c.image_size, c.image_size, 3):
+            raise ValueError(f"images must be (B, {c.image_size}, {c.image_size}, 3), got {tuple(images.shape)}")
+        if images.dtype not in (torch.uint8, torch.float32):
+            raise ValueError(f"images must be uint8 or float32, got {images.dtype}")
+        b = images.shape[0]
+        if patches is None:
+            x = self._cell_order(images).reshape(b, c.n_patches, *self.patch_cell_shape)
+        else:  # a gather through a table of pixel offsets: a third of the time of indexing the view
+            if b != 1:
+                raise ValueError(f"patch_cells takes a subset of patches of one image, got a batch of {b}")
+            x = images.reshape(-1).index_select(0, self.cell_offsets(patches)).view(1, len(patches), *self.patch_cell_shape)
+        # a copy either way (gather, reshape of a permuted view or dtype change): scaled in place
+        return self.patch_pixels(x)
+
+    @property
+    def patch_cell_shape(self) -> tuple[int, int]:
+        """(cells per patch, values per cell): a patch's shape at the patch encoder's input."""
+        return self.patch_encoder.grid**2, 3 * PatchEncoder.SUB**2
+
+    def _cell_order(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, H, W, 3) -> a view (B, patch row, patch column, cell row, cell column, channel, row
+        in cell, column in cell): the order of ``patch_encoder.cells``."""
+        side, g, s = self.config.image_size // self.config.patch_size, self.patch_encoder.grid, PatchEncoder.SUB
+        return images.view(images.shape[0], side, g, s, side, g, s, 3).permute(0, 1, 4, 2, 5, 7, 3, 6)
+
+    def cell_offsets(self, patches: torch.Tensor) -> torch.Tensor:
+        """Where the stem inputs of the patches numbered ``patches`` (P',) lie in a flat image
+        (H*W*3,): (P' * cells * 3*SUB*SUB,) long, in the order of :meth:`patch_cells`."""
+        return self._cell_offsets(patches.device).index_select(0, patches).view(-1)
+
+    def _cell_offsets(self, device: torch.device) -> torch.Tensor:
+        """(P, cells * 3*SUB*SUB) long: where each of a patch's stem inputs lies in a flat image."""
+        cached = self.__dict__.get("_cell_offsets_cache")
+        if cached is None or cached.device != device:
+            size = self.config.image_size
+            with torch.inference_mode(False):  # a plain tensor, usable in and out of inference mode
+                flat = torch.arange(size * size * 3, device=device).view(1, size, size, 3)
+                cached = self._cell_order(flat).reshape(self.config.n_patches, -1)
+            self.__dict__["_cell_offsets_cache"] = cached
+        return cached
+
+    def encode_images(self, images: torch.Tensor, film: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """Local encodings (B, P, local_width) of images (B, H, W, 3) under an instruction's
+        ``patch_encoder.film_params`` (inference: the fewest copies of the pixels)."""
+        return self.patch_encoder.encode_cells(self.patch_cells(images), film=film)
 
     def patchify(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images (B, H, W, 3) -> patch pixels (B, P, 3, ps, ps) float in [-1, 1], row-major."""
@@ -420,8 +498,12 @@ class VLATarget(nn.Module):
         x = self.vision_ln(x)
         if not self.config.keypoints:
             return x
-        keypoints = self.keypoint_positions(local_tokens)
-        return torch.cat([x, self.keypoint_mlp(keypoints.flatten(1)).unsqueeze(1)], dim=1)
+        return torch.cat([x, self.keypoint_token(local_tokens)], dim=1)
+
+    def keypoint_token(self, local_tokens: torch.Tensor) -> torch.Tensor:
+        """Local encodings (B, P, local_width) of all patches -> the keypoint token (B, 1, d)."""
+        mlp = self.keypoint_mlp
+        return dense(dense(self.keypoint_positions(local_tokens).flatten(1), mlp[0], gelu=True), mlp[2]).unsqueeze(1)
 
     # --- decoder ------------------------------------------------------------------------------
     def embed_prefix(self, vision: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
@@ -431,8 +513,12 @@ class VLATarget(nn.Module):
 
     def prefix_tail(self, proprio: torch.Tensor) -> torch.Tensor:
         """The prefix's last two tokens (B, 2, d), before position embeddings: proprioception and BOS."""
+        return torch.cat(self.prefix_tail_tokens(proprio), dim=1)
+
+    def prefix_tail_tokens(self, proprio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`prefix_tail` as its two tokens (B, 1, d) each, for a caller that concatenates more."""
         bos = self.action_emb.weight[BOS].expand(proprio.shape[0], 1, -1)
-        return torch.cat([self.proprio_proj(proprio).unsqueeze(1), bos], dim=1)
+        return dense(proprio, self.proprio_proj).unsqueeze(1), bos
 
     def embed_actions(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """Embeddings of action tokens (B, k) placed at decoder positions start .. start+k-1."""

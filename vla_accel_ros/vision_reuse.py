@@ -322,7 +322,7 @@ class _PrefixCache:
                                        n_outputs=n_trailing + n_actions if i == last else None)
             decoder_kv.append(kv)
         out = layer_norm(target.ln_f, x)
-        hidden = self.hidden.index_copy(1, positions[-n_trailing:], out[:, :n_trailing])
+        hidden = self.hidden.index_copy(1, self.trailing_positions if len(dynamic) else positions, out[:, :n_trailing])
         prefix_kv = decoder_kv if not n_actions else [kv[..., :length, :] for kv in decoder_kv]
         cache = _PrefixCache(tuple(vision_kv), vision, tuple(prefix_kv), hidden, self.key_positions, self.trailing_positions)
         return cache, cache._scored(policy, tuple((kv[0], kv[1]) for kv in decoder_kv), out[:, n_trailing:], tokens)

@@ -240,6 +240,40 @@ def test_patch_bytes_then_pixels_is_patchify(policy: Policy) -> None:
     assert torch.equal(target.patch_pixels(patch_bytes[:, [2, 9]]), target.patchify(images)[:, [2, 9]])
 
 
+def test_patch_cells_gather_the_encoders_input_straight_from_the_image(policy: Policy) -> None:
+    images, text, _ = make_batch(2, seed=7)
+    target = policy.target
+    expected = target.patch_encoder.cells(target.patchify(images))  # (2, P, cells, values)
+    assert torch.equal(target.patch_cells(images), expected)
+    subset = torch.tensor([9, 0, 5])
+    one = images[1:]
+    assert torch.equal(target.patch_cells(one, subset), expected[1:, subset])
+    assert torch.equal(target.patch_cells(one.to(torch.float32), subset), expected[1:, subset])  # 0..255 floats
+    offsets = target.cell_offsets(subset)
+    assert torch.equal(one.reshape(-1)[offsets].view(1, 3, *target.patch_cell_shape).float().mul(2 / 255).sub(1),
+                       expected[1:, subset])
+    with torch.inference_mode():
+        torch.testing.assert_close(target.encode_images(images, policy.instruction_film(text)),
+                                   target.encode_patches(target.patchify(images), text), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="one image"):
+        target.patch_cells(images, subset)
+    with pytest.raises(ValueError, match="uint8 or float32"):
+        target.patch_cells(images.to(torch.int32))
+
+
+def test_observation_tensors_reject_a_bad_image_and_non_finite_joints(policy: Policy) -> None:
+    image = np.zeros((32, 32, 3), np.uint8)
+    q = np.zeros(7)
+    images, _, proprio = policy.observation_tensors(Observation(image, "pick", q, 0.04, stamp=0.0))
+    assert images.shape == (1, 32, 32, 3) and proprio.dtype == torch.float32
+    assert proprio[0, -1].item() == pytest.approx(0.04)
+    with pytest.raises(ValueError, match="uint8"):
+        policy.observation_tensors(Observation(image.astype(np.float32), "pick", q, 0.04, stamp=0.0))
+    for joints, gripper in ((np.r_[q[:6], np.nan], 0.04), (np.r_[q[:5], np.inf, -np.inf], 0.04), (q, np.inf)):
+        with pytest.raises(ValueError, match="finite"):
+            policy.observation_tensors(Observation(image, "pick", joints, gripper, stamp=0.0))
+
+
 def test_keypoints_equal_an_image_wide_spatial_softmax(policy: Policy) -> None:
     """The per-patch log-masses and offsets, combined over patches, are exactly the spatial softmax
     over every sub-cell of the image."""

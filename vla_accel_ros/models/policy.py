@@ -11,8 +11,6 @@ training can reuse them under ``torch.no_grad`` (inference tensors cannot feed a
 
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -194,8 +192,7 @@ class Policy:
         if image.dtype != np.uint8 or image.shape != (size, size, 3):
             raise ValueError(f"image must be uint8 ({size}, {size}, 3) RGB, got {image.dtype} {image.shape}")
         proprio = obs.proprio
-        # one sum finds a NaN or an infinity (either makes it non-finite) faster than isfinite
-        if proprio.shape != (PROPRIO_DIM,) or not math.isfinite(proprio.sum()):
+        if proprio.shape != (PROPRIO_DIM,) or not np.isfinite(proprio).all():
             raise ValueError(f"proprio must be {PROPRIO_DIM} finite numbers, got {proprio}")
         device = self.device
         cached = self._instruction_ids

@@ -25,6 +25,15 @@ def frame(seed: int) -> torch.Tensor:
 TEXT = torch.tensor([[1, 2, 3, 4, 0, 0, 0, 0]])
 
 
+def with_inverted_patch(images: torch.Tensor, patch: int) -> torch.Tensor:
+    """A copy of (1, 32, 32, 3) images with the pixels of one 8x8 patch (row-major) inverted."""
+    row, column = divmod(patch, 4)
+    changed = images.clone()
+    block = changed[0, 8 * row : 8 * row + 8, 8 * column : 8 * column + 8]
+    block.copy_(255 - block)
+    return changed
+
+
 def full(policy: Policy, images: torch.Tensor, text: torch.Tensor = TEXT) -> torch.Tensor:
     return policy.encode_local(images, text)
 
@@ -47,8 +56,7 @@ def test_unchanged_frame_recomputes_nothing_and_one_patch_recomputes_one(policy:
     assert reuse.last.refreshed and reuse.last.reason == "first frame" and reuse.last.fraction == 1.0
     reuse.encode(images.clone(), TEXT)
     assert reuse.last.recomputed == 0 and not reuse.last.refreshed
-    changed = images.clone()
-    changed[0, 8:16, 16:24] = 255 - changed[0, 8:16, 16:24]  # patch 6 (row 1, column 2)
+    changed = with_inverted_patch(images, 6)  # row 1, column 2
     local = reuse.encode(changed, TEXT)
     assert reuse.last.recomputed == 1 and reuse.last.fraction == 1 / 16
     torch.testing.assert_close(local, full(policy, changed), atol=1e-5, rtol=0)  # that patch was the one
@@ -116,6 +124,16 @@ def assert_same_prefix(a, b, atol: float = 1e-5) -> None:
         torch.testing.assert_close(va, vb, atol=atol, rtol=0)
 
 
+def prefix_caches(reuse: IncrementalVisionEncoder, *observations) -> list:
+    """The encoder's cache of keys and values after each of ``observations`` in turn."""
+    caches = []
+    with torch.inference_mode():
+        for obs in observations:
+            reuse.prefill(obs)
+            caches.append(reuse._prefix_cache)
+    return caches
+
+
 def test_kv_reuse_is_exact_on_the_first_frame_and_for_a_new_joint_state(policy: Policy) -> None:
     """Proprioception and BOS come last in the prefix: with an unchanged image the reuse is exact."""
     reuse = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
@@ -131,8 +149,7 @@ def test_kv_reuse_is_exact_on_the_first_frame_and_for_a_new_joint_state(policy: 
 def test_kv_reuse_recomputes_the_changed_patch_and_refreshes_to_exact(policy: Policy) -> None:
     reuse = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True, refresh_steps=2))
     images = frame(4)
-    changed = images.clone()
-    changed[0, 8:16, 16:24] = 255 - changed[0, 8:16, 16:24]  # patch 6
+    changed = with_inverted_patch(images, 6)
     with torch.inference_mode():
         reuse.prefill(observation(images))
         approx = reuse.prefill(observation(changed))
@@ -151,13 +168,7 @@ def test_kv_reuse_recomputes_the_changed_patch_and_refreshes_to_exact(policy: Po
 def test_kv_reuse_writes_the_keys_of_exactly_the_changed_patch_and_the_keypoint_token(policy: Policy) -> None:
     reuse = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
     images = frame(6)
-    changed = images.clone()
-    changed[0, 8:16, 16:24] = 255 - changed[0, 8:16, 16:24]  # patch 6
-    with torch.inference_mode():
-        reuse.prefill(observation(images))
-        before = reuse._prefix_cache
-        reuse.prefill(observation(changed))
-        after = reuse._prefix_cache
+    before, after = prefix_caches(reuse, observation(images), observation(with_inverted_patch(images, 6)))
     assert reuse.last.recomputed == 1
     n_patches = policy.config.n_patches
     # In the first layer a token's keys and values depend on its own input alone: those of the
@@ -172,14 +183,9 @@ def test_kv_reuse_writes_the_keys_of_exactly_the_changed_patch_and_the_keypoint_
 def test_kv_reuse_with_an_unchanged_image_recomputes_only_proprioception_and_bos(policy: Policy) -> None:
     reuse = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
     images = frame(5)
-    changed = images.clone()
-    changed[0, 0:8, 0:8] = 255 - changed[0, 0:8, 0:8]  # patch 0
-    with torch.inference_mode():
-        reuse.prefill(observation(images))
-        reuse.prefill(observation(changed))
-        before = reuse._prefix_cache
-        reuse.prefill(observation(changed, q_offset=0.2))  # the arm moved, the image did not
-        after = reuse._prefix_cache
+    changed = with_inverted_patch(images, 0)
+    # then the arm moves, the image does not
+    _, before, after = prefix_caches(reuse, observation(images), observation(changed), observation(changed, q_offset=0.2))
     assert reuse.last.recomputed == 0
     assert after.vision_kv is before.vision_kv and after.vision is before.vision
     for (k0, v0), (k1, v1) in zip(before.decoder_kv, after.decoder_kv):

@@ -144,7 +144,7 @@ class IncrementalVisionEncoder:
         target = policy.target
         # Change detection on the image's own layout, in float: the per-patch sums of |change|
         # are integers below 2**24, so exact, and float has the fastest kernels for them.
-        pixels = images[0].to(torch.float32)  # (H, W, 3) on 0..255
+        pixels = images[0].to(torch.float32, copy=True)  # (H, W, 3) on 0..255; it becomes the reference
         reason = self._refresh_reason(text)
         if not reason:
             total = self._per_patch((pixels - self._reference).abs_()).sum(dim=(1, 3)).flatten()  # (P,)

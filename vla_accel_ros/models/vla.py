@@ -423,7 +423,7 @@ class VLATarget(nn.Module):
         """(B, H, W, 3) -> a view (B, patch row, patch column, cell row, cell column, channel, row
         in cell, column in cell): the order of ``patch_encoder.cells``."""
         side, g, s = self.config.image_size // self.config.patch_size, self.patch_encoder.grid, PatchEncoder.SUB
-        return images.view(images.shape[0], side, g, s, side, g, s, 3).permute(0, 1, 4, 2, 5, 7, 3, 6)
+        return images.reshape(images.shape[0], side, g, s, side, g, s, 3).permute(0, 1, 4, 2, 5, 7, 3, 6)
 
     def cell_offsets(self, patches: torch.Tensor) -> torch.Tensor:
         """Where the stem inputs of the patches numbered ``patches`` (P',) lie in a flat image

@@ -100,11 +100,6 @@ class VLAConfig(JsonConfig):
 # the larger of them (its code then competes with MKL's for the cache).
 ONEDNN_MIN_ROWS = 32
 ONEDNN_MIN_MACS = 1 << 20
-# The exception: a product with a GELU over an inner dimension of 512 or more (the patch encoder's
-# MLP over a patch's cells) runs on oneDNN at any row count. Its AVX-512 kernel with the GELU fused
-# took 19-24 against 24-34 microseconds for 3-8 patches of an incremental frame, and the closed
-# loop ran 1-4% faster in an interleaved A/B.
-ONEDNN_GELU_MIN_INNER = 512
 
 
 @functools.cache
@@ -137,8 +132,7 @@ def dense(x: torch.Tensor, layer: nn.Linear, gelu: bool = False) -> torch.Tensor
     params = layer._parameters
     weight, bias = params["weight"], params["bias"]
     rows = x.numel() // x.shape[-1]
-    large = rows >= ONEDNN_MIN_ROWS and rows * weight.shape[0] * weight.shape[1] >= ONEDNN_MIN_MACS
-    if ((large or (gelu and weight.shape[1] >= ONEDNN_GELU_MIN_INNER))
+    if (rows >= ONEDNN_MIN_ROWS and rows * weight.shape[0] * weight.shape[1] >= ONEDNN_MIN_MACS
             and not torch.is_grad_enabled() and x.is_cpu and onednn_linear_available()):
         if gelu:
             return torch.ops.mkldnn._linear_pointwise(x, _onednn_weight(layer), bias, "gelu", [], "none")

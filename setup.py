@@ -46,8 +46,8 @@ setup(
     entry_points={
         "console_scripts": [
             "vla-accel = vla_accel_ros.cli:main",
-            "vla_accel_node = vla_accel_ros.node:main",
-            "sim_node = vla_accel_ros.sim.sim_node:main",
+            "vla_accel_node = vla_accel_ros.ros.node:main",
+            "sim_node = vla_accel_ros.ros.sim_node:main",
         ],
     },
 )

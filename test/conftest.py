@@ -38,7 +38,7 @@ def _tiny_checkpoint(path: Path, **config: Any) -> Path:
     """A randomly initialised policy saved as a real checkpoint (safetensors + JSON); ``config``
     overrides the small default VLAConfig (64 px images, one layer)."""
     from vla_accel_ros.models import Policy, VLAConfig, save_checkpoint
-    from vla_accel_ros.tokenizer import ActionTokenizer
+    from vla_accel_ros.models.tokenizer import ActionTokenizer
 
     tokenizer = ActionTokenizer(np.array([-0.01] * 3 + [-0.02] * 3 + [0.0]), np.array([0.01] * 3 + [0.02] * 3 + [1.0]))
     settings = dict(image_size=64, patch_size=16, d_model=32, n_heads=2, n_layers=1, local_channels=8,

@@ -12,22 +12,22 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demos": ("vla_accel_ros.sim.demos", "record scripted-expert demonstrations in the MuJoCo sim"),
-    "sim": ("vla_accel_ros.sim_runner", "run the sim bridge and the VLA node over DDS for N episodes"),
-    "train": ("vla_accel_ros.train", "train the policy (target VLA, draft head, contact head) on demonstrations"),
-    "train-flow": ("vla_accel_ros.train_flow", "train the continuous action head (10-step teacher, 2-step student)"),
-    "train-parallel-draft": ("vla_accel_ros.train_parallel_draft",
+    "demos": ("vla_accel_ros.commands.demos", "record scripted-expert demonstrations in the MuJoCo sim"),
+    "sim": ("vla_accel_ros.commands.sim", "run the sim bridge and the VLA node over DDS for N episodes"),
+    "train": ("vla_accel_ros.commands.train", "train the policy (target VLA, draft head, contact head) on demonstrations"),
+    "train-flow": ("vla_accel_ros.commands.train_flow", "train the continuous action head (10-step teacher, 2-step student)"),
+    "train-parallel-draft": ("vla_accel_ros.commands.train_parallel_draft",
                              "train a parallel draft head (all draft tokens in one light call) on a checkpoint"),
-    "train-world": ("vla_accel_ros.train_world",
+    "train-world": ("vla_accel_ros.commands.train_world",
                     "world-aware prefill: frame autoencoder + next-frame bias, then fine-tune target and draft on it"),
-    "build-store": ("vla_accel_ros.build_store", "build the HeiSD retrieval store and boundary calibration from demonstrations"),
-    "eval": ("vla_accel_ros.evaluate", "closed-loop episodes of the policy in the sim with one decoder"),
-    "bench": ("vla_accel_ros.bench", "every decoder on the same seeded episodes, side by side, with plots"),
-    "vision-fidelity": ("vla_accel_ros.vision_fidelity",
+    "build-store": ("vla_accel_ros.commands.build_store", "build the HeiSD retrieval store and boundary calibration from demonstrations"),
+    "eval": ("vla_accel_ros.commands.eval", "closed-loop episodes of the policy in the sim with one decoder"),
+    "bench": ("vla_accel_ros.commands.bench", "every decoder on the same seeded episodes, side by side, with plots"),
+    "vision-fidelity": ("vla_accel_ros.commands.vision_fidelity",
                         "what incremental vision's approximation costs against the full prefill, frame by frame"),
-    "sim-speed": ("vla_accel_ros.sim.throughput", "measure sim steps/s with and without rendering"),
-    "record": ("vla_accel_ros.record", "record sim episodes with the node into a rosbag2 (mcap or sqlite3)"),
-    "replay": ("vla_accel_ros.replay", "replay a rosbag2 through the node and diff its commands with the recorded ones"),
+    "sim-speed": ("vla_accel_ros.commands.sim_speed", "measure sim steps/s with and without rendering"),
+    "record": ("vla_accel_ros.commands.record", "record sim episodes with the node into a rosbag2 (mcap or sqlite3)"),
+    "replay": ("vla_accel_ros.commands.replay", "replay a rosbag2 through the node and diff its commands with the recorded ones"),
 }
 
 

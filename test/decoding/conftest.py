@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from vla_accel_ros.kinematics import ArmKinematics
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.models import Policy, VLAConfig
-from vla_accel_ros.observation import Observation
-from vla_accel_ros.resources import default_urdf
-from vla_accel_ros.tokenizer import ActionTokenizer
+from vla_accel_ros.models.tokenizer import ActionTokenizer
 
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
 IMAGE = 32

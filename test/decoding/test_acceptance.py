@@ -15,12 +15,17 @@ import numpy as np
 import pytest
 import torch
 
-from vla_accel_ros.decoding import DecodeContext, accepted_length, make_decoder, relaxed_accept_mask
+from vla_accel_ros.core.kalman import JointKalmanFilter
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.resources import default_urdf
+from vla_accel_ros.decoding import (
+    DecodeContext,
+    accepted_length,
+    make_decoder,
+    relaxed_accept_mask,
+)
 from vla_accel_ros.decoding.kerv_released import token_filter_prediction
-from vla_accel_ros.kalman import JointKalmanFilter
-from vla_accel_ros.kinematics import ArmKinematics
-from vla_accel_ros.resources import default_urdf
-from vla_accel_ros.tokenizer import ActionTokenizer
+from vla_accel_ros.models.tokenizer import ActionTokenizer
 
 torch.set_num_threads(1)
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
@@ -37,6 +42,9 @@ class TablePrefix:
 
 
 class TablePolicy:
+    flow = None  # no continuous action head
+    parallel_draft = None  # no parallel draft head
+
     def __init__(self, offsets: tuple[int, ...] = (0,) * 7, contact: float = 0.0) -> None:
         self.offsets = offsets
         self.contact = contact

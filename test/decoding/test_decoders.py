@@ -3,20 +3,37 @@
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from vla_accel_ros.decoding import DECODERS, DecodeContext, EpisodeHistory, make_decoder, run_policy_step
+import vla_accel_ros
+from vla_accel_ros.core.kalman import JointKalmanFilter
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.decoding import (
+    BASELINE,
+    CONTACT_COMPARISON,
+    DECODERS,
+    THRESHOLD_SWEPT,
+    THRESHOLD_TRACED,
+    DecodeContext,
+    DecoderCapabilities,
+    EpisodeHistory,
+    capabilities_of,
+    decoders_with,
+    make_decoder,
+    threshold_sweep,
+)
 from vla_accel_ros.decoding.kerv import kf_completion_tokens
-from vla_accel_ros.kalman import JointKalmanFilter
-from vla_accel_ros.kinematics import ArmKinematics
 from vla_accel_ros.models import Policy
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
-from vla_accel_ros.observation import Observation
-from vla_accel_ros.sampling import SamplingConfig
+from vla_accel_ros.models.sampling import SamplingConfig
+from vla_accel_ros.runtime.runner import run_policy_step
 
 torch.set_num_threads(1)
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
@@ -61,6 +78,50 @@ def test_registry_names_and_errors() -> None:
         make_decoder("kerv", r_min=9, r_max=2)
     with pytest.raises(ValueError, match="r"):
         make_decoder("sd", r=-1)
+
+
+def test_every_decoder_declares_its_capabilities_and_the_registry_agrees() -> None:
+    for name in DECODERS:
+        declared = make_decoder(name).capabilities()
+        assert isinstance(declared, DecoderCapabilities)
+        assert capabilities_of(name) == declared
+    assert decoders_with(lambda c: c.flow_head) == ("flow10", "flow2")
+    assert decoders_with(lambda c: c.retrieval_store) == ("heisd",)
+    assert capabilities_of("heisd").skips_steps and capabilities_of("heisd").episode_state
+    assert decoders_with(lambda c: c.verifies_in_prefill) == ("world_aware",)
+    assert decoders_with(lambda c: c.parallel_draft) == ("kerv", "world_aware", "deadline")
+    # settings change what an instance declares; capabilities_of is about the defaults
+    assert make_decoder("world_aware", prefill_verify=False).capabilities().verifies_in_prefill is False
+    assert make_decoder("kerv", prefill_verify=True).capabilities().verifies_in_prefill is True
+    assert make_decoder("deadline", parallel_draft=False).capabilities().parallel_draft is False
+    with pytest.raises(ValueError, match="unknown decoder 'beam'"):
+        capabilities_of("beam")
+
+
+def test_registry_names_the_baseline_and_the_threshold_sweep() -> None:
+    assert BASELINE == "ar"
+    assert {BASELINE, *THRESHOLD_SWEPT, *CONTACT_COMPARISON, *THRESHOLD_TRACED} <= set(DECODERS)
+    assert threshold_sweep("sd", 9) == {"r": 9}
+    assert threshold_sweep("kerv", 9) == {"r_min": 3, "r_max": 9}
+    assert threshold_sweep("kerv", 2) == {"r_min": 1, "r_max": 2}
+    assert [name for name in DECODERS if threshold_sweep(name, 9) is not None] == list(THRESHOLD_SWEPT)
+    for name in THRESHOLD_SWEPT:  # the sweep's settings build the decoder at that threshold
+        for r in (3, 20):
+            make_decoder(name, **threshold_sweep(name, r))
+    with pytest.raises(ValueError, match="unknown decoder"):
+        threshold_sweep("beam", 9)
+
+
+# The evaluation modules: they ask the registry and the capabilities, and name no decoder.
+NAME_FREE_SOURCES = ("evaluation/bench.py", "evaluation/options.py", "commands/bench.py", "commands/eval.py")
+
+
+@pytest.mark.parametrize("source", NAME_FREE_SOURCES)
+def test_the_evaluation_names_no_decoder_in_its_code(source: str) -> None:
+    text = (Path(vla_accel_ros.__file__).parent / source).read_text()
+    names = "|".join(re.escape(name) for name in sorted(DECODERS, key=len, reverse=True))
+    quoted = re.findall(rf"""(["'])({names})\1""", text)
+    assert not quoted, f"{source} names decoders as string literals: {sorted({name for _, name in quoted})}"
 
 
 def test_ar_matches_policy_greedy_decoding(policy: Policy, observations: Observations) -> None:
@@ -250,7 +311,7 @@ def test_deadline_learns_pass_costs(policy: Policy, kin: ArmKinematics, observat
 
 def test_run_policy_step_over_an_episode(policy: Policy, kin: ArmKinematics, observations: Observations) -> None:
     from vla_accel_ros.decoding.boundary import PUBLISHED_BOUNDARY
-    from vla_accel_ros.retrieval import RetrievalStore
+    from vla_accel_ros.decoding.retrieval import RetrievalStore
 
     keys = np.concatenate([policy.prefill(o).pooled.numpy() for o in observations(3, seed=6)])
     store = RetrievalStore.build(keys, np.random.default_rng(0).integers(0, 255, (3, 4, 7)),

@@ -12,8 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from vla_accel_ros.actions import action_to_joint_targets
-from vla_accel_ros.decoding import DecodeContext, EpisodeHistory, make_decoder, run_policy_step
+from vla_accel_ros.core.actions import action_to_joint_targets
+from vla_accel_ros.core.kalman import JointKalmanFilter
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.decoding import (
+    DecodeContext,
+    EpisodeHistory,
+    make_decoder,
+)
 from vla_accel_ros.decoding.boundary import (
     PUBLISHED_BOUNDARY,
     BoundaryConfig,
@@ -24,14 +31,12 @@ from vla_accel_ros.decoding.boundary import (
     metric_from_features,
     tcp_history,
 )
-from vla_accel_ros.evaluate import mode_summary
-from vla_accel_ros.kalman import JointKalmanFilter
-from vla_accel_ros.kinematics import ArmKinematics
+from vla_accel_ros.evaluation.episode import mode_summary
 from vla_accel_ros.models import Policy
-from vla_accel_ros.observation import Observation
 
 pytest.importorskip("faiss")
-from vla_accel_ros.retrieval import RetrievalStore  # noqa: E402
+from vla_accel_ros.decoding.retrieval import RetrievalStore  # noqa: E402
+from vla_accel_ros.runtime.runner import run_policy_step
 
 torch.set_num_threads(1)
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
@@ -311,8 +316,8 @@ def test_store_problems_are_clear(policy: Policy, kin: ArmKinematics, tmp_path, 
 
 def test_policy_runner_loads_the_checkpoints_store(tmp_path, tiny_checkpoint, kin: ArmKinematics) -> None:
     """The node's runner attaches CHECKPOINT/retrieval_store at load, and refuses to start without one."""
-    from vla_accel_ros.inference import PolicyRunner
     from vla_accel_ros.models import load_checkpoint
+    from vla_accel_ros.runtime.runner import PolicyRunner
 
     ckpt = tiny_checkpoint(tmp_path / "ckpt")
     with pytest.raises(FileNotFoundError, match="vla-accel build-store"):

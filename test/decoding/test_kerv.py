@@ -13,15 +13,19 @@ import numpy as np
 import pytest
 import torch
 
-from vla_accel_ros.decoding import DecodeContext, make_decoder, run_policy_step
-from vla_accel_ros.decoding.base import PREFILL_VERIFIED
+from vla_accel_ros.core.kalman import JointKalmanFilter
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.decoding import DecodeContext, make_decoder
 from vla_accel_ros.decoding.kerv import TcpPositions, kf_completion_tokens, update_rate
-from vla_accel_ros.kalman import JointKalmanFilter
-from vla_accel_ros.kinematics import ArmKinematics
+from vla_accel_ros.decoding.protocol import PREFILL_VERIFIED
 from vla_accel_ros.models import ParallelDraftHead, Policy
-from vla_accel_ros.observation import Observation
-from vla_accel_ros.sampling import pick_tokens
-from vla_accel_ros.vision_reuse import IncrementalVisionEncoder, VisionReuseConfig
+from vla_accel_ros.models.incremental_vision import (
+    IncrementalVisionEncoder,
+    VisionReuseConfig,
+)
+from vla_accel_ros.models.sampling import pick_tokens
+from vla_accel_ros.runtime.runner import run_policy_step
 
 torch.set_num_threads(1)
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
@@ -140,7 +144,7 @@ def test_the_kf_drafts_any_trusted_position_with_the_parallel_head(
 def test_deadline_drafts_with_the_parallel_head_and_prices_a_round_per_call(
     policy: Policy, observations: Observations
 ) -> None:
-    """Every round is one parallel call; the cost of a round no longer grows with its draft length."""
+    """Every round is one parallel call; the cost of a round does not grow with its draft length."""
     decoder = make_decoder("deadline", r_min=0, r_max=0)
     counting = CountingPolicy(policy)
     prefix = policy.prefill(observations(1, seed=6)[0])

@@ -32,7 +32,7 @@ def test_ee_acceleration_tightens_r() -> None:
 
 
 def test_curvature_tightens_r() -> None:
-    """A smaller radius (sharper turn) gives a smaller r; a straight path gives r_max."""
+    """A smaller radius (sharper bend) gives a smaller r; a straight path gives r_max."""
     radii = [math.inf, 1.0, 0.2, 0.1, 0.05, 0.03, 0.01, 0.001]
     rs = [kinematic_threshold(KinematicSignals(path_radius=x)) for x in radii]
     assert non_increasing(rs) and rs[0] == 15 and rs[-1] == 5
@@ -119,11 +119,11 @@ def test_released_schedule_decays_from_r_start_to_r_min() -> None:
 def test_kinematic_signals_from_context_see_curvature_and_limits() -> None:
     """Rotating only the base joint moves the TCP on a circle whose radius is its distance from the
     base axis; a joint parked at its limit drives r down to r_min."""
+    from vla_accel_ros.core.kalman import JointKalmanFilter
+    from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.resources import default_urdf
     from vla_accel_ros.decoding import DecodeContext, make_decoder
     from vla_accel_ros.decoding.kerv import kinematic_signals
-    from vla_accel_ros.kalman import JointKalmanFilter
-    from vla_accel_ros.kinematics import ArmKinematics
-    from vla_accel_ros.resources import default_urdf
 
     kin = ArmKinematics(default_urdf())
     q_home = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])

@@ -9,15 +9,22 @@ import numpy as np
 import pytest
 import torch
 
-from vla_accel_ros.bench import bench_entries, wa_comparison
 from vla_accel_ros.cli import main
-from vla_accel_ros.decoding import DecodeContext, run_policy_step
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.resources import default_checkpoint
+from vla_accel_ros.decoding import DecodeContext
 from vla_accel_ros.decoding.sd import SDDecoder
 from vla_accel_ros.decoding.wa_prefill import make_prefill_decoder, split_prefill
-from vla_accel_ros.models import Policy, VLAConfig, WorldPrefill, load_checkpoint, save_checkpoint
-from vla_accel_ros.observation import Observation
-from vla_accel_ros.resources import default_checkpoint
-from vla_accel_ros.tokenizer import ActionTokenizer
+from vla_accel_ros.evaluation.bench import bench_entries, wa_comparison
+from vla_accel_ros.models import (
+    Policy,
+    VLAConfig,
+    WorldPrefill,
+    load_checkpoint,
+    save_checkpoint,
+)
+from vla_accel_ros.models.tokenizer import ActionTokenizer
+from vla_accel_ros.runtime.runner import run_policy_step
 
 torch.set_num_threads(1)
 

@@ -10,9 +10,20 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vla_accel_ros.models import CheckpointError, ParallelDraftHead, Policy, VLAConfig, load_checkpoint, save_checkpoint
-from vla_accel_ros.models.checkpoint import PARALLEL_DRAFT_META_FILE, PARALLEL_DRAFT_WEIGHTS_FILE, save_parallel_draft
-from vla_accel_ros.tokenizer import ActionTokenizer
+from vla_accel_ros.models import (
+    CheckpointError,
+    ParallelDraftHead,
+    Policy,
+    VLAConfig,
+    load_checkpoint,
+    save_checkpoint,
+)
+from vla_accel_ros.models.checkpoint import (
+    PARALLEL_DRAFT_META_FILE,
+    PARALLEL_DRAFT_WEIGHTS_FILE,
+    save_parallel_draft,
+)
+from vla_accel_ros.models.tokenizer import ActionTokenizer
 
 torch.set_num_threads(1)
 TINY = dict(image_size=32, patch_size=8, d_model=32, n_heads=2, n_layers=2, vision_layers=1, max_text_len=8,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from vla_accel_ros.models import BOS, ParallelDraftHead, Policy, VLAConfig
-from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer
+from vla_accel_ros.models.tokenizer import N_BINS, ActionTokenizer
 
 torch.set_num_threads(1)
 TINY = dict(image_size=32, patch_size=8, d_model=32, n_heads=2, n_layers=2, vision_layers=1, max_text_len=8,

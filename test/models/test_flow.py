@@ -7,9 +7,14 @@ import pytest
 import torch
 
 from vla_accel_ros.models import load_checkpoint
-from vla_accel_ros.models.checkpoint import FLOW_META_FILE, FLOW_WEIGHTS_FILE, CheckpointError, save_flow_heads
+from vla_accel_ros.models.checkpoint import (
+    FLOW_META_FILE,
+    FLOW_WEIGHTS_FILE,
+    CheckpointError,
+    save_flow_heads,
+)
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads, euler_sample
-from vla_accel_ros.train_flow import FlowTrainConfig, evaluate_heads, train_heads
+from vla_accel_ros.training.flow import FlowTrainConfig, evaluate_heads, train_heads
 
 torch.set_num_threads(1)
 

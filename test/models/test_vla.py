@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
+from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models import BOS, Policy, Prefix, VLAConfig
-from vla_accel_ros.models.vla import ONEDNN_MIN_MACS, dense, onednn_linear_available
-from vla_accel_ros.observation import Observation
-from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer, encode_instruction
+from vla_accel_ros.models.kernels import ONEDNN_MIN_MACS, dense, onednn_linear_available
+from vla_accel_ros.models.tokenizer import N_BINS, ActionTokenizer, encode_instruction
 
 torch.set_num_threads(1)
 TINY = dict(image_size=32, patch_size=8, d_model=32, n_heads=2, n_layers=2, vision_layers=1, max_text_len=8,
@@ -76,6 +76,23 @@ def test_kv_cached_decoding_equals_full_recompute(policy: Policy, batch) -> None
         cached.append(out.logits[:, -1])
     torch.testing.assert_close(torch.stack(cached, 1), full, atol=TOL, rtol=0)
     assert prefix.length == policy.config.prefix_len + 6 and prefix.n_tokens == 6
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_on_selected_tokens_equals_the_full_block_when_all_are_selected(policy: Policy, causal: bool) -> None:
+    """Recomputing every token of a sequence (in a shuffled order) against stale keys and values
+    replaces all of them, so it gives the full block's outputs and keys/values on those rows."""
+    block = policy.target.blocks[0]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 10, policy.config.d_model, generator=g)
+    order = torch.randperm(10, generator=g)
+    with torch.inference_mode():
+        full, (k, v) = block(x, causal=causal)
+        stale = torch.randn(2, *k.shape, generator=g)
+        mask = order[:, None] >= torch.arange(10) if causal else None  # token i sees positions up to its own
+        selected, keys_values = block(x[:, order], stale, positions=order, attn_mask=mask)
+    torch.testing.assert_close(selected, full[:, order], atol=TOL, rtol=0)
+    torch.testing.assert_close(keys_values, torch.stack([k, v]), atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("start, k", [(0, 7), (0, 1), (2, 3), (3, 4)])

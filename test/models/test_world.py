@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models import (
     CheckpointError,
     FrameAutoencoder,
@@ -22,9 +23,14 @@ from vla_accel_ros.models import (
     save_checkpoint,
 )
 from vla_accel_ros.models.checkpoint import WORLD_META_FILE, WORLD_WEIGHTS_FILE
-from vla_accel_ros.observation import Observation
-from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer
-from vla_accel_ros.train_world import encode_frames, next_frame_metrics, next_frame_pairs, train_autoencoder, train_bias
+from vla_accel_ros.models.tokenizer import N_BINS, ActionTokenizer
+from vla_accel_ros.training.world import (
+    encode_frames,
+    next_frame_metrics,
+    next_frame_pairs,
+    train_autoencoder,
+    train_bias,
+)
 
 torch.set_num_threads(1)
 TINY = dict(image_size=32, patch_size=8, d_model=32, n_heads=2, n_layers=2, vision_layers=1, max_text_len=8,

@@ -1,5 +1,5 @@
 """Autoregressive decoding, the baseline: 7 sequential target passes, each picking its token greedily or,
-with the step's sampling noise, as a sample (:mod:`vla_accel_ros.sampling`)."""
+with the step's sampling noise, as a sample (:mod:`vla_accel_ros.models.sampling`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,17 @@ from typing import Any
 
 import torch
 
-from vla_accel_ros.decoding.base import N_ACTION_TOKENS, DecodeContext, DecodeResult, PassLedger, PolicyLike
+from vla_accel_ros.decoding.protocol import (
+    N_ACTION_TOKENS,
+    DecodeContext,
+    Decoder,
+    DecodeResult,
+    PolicyLike,
+)
+from vla_accel_ros.decoding.speculation import PassLedger
 
 
-class ARDecoder:
+class ARDecoder(Decoder):
     """The first pass scores the bare prefix (k=0: the prefill's last hidden state, so only the LM
     head runs), each later one feeds the previous token (k=1) on the prefix extended so far."""
 

@@ -4,7 +4,7 @@ Over the last 5 end-effector (TCP) positions:
 
 - R, the radius of the least-squares circle through them, fitted in their best-fit plane (SVD;
   :func:`~vla_accel_ros.decoding.thresholds.fit_circle_radius`): a long straight stretch has a
-  large (or infinite) radius, a turn towards an object a small one;
+  large (or infinite) radius, a bend towards an object a small one;
 - D = sum_i ||p_last - p_i||: how far the arm travelled lately; it slows down near a grasp;
 - each is min-max normalised to [0, 1] over a range (R_lo, R_hi), (D_lo, D_hi) and clipped, and
   m = 0.5 R^ + 0.5 D^.
@@ -36,7 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from vla_accel_ros.decoding.thresholds import MIN_PATH_SPREAD, N_CURVATURE_POINTS, fit_circle_radius
+from vla_accel_ros.decoding.thresholds import (
+    MIN_PATH_SPREAD,
+    N_CURVATURE_POINTS,
+    fit_circle_radius,
+)
 
 N_BOUNDARY_POINTS = N_CURVATURE_POINTS  # 5 TCP positions
 CALIBRATION_PERCENTILE = 25.0

@@ -25,16 +25,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from vla_accel_ros.decoding.base import (
-    DecodeContext,
-    DecodeResult,
+from vla_accel_ros.decoding.kerv import KervConfig, KervDecoder, kf_completion_tokens
+from vla_accel_ros.decoding.protocol import DecodeContext, DecodeResult, PolicyLike
+from vla_accel_ros.decoding.speculation import (
     PassLedger,
-    PolicyLike,
     SpecState,
     speculative_round,
     start_speculation,
 )
-from vla_accel_ros.decoding.kerv import KervConfig, KervDecoder, kf_completion_tokens
 
 
 @dataclass(frozen=True)

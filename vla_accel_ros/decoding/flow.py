@@ -23,7 +23,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from vla_accel_ros.decoding.base import N_ACTION_TOKENS, DecodeContext, DecodeResult, PolicyLike, model_free_result
+from vla_accel_ros.decoding.protocol import (
+    N_ACTION_TOKENS,
+    DecodeContext,
+    Decoder,
+    DecoderCapabilities,
+    DecodeResult,
+    PolicyLike,
+    model_free_result,
+)
 from vla_accel_ros.models.flow import prefix_condition
 
 
@@ -37,7 +45,7 @@ class FlowDecoderConfig:
             raise ValueError(f"noise_correlation must be in [0, 1], got {self.noise_correlation}")
 
 
-class FlowDecoder:
+class FlowDecoder(Decoder):
     name = "flow10"
     student = False
 
@@ -56,12 +64,12 @@ class FlowDecoder:
             self.noise = rho * self.noise + math.sqrt(1.0 - rho * rho) * fresh
         return self.noise
 
+    def capabilities(self) -> DecoderCapabilities:
+        return DecoderCapabilities(flow_head=True)
+
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
-        heads = getattr(policy, "flow", None)
-        if heads is None:
-            raise ValueError(
-                f"decoder '{self.name}' needs a checkpoint with a continuous action head (vla-accel train-flow)"
-            )
+        self.check_policy(policy)
+        heads = policy.flow
         started = context.clock()
         if context.step == 0:
             self.generator.manual_seed(self.config.seed)

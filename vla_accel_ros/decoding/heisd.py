@@ -6,7 +6,7 @@ kinematics of the measured joints, through ``context.kalman.kin``) picks the mod
 
 - m <= threshold, too little history, NaN, or no kinematics: **drafter mode**, exactly ``sd``
   with r = ``r`` (9);
-- m > threshold: **retrieval mode**. The store (:mod:`vla_accel_ros.retrieval`) is queried with the
+- m > threshold: **retrieval mode**. The store (:mod:`vla_accel_ros.decoding.retrieval`) is queried with the
   prefix's observation embedding (``prefix.pooled``); the retrieved current action (7 tokens) is
   the draft, verified in ONE target pass. *Sequence-wise relaxed acceptance* accepts the whole
   action when the mean token distance to the target's argmax, mean_i |d_i - a_i|, is at most
@@ -20,7 +20,7 @@ kinematics of the measured joints, through ``context.kalman.kin``) picks the mod
 - **verify-skip**: when the retrieved action was accepted as a whole, the next ``skip_steps``
   rows of the retrieved trajectory are queued and executed on the following control steps with
   no prefill and no target pass (:meth:`HeiSDDecoder.skip_step`, called by
-  :func:`~vla_accel_ros.decoding.base.run_policy_step`); then the model runs again. Queued tokens
+  :func:`~vla_accel_ros.decoding.protocol.run_policy_step`); then the model runs again. Queued tokens
   are clipped to the token range and decoded with ``policy.tokens_to_action``, and the
   controller downstream applies the URDF limits to them like to any action.
 
@@ -43,18 +43,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from vla_accel_ros.decoding.base import (
-    MAX_TOKEN_ID,
-    N_ACTION_TOKENS,
-    DecodeContext,
-    DecodeResult,
-    PassLedger,
-    PolicyLike,
-    SpecState,
-    accepted_length,
-    model_free_result,
-    speculate_to_end,
-)
 from vla_accel_ros.decoding.boundary import (
     PRESETS,
     PUBLISHED_BOUNDARY,
@@ -62,7 +50,23 @@ from vla_accel_ros.decoding.boundary import (
     boundary_metric,
     tcp_history,
 )
+from vla_accel_ros.decoding.protocol import (
+    MAX_TOKEN_ID,
+    N_ACTION_TOKENS,
+    DecodeContext,
+    Decoder,
+    DecoderCapabilities,
+    DecodeResult,
+    PolicyLike,
+    model_free_result,
+)
 from vla_accel_ros.decoding.sd import SDDecoder
+from vla_accel_ros.decoding.speculation import (
+    PassLedger,
+    SpecState,
+    accepted_length,
+    speculate_to_end,
+)
 
 MODES = ("drafter", "retrieval", "skip")
 
@@ -95,8 +99,11 @@ class HeiSDConfig:
             raise ValueError(f"HeiSDConfig.sequence_accept must be a bool, got {self.sequence_accept!r}")
 
 
-class HeiSDDecoder:
+class HeiSDDecoder(Decoder):
     name = "heisd"
+
+    def capabilities(self) -> DecoderCapabilities:
+        return DecoderCapabilities(retrieval_store=True, skips_steps=True, episode_state=True)
 
     def __init__(self, **cfg: Any) -> None:
         self.config = HeiSDConfig(**cfg)
@@ -116,7 +123,7 @@ class HeiSDDecoder:
     def attach_store(self, store: Any, policy: PolicyLike | None = None) -> None:
         """Use ``store`` (a RetrievalStore, or a directory to load one from); with ``policy``, its
         key dimension is checked against the policy's embeddings."""
-        from vla_accel_ros.retrieval import RetrievalStore
+        from vla_accel_ros.decoding.retrieval import RetrievalStore
 
         if isinstance(store, (str, Path)):
             store = RetrievalStore.load(store)
@@ -127,11 +134,9 @@ class HeiSDDecoder:
                 f"heisd skip_steps={self.config.skip_steps} needs a store horizon of at least "
                 f"{self.config.skip_steps + 1}, this store holds {store.horizon} actions per entry"
             )
-        if policy is not None:
-            d_model = getattr(getattr(policy, "config", None), "d_model", None)
-            if d_model is not None and int(d_model) != store.dim:
-                raise ValueError(f"retrieval store keys have dim {store.dim}, the policy's embeddings {d_model}: "
-                                 "rebuild it with `vla-accel build-store` for this checkpoint")
+        if policy is not None and policy.config.d_model != store.dim:
+            raise ValueError(f"retrieval store keys have dim {store.dim}, the policy's embeddings "
+                             f"{policy.config.d_model}: rebuild it with `vla-accel build-store` for this checkpoint")
         if self.config.preset == "calibrated":
             if not store.calibration:
                 raise ValueError("this retrieval store has no boundary calibration: rebuild it with "
@@ -145,9 +150,9 @@ class HeiSDDecoder:
         FileNotFoundError says how to build it when there is none."""
         if self.store is not None:
             return
-        from vla_accel_ros.retrieval import resolve_store
+        from vla_accel_ros.decoding.retrieval import resolve_store
 
-        d_model = getattr(getattr(policy, "config", None), "d_model", None)
+        d_model = policy.config.d_model if policy is not None else None
         self.attach_store(resolve_store(None, checkpoint, expect_dim=d_model), policy)
 
     def _require_store(self) -> Any:
@@ -171,10 +176,9 @@ class HeiSDDecoder:
 
     def metric(self, context: DecodeContext) -> float:
         """The boundary metric m of this step (NaN: no kinematics, too little history)."""
-        kin = getattr(context.kalman, "kin", None)
-        if kin is None or self.boundary is None:
+        if context.kalman is None or self.boundary is None:
             return math.nan
-        return boundary_metric(tcp_history(kin, context.joint_positions), self.boundary)
+        return boundary_metric(tcp_history(context.kalman.kin, context.joint_positions), self.boundary)
 
     # --- verify-skip --------------------------------------------------------------------------
     def skip_step(self, context: DecodeContext) -> DecodeResult | None:

@@ -48,23 +48,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from vla_accel_ros.decoding.base import (
+from vla_accel_ros.decoding.protocol import (
     N_ACTION_TOKENS,
     PREFILL_VERIFIED,
     DecodeContext,
+    Decoder,
+    DecoderCapabilities,
     DecodeResult,
-    PassLedger,
     PolicyLike,
-    accepted_length,
-    token_list,
 )
+from vla_accel_ros.decoding.speculation import PassLedger, accepted_length, token_list
 from vla_accel_ros.decoding.thresholds import (
     N_CURVATURE_POINTS,
     KinematicSignals,
     fit_circle_radius,
     kinematic_threshold,
 )
-from vla_accel_ros.sampling import pick_tokens
+from vla_accel_ros.models.sampling import pick_tokens
 
 GRIPPER_INDEX = N_ACTION_TOKENS - 1
 
@@ -187,7 +187,7 @@ def requested_length(kf_mask: np.ndarray | list[bool]) -> int:
     raise ValueError("a cheap source proposes every position; position 0 is always the target's own")
 
 
-class KervDecoder:
+class KervDecoder(Decoder):
     name = "kerv"
     config_type: type[KervConfig] = KervConfig
 
@@ -200,9 +200,17 @@ class KervDecoder:
         # completion and the threshold
         self._proposed: tuple[tuple[np.ndarray, np.ndarray] | None, float] | None = None
 
+    def capabilities(self) -> DecoderCapabilities:
+        return DecoderCapabilities(verifies_in_prefill=self.config.prefill_verify, parallel_draft=self.config.parallel_draft)
+
+    @classmethod
+    def threshold_settings(cls, r: int) -> dict[str, Any]:
+        """The kinematic range up to ``r`` bins, from a third of it (at least 1 bin)."""
+        return {"r_min": max(1, r // 3), "r_max": r}
+
     def uses_parallel_draft(self, policy: PolicyLike) -> bool:
         """Whether this decoder drafts with ``policy``'s parallel draft head."""
-        return self.config.parallel_draft and getattr(policy, "parallel_draft", None) is not None
+        return self.config.parallel_draft and policy.parallel_draft is not None
 
     def kf_draft_mask(self, completion: tuple[np.ndarray, np.ndarray] | None, parallel: bool = False) -> np.ndarray:
         """(7,) bool: the positions whose proposal is the KF's token, those it knows and has been

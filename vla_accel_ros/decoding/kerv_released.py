@@ -18,12 +18,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from vla_accel_ros.decoding.base import (
+from vla_accel_ros.decoding.protocol import (
     MAX_TOKEN_ID,
     N_ACTION_TOKENS,
     DecodeContext,
+    Decoder,
     DecodeResult,
     PolicyLike,
+)
+from vla_accel_ros.decoding.speculation import (
     accepted_length,
     speculate_to_end,
     start_speculation,
@@ -64,7 +67,7 @@ def token_filter_prediction(history: np.ndarray, q: float = 1.0, r: float = 1e-3
     return np.clip(np.rint(x), 0, MAX_TOKEN_ID).astype(np.int64)
 
 
-class KervReleasedDecoder:
+class KervReleasedDecoder(Decoder):
     name = "kerv_released"
 
     def __init__(self, **cfg: Any) -> None:

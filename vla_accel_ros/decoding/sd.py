@@ -13,7 +13,13 @@ from typing import Any
 
 import torch
 
-from vla_accel_ros.decoding.base import DecodeContext, DecodeResult, PolicyLike, speculate_to_end, start_speculation
+from vla_accel_ros.decoding.protocol import (
+    DecodeContext,
+    Decoder,
+    DecodeResult,
+    PolicyLike,
+)
+from vla_accel_ros.decoding.speculation import speculate_to_end, start_speculation
 
 
 @dataclass(frozen=True)
@@ -25,11 +31,16 @@ class SDConfig:
             raise ValueError(f"SDConfig.r (acceptance threshold in bins) must be >= 0, got {self.r}")
 
 
-class SDDecoder:
+class SDDecoder(Decoder):
     name = "sd"
 
     def __init__(self, r: float = 9) -> None:
         self.config = SDConfig(r=r)
+
+    @classmethod
+    def threshold_settings(cls, r: int) -> dict[str, Any]:
+        """A fixed threshold of ``r`` bins."""
+        return {"r": r}
 
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
         started, ledger, state = start_speculation(policy, prefix, context)

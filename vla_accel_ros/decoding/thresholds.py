@@ -87,7 +87,7 @@ def acceleration_looseness(ee_acceleration: float) -> float:
 
 
 def curvature_looseness(radius: float) -> float:
-    """Non-decreasing in the path's curvature radius (m): a sharp turn (small radius) is tight,
+    """Non-decreasing in the path's curvature radius (m): a sharp bend (small radius) is tight,
     a straight path (radius inf) loose."""
     return _ramp_up(radius, RADIUS_TIGHT, RADIUS_LOOSE)
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vla_accel_ros.decoding.base import DecodeContext, PolicyLike
 from vla_accel_ros.decoding.kerv import KervConfig, KervDecoder
+from vla_accel_ros.decoding.protocol import DecodeContext, PolicyLike
 from vla_accel_ros.decoding.thresholds import (
     clearance_looseness,
     contact_probability_looseness,

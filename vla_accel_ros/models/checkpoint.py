@@ -25,9 +25,13 @@ from safetensors.torch import load_file, save_file
 from vla_accel_ros.models.draft import ContactHead, DraftHead, ParallelDraftHead
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.models.policy import Policy
+from vla_accel_ros.models.tokenizer import ActionTokenizer
 from vla_accel_ros.models.vla import PROPRIO_DIM, VLAConfig, VLATarget
-from vla_accel_ros.models.world import FrameAutoencoderConfig, WorldBiasConfig, WorldPrefill
-from vla_accel_ros.tokenizer import ActionTokenizer
+from vla_accel_ros.models.world import (
+    FrameAutoencoderConfig,
+    WorldBiasConfig,
+    WorldPrefill,
+)
 
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
@@ -105,7 +109,7 @@ def save_checkpoint(
 
 def _read_meta(meta_path: Path, keys: Sequence[str] = ("config", "tokenizer", "proprio_stats")) -> dict[str, Any]:
     """A checkpoint JSON, checked for ``format_version`` and ``keys``."""
-    meta = _read_json(meta_path)
+    meta = read_json(meta_path)
     for key in ("format_version", *keys):
         if key not in meta:
             raise CheckpointError(meta_path, f"missing key '{key}'")
@@ -295,7 +299,7 @@ def _read_component_meta(meta_path: Path, weights_path: Path, keys: Sequence[str
     return _read_meta(meta_path, keys)
 
 
-def _read_json(meta_path: Path) -> dict[str, Any]:
+def read_json(meta_path: Path) -> dict[str, Any]:
     if not meta_path.is_file():
         raise CheckpointError(meta_path, "file not found")
     try:

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vla_accel_ros.json_config import JsonConfig
-from vla_accel_ros.tokenizer import ACTION_DIM
+from vla_accel_ros.core.json_config import JsonConfig
+from vla_accel_ros.models.tokenizer import ACTION_DIM
 
 
 @dataclass(frozen=True)

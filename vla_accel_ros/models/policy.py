@@ -17,13 +17,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.draft import ContactHead, DraftHead
 from vla_accel_ros.models.flow import FlowHeads
-from vla_accel_ros.models.vla import BOS, PROPRIO_DIM, KVCache, VLAConfig, VLATarget, count_parameters
+from vla_accel_ros.models.sampling import pick_tokens
+from vla_accel_ros.models.tokenizer import N_BINS, ActionTokenizer, encode_instruction
+from vla_accel_ros.models.vla import (
+    BOS,
+    PROPRIO_DIM,
+    KVCache,
+    VLAConfig,
+    VLATarget,
+    count_parameters,
+)
 from vla_accel_ros.models.world import WorldPrefill
-from vla_accel_ros.observation import Observation
-from vla_accel_ros.sampling import pick_tokens
-from vla_accel_ros.tokenizer import N_BINS, ActionTokenizer, encode_instruction
 
 
 @dataclass(frozen=True, eq=False)
@@ -387,7 +394,7 @@ class Policy:
         LM head of ``prefix.hidden_last``, i.e. exactly the target's greedy token; later ones
         come from the draft head, whose feature starts at ``prefix.hidden_last`` and then is its
         own output. No target forward pass is run. ``noise``: the step's sampling noise (7, 256)
-        from :mod:`vla_accel_ros.sampling`; each proposal is then the argmax of its logits plus
+        from :mod:`vla_accel_ros.models.sampling`; each proposal is then the argmax of its logits plus
         the noise of its action dimension, as the target's own sampled token would be.
         """
         with torch.inference_mode():

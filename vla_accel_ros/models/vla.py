@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vla_accel_ros.json_config import JsonConfig
-from vla_accel_ros.tokenizer import ACTION_DIM, N_BINS, TEXT_PAD, TEXT_VOCAB
+from vla_accel_ros.core.json_config import JsonConfig
+from vla_accel_ros.models.kernels import dense, layer_norm
+from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS, TEXT_PAD, TEXT_VOCAB
 
 BOS = N_BINS  # action-embedding id that starts the action (vocabulary 257 = 256 bins + BOS)
 PROPRIO_DIM = 8
@@ -26,6 +27,7 @@ AUX_OUTPUTS = 6
 KEYPOINT_INIT_SCALE = 10.0
 
 KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (k, v), each (B, H, L, hd)
+KeysValues = torch.Tensor  # one layer's keys and values stacked: (2, B, H, L, hd)
 
 
 @dataclass(frozen=True)
@@ -92,61 +94,6 @@ class VLAConfig(JsonConfig):
         return self.prefix_len + self.n_action_tokens
 
 
-# Inference runs a linear layer on oneDNN's kernel rather than MKL's from this many rows and this
-# product (rows x in x out): on the AVX-512 CPUs measured here (AMD EPYC) MKL takes its AVX2 path,
-# and oneDNN ran the prefill's matrices (64 to 1024 rows) twice as fast. Below, MKL's lower call
-# overhead wins: a decode step's single token took 4 against 12 microseconds, and the incremental
-# prefill's dozen-row products, all on MKL, ran 6% faster in the closed loop than with oneDNN for
-# the larger of them (its code then competes with MKL's for the cache).
-ONEDNN_MIN_ROWS = 32
-ONEDNN_MIN_MACS = 1 << 20
-
-
-@functools.cache
-def onednn_linear_available() -> bool:
-    """Whether this torch build has oneDNN's fused linear (CPU builds with mkldnn do)."""
-    try:
-        torch.ops.mkldnn._linear_pointwise(torch.zeros(2, 3), torch.zeros(4, 3), None, "none", [], "")
-    except (AttributeError, NotImplementedError, RuntimeError):
-        return False
-    return True
-
-
-def _onednn_weight(layer: nn.Linear) -> torch.Tensor:
-    """The layer's weight in oneDNN's own layout (5% off every large product), kept on the layer
-    and made again when the weight changes (an optimiser step or load_state_dict bumps its version)."""
-    weight = layer.weight
-    cached = layer.__dict__.get("_onednn_weight")
-    if cached is None or cached[0] != weight._version or cached[1] != weight.data_ptr():
-        with torch.inference_mode():
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64)
-        cached = layer.__dict__["_onednn_weight"] = (weight._version, weight.data_ptr(), packed)
-    return cached[2]
-
-
-def dense(x: torch.Tensor, layer: nn.Linear, gelu: bool = False) -> torch.Tensor:
-    """``layer(x)``, then GELU when ``gelu``. Without autograd, large products on the CPU go to
-    oneDNN's kernel (the GELU fused into it); the result is the same up to float rounding."""
-    # The parameters from the module's own dict: nn.Module's attribute lookup costs 0.5 us each,
-    # a fifth of a small product's time on the incremental prefill's dozen rows.
-    params = layer._parameters
-    weight, bias = params["weight"], params["bias"]
-    rows = x.numel() // x.shape[-1]
-    if (rows >= ONEDNN_MIN_ROWS and rows * weight.shape[0] * weight.shape[1] >= ONEDNN_MIN_MACS
-            and not torch.is_grad_enabled() and x.is_cpu and onednn_linear_available()):
-        if gelu:
-            return torch.ops.mkldnn._linear_pointwise(x, _onednn_weight(layer), bias, "gelu", [], "none")
-        return torch.ops.mkldnn._linear_pointwise(x, _onednn_weight(layer), bias, "none", [], "")
-    y = F.linear(x, weight, bias)
-    return F.gelu(y) if gelu else y
-
-
-def layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    """``norm(x)`` without the module call and its attribute lookups (see :func:`dense`)."""
-    params = norm._parameters
-    return torch.layer_norm(x, norm.normalized_shape, params["weight"], params["bias"], norm.eps)
-
-
 @functools.lru_cache(maxsize=64)
 def extension_mask(new: int, past: int, device: torch.device) -> torch.Tensor:
     """(new, past + new) bool: new token i sees the cache and new tokens 0..i (a bottom-right
@@ -157,7 +104,7 @@ def extension_mask(new: int, past: int, device: torch.device) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention that can extend a KV cache."""
+    """Multi-head self-attention that extends a KV cache or recomputes selected tokens of a sequence."""
 
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
@@ -168,13 +115,44 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past: tuple[torch.Tensor, torch.Tensor] | KeysValues | None = None,
         causal: bool = True,
         key_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """``key_mask`` (B, T) bool, True where a key may be attended to (non-causal use only)."""
+        positions: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        n_outputs: int | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | KeysValues]:
+        """Self-attention over x (B, t, d) -> (outputs, keys and values), in one of two modes.
+
+        Extending (``positions`` None): x are t tokens after ``past``, the cached (k, v), each
+        (B, H, L, hd) (None: L = 0). Causal unless ``causal`` is False; ``key_mask`` (B, L + t) bool,
+        True where a key may be attended to (non-causal use only). Returns the outputs (B, t, d)
+        and the extended (k, v).
+
+        Recomputing selected tokens (``positions`` (s,) long): ``past`` holds the keys and values
+        (2, B, H, L, hd) of a whole sequence as last computed, and x's first s rows are its tokens
+        at ``positions``, whose new keys and values replace theirs; x's other rows are new tokens
+        after the sequence, whose keys and values are appended. Every row attends to every key, or
+        where ``attn_mask`` (t, keys) bool allows. With ``n_outputs`` only the last ``n_outputs``
+        rows get outputs (the others contribute their keys and values alone). Returns the outputs
+        (B, n_outputs or t, d) and the keys and values, stacked like ``past`` (a new tensor).
+        """
         b, t, d = x.shape
-        q, k, v = dense(x, self.qkv).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        layers = self._modules  # see Block.forward
+        qkv = dense(x, layers["qkv"]).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        if positions is not None:
+            assert isinstance(past, torch.Tensor), "recomputing selected tokens needs the stacked keys and values"
+            selected = len(positions)
+            keys_values = past.index_copy(3, positions, qkv[1:, :, :, :selected])  # keys and values in one copy
+            if selected < t:  # new tokens after the sequence
+                keys_values = torch.cat([keys_values, qkv[1:, :, :, selected:]], dim=3)
+            q = qkv[0]
+            if n_outputs is not None:
+                q = q[:, :, t - n_outputs :]
+                attn_mask = None if attn_mask is None else attn_mask[t - n_outputs :]
+            y = F.scaled_dot_product_attention(q, keys_values[0], keys_values[1], attn_mask=attn_mask)
+            return dense(y.transpose(1, 2).reshape(b, q.shape[2], d), layers["proj"]), keys_values
+        q, k, v = qkv
         past_len = 0
         if past is not None:
             past_len = past[0].shape[2]
@@ -188,7 +166,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=extension_mask(t, past_len, x.device))
-        return dense(y.transpose(1, 2).reshape(b, t, d), self.proj), (k, v)
+        return dense(y.transpose(1, 2).reshape(b, t, d), layers["proj"]), (k, v)
 
 
 class MLP(nn.Module):
@@ -198,7 +176,8 @@ class MLP(nn.Module):
         self.proj = nn.Linear(ratio * d_model, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dense(dense(x, self.fc, gelu=True), self.proj)
+        layers = self._modules  # see Block.forward
+        return dense(dense(x, layers["fc"], gelu=True), layers["proj"])
 
 
 class Block(nn.Module):
@@ -214,13 +193,27 @@ class Block(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past: tuple[torch.Tensor, torch.Tensor] | KeysValues | None = None,
         causal: bool = True,
         key_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        a, kv = self.attn(self.ln1(x), past, causal, key_mask)
+        positions: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        n_outputs: int | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | KeysValues]:
+        """The block over x (B, t, d) -> (outputs, keys and values): tokens after a KV cache, or
+        (``positions`` given) selected tokens of a sequence recomputed against its keys and values;
+        the arguments and results are those of :meth:`Attention.forward`."""
+        # Submodules from the module's own dict, their forward called directly and the layer norms
+        # through the kernel: on the dozen tokens of an incremental prefill, nn.Module's attribute
+        # lookups and call dispatch cost a measurable share of a block's time (so the submodules'
+        # hooks are not run).
+        layers = self._modules
+        a, kv = layers["attn"].forward(layer_norm(layers["ln1"], x), past, causal, key_mask, positions, attn_mask,
+                                       n_outputs)
+        if n_outputs is not None:
+            x = x[:, x.shape[1] - n_outputs :]
         x = x + a
-        return x + self.mlp(self.ln2(x)), kv
+        return x + layers["mlp"].forward(layer_norm(layers["ln2"], x)), kv
 
 
 class PatchEncoder(nn.Module):
@@ -491,14 +484,35 @@ class VLATarget(nn.Module):
     def global_vision(self, local_tokens: torch.Tensor) -> torch.Tensor:
         """Local encodings (B, P, local_width) of all patches -> vision tokens (B, n_vision_tokens, d)
         (position embeddings added here; the keypoint token, if any, comes last)."""
-        d = self.config.d_model
-        x = local_tokens[..., :d] + self.vision_pos
-        for block in self.vision_blocks:
-            x, _ = block(x, causal=False)
-        x = self.vision_ln(x)
+        x, _ = self.vision_transformer(local_tokens)
         if not self.config.keypoints:
             return x
         return torch.cat([x, self.keypoint_token(local_tokens)], dim=1)
+
+    def vision_transformer(
+        self,
+        local_tokens: torch.Tensor,
+        patches: torch.Tensor | None = None,
+        past: tuple[KeysValues, ...] | None = None,
+    ) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor] | KeysValues, ...]]:
+        """The patch tokens after the global vision layers and their norm (the keypoint token
+        aside), and each layer's keys and values, from local encodings (B, P, local_width) of all
+        patches: (B, P, d) and per layer (k, v), each (B, H, P, hd).
+
+        With ``patches`` (P',) and ``past``, per layer the stacked keys and values (2, B, H, P, hd)
+        of every patch as last computed, only the tokens of the patches numbered ``patches`` are
+        computed, (B, P', d), attending to ``past`` for the others; the keys and values come back
+        stacked, those patches' replaced (new tensors)."""
+        d = self.config.d_model
+        if patches is None:
+            x = local_tokens[..., :d] + self.vision_pos
+        else:
+            x = local_tokens[:, patches, :d] + self.vision_pos[patches]
+        kv = []
+        for i, block in enumerate(self.vision_blocks):  # forward called directly, see Block.forward
+            x, layer_kv = block.forward(x, None if past is None else past[i], causal=False, positions=patches)
+            kv.append(layer_kv)
+        return layer_norm(self.vision_ln, x), tuple(kv)
 
     def keypoint_token(self, local_tokens: torch.Tensor) -> torch.Tensor:
         """Local encodings (B, P, local_width) of all patches -> the keypoint token (B, 1, d)."""
@@ -520,6 +534,11 @@ class VLATarget(nn.Module):
         bos = self.action_emb.weight[BOS].expand(proprio.shape[0], 1, -1)
         return dense(proprio, self.proprio_proj).unsqueeze(1), bos
 
+    def embed_at(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Decoder input embeddings of prefix tokens x (B, s, d) (before position embeddings) placed
+        at the decoder positions ``positions`` (s,)."""
+        return x + self.pos_emb[positions]
+
     def embed_actions(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """Embeddings of action tokens (B, k) placed at decoder positions start .. start+k-1."""
         end = start + tokens.shape[1]
@@ -530,14 +549,38 @@ class VLATarget(nn.Module):
             )
         return self.action_emb(tokens) + self.pos_emb[start:end]
 
-    def decode(self, x: torch.Tensor, past: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
+    def decode(
+        self,
+        x: torch.Tensor,
+        past: KVCache | tuple[KeysValues, ...] | None = None,
+        positions: torch.Tensor | None = None,
+        n_outputs: int | None = None,
+    ) -> tuple[torch.Tensor, KVCache | tuple[KeysValues, ...]]:
         """Run the causal decoder over embeddings x (B, t, d) after an optional cache.
-        Returns final-norm hidden states (B, t, d) and the extended cache."""
+        Returns final-norm hidden states (B, t, d) and the extended cache.
+
+        With ``positions`` (s,), x's first s rows are instead the tokens at those positions of a
+        sequence whose keys and values, as last computed, are ``past`` (per layer stacked,
+        (2, B, H, L, hd)), and x's other rows are new tokens after it. Each token attends causally:
+        a recomputed one to the positions up to its own, a new one to the whole sequence and the
+        new tokens up to itself. The last layer gives outputs for the last ``n_outputs`` rows only
+        (all when None), so the hidden states are (B, n_outputs or t, d); the cache comes back per
+        layer stacked, the selected tokens' keys and values replaced and the new ones appended."""
+        mask = None
+        if positions is not None:
+            assert past is not None, "recomputing selected tokens needs the sequence's keys and values"
+            length, n_new = past[0].shape[3], x.shape[1] - len(positions)
+            causal = extension_mask(length + n_new, 0, x.device)  # the whole sequence's causal mask
+            mask = causal.index_select(0, positions)
+            if n_new:
+                mask = torch.cat([mask, causal[length:]])
+        last = len(self.blocks) - 1
         new_cache = []
-        for i, block in enumerate(self.blocks):
-            x, kv = block(x, None if past is None else past[i], causal=True)
+        for i, block in enumerate(self.blocks):  # forward called directly, see Block.forward
+            x, kv = block.forward(x, None if past is None else past[i], causal=True, positions=positions,
+                                  attn_mask=mask, n_outputs=n_outputs if i == last else None)
             new_cache.append(kv)
-        return self.ln_f(x), tuple(new_cache)
+        return layer_norm(self.ln_f, x), tuple(new_cache)
 
     def vision_tokens(self, images: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
         return self.global_vision(self.encode_patches(self.patchify(images), text))

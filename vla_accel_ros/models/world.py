@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vla_accel_ros.core.json_config import JsonConfig
 from vla_accel_ros.models.vla import VLAConfig
-from vla_accel_ros.json_config import JsonConfig
 
 
 def _check_positive(owner: str, obj: object, names: tuple[str, ...]) -> None:

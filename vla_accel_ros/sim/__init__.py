@@ -1,0 +1,1 @@
+"""The MuJoCo scene, its pick-the-cube task environment, the scripted expert and demonstrations."""

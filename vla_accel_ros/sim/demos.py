@@ -1,4 +1,4 @@
-"""``vla-accel demos``: record scripted-expert demonstrations.
+"""Scripted-expert demonstrations and their on-disk format (``vla-accel demos``).
 
 On-disk format (one directory):
 
@@ -19,7 +19,6 @@ from 100000 up, so evaluation scenes are never training scenes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
@@ -28,30 +27,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from vla_accel_ros.observation import Observation
+from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
 from vla_accel_ros.sim.expert import run_expert_episode
-
-EVAL_SEED_START = 100_000
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--episodes", type=int, required=True, help="number of episodes")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the first episode (episode i uses seed+i)")
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--image-size", type=int, default=128, help="camera image side in pixels")
-    parser.add_argument("--max-steps", type=int, default=120, help="episode step limit at 20 Hz")
-    parser.add_argument("--only-successes", action="store_true", help="keep only successful episodes on disk")
-    parser.add_argument(
-        "--action-noise", type=float, default=0.0,
-        help="execute expert actions perturbed by this fraction of the step limits, record the clean ones",
-    )
-    parser.add_argument(
-        "--policy", default=None,
-        help="checkpoint directory ('default' = shipped) whose greedy actions drive --policy-share of the steps "
-             "while the expert's actions are recorded (DAgger)",
-    )
-    parser.add_argument("--policy-share", type=float, default=0.5, help="share of steps the --policy drives")
 
 
 def record_demos(
@@ -120,8 +98,10 @@ def record_demos(
 
 def greedy_policy_action(checkpoint: str) -> Callable[[Observation], np.ndarray]:
     """The checkpoint's greedy (AR) action for one observation, as the DAgger driver."""
-    from vla_accel_ros.models.checkpoint import load_checkpoint  # torch only when a policy drives
-    from vla_accel_ros.resources import default_checkpoint
+    from vla_accel_ros.core.resources import default_checkpoint
+    from vla_accel_ros.models.checkpoint import (
+        load_checkpoint,  # torch only when a policy drives
+    )
 
     policy = load_checkpoint(default_checkpoint() if checkpoint == "default" else checkpoint)
 
@@ -131,15 +111,3 @@ def greedy_policy_action(checkpoint: str) -> Callable[[Observation], np.ndarray]
     return act
 
 
-def run(args: argparse.Namespace) -> int:
-    config = SimConfig(image_size=args.image_size, max_steps=args.max_steps)
-    policy_action = greedy_policy_action(args.policy) if args.policy else None
-    summary = record_demos(
-        args.out, args.episodes, args.seed, config, args.only_successes, action_noise=args.action_noise,
-        policy_action=policy_action, policy_share=args.policy_share if policy_action else 0.0,
-    )
-    print(
-        f"{'expert' if policy_action is None else 'mixed policy/expert'}: {summary['success_rate']:.1%} success over {summary['episodes']} episodes "
-        f"(seeds {args.seed}..{args.seed + args.episodes - 1}), {summary['steps_total']} steps -> {args.out}"
-    )
-    return 0

@@ -1,7 +1,7 @@
 """Pick-cube task in MuJoCo: "pick up the {color} cube" among a red, a green and a blue cube.
 
 One ``step`` is one control period (20 Hz by default) of physics substeps. Actions go through
-``vla_accel_ros.actions.action_to_joint_targets`` (differential IK on the URDF, clamped to its
+``vla_accel_ros.core.actions.action_to_joint_targets`` (differential IK on the URDF, clamped to its
 limits), the same path the ROS node uses. Everything is deterministic for a given seed.
 
 Success: the named cube's bottom is at least ``lift_height`` (5 cm) above the table for
@@ -17,11 +17,19 @@ from typing import Any
 import mujoco
 import numpy as np
 
-from vla_accel_ros.actions import action_to_joint_targets, gripper_command_to_opening
-from vla_accel_ros.kinematics import ArmKinematics
-from vla_accel_ros.observation import Observation
-from vla_accel_ros.resources import default_urdf
-from vla_accel_ros.sim.scene import CUBE_COLORS, CUBE_HALF_SIZE, TABLE_TOP_Z, build_scene
+from vla_accel_ros.core.actions import (
+    action_to_joint_targets,
+    gripper_command_to_opening,
+)
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.resources import default_urdf
+from vla_accel_ros.sim.scene import (
+    CUBE_COLORS,
+    CUBE_HALF_SIZE,
+    TABLE_TOP_Z,
+    build_scene,
+)
 
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
 NEAR_CONTACT_DISTANCE = 0.02  # m, gripper-to-target clearance counted as "near contact"
@@ -235,3 +243,6 @@ class PickCubeEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+EVAL_SEED_START = 100_000

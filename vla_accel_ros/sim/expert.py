@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pinocchio as pin
 
-from vla_accel_ros.observation import Observation
+from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.sim.env import NEAR_CONTACT_DISTANCE, PickCubeEnv
 
 # The TCP's home orientation: gripper pointing straight down.

@@ -14,7 +14,7 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
-from vla_accel_ros.kinematics import ArmKinematics
+from vla_accel_ros.core.kinematics import ArmKinematics
 
 CUBE_COLORS: dict[str, tuple[float, float, float, float]] = {
     "red": (0.85, 0.12, 0.10, 1.0),

@@ -1,0 +1,203 @@
+"""Settings: defaults, ROS/YAML mapping, validation messages and the shipped parameter files."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from vla_accel_ros.core.controller import ControllerConfig
+from vla_accel_ros.core.resources import share_dir
+from vla_accel_ros.core.settings import (
+    ConfigError,
+    check_fields,
+    dump_yaml_params,
+    from_params,
+    load_yaml_params,
+    nested,
+    parameter_specs,
+    setting,
+    to_params,
+)
+from vla_accel_ros.models.configuration import VisionReuseConfig
+from vla_accel_ros.ros.parameters import NodeConfig, SimBridgeConfig
+
+VISION_PARAMETERS = ["vision_reuse", "vision_threshold", "vision_refresh_steps", "vision_max_drift", "vision_reuse_kv"]
+
+
+@pytest.mark.parametrize("cls", [NodeConfig, SimBridgeConfig, ControllerConfig])
+def test_every_field_is_documented_and_numeric_ones_have_ranges(cls):
+    specs = parameter_specs(cls)
+    flat = [name for f in dataclasses.fields(cls) for name in (VISION_PARAMETERS if f.name == "vision" else [f.name])]
+    assert [s.name for s in specs] == flat
+    for spec in specs:
+        assert len(spec.description) > 10, spec.name
+        if spec.kind in (int, float):
+            assert spec.range is not None, spec.name
+            assert spec.range[0] <= spec.default <= spec.range[1], spec.name
+
+
+def test_round_trip_through_params_and_yaml(tmp_path):
+    cfg = NodeConfig(control_rate_hz=50.0, output="joint_trajectory", controller_joints=("joint2", "joint1"))
+    assert from_params(NodeConfig, to_params(cfg)) == cfg
+    path = tmp_path / "p.yaml"
+    path.write_text(dump_yaml_params(cfg, "vla_accel_node"))
+    assert from_params(NodeConfig, load_yaml_params(path, "vla_accel_node")) == cfg
+    assert load_yaml_params(path, "other_node") == {}
+
+
+def test_wildcard_section_applies_to_every_node(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("/**:\n  ros__parameters:\n    control_rate_hz: 40.0\n")
+    assert from_params(NodeConfig, load_yaml_params(path, "vla_accel_node")).control_rate_hz == 40.0
+
+
+@pytest.mark.parametrize(
+    "params, words",
+    [
+        ({"control_rate_hz": 0.5}, ["control_rate_hz", "out of range"]),
+        ({"control_rate_hz": float("nan")}, ["control_rate_hz", "finite"]),
+        ({"output": "velocity"}, ["output", "forward_position"]),
+        ({"autostart": "yes"}, ["autostart", "true or false"]),
+        ({"image_size": 12.5}, ["image_size", "integer"]),
+        ({"controller_joints": ["joint1", "joint1"]}, ["controller_joints", "duplicates"]),
+        ({"control_rate_hz": 20.0, "camera_timeout_s": 0.04}, ["camera_timeout_s", "control period"]),
+        ({"decoder": " "}, ["decoder"]),
+        ({"bogus": 1}, ["unknown parameter", "bogus"]),
+    ],
+)
+def test_invalid_settings_name_the_parameter(params, words):
+    with pytest.raises(ConfigError) as err:
+        from_params(NodeConfig, params)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_integer_accepted_for_float_setting():
+    assert NodeConfig(control_rate_hz=50).control_rate_hz == 50.0
+    assert isinstance(NodeConfig(control_rate_hz=50).control_rate_hz, float)
+
+
+def test_controller_config_follows_node_config():
+    cfg = NodeConfig(control_rate_hz=50.0, action_dt_s=0.05, camera_timeout_s=0.3)
+    ctrl = cfg.controller_config()
+    assert ctrl.period_s == pytest.approx(0.02)
+    assert ctrl.camera_timeout_s == 0.3
+
+
+@pytest.mark.parametrize("file, node, cls", [
+    ("vla_accel.yaml", "vla_accel_node", NodeConfig),
+    ("sim.yaml", "vla_accel_node", NodeConfig),
+    ("sim.yaml", "sim_node", SimBridgeConfig),
+])
+def test_shipped_parameter_files_are_valid(file, node, cls):
+    params = load_yaml_params(share_dir() / "config" / file, node)
+    assert params, f"{file} has no section for {node}"
+    from_params(cls, params)
+
+
+def test_bad_yaml_file_is_reported(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("a: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml"):
+        load_yaml_params(path, "vla_accel_node")
+
+
+def test_inference_mode_restarts_and_realtime_priority_are_validated():
+    cfg = NodeConfig()
+    assert cfg.inference_mode == "process" and cfg.inference_restarts >= 0 and 0 <= cfg.realtime_priority <= 98
+    assert NodeConfig(inference_mode="thread", realtime_priority=0).inference_mode == "thread"
+    for params, words in [({"inference_mode": "fork"}, ["inference_mode", "thread", "process"]),
+                          ({"inference_restarts": -1}, ["inference_restarts", "out of range"]),
+                          ({"realtime_priority": 99}, ["realtime_priority", "out of range"])]:
+        with pytest.raises(ConfigError) as err:
+            from_params(NodeConfig, params)
+        for word in words:
+            assert word in str(err.value)
+
+
+# --- the nested incremental-vision settings ----------------------------------------------------------
+def test_vision_parameters_are_flat_on_ros_and_nested_in_the_config():
+    specs = {s.name: s for s in parameter_specs(NodeConfig)}
+    assert {name: (specs[name].kind, specs[name].default) for name in VISION_PARAMETERS} == {
+        "vision_reuse": (bool, False), "vision_threshold": (float, 8.0), "vision_refresh_steps": (int, 20),
+        "vision_max_drift": (float, 2.0), "vision_reuse_kv": (bool, False)}
+    assert specs["vision_threshold"].range == (0.0, 255.0) and specs["vision_refresh_steps"].range == (1, 100000)
+    cfg = from_params(NodeConfig, {"vision_reuse": True, "vision_threshold": 4, "vision_reuse_kv": True})
+    assert cfg.vision == VisionReuseConfig(threshold=4.0, refresh_steps=20, max_drift=2.0, reuse_kv=True, enabled=True)
+    assert isinstance(cfg.vision.threshold, float)
+    params = to_params(cfg)
+    assert {k: params[k] for k in VISION_PARAMETERS} == {"vision_reuse": True, "vision_threshold": 4.0,
+                                                         "vision_refresh_steps": 20, "vision_max_drift": 2.0,
+                                                         "vision_reuse_kv": True}
+    assert "vision" not in params and from_params(NodeConfig, params) == cfg
+    assert NodeConfig().vision.enabled is False  # the node encodes every patch unless told otherwise
+
+
+@pytest.mark.parametrize(
+    "params, words",
+    [
+        ({"vision_threshold": -1.0}, ["vision_threshold", "out of range"]),
+        ({"vision_max_drift": 300.0}, ["vision_max_drift", "out of range"]),
+        ({"vision_refresh_steps": 0}, ["vision_refresh_steps", "out of range"]),
+        ({"vision_refresh_steps": 2.5}, ["vision_refresh_steps", "integer"]),
+        ({"vision_reuse": "yes"}, ["vision_reuse", "true or false"]),
+        ({"vision_enabled": True}, ["unknown parameter", "vision_enabled"]),
+    ],
+)
+def test_invalid_vision_settings_name_the_flat_parameter(params, words):
+    with pytest.raises(ConfigError) as err:
+        from_params(NodeConfig, params)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_a_nested_config_given_directly_is_checked_under_the_flat_names():
+    with pytest.raises(ConfigError, match="vision_max_drift"):
+        NodeConfig(vision=VisionReuseConfig(max_drift=1e9))  # fine for the encoder, outside the node's range
+    with pytest.raises(ConfigError, match="vision"):
+        NodeConfig(vision=None)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class _Inner:
+    on: bool = setting(True, "Switch of the inner group")
+    gain: float = setting(1.0, "Gain of the inner group", range=(0.0, 10.0))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class _Outer:
+    rate: float = setting(10.0, "Rate of the outer config", range=(1.0, 100.0))
+    inner: _Inner = nested(_Inner(on=False), prefix="inner_", names={"on": "use_inner"})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def test_nested_settings_map_prefix_and_names_both_ways(tmp_path):
+    assert [(s.name, s.default) for s in parameter_specs(_Outer)] == [("rate", 10.0), ("use_inner", False),
+                                                                      ("inner_gain", 1.0)]
+    cfg = from_params(_Outer, {"use_inner": True, "inner_gain": 3})
+    assert cfg == _Outer(inner=_Inner(on=True, gain=3.0)) and to_params(cfg) == {"rate": 10.0, "use_inner": True,
+                                                                                 "inner_gain": 3.0}
+    path = tmp_path / "outer.yaml"
+    path.write_text(dump_yaml_params(cfg, "outer"))
+    assert from_params(_Outer, load_yaml_params(path, "outer")) == cfg
+    assert from_params(_Outer, {"rate": 20.0}).inner == _Inner(on=False)  # the nested default, not the class's
+    with pytest.raises(ConfigError, match="'inner_gain'"):
+        from_params(_Outer, {"inner_gain": 11.0})
+    with pytest.raises(TypeError, match="missing"):
+        nested(_Inner(), names={"missing": "x"})
+
+
+def test_importing_the_parameters_does_not_import_torch():
+    """The node's parameters (and so ``ros2 param describe`` and a process-mode node) load without torch."""
+    code = "import sys, vla_accel_ros.ros.parameters; assert 'torch' not in sys.modules, 'torch imported'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,94 @@
+"""The package's layers: imports point downward only, no module reaches another's private names or a
+command module, and everything below ``ros/`` imports with rclpy made unimportable."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "vla_accel_ros"
+
+# Which layers each layer may import (itself included). ``sim`` is the scene and its expert; the
+# ROS adapters, bag tools, trainers and evaluation sit above the runtime; commands above them all.
+ALLOWED: dict[str, set[str]] = {
+    "core": {"core"},
+    "models": {"core", "models"},
+    "decoding": {"core", "models", "decoding"},
+    "runtime": {"core", "models", "decoding", "runtime"},
+    "sim": {"core", "models", "sim"},
+    "ros": {"core", "models", "decoding", "runtime", "sim", "ros"},
+    "training": {"core", "models", "decoding", "sim", "training"},
+    "evaluation": {"core", "models", "decoding", "runtime", "sim", "evaluation"},
+    "rosbag": {"core", "models", "decoding", "runtime", "sim", "ros", "rosbag"},
+    "commands": {"core", "models", "decoding", "runtime", "sim", "ros", "training", "evaluation", "rosbag"},
+}
+# The rclpy adapters: the only modules that import rclpy when imported. Everything else, the
+# commands that start ROS processes included (sim, record, replay), imports rclpy only when it runs.
+RCLPY_ADAPTERS = {"vla_accel_ros.ros.node", "vla_accel_ros.ros.rclpy_util", "vla_accel_ros.ros.sim_node"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def imported(path: Path) -> list[tuple[str, list[str]]]:
+    """Every ``vla_accel_ros`` import of a module, at any depth: (module, names imported from it)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vla_accel_ros"):
+            found.append((node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names if a.name.startswith("vla_accel_ros")]
+    return found
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_imports_point_downward() -> None:
+    wrong = []
+    for path in package_modules():
+        layer = layer_of(module_name(path))
+        if layer not in ALLOWED:
+            continue
+        for target, _ in imported(path):
+            if layer_of(target) and layer_of(target) not in ALLOWED[layer]:
+                wrong.append(f"{module_name(path)} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_private_names_and_no_command_modules_are_imported() -> None:
+    wrong = []
+    for path in package_modules():
+        for target, names in imported(path):
+            wrong += [f"{module_name(path)} imports {target}.{n}" for n in names if n.startswith("_")]
+            if layer_of(target) == "commands" and module_name(path) != "vla_accel_ros.commands":
+                wrong.append(f"{module_name(path)} imports the command module {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_module_but_the_rclpy_adapters_imports_without_rclpy() -> None:
+    modules = [module_name(p) for p in package_modules() if module_name(p) not in RCLPY_ADAPTERS]
+    assert len(modules) > 60
+    script = (
+        "import importlib, importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('rclpy', 'rosidl_runtime_py', 'launch', 'launch_ros'):\n"
+        "            raise ImportError(f'{name} is blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

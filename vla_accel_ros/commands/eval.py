@@ -1,0 +1,122 @@
+"""``vla-accel eval``: closed-loop episodes of the policy in the sim with one decoder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from vla_accel_ros.core.resources import default_checkpoint
+from vla_accel_ros.decoding import (
+    BASELINE,
+    DECODERS,
+    capabilities_of,
+    decoders_with,
+    make_decoder,
+)
+from vla_accel_ros.decoding.wa_prefill import WA_PREFILL_PREFIX, split_prefill
+from vla_accel_ros.evaluation.episode import (
+    checkpoint_megabytes,
+    peak_rss_mb,
+    plot_latency,
+    run_episode,
+    summarize,
+)
+from vla_accel_ros.evaluation.options import (
+    add_episode_arguments,
+    add_sampling_arguments,
+    add_vision_arguments,
+    decoder_options,
+    sampling_config,
+    vision_config,
+)
+from vla_accel_ros.models import load_checkpoint
+from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
+from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--decoder", default=BASELINE, metavar="DECODER",
+                        help=f"decoding method: {', '.join(DECODERS)}, or {WA_PREFILL_PREFIX}<one of them> "
+                             "(that decoder on the world-aware prefill, see --wa-checkpoint)")
+    add_episode_arguments(parser)
+    parser.add_argument("--store", type=Path, default=None,
+                        help=f"{', '.join(decoders_with(lambda c: c.retrieval_store))}: retrieval store directory (default: "
+                             "CHECKPOINT/retrieval_store; see vla-accel build-store)")
+    parser.add_argument("--wa-checkpoint", type=Path, default=None,
+                        help=f"checkpoint with a world component (vla-accel train-world) for --decoder "
+                             f"{WA_PREFILL_PREFIX}X (default: --checkpoint, which must then have one)")
+    add_vision_arguments(parser)
+    add_sampling_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.episodes < 1:
+        raise SystemExit("--episodes must be >= 1")
+    if args.seed < EVAL_SEED_START:
+        print(f"warning: seed {args.seed} < {EVAL_SEED_START} may overlap the training demonstrations")
+    torch.set_num_threads(args.threads)
+    try:
+        base_decoder, wa_prefill = split_prefill(args.decoder)
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+    if args.wa_checkpoint is not None and not wa_prefill:
+        raise SystemExit(f"--wa-checkpoint is for --decoder {WA_PREFILL_PREFIX}X, not {args.decoder}")
+    ckpt = (args.wa_checkpoint if wa_prefill else None) or args.checkpoint or default_checkpoint()
+    policy = load_checkpoint(ckpt)
+    if wa_prefill and policy.world is None:
+        raise SystemExit(f"{ckpt} has no world component for --decoder {args.decoder}: run vla-accel train-world")
+    if capabilities_of(base_decoder).flow_head and policy.flow is None:
+        raise SystemExit(f"{ckpt} has no continuous action head for --decoder {args.decoder}: run vla-accel train-flow")
+    sampling = sampling_config(args)
+    decoder = make_decoder(base_decoder, **decoder_options(base_decoder, args.store, args.checkpoint or default_checkpoint(), policy, ckpt))
+    args.out.mkdir(parents=True, exist_ok=True)
+    sim_config = SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)
+    records = []
+    start = time.perf_counter()
+    with PickCubeEnv(sim_config) as env:
+        settings = RunnerConfig(decoder=base_decoder, temperature=sampling.temperature,
+                                vision=vision_config(args) if args.vision != "full" else None,
+                                action_dt_s=env.control_dt, period_s=env.control_dt, max_steps=args.max_steps,
+                                torch_threads=args.threads)
+        runner = build_runner(settings, env.kin, policy=policy, decoder=decoder)
+        bar = tqdm(range(args.episodes), desc=f"eval {args.decoder}", unit="ep")
+        for i in bar:
+            records.append(run_episode(env, runner, args.seed + i))
+            bar.set_postfix(success=f"{np.mean([r.success for r in records]):.0%}")
+    summary = summarize(records)
+    summary.update(
+        decoder=args.decoder,
+        vision=args.vision,
+        temperature=sampling.temperature,
+        seed=args.seed,
+        checkpoint=str(ckpt),
+        params=sum(policy.n_parameters().values()),
+        params_by_part=policy.n_parameters(),
+        checkpoint_mb=checkpoint_megabytes(ckpt),
+        peak_rss_mb=peak_rss_mb(),
+        wall_s=time.perf_counter() - start,
+        per_episode=[{"seed": r.seed, "success": r.success, "steps": r.steps, "min_clearance": r.min_clearance} for r in records],
+    )
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_latency(records, args.out / "latency.png", f"{args.decoder}: per-step latency")
+    lat = summary["latency_ms"]
+    print(
+        f"eval {args.decoder} (temperature {sampling.temperature:g}): success {summary['success_rate']:.1%} "
+        f"over {summary['episodes']} episodes, "
+        f"NCF {summary['ncf_rate']:.1%}, {summary['target_passes_per_action']:.2f} target passes/action, "
+        f"prefill {lat['prefill_p50']:.2f} ms, decode {lat['decode_p50']:.2f} ms, total p50 {lat['total_p50']:.2f} "
+        f"/ p99 {lat['total_p99']:.2f} ms -> {args.out}"
+    )
+    if "verify_skip_share" in summary:
+        query = summary["retrieval_query_ms_p50"]
+        print(f"  retrieval mode on {summary['retrieval_mode_share']:.0%} of model steps, retrieved actions accepted "
+              f"{summary['retrieval_accept_rate']:.0%}, verify-skipped steps {summary['verify_skip_share']:.0%}, "
+              f"query p50 {'n/a' if query is None else f'{query:.3f} ms'}")
+    return 0

@@ -1,0 +1,37 @@
+"""``vla-accel train-flow``: the continuous action head (10-step teacher, 2-step student).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from vla_accel_ros.training.common import config_from_args
+from vla_accel_ros.training.flow import FlowTrainConfig, train_flow
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = FlowTrainConfig(checkpoint="", data="")
+    parser.add_argument("--checkpoint", required=True, help="trained checkpoint directory (its target is frozen)")
+    parser.add_argument("--data", required=True, help="demo directory with episode_*.npz")
+    parser.add_argument("--out", default=None, help="write a copy of the checkpoint with the head here "
+                        "(default: add the head to --checkpoint)")
+    parser.add_argument("--epochs", type=int, default=d.epochs, help="teacher flow-matching epochs")
+    parser.add_argument("--distill-epochs", type=int, default=d.distill_epochs, help="student distillation epochs")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--hidden", type=int, default=d.hidden, help="width of the velocity MLP")
+    parser.add_argument("--layers", type=int, default=d.layers, help="hidden layers of the velocity MLP")
+    parser.add_argument("--teacher-from", default=None,
+                        help="reuse the teacher of this checkpoint's flow head (same target) and only distil a student")
+    parser.add_argument("--student-hidden", type=int, default=d.student_hidden,
+                        help="width of the 2-step student's MLP (0 = the teacher's; it then starts as the teacher)")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--val-fraction", type=float, default=d.val_fraction)
+    parser.add_argument("--max-episodes", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    train_flow(config_from_args(FlowTrainConfig, args))
+    return 0

@@ -1,0 +1,39 @@
+"""``vla-accel train-parallel-draft``: a parallel draft head (all draft tokens in one light call) on a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from vla_accel_ros.training.common import config_from_args
+from vla_accel_ros.training.parallel_draft import (
+    ParallelDraftTrainConfig,
+    train_parallel_draft,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = ParallelDraftTrainConfig(checkpoint="", data="")
+    parser.add_argument("--checkpoint", required=True, help="trained checkpoint (its target and draft head are frozen)")
+    parser.add_argument("--data", required=True, help="demo directory with episode_*.npz")
+    parser.add_argument("--out", default=None,
+                        help="write a copy of the checkpoint with the parallel draft head here (required unless --in-place)")
+    parser.add_argument("--in-place", action="store_true", help="add the head to --checkpoint itself instead of --out")
+    parser.add_argument("--epochs", type=int, default=d.epochs)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
+    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    parser.add_argument("--feature-weight", type=float, default=d.feature_weight,
+                        help="weight of the feature regression next to the token cross-entropy")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--max-episodes", type=int, default=None)
+    parser.add_argument("--val-fraction", type=float, default=d.val_fraction, help="held-out share of episodes")
+    parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    train_parallel_draft(config_from_args(ParallelDraftTrainConfig, args))
+    return 0

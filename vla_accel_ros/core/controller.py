@@ -1,0 +1,438 @@
+"""The ROS-free control core: one safe joint command per tick, whatever inference does.
+
+It keeps the latest stamped inputs (joint state, image, instruction) and the newest verified
+policy action, and at every tick chooses:
+
+- ``policy``: a fresh action (not used before, observation younger than ``action_timeout_s``)
+  through differential IK (``actions.action_to_joint_targets``, the sim's path too);
+- ``fallback``: no fresh action, so the joint-space Kalman filter extrapolates the motion over one
+  action step, i.e. it stands in for the late action;
+- ``hold``: disabled, no instruction, or an input stale past its watchdog: the measured position
+  at the moment the hold began (latched, so a sagging arm does not drift the hold target).
+
+Every command then passes the same guard: within what the velocity limits reach from the measured
+position over one action step, within velocity limits of the previous command over one period
+(the command stream itself never moves faster than the URDF allows), within position limits, and
+finite; if not, the last safe command is repeated.
+
+Times are seconds on one clock chosen by the caller (ROS time in the node, so use_sim_time works);
+inputs are stamped with their arrival time on that clock, which keeps the watchdog independent of
+the senders' clocks. Thread-safe: the node's callbacks, its timer and the inference worker call
+in from different threads.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vla_accel_ros.core.actions import (
+    action_to_joint_targets,
+    gripper_command_to_opening,
+    validate_action,
+)
+from vla_accel_ros.core.kalman import JointKalmanFilter
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.settings import check_fields, setting
+
+SOURCES = ("policy", "fallback", "hold")
+# A measured jump larger than the velocity limits allow (plus this slack, rad or m) is a reset or
+# a teleport (new sim episode): the filter and pending actions no longer describe the arm.
+JUMP_SLACK = 0.05
+# A measured position this far (rad) past a URDF limit is not a real arm state but a broken driver
+# or message: rejected, never fed to the filter or the policy.
+IMPLAUSIBLE_BEYOND_LIMIT = math.pi
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """The ROS-free control core's settings (derived from :class:`NodeConfig`)."""
+
+    period_s: float = setting(0.05, "Control period", range=(0.001, 1.0))
+    camera_timeout_s: float = setting(0.5, "Image watchdog", range=(0.001, 60.0))
+    joint_state_timeout_s: float = setting(0.25, "Joint-state watchdog", range=(0.001, 60.0))
+    action_timeout_s: float = setting(0.5, "Maximum observation age of a usable action", range=(0.0, 60.0))
+    action_dt_s: float = setting(0.05, "Duration of one policy action step", range=(0.001, 1.0))
+    deadline_tolerance: float = setting(0.5, "Late-tick threshold as a fraction of the period", range=(0.0, 10.0))
+    gripper_initial: float = setting(1.0, "Gripper command before the first action", range=(0.0, 1.0))
+    jitter_window: int = setting(4096, "Ticks kept for the jitter percentiles", range=(16, 1_000_000))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class TickStats:
+    """Counters since start (a snapshot taken at a tick)."""
+
+    ticks: int = 0
+    ticks_published: int = 0
+    policy_ticks: int = 0
+    fallback_ticks: int = 0
+    hold_ticks: int = 0
+    deadline_misses: int = 0
+    actions_received: int = 0
+    actions_used: int = 0
+    actions_expired: int = 0
+    actions_replaced: int = 0
+    inputs_rejected: int = 0
+    guard_trips: int = 0
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What one tick decided. ``q_command`` is None only when no joint state was ever received
+    (there is no known safe position to command)."""
+
+    stamp: float
+    q_command: np.ndarray | None  # arm joint order of the kinematics
+    gripper_command: float  # 1 = open, 0 = closed
+    finger_positions: np.ndarray  # one per gripper joint (m), within their limits
+    source: str
+    reason: str
+    stats: TickStats
+    period_s: float = math.nan  # measured time since the previous tick
+    q_measured: np.ndarray | None = None  # newest joint measurement at the tick
+
+
+@dataclass
+class _Action:
+    action: np.ndarray
+    obs_stamp: float
+    received: float
+    used: bool = False
+
+
+@dataclass
+class _Counters:
+    values: dict[str, int] = field(default_factory=lambda: {f: 0 for f in TickStats.__dataclass_fields__})
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.values[name] += n
+
+    def snapshot(self) -> TickStats:
+        return TickStats(**self.values)
+
+
+class Controller:
+    """Decides each tick's command from the latest inputs; see the module docstring."""
+
+    def __init__(self, kin: ArmKinematics, config: ControllerConfig | None = None) -> None:
+        self.kin = kin
+        self.config = config or ControllerConfig()
+        self._lock = threading.Lock()
+        self._new_obs = threading.Condition(self._lock)
+        self._kf = JointKalmanFilter(kin, self.config.period_s)
+        self._counters = _Counters()
+        self._enabled = False
+        self._instruction = ""
+        # latest inputs: (value, arrival time)
+        self._q: np.ndarray | None = None
+        self._gripper_opening = 0.0
+        self._q_rx = -math.inf
+        self._image: np.ndarray | None = None
+        self._image_rx = -math.inf
+        self._obs_seq = 0
+        self._action: _Action | None = None
+        # outputs
+        self._gripper_cmd = self.config.gripper_initial
+        self._last_cmd: np.ndarray | None = None
+        self._last_tick: float | None = None
+        self._hold_q: np.ndarray | None = None
+        self._hold_reason = ""
+        self._inference_fault = ""  # why the inference worker is down ('' = up): hold meanwhile
+        self._config_fault = ""  # e.g. a robot description that contradicts the URDF in use: hold
+        self._periods: deque[float] = deque(maxlen=self.config.jitter_window)
+        self._max_opening = float(kin.gripper_limits.upper.max()) if kin.gripper_joint_names else 0.0
+        # Reach of the arm from its measured position within one command's horizon.
+        self._reach_dt = max(self.config.period_s, self.config.action_dt_s)
+
+    # --- inputs (any thread) ------------------------------------------------------------------
+    def on_joint_state(self, q: np.ndarray, gripper_opening: float | None, now: float) -> str | None:
+        """Store a measurement (arm order). Returns an error message if it was rejected, or a notice
+        when the clock went back by more than a period (then the sample is taken, see
+        ``_clock_went_back_locked``)."""
+        q = np.asarray(q, dtype=float)
+        notice = None
+        with self._lock:
+            if q.shape != (self.kin.n,) or not np.all(np.isfinite(q)):
+                self._counters.add("inputs_rejected")
+                return f"joint state rejected: expected {self.kin.n} finite positions, got {q}"
+            beyond = np.maximum(self.kin.limits.lower - q, q - self.kin.limits.upper)
+            if np.any(beyond > IMPLAUSIBLE_BEYOND_LIMIT):
+                self._counters.add("inputs_rejected")
+                worst = int(np.argmax(beyond))
+                return (f"joint state rejected: {self.kin.joint_names[worst]} = {q[worst]:.6g} rad is more than "
+                        f"{IMPLAUSIBLE_BEYOND_LIMIT:.2f} rad outside its limits")
+            if now < self._q_rx:
+                if self._q_rx - now <= self.config.period_s:
+                    self._counters.add("inputs_rejected")
+                    return f"joint state rejected: time went backwards ({now:.6f} < {self._q_rx:.6f})"
+                notice = self._clock_went_back_locked("joint state", now, self._q_rx)
+            if self._q is not None and self._is_jump(q, now):
+                self._restart_locked()
+            self._kf.update(q, now)  # equal stamps are skipped by the filter
+            self._q, self._q_rx = q, now
+            if gripper_opening is not None and math.isfinite(gripper_opening):
+                self._gripper_opening = float(gripper_opening)
+        return notice
+
+    def on_image(self, image: np.ndarray, now: float) -> str | None:
+        """Store an RGB uint8 image (already at the model's input size)."""
+        with self._lock:
+            if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+                self._counters.add("inputs_rejected")
+                return f"image rejected: expected uint8 HxWx3 RGB, got {image.dtype} {image.shape}"
+            notice = None
+            if now < self._image_rx:
+                if self._image_rx - now <= self.config.period_s:
+                    self._counters.add("inputs_rejected")
+                    return f"image rejected: time went backwards ({now:.6f} < {self._image_rx:.6f})"
+                notice = self._clock_went_back_locked("image", now, self._image_rx)
+            self._image, self._image_rx = image, now
+            self._obs_seq += 1
+            self._new_obs.notify_all()
+        return notice
+
+    def _clock_went_back_locked(self, what: str, now: float, before: float) -> str:
+        """The clock itself went back (sim reset, bag played again): arrival times are on that
+        clock, so the sample is current. Motion history and pending actions belong to the old
+        timeline; the other input keeps its old, now future, stamp and counts as stale until it
+        arrives again (the watchdog holds meanwhile)."""
+        self._kf.reset()
+        self._action = None
+        self._last_tick = None
+        return (f"{what}: time went backwards by {before - now:.3f} s ({now:.6f} < {before:.6f}): clock reset, "
+                f"filter and pending action dropped, holding until every input is current")
+
+    def set_instruction(self, text: str) -> str | None:
+        text = text.strip()
+        with self._lock:
+            if not text:
+                self._counters.add("inputs_rejected")
+                return "instruction rejected: it is empty"
+            if text != self._instruction:
+                self._instruction = text
+                self._action = None  # an action for the old task must not be executed
+        return None
+
+    def set_enabled(self, enabled: bool) -> None:
+        with self._lock:
+            if enabled and not self._enabled:
+                self._action = None  # nothing decided while disabled is executed later
+            self._enabled = bool(enabled)
+
+    def set_inference_fault(self, reason: str) -> None:
+        """The inference worker is down (its process died, ...): hold the measured position and report
+        ``reason`` until it is cleared with ''. Extrapolating with the filter for the seconds a
+        restart takes would carry the arm's last motion on."""
+        with self._lock:
+            self._inference_fault = reason.strip()
+            if self._inference_fault:
+                self._action = None
+
+    def set_config_fault(self, reason: str) -> None:
+        """Hold the measured position with ``reason`` until cleared with '' (the node's set-up no
+        longer matches the robot, e.g. a late robot description that differs)."""
+        with self._lock:
+            self._config_fault = reason.strip()
+            if self._config_fault:
+                self._action = None
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @property
+    def instruction(self) -> str:
+        return self._instruction
+
+    # --- inference side -----------------------------------------------------------------------
+    def wait_observation(self, after_seq: int, timeout: float) -> tuple[int, Observation] | None:
+        """Block until an observation newer than ``after_seq`` exists (image, joints and an
+        instruction); return (seq, observation) or None on timeout. ``stamp`` = image arrival."""
+        with self._new_obs:
+            ready = self._new_obs.wait_for(
+                lambda: self._obs_seq > after_seq and self._q is not None and bool(self._instruction), timeout
+            )
+            if not ready or self._image is None or self._q is None:
+                return None
+            obs = Observation(self._image, self._instruction, self._q.copy(),
+                              float(np.clip(self._gripper_opening, 0.0, self._max_opening or np.inf)),
+                              self._image_rx)
+            return self._obs_seq, obs
+
+    def on_action(self, action: np.ndarray, obs_stamp: float, now: float, instruction: str | None = None) -> str | None:
+        """Hand over a verified 7-D action computed from the observation stamped ``obs_stamp``."""
+        try:
+            action = validate_action(action)
+        except ValueError as err:
+            with self._lock:
+                self._counters.add("inputs_rejected")
+            return f"action rejected: {err}"
+        with self._lock:
+            if instruction is not None and instruction != self._instruction:
+                self._counters.add("actions_expired")
+                return "action dropped: the instruction changed while it was computed"
+            self._counters.add("actions_received")
+            if self._action is not None and not self._action.used:
+                self._counters.add("actions_replaced")
+            self._action = _Action(action, float(obs_stamp), float(now))
+        return None
+
+    # --- the tick -----------------------------------------------------------------------------
+    def tick(self, now: float) -> TickResult:
+        with self._lock:
+            if self._last_tick is not None and now < self._last_tick - self.config.period_s:
+                self._clock_went_back_locked("tick", now, self._last_tick)  # the watchdog holds below
+            period = math.nan if self._last_tick is None else now - self._last_tick
+            self._counters.add("ticks")
+            if math.isfinite(period):
+                self._periods.append(period)
+                if period > self.config.period_s * (1.0 + self.config.deadline_tolerance):
+                    self._counters.add("deadline_misses")
+            self._last_tick = now
+
+            hold_reason = self._hold_reason_locked(now)
+            if hold_reason:
+                q_cmd, source, reason = self._hold_locked(hold_reason), "hold", hold_reason
+            else:
+                self._hold_q, self._hold_reason = None, ""
+                q_cmd, source, reason = self._policy_or_fallback_locked(now)
+            q_cmd = self._guard_locked(q_cmd)
+            self._counters.add(f"{source}_ticks")
+            if q_cmd is not None:
+                self._counters.add("ticks_published")
+                self._last_cmd = q_cmd
+            fingers = self._finger_positions(self._gripper_cmd)
+            return TickResult(now, None if q_cmd is None else q_cmd.copy(), self._gripper_cmd, fingers, source,
+                              reason, self._counters.snapshot(), period,
+                              None if self._q is None else self._q.copy())
+
+    def _hold_reason_locked(self, now: float) -> str:
+        cfg = self.config
+        if self._q is None:
+            return "no joint state received"
+        if stale := self._stale_reason("joint states", self._q_rx, cfg.joint_state_timeout_s, now):
+            return stale
+        if self._image is None:
+            return "no camera image received"
+        if stale := self._stale_reason("camera", self._image_rx, cfg.camera_timeout_s, now):
+            return stale
+        if not self._enabled:
+            return "disabled"
+        if not self._instruction:
+            return "waiting for an instruction"
+        if self._inference_fault:
+            return f"inference unavailable: {self._inference_fault}"
+        if self._config_fault:
+            return self._config_fault
+        return ""
+
+    def _stale_reason(self, what: str, received: float, timeout_s: float, now: float) -> str:
+        """Why an input received at ``received`` is too old (or stamped ahead of ``now``), else ''."""
+        if now - received > timeout_s:
+            return f"{what} stale ({now - received:.3f} s > {timeout_s} s)"
+        if received - now > self.config.period_s:
+            return f"{what} stale (stamped {received - now:.3f} s ahead: the clock went back)"
+        return ""
+
+    def _hold_locked(self, reason: str) -> np.ndarray | None:
+        self._hold_reason = reason
+        if self._q is None:
+            return None
+        if self._hold_q is None:  # latch the measured position when the hold begins
+            self._hold_q = np.clip(self._q, self.kin.limits.lower, self.kin.limits.upper)
+            self._action = None
+        self._hold_reason = reason
+        return self._hold_q
+
+    def _policy_or_fallback_locked(self, now: float) -> tuple[np.ndarray, str, str]:
+        assert self._q is not None
+        act = self._action
+        if act is not None and not act.used:
+            age = now - act.obs_stamp
+            if age <= self.config.action_timeout_s:
+                act.used = True
+                self._counters.add("actions_used")
+                q_target, gripper = action_to_joint_targets(self.kin, self._q, act.action, self.config.action_dt_s)
+                self._gripper_cmd = gripper
+                return q_target, "policy", f"action from observation {age * 1e3:.1f} ms old"
+            act.used = True
+            self._counters.add("actions_expired")
+            why = f"newest action expired ({age:.3f} s > {self.config.action_timeout_s} s)"
+        else:
+            why = "no fresh action"
+        # Extrapolate from the last measurement to one action step past now: the filter stands in
+        # for the action the policy would have sent, with the same lead on the servo.
+        if self._kf.initialized and self._kf.stamp is not None:
+            horizon = max(now - self._kf.stamp, 0.0) + self.config.action_dt_s
+            return self._kf.predict_q(horizon), "fallback", why + "; Kalman prediction"
+        return self._q.copy(), "fallback", why + "; filter not initialised, measured position"
+
+    def _guard_locked(self, q_cmd: np.ndarray | None) -> np.ndarray | None:
+        if q_cmd is None:
+            return None
+        q = np.asarray(q_cmd, dtype=float)
+        if self._q is not None:
+            q = self.kin.clamp(q, self._q, self._reach_dt)
+        if self._last_cmd is not None:
+            q = self.kin.clamp(q, self._last_cmd, self.config.period_s)
+        if q.shape == (self.kin.n,) and np.all(np.isfinite(q)) and self.kin.within_limits(q):
+            return q
+        self._counters.add("guard_trips")
+        if self._last_cmd is not None:
+            return self._last_cmd
+        if self._q is not None and np.all(np.isfinite(self._q)):
+            return np.clip(self._q, self.kin.limits.lower, self.kin.limits.upper)
+        return None
+
+    def _finger_positions(self, gripper_cmd: float) -> np.ndarray:
+        opening = gripper_command_to_opening(gripper_cmd, self._max_opening)
+        return np.clip(np.full(len(self.kin.gripper_joint_names), opening), self.kin.gripper_limits.lower,
+                       self.kin.gripper_limits.upper)
+
+    def _is_jump(self, q: np.ndarray, now: float) -> bool:
+        assert self._q is not None
+        dt = max(now - self._q_rx, 0.0)
+        reach = np.where(np.isfinite(self.kin.limits.velocity), self.kin.limits.velocity, 10.0) * dt
+        return bool(np.any(np.abs(q - self._q) > reach + JUMP_SLACK))
+
+    def _restart_locked(self) -> None:
+        """The arm was moved from outside (episode reset): forget motion, actions and old commands."""
+        self._kf.reset()
+        self._action = None
+        self._last_cmd = None
+        self._hold_q = None
+
+    # --- reporting ----------------------------------------------------------------------------
+    @property
+    def stats(self) -> TickStats:
+        with self._lock:
+            return self._counters.snapshot()
+
+    @property
+    def hold_reason(self) -> str:
+        return self._hold_reason
+
+    def timing(self) -> dict[str, Any]:
+        """Tick period statistics over the recent window (ms)."""
+        with self._lock:
+            periods = np.asarray(self._periods, dtype=float)
+        if periods.size == 0:
+            return {"rate_hz": 0.0, "period_ms_p50": 0.0, "jitter_ms_p50": 0.0, "jitter_ms_p99": 0.0, "jitter_ms_max": 0.0, "samples": 0}
+        jitter = np.abs(periods - self.config.period_s) * 1e3
+        return {
+            "rate_hz": float(1.0 / periods.mean()) if periods.mean() > 0 else 0.0,
+            "period_ms_p50": float(np.median(periods) * 1e3),
+            "jitter_ms_p50": float(np.percentile(jitter, 50)),
+            "jitter_ms_p99": float(np.percentile(jitter, 99)),
+            "jitter_ms_max": float(jitter.max()),
+            "samples": int(periods.size),
+        }

@@ -1,0 +1,242 @@
+"""Typed settings: frozen dataclasses whose fields carry their ROS documentation (a description and a
+numeric range or a set of choices), validated on construction with messages that name the
+parameter, and mapped to and from ROS parameters and YAML parameter files. A field may hold another
+settings dataclass (:func:`nested`) whose fields are flat parameters of the enclosing one, so a
+config can group related settings while the ROS interface stays a flat list. Importable without
+rclpy or torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A setting is missing, of the wrong type or out of range; the message names it."""
+
+
+def setting(default: Any, description: str, *, range: tuple[float, float] | None = None,
+            choices: tuple[str, ...] | None = None, dynamic: bool = False, kw_only: bool = False) -> Any:
+    """A dataclass field documented for ROS: description, numeric range or choices."""
+    meta = {"description": description, "range": range, "choices": choices, "dynamic": dynamic}
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: tuple(default), metadata=meta, kw_only=kw_only)
+    return field(default=default, metadata=meta, kw_only=kw_only)
+
+
+@dataclass(frozen=True)
+class _Group:
+    """How a nested settings field names its sub-fields as flat parameters."""
+
+    prefix: str
+    names: Mapping[str, str]
+
+    def name(self, field_name: str) -> str:
+        return self.names.get(field_name, self.prefix + field_name)
+
+
+def nested(default: Any, *, prefix: str = "", names: Mapping[str, str] | None = None) -> Any:
+    """A dataclass field holding another settings dataclass whose fields are flat parameters of the
+    enclosing one: each is named ``prefix`` + its field name, or what ``names`` maps its field name to.
+    ``default`` (an instance of a frozen settings dataclass) gives the parameters' defaults; the
+    descriptions, ranges and choices come from the nested class's own fields."""
+    names = dict(names or {})
+    unknown = sorted(set(names) - {f.name for f in dataclasses.fields(default)})
+    if unknown:
+        raise TypeError(f"nested(): {type(default).__name__} has no field(s) {', '.join(unknown)}")
+    return field(default_factory=lambda: default, metadata={"group": _Group(prefix, names)})
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """What a node needs to declare one parameter."""
+
+    name: str
+    kind: type  # bool, int, float, str or tuple (string array)
+    default: Any
+    description: str
+    range: tuple[float, float] | None
+    choices: tuple[str, ...] | None
+    dynamic: bool
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    """One flat parameter: where its value lives in a (possibly nested) config and how it is checked."""
+
+    name: str
+    path: tuple[str, ...]  # attribute names from the outer config down to the value
+    kind: type
+    default: Any
+    metadata: Mapping[str, Any]
+
+
+def _kind(hint: Any) -> type:
+    return tuple if getattr(hint, "__origin__", None) is tuple else hint
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+def _walk(cls: type, defaults: Any, rename: Callable[[str], str], path: tuple[str, ...]) -> list[_Leaf]:
+    leaves = []
+    for f in dataclasses.fields(cls):
+        value = getattr(defaults, f.name) if defaults is not None else _default(f)
+        group = f.metadata.get("group")
+        if group is None:
+            leaves.append(_Leaf(rename(f.name), (*path, f.name), _kind(_hints(cls)[f.name]), value, f.metadata))
+        else:
+            leaves += _walk(_hints(cls)[f.name], value, lambda n, g=group: rename(g.name(n)), (*path, f.name))
+    return leaves
+
+
+@cache
+def _leaves(cls: type) -> tuple[_Leaf, ...]:
+    """Every flat parameter of config class ``cls``, nested ones in place, in declaration order."""
+    leaves = _walk(cls, None, lambda name: name, ())
+    names = [leaf.name for leaf in leaves]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise TypeError(f"{cls.__name__} maps several fields to parameter(s) {', '.join(duplicates)}")
+    return tuple(leaves)
+
+
+def _checked(name: str, value: Any, kind: type, metadata: Mapping[str, Any]) -> Any:
+    """``value`` of parameter ``name`` normalised (int -> float, list -> tuple), or ConfigError."""
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"parameter '{name}' must be a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"parameter '{name}' must be finite, got {value!r}")
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"parameter '{name}' must be an integer, got {value!r}")
+    elif kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"parameter '{name}' must be true or false, got {value!r}")
+    elif kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"parameter '{name}' must be a string, got {value!r}")
+    else:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"parameter '{name}' must be a list of strings, got {value!r}")
+        value = tuple(value)
+    lo_hi = metadata.get("range")
+    if lo_hi is not None and not (lo_hi[0] <= value <= lo_hi[1]):
+        raise ConfigError(f"parameter '{name}' = {value!r} is out of range [{lo_hi[0]}, {lo_hi[1]}]: "
+                          f"{metadata['description']}")
+    choices = metadata.get("choices")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"parameter '{name}' = {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def check_fields(cfg: Any) -> None:
+    """Type and range checks shared by every config class (called from ``__post_init__``); the
+    fields of a :func:`nested` config are checked too, each under its flat parameter name."""
+    _check(cfg, lambda name: name)
+
+
+def _check(cfg: Any, rename: Callable[[str], str]) -> None:
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        hint = _hints(type(cfg))[f.name]
+        group = f.metadata.get("group")
+        if group is None:
+            object.__setattr__(cfg, f.name, _checked(rename(f.name), value, _kind(hint), f.metadata))
+            continue
+        if not isinstance(value, hint):
+            raise ConfigError(f"setting '{f.name}' must be a {hint.__name__}, got {value!r}")
+        _check(value, lambda n, g=group: rename(g.name(n)))
+
+
+C = TypeVar("C")
+
+
+def parameter_specs(cls: type) -> list[ParamSpec]:
+    """One :class:`ParamSpec` per parameter of a config dataclass, in declaration order (a nested
+    config's parameters where it is declared)."""
+    return [ParamSpec(leaf.name, leaf.kind, leaf.default, leaf.metadata["description"], leaf.metadata.get("range"),
+                      leaf.metadata.get("choices"), leaf.metadata.get("dynamic", False)) for leaf in _leaves(cls)]
+
+
+def from_params(cls: type[C], params: Mapping[str, Any]) -> C:
+    """Build a config from a ``{name: value}`` mapping (ROS parameters or YAML); unknown names are errors.
+    Each value is checked under its parameter name before any config is built from it."""
+    leaves = {leaf.name: leaf for leaf in _leaves(cls)}
+    unknown = sorted(set(params) - set(leaves))
+    if unknown:
+        raise ConfigError(f"unknown parameter(s) for {cls.__name__}: {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(leaves))}")
+    values = {leaves[name].path: _checked(name, value, leaves[name].kind, leaves[name].metadata)
+              for name, value in params.items()}
+    return _build(cls, values, None)
+
+
+def _build(cls: type[C], values: Mapping[tuple[str, ...], Any], defaults: Any) -> C:
+    """``cls`` from the values by attribute path; fields without one keep ``defaults``' values (or the
+    field defaults)."""
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.metadata.get("group") is None:
+            if (f.name,) in values:
+                kwargs[f.name] = values[(f.name,)]
+            continue
+        inner = {path[1:]: v for path, v in values.items() if path[0] == f.name}
+        if inner:
+            base = getattr(defaults, f.name) if defaults is not None else _default(f)
+            kwargs[f.name] = _build(_hints(cls)[f.name], inner, base)
+    return dataclasses.replace(defaults, **kwargs) if defaults is not None else cls(**kwargs)
+
+
+def to_params(cfg: Any) -> dict[str, Any]:
+    """The config as flat plain ROS/YAML values (string arrays as lists)."""
+    params = {}
+    for leaf in _leaves(type(cfg)):
+        value = cfg
+        for attr in leaf.path:
+            value = getattr(value, attr)
+        params[leaf.name] = list(value) if isinstance(value, tuple) else value
+    return params
+
+
+def load_yaml_params(path: str | Path, node_name: str) -> dict[str, Any]:
+    """Parameters of ``node_name`` from a ros2 parameter file (``node: {ros__parameters: ...}``,
+    ``/**`` applies to every node) or from a flat mapping."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"cannot read parameter file {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"parameter file {path} must hold a mapping, got {type(data).__name__}")
+    sections = [v for k, v in data.items() if isinstance(v, dict) and "ros__parameters" in v
+                and k.strip("/") in ("**", node_name)]
+    if not sections and any(isinstance(v, dict) and "ros__parameters" in v for v in data.values()):
+        return {}
+    if not sections:
+        return dict(data)
+    merged: dict[str, Any] = {}
+    for section in sections:
+        merged.update(section["ros__parameters"] or {})
+    return merged
+
+
+def dump_yaml_params(cfg: Any, node_name: str) -> str:
+    """A ros2 parameter file for one node holding every setting of ``cfg``."""
+    return yaml.safe_dump({node_name: {"ros__parameters": to_params(cfg)}}, sort_keys=False)

@@ -1,0 +1,404 @@
+"""The decoder bench: every decoder on the same seeded episodes, side by side, in one process (``vla-accel bench``).
+
+Seeds are the outer loop and decoders the inner one, so machine noise hits every decoder alike;
+speed-ups are ratios of latencies measured in this one run, against the registry's ``BASELINE``
+(``ar``). Besides the named decoders, an r sweep of the registry's ``THRESHOLD_SWEPT`` decoders
+(``sd`` at a fixed r, ``kerv`` with r_max = r; each decoder's ``threshold_settings``) traces
+success against speed-up.
+
+Which decoders get which extra rows is asked of the registry and the decoders' capabilities,
+never decided by name here: ``@sequential`` rows for those with ``parallel_draft``,
+``@after_prefill`` rows for those with ``verifies_in_prefill``, the store for those with
+``retrieval_store``, the flow-head check for those with ``flow_head``.
+
+Outputs in DIR: ``summary.json`` (decoder name -> ``success_rate``, ``ncf_rate``, ``ncf_share``,
+``mean_accepted_len``, ``target_passes_per_action``, ``decode_ms_p50``, ``total_ms_p50``,
+``total_ms_p99``, ``wall_ms_p50`` (the wall time around the runner's call per action; None when the
+episode summary has none), ``speedup_vs_ar``, ``decode_speedup_vs_ar``, …), ``sweep.json``, ``table.md``,
+``pareto.png`` (success vs speed-up over the sweep) and ``threshold_trace.png`` (r and acceptance
+per step of one episode). Incremental-vision rows (``DECODER+iv``, ``DECODER+ivkv``) also hold
+``prefill_speedup_vs_full``: the same decoder's full-vision prefill p50 over theirs. The row of a
+decoder with a retrieval store (``heisd``) also holds ``retrieval_mode_share``,
+``verify_skip_share``, ``retrieval_accept_rate`` and ``retrieval_query_ms_p50``; it needs a
+retrieval store (``--store``, default CHECKPOINT/retrieval_store, from ``vla-accel build-store``).
+
+``--contact-bounds R_MIN:R_MAX,...`` adds the registry's ``CONTACT_COMPARISON`` pair (``kerv`` and
+``world_aware``) at each of those same r bounds (rows ``DECODER@r=[R_MIN,R_MAX]``) and ``contact_bounds.png``: at bounds loose enough for
+``kerv`` to fail near contact, what the contact signal saves.
+
+With ``--wa-checkpoint`` (a checkpoint from ``vla-accel train-world``), ``wa_prefill+X`` rows run
+decoder X with that checkpoint's world-aware prefill on the same seeds (same summary.json keys;
+speed-ups vs AR are against the base AR), and ``wa_comparison.json`` / ``.md`` set each against X:
+success, NCF share, accepted length and the speed-up over X alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vla_accel_ros.decoding import (
+    BASELINE,
+    CONTACT_COMPARISON,
+    DECODERS,
+    THRESHOLD_SWEPT,
+    decoders_with,
+    threshold_sweep,
+)
+from vla_accel_ros.decoding.retrieval import default_store_dir
+from vla_accel_ros.decoding.wa_prefill import (
+    WA_DEFAULT_BASES,
+    WA_PREFILL_PREFIX,
+    split_prefill,
+)
+from vla_accel_ros.evaluation.episode import EpisodeRecord
+from vla_accel_ros.evaluation.options import decoder_options
+from vla_accel_ros.models import Policy, load_checkpoint
+
+SWEEP_R = (3, 5, 9, 15, 20)
+SEQUENTIAL_SUFFIX = "@sequential"
+AFTER_PREFILL_SUFFIX = "@after_prefill"
+TEMPERATURE_PREFIX = "@T="
+# The speed-ups the accelerated decoders aim for (decode, end to end), drawn on pareto.png.
+DECODE_SPEEDUP_TARGET = 2.5
+E2E_SPEEDUP_TARGET = 1.5
+# The mode shares and store query time of a decoder with a retrieval store, copied into its row.
+RETRIEVAL_KEYS = ("retrieval_mode_share", "verify_skip_share", "retrieval_accept_rate", "retrieval_query_ms_p50")
+SWEEP_COLOURS = ("tab:orange", "tab:blue", "tab:purple", "tab:brown", "tab:olive")  # one per THRESHOLD_SWEPT decoder
+
+
+def parallel_draft_decoders() -> tuple[str, ...]:
+    """The decoders that draft with the parallel head when the checkpoint has one (``@sequential`` rows)."""
+    return decoders_with(lambda capabilities: capabilities.parallel_draft)
+
+
+def prefill_verifying_decoders() -> tuple[str, ...]:
+    """The decoders that verify inside the prefill by default (``@after_prefill`` rows)."""
+    return decoders_with(lambda capabilities: capabilities.verifies_in_prefill)
+
+
+def flow_head_decoders() -> tuple[str, ...]:
+    """The decoders that need a checkpoint with a continuous action head."""
+    return decoders_with(lambda capabilities: capabilities.flow_head)
+
+
+def store_decoders() -> tuple[str, ...]:
+    """The decoders that need a retrieval store."""
+    return decoders_with(lambda capabilities: capabilities.retrieval_store)
+
+
+@dataclass(frozen=True)
+class BenchEntry:
+    """One column of the bench: a decoder with its settings under a display name."""
+
+    name: str
+    decoder: str
+    settings: tuple[tuple[str, Any], ...] = ()
+    sweep_r: int | None = None
+    incremental_vision: bool = False
+    reuse_kv: bool = False
+    wa_prefill: bool = False  # run by the --wa-checkpoint policy (world-aware prefill)
+    temperature: float | None = None  # token sampling temperature; None = the run's --temperature
+    bounds: tuple[int, int] | None = None  # (r_min, r_max) of a --contact-bounds entry
+
+
+def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = False,
+                  reuse_kv: bool = False, sequential_draft: bool = False,
+                  temperatures: tuple[float, ...] = (),
+                  contact_bounds: tuple[tuple[int, int], ...] = (),
+                  after_prefill: bool = False) -> list[BenchEntry]:
+    entries = [BenchEntry(name, name) for name in decoders]
+    # the contact comparison at the same (loose) r bounds: what contact awareness does to NCF
+    entries += [BenchEntry(bounds_name(name, lo, hi), name, (("r_min", lo), ("r_max", hi)), bounds=(lo, hi))
+                for lo, hi in contact_bounds for name in CONTACT_COMPARISON]
+    # the baseline again at each temperature (ar@T=...): what sampling does to success, on the same episodes
+    entries += [BenchEntry(f"{BASELINE}{TEMPERATURE_PREFIX}{t:g}", BASELINE, temperature=t) for t in temperatures]
+    if sequential_draft:  # the parallel-draft decoders again, drafting with the sequential head
+        parallel = parallel_draft_decoders()
+        entries += [BenchEntry(f"{name}{SEQUENTIAL_SUFFIX}", name, (("parallel_draft", False),))
+                    for name in decoders if name in parallel]
+    if after_prefill:  # the prefill-verifying decoders again, verifying after the prefill on every step
+        verifying = prefill_verifying_decoders()
+        entries += [BenchEntry(f"{name}{AFTER_PREFILL_SUFFIX}", name, (("prefill_verify", False),))
+                    for name in decoders if name in verifying]
+    if incremental_vision:  # the same decoders again, prefilling only the patches that changed
+        entries += [BenchEntry(f"{name}+iv", name, incremental_vision=True) for name in decoders]
+    if reuse_kv:  # and again, also reusing the keys/values of unchanged prefix tokens
+        entries += [BenchEntry(f"{name}+ivkv", name, incremental_vision=True, reuse_kv=True) for name in decoders]
+    if sweep:
+        for r in SWEEP_R:
+            for name in DECODERS:
+                settings = threshold_sweep(name, r)
+                if settings is not None:
+                    entries.append(BenchEntry(f"{name}@r={r}", name, tuple(settings.items()), r))
+    # "wa_prefill+X" entries run decoder X with the world-aware policy
+    return [replace(e, decoder=e.decoder[len(WA_PREFILL_PREFIX):], wa_prefill=True)
+            if e.decoder.startswith(WA_PREFILL_PREFIX) else e for e in entries]
+
+
+def wa_setup(args: argparse.Namespace, decoders: list[str], policy: Policy) -> Policy | None:
+    """The ``--wa-checkpoint`` policy, None without one. Adds ``wa_prefill+X`` for the default
+    bases when no decoders were named, and every X that a ``wa_prefill+X`` is compared with."""
+    if args.wa_checkpoint is not None and args.decoders is None:
+        decoders += [WA_PREFILL_PREFIX + d for d in WA_DEFAULT_BASES if d in DECODERS and d in decoders]
+    try:
+        split = [split_prefill(d) for d in decoders]
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+    bases = [base for base, wa in split if wa]
+    if not bases:
+        if args.wa_checkpoint is not None:
+            raise SystemExit(f"--wa-checkpoint needs a {WA_PREFILL_PREFIX}X decoder among --decoders")
+        return None
+    if args.wa_checkpoint is None:
+        raise SystemExit(f"{WA_PREFILL_PREFIX}X decoders need --wa-checkpoint (a checkpoint from vla-accel train-world)")
+    wa_policy = load_checkpoint(args.wa_checkpoint)
+    if wa_policy.world is None:
+        raise SystemExit(f"{args.wa_checkpoint} has no world component: run vla-accel train-world")
+    if wa_policy.config.image_size != policy.config.image_size:
+        raise SystemExit(f"{args.wa_checkpoint} and the base checkpoint use different image sizes")
+    flow_decoders = flow_head_decoders()
+    if wa_policy.flow is None and any(b in flow_decoders for b in bases):
+        raise SystemExit(f"{args.wa_checkpoint} has no continuous action head for {', '.join(flow_decoders)}")
+    for base in bases:  # each wa_prefill+X is reported against X from this same run (listed just before it)
+        if base not in decoders:
+            decoders.insert(decoders.index(WA_PREFILL_PREFIX + base), base)
+    return wa_policy
+
+
+def wa_comparison(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each ``wa_prefill+X`` row against X: success, NCF share and the speed-up of the world-aware
+    prefill over X alone (X's end-to-end latency / its own), all from this one run."""
+    out = {}
+    for name, wa in rows.items():
+        base = rows.get(name[len(WA_PREFILL_PREFIX):]) if name.startswith(WA_PREFILL_PREFIX) else None
+        if base is None:
+            continue
+        out[name] = {
+            "base": name[len(WA_PREFILL_PREFIX):],
+            "success_rate": wa["success_rate"],
+            "base_success_rate": base["success_rate"],
+            "ncf_share": wa["ncf_share"],
+            "base_ncf_share": base["ncf_share"],
+            "ncf_share_relative_change": (wa["ncf_share"] / base["ncf_share"] - 1.0) if base["ncf_share"] else None,
+            "mean_accepted_len": wa["mean_accepted_len"],
+            "base_mean_accepted_len": base["mean_accepted_len"],
+            "speedup_vs_base": base["total_ms_p50"] / wa["total_ms_p50"],
+            "decode_speedup_vs_base": base["decode_ms_p50"] / wa["decode_ms_p50"],
+        }
+    return out
+
+
+def wa_table(comparison: dict[str, dict[str, Any]]) -> str:
+    lines = ["| world-aware prefill | SR (base -> wa) | NCF share (base -> wa) | accepted len (base -> wa) | "
+             "decode speed-up vs base | e2e speed-up vs base |", "|" + "---|" * 6]
+    for name, c in comparison.items():
+        lines.append(
+            f"| {name} vs {c['base']} | {c['base_success_rate']:.0%} -> {c['success_rate']:.0%} | "
+            f"{c['base_ncf_share']:.0%} -> {c['ncf_share']:.0%} | {c['base_mean_accepted_len']:.2f} -> "
+            f"{c['mean_accepted_len']:.2f} | {c['decode_speedup_vs_base']:.2f}x | {c['speedup_vs_base']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def row(summary: dict[str, Any], ar: dict[str, Any] | None, plain_prefill_ms: float | None = None) -> dict[str, Any]:
+    """One decoder's summary.json entry. For a decoder whose proposal the prefill verified on some
+    steps, ``decode_ms_p50`` counts the extra rows of that prefill as decoding: total p50 minus
+    ``plain_prefill_ms``, the prefill p50 of the baseline with the same vision in the same run (the
+    decoder's own time after its prefill is ``decode_after_prefill_ms_p50``). ``wall_ms_p50`` is the
+    wall time around the runner's call per action, None when ``summary`` has none."""
+    lat = summary["latency_ms"]
+    out = {
+        "success_rate": summary["success_rate"],
+        "ncf_rate": summary["ncf_rate"],
+        "ncf_share": summary["ncf_share"],
+        "mean_accepted_len": summary["mean_accepted_len"],
+        "acceptance_rate": summary["acceptance_rate"],
+        "target_passes_per_action": summary["target_passes_per_action"],
+        "draft_passes_per_action": summary["draft_passes_per_action"],
+        "vision_recomputed_fraction": summary["vision_recomputed_fraction"],
+        "prefill_ms_p50": lat["prefill_p50"],
+        "decode_ms_p50": lat["decode_p50"],
+        "head_ms_p50": lat["head_p50"],  # continuous heads only (None otherwise): the sampler's own time
+        "total_ms_p50": lat["total_p50"],
+        "total_ms_p99": lat["total_p99"],
+        "total_ms_mean": lat["total_mean"],
+        "wall_ms_p50": lat.get("wall_p50"),  # around the runner's call: prefill, decode and what surrounds them
+        "episodes": summary["episodes"],
+    }
+    for key in RETRIEVAL_KEYS:
+        if key in summary:
+            out[key] = summary[key]
+    if "prefill_verified_share" in summary:
+        out["prefill_verified_share"] = summary["prefill_verified_share"]
+        out["prefill_verified_ms_p50"] = lat["prefill_verified_p50"]
+        out["decode_after_prefill_ms_p50"] = lat["decode_p50"]
+        if plain_prefill_ms is not None:
+            out["decode_ms_p50"] = lat["total_p50"] - plain_prefill_ms
+    if ar is not None:
+        out["speedup_vs_ar"] = ar["latency_ms"]["total_p50"] / lat["total_p50"]
+        out["decode_speedup_vs_ar"] = ar["latency_ms"]["decode_p50"] / out["decode_ms_p50"]
+        out["speedup_vs_ar_mean"] = ar["latency_ms"]["total_mean"] / lat["total_mean"]  # time per action
+    return out
+
+
+def plain_prefill_ms(summaries: dict[str, dict[str, Any]], entry: BenchEntry) -> float | None:
+    """The prefill p50 of the baseline with ``entry``'s vision (full, +iv or +ivkv) in this run."""
+    reference = BASELINE + ("+ivkv" if entry.reuse_kv else "+iv" if entry.incremental_vision else "")
+    return summaries[reference]["latency_ms"]["prefill_p50"] if reference in summaries else None
+
+
+def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
+    """One line per row; ``wall ms p50`` is "-" for a row without ``wall_ms_p50``."""
+    header = "| decoder | SR | NCF rate | NCF share | accepted len | target passes/action | draft steps/action | prefill ms p50 | decode ms p50 | total ms p50 | total ms p99 | wall ms p50 | decode speed-up | e2e speed-up | e2e speed-up (mean) |"
+    lines = [header, "|" + "---|" * 15]
+    for name, r in rows.items():
+        wall = r.get("wall_ms_p50")
+        lines.append(
+            f"| {name} | {r['success_rate']:.0%} | {r['ncf_rate']:.0%} | {r['ncf_share']:.0%} | {r['mean_accepted_len']:.2f} | "
+            f"{r['target_passes_per_action']:.2f} | {r['draft_passes_per_action']:.2f} | {r['prefill_ms_p50']:.2f} | {r['decode_ms_p50']:.2f} | {r['total_ms_p50']:.2f} | "
+            f"{r['total_ms_p99']:.2f} | {'-' if wall is None else f'{wall:.2f}'} | "
+            f"{r.get('decode_speedup_vs_ar', float('nan')):.2f}x | {r.get('speedup_vs_ar', float('nan')):.2f}x | {r.get('speedup_vs_ar_mean', float('nan')):.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def plot_pareto(sweep: dict[str, dict[str, Any]], main: dict[str, dict[str, Any]], out: Path) -> None:
+    """Success against decode and end-to-end speed-up: the r sweep of each ``THRESHOLD_SWEPT``
+    decoder as a line, the named rows as points, the speed-up targets as dashed lines (so the plot
+    shows how far off they are) and the band within 2 points of the baseline's success as "matched
+    success"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    panels = (("decode_speedup_vs_ar", "decode speed-up vs AR (same run)", DECODE_SPEEDUP_TARGET),
+              ("speedup_vs_ar", "end-to-end speed-up vs AR (same run)", E2E_SPEEDUP_TARGET))
+    for ax, (key, label, target) in zip(axes, panels):
+        for family, color in zip(THRESHOLD_SWEPT, SWEEP_COLOURS):
+            pts = sorted((v["sweep_r"], v.get(key, 1.0), v["success_rate"])
+                         for k, v in sweep.items() if k.startswith(family + "@"))
+            if pts:
+                ax.plot([p[1] for p in pts], [p[2] for p in pts], "o-", color=color, label=f"{family} (r sweep)")
+                for r, x, y in pts:
+                    ax.annotate(f"r={r}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        for name, v in main.items():
+            if "@" not in name:  # variants (@sequential, @r=[...], @T=...) have their own plots and tables
+                ax.scatter([v.get(key, 1.0)], [v["success_rate"]], marker="s", s=30, label=name, zorder=3)
+        ax.axvline(target, color="tab:red", linestyle="--", linewidth=1)
+        ax.annotate(f"target {target:g}x", (target, 0.02), xycoords=("data", "axes fraction"),
+                    textcoords="offset points", xytext=(4, 0), fontsize=8, color="tab:red")
+        if BASELINE in main:
+            ax.axhspan(main[BASELINE]["success_rate"] - 0.02, main[BASELINE]["success_rate"] + 0.02, color="tab:green",
+                       alpha=0.12, label="matched success (AR ± 2 points)")
+        ax.set_xlim(left=min(0.9, ax.get_xlim()[0]), right=max(target * 1.1, ax.get_xlim()[1]))
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    lowest = min([v["success_rate"] for v in (*sweep.values(), *main.values())], default=1.0)
+    axes[0].set_ylim(max(0.0, min(0.5, lowest - 0.1)), 1.03)  # whole-scale: a flat 100% stays readable
+    axes[0].set_ylabel("success rate")
+    axes[1].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_temperature_sweep(rows: dict[float, dict[str, Any]], out: Path) -> None:
+    """Success and NCF rate of the baseline against the token sampling temperature (0 = greedy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temperatures = sorted(rows)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label, style in (("success_rate", "success", "o-"), ("ncf_rate", "near-contact failure", "s--")):
+        ax.plot(temperatures, [rows[t][key] for t in temperatures], style, label=label)
+    ax.set_xlabel("sampling temperature (0 = greedy)")
+    ax.set_ylabel("rate over the episodes")
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_title(f"{BASELINE}: success against temperature")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_threshold_trace(records: dict[str, EpisodeRecord], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_a) = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
+    for name, rec in records.items():
+        ax_r.plot(rec.thresholds, label=name)
+        ax_a.plot(rec.accepted, label=name)
+    ax_r.set_ylabel("threshold r (bins)")
+    ax_a.set_ylabel("accepted draft tokens")
+    ax_a.set_xlabel(f"control step (seed {next(iter(records.values())).seed})")
+    ax_r.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def bounds_name(decoder: str, r_min: int, r_max: int) -> str:
+    return f"{decoder}@r=[{r_min},{r_max}]"
+
+
+def plot_contact_bounds(rows: dict[str, dict[str, Any]], bounds: tuple[tuple[int, int], ...], out: Path) -> None:
+    """Near-contact failure and success of the ``CONTACT_COMPARISON`` pair at each of the same r bounds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+    x = np.arange(len(bounds))
+    for ax, key, title in ((axes[0], "ncf_rate", "near-contact failure rate"), (axes[1], "success_rate", "success rate")):
+        for k, name in enumerate(CONTACT_COMPARISON):
+            values = [rows[bounds_name(name, lo, hi)][key] for lo, hi in bounds]
+            ax.bar(x + (k - 0.5) * 0.38, values, width=0.38, label=name)
+        ax.set_xticks(x, [f"[{lo}, {hi}]" for lo, hi in bounds])
+        ax.set_xlabel("r bounds [r_min, r_max]")
+        ax.set_title(title)
+        ax.set_ylim(0, 1.05)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+
+
+
+
+
+
+def bench_store_options(args: argparse.Namespace, decoders: list[str], ckpt: Path, policy: Policy) -> dict[str, Any]:
+    """The retrieval store of the decoders that need one (:func:`store_decoders`), loaded once and
+    shared by every entry that runs one of them. Without ``--decoders`` and without a store, they
+    are dropped from ``decoders`` with a note; named explicitly, a missing store ends the run
+    saying how to build one."""
+    needing_store = store_decoders()
+    needs = [d for d in decoders if d.removeprefix(WA_PREFILL_PREFIX) in needing_store]
+    if not needs:
+        return {}
+    if args.decoders is None and args.store is None and not default_store_dir(ckpt).exists():
+        print(f"note: no retrieval store at {default_store_dir(ckpt)}, {', '.join(needing_store)} left out "
+              "(run vla-accel build-store)")
+        for d in needs:
+            decoders.remove(d)
+        return {}
+    return decoder_options(needs[0].removeprefix(WA_PREFILL_PREFIX), args.store, ckpt, policy, ckpt)
+
+

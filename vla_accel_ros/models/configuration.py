@@ -1,0 +1,51 @@
+"""Settings of the models layer that other layers read without loading a model: the incremental-vision
+settings and the sampling temperature's default and bound.
+
+Importable without torch: ``ros/parameters.py`` builds the node's parameters from these before any
+model is loaded (in ``inference_mode: process`` the node never loads one at all).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vla_accel_ros.core.settings import setting
+
+DEFAULT_TEMPERATURE = 0.5  # the shipped policy's setting, chosen on closed-loop success (README)
+MAX_TEMPERATURE = 2.0
+
+
+@dataclass(frozen=True)
+class VisionReuseConfig:
+    """How :class:`~vla_accel_ros.models.incremental_vision.IncrementalVisionEncoder` reuses the
+    encodings of unchanged image patches.
+
+    ``enabled`` says whether a runner uses the incremental encoder at all (the encoder itself does not
+    read it). It is keyword-only: the positional order is ``(threshold, refresh_steps, max_drift,
+    reuse_kv)``. The metadata documents each field as one of the node's ROS parameters (``vision_*``);
+    its ranges are those of the node's interface, enforced where a settings class nests this one
+    (:func:`~vla_accel_ros.core.settings.check_fields`). On its own the class refuses only values the
+    encoder cannot work with.
+    """
+
+    enabled: bool = setting(True, "Re-encode only the image patches that changed since the frame that produced "
+                            "their cached encoding (incremental vision); false = encode every patch of every frame",
+                            kw_only=True)
+    # 8 (0..255): at 4 closed-loop success fell by 6 points (README, "Incremental vision")
+    threshold: float = setting(8.0, "Incremental vision: mean |pixel change| (0..255) that makes a patch dynamic",
+                               range=(0.0, 255.0))
+    refresh_steps: int = setting(20, "Incremental vision: re-encode every patch at least every N frames",
+                                 range=(1, 100000))
+    max_drift: float = setting(2.0, "Incremental vision: mean sub-threshold change of the cached patches that "
+                               "forces a full refresh", range=(0.0, 255.0))
+    reuse_kv: bool = setting(False, "Incremental vision also reuses the global-layer and decoder keys/values of "
+                             "unchanged prefix tokens (faster prefill, approximate; needs vision_reuse)")
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.threshold) and self.threshold >= 0):
+            raise ValueError(f"VisionReuseConfig.threshold must be >= 0, got {self.threshold}")
+        if self.refresh_steps < 1:
+            raise ValueError(f"VisionReuseConfig.refresh_steps must be >= 1, got {self.refresh_steps}")
+        if not (math.isfinite(self.max_drift) and self.max_drift >= 0):
+            raise ValueError(f"VisionReuseConfig.max_drift must be >= 0, got {self.max_drift}")

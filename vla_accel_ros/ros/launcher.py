@@ -1,0 +1,267 @@
+"""The sim bridge and the VLA node as separate processes talking over DDS (what ``vla-accel sim`` runs).
+
+The same two nodes ``sim.launch.py`` starts, without the ros2 CLI: each is a
+``python -m ... --ros-args`` subprocess on a private ROS_DOMAIN_ID. This process drives episodes
+through the bridge's ``~/reset`` and ``~/episode`` topics, then stops the node (SIGINT; it writes
+its statistics), and writes ``DIR/summary.json``, ``DIR/tick_jitter.png`` and
+``DIR/joint_tracking.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE, MAX_TEMPERATURE
+from vla_accel_ros.ros.parameters import OUTPUT_FORMATS
+
+READY_TIMEOUT_S = 90.0
+
+
+@dataclass(frozen=True)
+class SimRunOptions:
+    episodes: int = 3
+    control_rate_hz: float = 20.0
+    decoder: str = "kerv"
+    temperature: float = DEFAULT_TEMPERATURE
+    out: str = "outputs/sim"
+    seed: int = 100_000
+    checkpoint: str = ""
+    duration_s: float = 6.0  # = `vla-accel eval`'s 120 steps at 20 Hz, so success rates compare
+    output: str = "forward_position"
+    executor: str = "single"
+    inference_mode: str = "process"
+    realtime_priority: int = 20
+    domain_id: int = 0  # 0 = derived from the process id (a private domain per run)
+    real_time_factor: float = 1.0
+    inference: bool = True
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise ValueError(f"--episodes must be >= 1, got {self.episodes}")
+        if not 1.0 <= self.control_rate_hz <= 500.0:
+            raise ValueError(f"--control-rate must be in [1, 500] Hz, got {self.control_rate_hz}")
+        if self.duration_s <= 0:
+            raise ValueError(f"--duration-s must be > 0, got {self.duration_s}")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"--temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
+        if self.output not in OUTPUT_FORMATS:
+            raise ValueError(f"--output must be one of {', '.join(OUTPUT_FORMATS)}, got {self.output}")
+        if not 0 <= self.domain_id <= 232:
+            raise ValueError(f"--domain-id must be in [0, 232], got {self.domain_id}")
+
+
+
+
+def ros_args(params: dict[str, Any]) -> list[str]:
+    args = ["--ros-args"]
+    for key, value in params.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        args += ["-p", f"{key}:={text}"]
+    return args
+
+
+def _peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("nan")
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class _Monitor:
+    """A small rclpy node in this process: sends resets, collects episode reports and stats."""
+
+    def __init__(self, domain_id: int) -> None:
+        from std_msgs.msg import String
+
+        from vla_accel_ros.ros.rclpy_util import BackgroundNode
+
+        self._ros = BackgroundNode("vla_accel_sim_runner", domain_id)
+        self.node = self._ros.node
+        self.episodes: list[dict[str, Any]] = []
+        self.stats: dict[str, Any] = {}
+        self.joint_states = 0
+        self._cv = threading.Condition()
+        self.node.create_subscription(String, "/sim_node/episode", self._on_episode, 10)
+        self.node.create_subscription(String, "/vla_accel_node/stats", self._on_stats, 10)
+        from sensor_msgs.msg import JointState
+
+        self.node.create_subscription(JointState, "/joint_states", self._on_joints, 10)
+        self.reset_pub = self.node.create_publisher(String, "/sim_node/reset", 10)
+        self._String = String
+        self._ros.spin(timeout_sec=0.1)
+
+    def _on_episode(self, msg: Any) -> None:
+        with self._cv:
+            self.episodes.append(json.loads(msg.data))
+            self._cv.notify_all()
+
+    def _on_stats(self, msg: Any) -> None:
+        with self._cv:
+            self.stats = json.loads(msg.data)
+            self._cv.notify_all()
+
+    def _on_joints(self, msg: Any) -> None:
+        with self._cv:
+            self.joint_states += 1
+            self._cv.notify_all()
+
+    def wait_for(self, predicate: Any, timeout: float) -> bool:
+        with self._cv:
+            return self._cv.wait_for(predicate, timeout)
+
+    def reset(self, seed: int) -> None:
+        self.reset_pub.publish(self._String(data=json.dumps({"seed": seed})))
+
+    def close(self) -> None:
+        self._ros.close()
+
+
+def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """Run ``opts.episodes`` episodes through ROS topics; returns the summary (also written to disk).
+
+    ``attach(domain_id)`` starts something else on the run's domain (the bag recorder) once the
+    processes are launched; its ``close()`` is called before they are stopped."""
+    from tqdm import tqdm
+
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    domain = opts.domain_id or (100 + os.getpid() % 100)
+    env = dict(os.environ, ROS_DOMAIN_ID=str(domain), MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"),
+               PYTHONUNBUFFERED="1")
+    stats_file = out / "node_stats.json"
+    stats_file.unlink(missing_ok=True)
+    sim_params = {"start_episode": False, "episode_duration_s": float(opts.duration_s), "success_hold_s": 0.15,
+                  "real_time_factor": float(opts.real_time_factor)}
+    node_params = {"control_rate_hz": float(opts.control_rate_hz), "decoder": opts.decoder,
+                   "temperature": float(opts.temperature), "autostart": True,
+                   "output": opts.output, "executor": opts.executor, "stats_file": str(stats_file.resolve()),
+                   "inference": opts.inference, "robot_description_timeout_s": 10.0,
+                   "inference_mode": opts.inference_mode, "realtime_priority": opts.realtime_priority}
+    if opts.checkpoint:
+        node_params["checkpoint"] = str(Path(opts.checkpoint).resolve())
+    logs = [open(out / "sim_node.log", "w"), open(out / "vla_accel_node.log", "w")]
+    sim = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.sim_node", *ros_args(sim_params)],
+                           env=env, stdout=logs[0], stderr=subprocess.STDOUT)
+    node = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.node", *ros_args(node_params)],
+                            env=env, stdout=logs[1], stderr=subprocess.STDOUT)
+    monitor = _Monitor(domain)
+    peak_rss = float("nan")
+    attached = None
+    try:
+        attached = attach(domain) if attach is not None else None
+        ready = monitor.wait_for(lambda: bool(monitor.stats) and monitor.joint_states > 0 or
+                                 node.poll() is not None or sim.poll() is not None, READY_TIMEOUT_S)
+        if not ready or node.poll() is not None or sim.poll() is not None:
+            raise RuntimeError(f"nodes did not come up (node rc={node.poll()}, sim rc={sim.poll()}); "
+                               f"see {out}/vla_accel_node.log and {out}/sim_node.log")
+        bar = tqdm(range(opts.episodes), desc="episodes", disable=not progress)
+        for i in bar:
+            n_before = len(monitor.episodes)
+            monitor.reset(opts.seed + i)
+            done = monitor.wait_for(lambda: len(monitor.episodes) > n_before or node.poll() is not None,
+                                    opts.duration_s / max(opts.real_time_factor, 0.05) + 30.0)
+            if not done or len(monitor.episodes) <= n_before:
+                raise RuntimeError(f"episode {i} (seed {opts.seed + i}) did not finish; node rc={node.poll()}")
+            bar.set_postfix(success=sum(e["success"] for e in monitor.episodes) / len(monitor.episodes))
+        peak_rss = _peak_rss_mb(node.pid)
+    finally:
+        if attached is not None:
+            attached.close()
+        stop_process(node)
+        stop_process(sim)
+        monitor.close()
+        for f in logs:
+            f.close()
+    if not stats_file.is_file():
+        raise RuntimeError(f"the node wrote no statistics to {stats_file}; see {out}/vla_accel_node.log")
+    node_stats = json.loads(stats_file.read_text())
+    summary = _summarise(opts, monitor.episodes, node_stats, peak_rss, domain)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _plot(node_stats, opts.control_rate_hz, out)
+    return summary
+
+
+def _summarise(opts: SimRunOptions, episodes: list[dict[str, Any]], node: dict[str, Any], peak_rss: float,
+               domain: int) -> dict[str, Any]:
+    keys = ("ticks", "ticks_published", "deadline_misses", "policy_ticks", "fallback_ticks", "hold_ticks",
+            "actions_received", "actions_used", "actions_expired", "guard_trips", "inputs_rejected",
+            "period_jitter_ms_p50", "period_jitter_ms_p99", "period_jitter_ms_max", "rate_hz",
+            "inference_latency_ms_p50", "inference_latency_ms_p99", "inference_acceptance",
+            "inference_target_passes_mean", "inference_errors")
+    return {
+        "episodes": len(episodes),
+        "success_rate": float(np.mean([e["success"] for e in episodes])) if episodes else 0.0,
+        **{k: node.get(k) for k in keys},
+        # The node's footprint includes its inference child process when there is one.
+        "peak_rss_mb": (peak_rss if np.isfinite(peak_rss) else node.get("peak_rss_mb", 0.0))
+        + float(node.get("inference_child_peak_rss_mb") or 0.0),
+        "node_process_peak_rss_mb": peak_rss if np.isfinite(peak_rss) else node.get("peak_rss_mb"),
+        "inference_child_peak_rss_mb": node.get("inference_child_peak_rss_mb"),
+        "per_episode": episodes,
+        "options": asdict(opts),
+        "ros_domain_id": domain,
+    }
+
+
+def _plot(node: dict[str, Any], rate_hz: float, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    log = node["tick_log"]
+    ros = np.asarray(log["ros"], dtype=float)
+    period_ms = np.diff(ros) * 1e3
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    ax1.plot(period_ms, lw=0.6)
+    ax1.axhline(1e3 / rate_hz, color="k", ls="--", lw=0.8, label="nominal")
+    ax1.set(xlabel="tick", ylabel="period (ms)", title=f"tick period at {rate_hz:g} Hz")
+    ax1.legend()
+    jitter = np.abs(period_ms - 1e3 / rate_hz)
+    ax2.hist(jitter, bins=50)
+    ax2.set(xlabel="|period - nominal| (ms)", ylabel="ticks", yscale="log", title="jitter")
+    fig.tight_layout()
+    fig.savefig(out / "tick_jitter.png", dpi=100)
+    plt.close(fig)
+
+    cmd = np.asarray(log["command"], dtype=float)
+    meas = np.asarray(log["measured"], dtype=float)
+    t = ros - ros[0] if ros.size else ros
+    names = node.get("joint_names", [f"joint{i + 1}" for i in range(cmd.shape[1] if cmd.ndim == 2 else 0)])
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.4 * len(names)), sharex=True, squeeze=False)
+    for j, name in enumerate(names):
+        ax = axes[j, 0]
+        ax.plot(t, meas[:, j], lw=0.8, label="measured")
+        ax.plot(t, cmd[:, j], lw=0.8, ls="--", label="commanded")
+        ax.set_ylabel(name, fontsize=8)
+    axes[0, 0].legend(loc="upper right", fontsize=7)
+    axes[-1, 0].set_xlabel("time (s)")
+    fig.tight_layout()
+    fig.savefig(out / "joint_tracking.png", dpi=90)
+    plt.close(fig)
+
+

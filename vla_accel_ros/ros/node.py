@@ -1,0 +1,504 @@
+"""``vla_accel_node``: the rclpy adapter around the control core and the inference worker.
+
+Interface (all names relative to the node unless absolute; every parameter is declared with a
+description and range, see ``ros/parameters.py``'s ``NodeConfig`` and config/vla_accel.yaml):
+
+- subscribes ``image_topic`` (sensor_msgs/Image, or CompressedImage), ``joint_states_topic``
+  (sensor-data QoS), ``~/instruction`` (std_msgs/String) and, when the URDF is not given by
+  parameter, ``/robot_description`` (transient local);
+- publishes every tick, reliably, one of: ``/<controller>/commands`` (Float64MultiArray, in
+  ``controller_joints`` order), ``/<controller>/joint_trajectory`` (one point at one period) or
+  ``joint_command_topic`` (JointState, arm + fingers); plus ``/<gripper_controller>/commands``;
+- ``/diagnostics`` and ``~/stats`` (JSON) at ``stats_rate_hz``; service ``~/enable`` (SetBool).
+
+The control timer runs on the node clock (``use_sim_time`` works) in its own mutually exclusive
+callback group; inference never runs in a callback: by default in a child process
+(``inference_mode: process``, ``runtime/process_worker.py``), optionally in a worker thread. The thread
+that spins the executor runs under SCHED_FIFO (``realtime_priority``) where the system allows it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import re
+import resource
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from builtin_interfaces.msg import Duration
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import SetParametersResult
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.qos import (
+    HistoryPolicy,
+    QoSProfile,
+    ReliabilityPolicy,
+    qos_profile_sensor_data,
+)
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import Float64MultiArray, String
+from std_srvs.srv import SetBool
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from vla_accel_ros.core.controller import TickResult
+from vla_accel_ros.core.convert import (
+    compressed_to_rgb,
+    image_to_rgb,
+    joint_state_to_arm,
+    kinematics_difference,
+)
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.resources import default_urdf
+from vla_accel_ros.core.settings import ConfigError
+from vla_accel_ros.ros.parameters import NodeConfig
+from vla_accel_ros.ros.rclpy_util import LATCHED_QOS, declare_config, run_node
+from vla_accel_ros.runtime.builder import build_controller, build_runner
+from vla_accel_ros.runtime.process_worker import ChildSpec, ProcessInferenceWorker
+from vla_accel_ros.runtime.thread_worker import InferenceWorker
+
+if TYPE_CHECKING:  # the runner (and torch with it) loads only in thread mode
+    from vla_accel_ros.runtime.runner import PolicyRunner
+
+NODE_NAME = "vla_accel_node"
+COMMAND_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+SOURCE_CODES = {"policy": 0, "fallback": 1, "hold": 2}
+MAX_TICK_LOG = 200_000
+LOG_THROTTLE_S = 10.0  # each kind of input problem is logged at most once per this long
+
+
+def _rss_mb() -> float:
+    """Peak resident set size of this process (MiB)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class VlaAccelNode(Node):
+    """See the module docstring. Raises ConfigError (a ValueError) on invalid parameters, URDF or
+    checkpoint, with a message naming the problem."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        self.cfg: NodeConfig = declare_config(self, NodeConfig)
+        cfg = self.cfg
+        sys.setswitchinterval(cfg.switch_interval_s)
+        self.kin = self._load_kinematics()
+        self.controller_joints = self._check_controller_joints(cfg.controller_joints or self.kin.joint_names)
+        self.controller = build_controller(cfg.controller_config(), self.kin, enabled=cfg.autostart,
+                                           instruction=cfg.instruction)
+
+        self.runner: PolicyRunner | None = None  # thread mode only; process mode keeps it in the child
+        self.worker: InferenceWorker | ProcessInferenceWorker | None = None
+        model_size = 0
+        if cfg.inference:
+            runner_config = cfg.runner_config()
+            try:
+                if cfg.inference_mode == "process":  # started here: it reports the model's image size
+                    spec = ChildSpec(runner_config, self.kin.urdf_xml, self.kin.tcp_frame)
+                    self.worker = ProcessInferenceWorker(self.controller, spec, self._now,
+                                                         max_restarts=cfg.inference_restarts)
+                    self.worker.start()
+                    model_size = self.worker.image_size
+                else:
+                    self.runner = build_runner(runner_config, self.kin)
+                    model_size = self.runner.image_size
+            except (OSError, ValueError, KeyError) as err:
+                raise ConfigError(f"cannot load policy checkpoint '{runner_config.checkpoint_path}' with decoder "
+                                  f"'{cfg.decoder}': {err}") from err
+        self.image_size = cfg.image_size or model_size or 128
+        if model_size and self.image_size != model_size:
+            if self.worker is not None:
+                self.worker.stop()
+            raise ConfigError(f"parameter 'image_size' = {cfg.image_size} but the checkpoint expects "
+                              f"{model_size}; set 0 to use the checkpoint's size")
+
+        self._input_errors = 0
+        self._realtime_priority = 0  # set by apply_realtime_priority()
+        self._last_input_error = ""
+        self._last_tick: TickResult | None = None
+        self._tick_log: list[tuple[Any, ...]] = []
+        self._started_wall = time.monotonic()
+        self._logged: dict[str, float] = {}  # kind of problem -> when it was last logged
+        self._recent_errors: deque[tuple[float, str]] = deque(maxlen=64)  # (monotonic, message)
+        self._header_stamps: dict[str, float] = {}
+        self._inference_errors_seen = 0
+        self._last_policy_stamp: float | None = None
+
+        # Inputs: sensor data best effort (matches reliable publishers too), in their own group so
+        # that under a MultiThreadedExecutor they never wait behind the control tick.
+        self._timer_group = MutuallyExclusiveCallbackGroup()
+        self._io_group = MutuallyExclusiveCallbackGroup()
+        if cfg.compressed_image:
+            self.create_subscription(CompressedImage, cfg.image_topic, self._on_compressed, qos_profile_sensor_data,
+                                     callback_group=self._io_group)
+        else:
+            self.create_subscription(Image, cfg.image_topic, self._on_image, qos_profile_sensor_data,
+                                     callback_group=self._io_group)
+        self.create_subscription(JointState, cfg.joint_states_topic, self._on_joint_state, qos_profile_sensor_data,
+                                 callback_group=self._io_group)
+        self.create_subscription(String, "~/instruction", self._on_instruction, 10, callback_group=self._io_group)
+        if self._description_fallback:  # a robot_state_publisher that starts after us is checked
+            self.create_subscription(String, "/robot_description", self._on_late_description, LATCHED_QOS,
+                                     callback_group=self._io_group)
+        self.create_service(SetBool, "~/enable", self._on_enable, callback_group=self._io_group)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+
+        # Outputs, reliable.
+        controller = cfg.controller.strip("/")
+        self._pub_forward = self._pub_trajectory = self._pub_joint_command = None
+        if cfg.output == "forward_position":
+            self._pub_forward = self.create_publisher(Float64MultiArray, f"/{controller}/commands", COMMAND_QOS)
+        elif cfg.output == "joint_trajectory":
+            self._pub_trajectory = self.create_publisher(JointTrajectory, f"/{controller}/joint_trajectory",
+                                                         COMMAND_QOS)
+        else:
+            self._pub_joint_command = self.create_publisher(JointState, cfg.joint_command_topic, COMMAND_QOS)
+        gripper = cfg.gripper_controller.strip("/")
+        self._pub_gripper = (self.create_publisher(Float64MultiArray, f"/{gripper}/commands", COMMAND_QOS)
+                             if gripper and self.kin.gripper_joint_names else None)
+        self._pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._pub_stats = self.create_publisher(String, "~/stats", 10)
+
+        if self.runner is not None:
+            self.worker = InferenceWorker(self.controller, self.runner, self._now, torch_threads=cfg.torch_threads)
+            self.worker.start()
+        # The timer uses the node clock: with use_sim_time it follows /clock.
+        self._timer = self.create_timer(cfg.period_s, self._on_tick, callback_group=self._timer_group)
+        self._stats_timer = self.create_timer(1.0 / cfg.stats_rate_hz, self._publish_stats,
+                                              callback_group=self._io_group)
+        self.get_logger().info(
+            f"ready: {cfg.control_rate_hz:g} Hz, output {cfg.output}, joints {list(self.controller_joints)}, "
+            f"decoder {cfg.decoder if self.worker else '(inference off)'} ({cfg.inference_mode}), image "
+            f"{self.image_size}px, {'enabled' if cfg.autostart else 'disabled until ~/enable'}")
+        # Start-up garbage (imports, model, URDF) is never scanned again: a full collection over it
+        # took 20-80 ms, i.e. whole missed ticks, when it happened to run in the executor thread.
+        gc.collect()
+        gc.freeze()
+
+    # --- set-up -------------------------------------------------------------------------------
+    def _load_kinematics(self) -> ArmKinematics:
+        cfg = self.cfg
+        self._description_fallback = False
+        if cfg.robot_description.strip():
+            source, label = cfg.robot_description, "parameter robot_description"
+        elif cfg.urdf_file:
+            source, label = cfg.urdf_file, f"urdf_file {cfg.urdf_file}"
+        else:
+            xml = self._wait_robot_description(cfg.robot_description_timeout_s)
+            source, label = (xml, "topic /robot_description") if xml else (str(default_urdf()), "package URDF")
+            self._description_fallback = not xml
+        try:
+            kin = ArmKinematics(source, tcp_frame=cfg.tcp_frame)
+        except ValueError as err:
+            raise ConfigError(f"bad URDF from {label}: {err}") from err
+        self.get_logger().info(f"URDF from {label}: arm joints {list(kin.joint_names)}, "
+                               f"gripper {list(kin.gripper_joint_names)}")
+        return kin
+
+    def _wait_robot_description(self, timeout_s: float) -> str:
+        if timeout_s <= 0:
+            return ""
+        received: list[str] = []
+        sub = self.create_subscription(String, "/robot_description", lambda m: received.append(m.data), LATCHED_QOS)
+        executor = SingleThreadedExecutor(context=self.context)
+        executor.add_node(self)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not received and time.monotonic() < deadline:
+                executor.spin_once(timeout_sec=0.05)
+        finally:
+            executor.remove_node(self)
+            executor.shutdown()
+            self.destroy_subscription(sub)
+        return received[-1] if received else ""
+
+    def _check_controller_joints(self, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+        names = tuple(names)
+        unknown = [n for n in names if n not in self.kin.joint_names]
+        missing = [n for n in self.kin.joint_names if n not in names]
+        if unknown or missing:
+            raise ConfigError(f"parameter 'controller_joints' must list each arm joint once; unknown: {unknown}, "
+                              f"missing: {missing}; arm joints are {list(self.kin.joint_names)}")
+        return names
+
+    def _now(self) -> float:
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    # --- inputs -------------------------------------------------------------------------------
+    def _reject(self, message: str) -> None:
+        """Count, keep for /diagnostics, and log each kind of problem once per LOG_THROTTLE_S."""
+        self._input_errors += 1
+        self._last_input_error = message
+        now = time.monotonic()
+        self._recent_errors.append((now, message))
+        kind = re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", message)  # the same problem with other numbers
+        if now - self._logged.get(kind, -math.inf) >= LOG_THROTTLE_S:
+            self._logged[kind] = now
+            self.get_logger().warn(message)
+
+    def _header_in_order(self, what: str, msg: Any) -> bool:
+        """Header stamps a little older than the previous one: out-of-order delivery, drop it;
+        much older (past the watchdogs): the sender's clock was reset, report it and go on."""
+        stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+        last = self._header_stamps.get(what)
+        if stamp <= 0.0 or last is None or stamp >= last:
+            self._header_stamps[what] = max(stamp, last or 0.0)
+            return True
+        back = last - stamp
+        if back <= max(self.cfg.camera_timeout_s, self.cfg.joint_state_timeout_s):
+            self._reject(f"{what} dropped: header stamp {stamp:.6f} is {back:.3f} s older than the previous "
+                         f"one (out-of-order delivery)")
+            return False
+        self._header_stamps[what] = stamp
+        self._reject(f"{what}: header stamps went back by {back:.3f} s (sender clock reset?); following them")
+        return True
+
+    def _on_late_description(self, msg: String) -> None:
+        """/robot_description published after start-up (the package URDF is in use): hold while it
+        describes another arm, carry on when it matches (restart the node to adopt a new one)."""
+        try:
+            problem = kinematics_difference(self.kin, ArmKinematics(msg.data, tcp_frame=self.cfg.tcp_frame))
+        except ValueError as err:
+            problem = f"is not a usable URDF: {err}"
+        if problem:
+            reason = f"robot_description received after start-up {problem}; holding (restart the node to use it)"
+            self.controller.set_config_fault(reason)
+            self._reject(reason)
+        else:
+            self.controller.set_config_fault("")
+            self.get_logger().info("robot_description received after start-up matches the URDF in use")
+
+    def _on_image(self, msg: Image) -> None:
+        self._accept_image(msg, image_to_rgb)
+
+    def _on_compressed(self, msg: CompressedImage) -> None:
+        self._accept_image(msg, compressed_to_rgb)
+
+    def _accept_image(self, msg: Image | CompressedImage, to_rgb: Callable[[Any, int], np.ndarray]) -> None:
+        if not self._header_in_order("image", msg):
+            return
+        try:
+            rgb = to_rgb(msg, self.image_size)
+        except ValueError as err:
+            self._reject(f"image on {self.cfg.image_topic} rejected: {err}")
+            return
+        if (error := self.controller.on_image(rgb, self._now())) is not None:
+            self._reject(error)
+
+    def _on_joint_state(self, msg: JointState) -> None:
+        if not self._header_in_order("joint state", msg):
+            return
+        try:
+            q, gripper = joint_state_to_arm(self.kin, msg.name, msg.position)
+        except ValueError as err:
+            self._reject(f"joint state rejected: {err}")
+            return
+        if (error := self.controller.on_joint_state(q, gripper, self._now())) is not None:
+            self._reject(error)
+
+    def _on_instruction(self, msg: String) -> None:
+        previous = self.controller.instruction
+        if (error := self.controller.set_instruction(msg.data)) is not None:
+            self._reject(error)
+        elif self.controller.instruction != previous:
+            self.get_logger().info(f"instruction: '{self.controller.instruction}'")
+
+    def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
+        for p in params:
+            if p.name == "instruction":
+                if not str(p.value).strip():
+                    return SetParametersResult(successful=False, reason="instruction must not be empty")
+                self.controller.set_instruction(str(p.value))
+        return SetParametersResult(successful=True)
+
+    def _on_enable(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
+        self.controller.set_enabled(request.data)
+        response.success = True
+        response.message = "enabled" if request.data else "disabled: holding the measured position"
+        self.get_logger().info(response.message)
+        return response
+
+    # --- the tick -----------------------------------------------------------------------------
+    def _on_tick(self) -> None:
+        wall = time.monotonic()
+        result = self.controller.tick(self._now())
+        self._last_tick = result
+        if result.source == "policy" or self._last_policy_stamp is None:
+            self._last_policy_stamp = result.stamp
+        if result.q_command is not None:
+            self._publish_command(result)
+        if len(self._tick_log) < MAX_TICK_LOG:
+            meas = result.q_measured if result.q_measured is not None else np.full(self.kin.n, np.nan)
+            cmd = result.q_command if result.q_command is not None else np.full(self.kin.n, np.nan)
+            self._tick_log.append((wall, result.stamp, SOURCE_CODES[result.source], cmd, meas))
+
+    def _publish_command(self, result: TickResult) -> None:
+        assert result.q_command is not None
+        positions = self.kin.to_named(result.q_command, self.controller_joints).tolist()
+        fingers = result.finger_positions.tolist()
+        if self._pub_forward is not None:
+            self._pub_forward.publish(Float64MultiArray(data=positions))
+        elif self._pub_trajectory is not None:
+            sec = self.cfg.period_s
+            point = JointTrajectoryPoint(positions=positions,
+                                         time_from_start=Duration(sec=int(sec), nanosec=int((sec % 1.0) * 1e9)))
+            # A zero header stamp means "start now" to joint_trajectory_controller.
+            self._pub_trajectory.publish(JointTrajectory(joint_names=list(self.controller_joints), points=[point]))
+        elif self._pub_joint_command is not None:
+            msg = JointState(name=list(self.controller_joints) + list(self.kin.gripper_joint_names),
+                             position=positions + fingers)
+            msg.header.stamp = self.get_clock().now().to_msg()
+            self._pub_joint_command.publish(msg)
+        if self._pub_gripper is not None and fingers:
+            self._pub_gripper.publish(Float64MultiArray(data=fingers))
+
+    # --- reporting ----------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        counters = self.controller.stats
+        out: dict[str, Any] = {
+            "enabled": self.controller.enabled,
+            "instruction": self.controller.instruction,
+            "source": self._last_tick.source if self._last_tick else "",
+            "reason": self._last_tick.reason if self._last_tick else "",
+            "hold_reason": self.controller.hold_reason,
+            "control_rate_hz": self.cfg.control_rate_hz,
+            **counters.__dict__,
+            **self.controller.timing(),
+            "input_errors": self._input_errors,
+            "last_input_error": self._last_input_error,
+            "peak_rss_mb": _rss_mb(),
+            "realtime_priority": self._realtime_priority,
+            "decoder": self.cfg.decoder if self.worker else "",
+        }
+        if self.worker is not None:
+            out.update({f"inference_{k}": v for k, v in self.worker.stats().items()})
+            out["inference_alive"] = self.worker.alive
+        return out
+
+    def _publish_stats(self) -> None:
+        stats = self.stats()
+        self._pub_stats.publish(String(data=json.dumps(stats)))
+        status = DiagnosticStatus(name=f"{self.get_name()}: control loop", hardware_id="vla_accel_ros")
+        if self._last_tick is None or self._last_tick.q_command is None:
+            status.level, status.message = DiagnosticStatus.ERROR, stats["reason"] or "no tick yet"
+        elif self.worker is not None and not self.worker.alive:
+            why = stats.get("inference_down_reason") or stats.get("inference_last_error") or "thread ended"
+            status.level, status.message = DiagnosticStatus.ERROR, f"inference worker stopped: {why}"
+        elif self._last_tick.source == "hold":
+            status.level, status.message = DiagnosticStatus.WARN, f"holding: {self._last_tick.reason}"
+        else:
+            status.level, status.message = DiagnosticStatus.OK, f"running ({self._last_tick.source})"
+        warning, recent = self._warning(stats)
+        if warning:
+            status.level = max(status.level, DiagnosticStatus.WARN)
+            status.message = warning if status.message.startswith("running") else f"{status.message}; {warning}"
+        status.values = [KeyValue(key=k, value=str(v)) for k, v in stats.items()]
+        status.values += [KeyValue(key=f"recent_input_error_{i}", value=m) for i, m in enumerate(recent)]
+        diag = DiagnosticArray(status=[status])
+        diag.header.stamp = self.get_clock().now().to_msg()
+        self._pub_diag.publish(diag)
+
+    def _warning(self, stats: dict[str, Any]) -> tuple[str, list[str]]:
+        """What degrades a running node since the last report: input rejected, inference failing
+        or too slow to give fresh actions; and the distinct input problems of that window."""
+        window = max(2.0, 1.0 / self.cfg.stats_rate_hz)
+        now = time.monotonic()
+        recent = list(dict.fromkeys(m for t, m in self._recent_errors if now - t <= window))
+        warnings = []
+        errors = int(stats.get("inference_errors", 0) or 0)
+        new_errors, self._inference_errors_seen = errors - self._inference_errors_seen, errors
+        if new_errors > 0:
+            warnings.append(f"inference failed {new_errors} time(s): {stats.get('inference_last_error', '')}")
+        if recent:
+            warnings.append(f"input rejected: {recent[-1]}")
+        stale = self._now() - (self._last_policy_stamp if self._last_policy_stamp is not None else self._now())
+        if (self.worker is not None and self._last_tick is not None and self._last_tick.source == "fallback"
+                and stale > max(self.cfg.action_timeout_s, 3 * self.cfg.period_s)):
+            warnings.append(f"no fresh policy action for {stale:.2f} s (inference slow or stuck): Kalman fallback")
+        return "; ".join(warnings), recent
+
+    def run_summary(self) -> dict[str, Any]:
+        """Statistics of the whole run plus the tick log (for ``stats_file``)."""
+        log = self._tick_log
+        wall = np.array([t[0] for t in log], dtype=float)
+        ros = np.array([t[1] for t in log], dtype=float)
+        period = self.cfg.period_s
+        jitter = np.abs(np.diff(ros) - period) * 1e3 if ros.size > 1 else np.zeros(0)
+        summary = self.stats()
+        summary.update({
+            "period_jitter_ms_p50": float(np.percentile(jitter, 50)) if jitter.size else 0.0,
+            "period_jitter_ms_p99": float(np.percentile(jitter, 99)) if jitter.size else 0.0,
+            "period_jitter_ms_max": float(jitter.max()) if jitter.size else 0.0,
+            "executor": self.cfg.executor,
+            "switch_interval_s": self.cfg.switch_interval_s,
+            "joint_names": list(self.kin.joint_names),
+            "tick_log": {
+                "wall": wall.tolist(),
+                "ros": ros.tolist(),
+                "source": [t[2] for t in log],
+                "command": [np.asarray(t[3]).tolist() for t in log],
+                "measured": [np.asarray(t[4]).tolist() for t in log],
+            },
+        })
+        return summary
+
+    def apply_realtime_priority(self) -> int:
+        """Put the calling thread (the one about to spin the executor) under SCHED_FIFO at
+        ``realtime_priority``, so that other processes on the machine cannot delay the control tick
+        by a scheduler slice. Threads it creates later (executor pools) inherit it; an inference
+        thread does not (it would take a core). The process mode's feeder thread gets it too: it
+        shares the GIL with this thread. Returns the priority in effect (0: normal scheduling)."""
+        prio = self.cfg.realtime_priority
+        if prio > 0:
+            try:
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(prio))
+                if isinstance(self.worker, ProcessInferenceWorker):
+                    self.worker.set_realtime_priority(prio)
+                self._realtime_priority = prio
+                self.get_logger().info(f"control loop runs at SCHED_FIFO priority {prio}")
+            except (OSError, AttributeError) as err:
+                self.get_logger().warn(
+                    f"could not run the control loop at SCHED_FIFO priority {prio} ({err}); it runs with normal "
+                    f"scheduling, so busy processes can delay ticks by a few ms. Grant CAP_SYS_NICE or an rtprio "
+                    f"limit, or set realtime_priority: 0 to silence this")
+        return self._realtime_priority
+
+    def shutdown(self) -> None:
+        """Stop the worker and write ``stats_file`` if set."""
+        if self.worker is not None:
+            self.worker.stop()
+        if self.cfg.stats_file:
+            path = Path(self.cfg.stats_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(json.dumps(self.run_summary()))  # NaN marks ticks without a command
+            os.replace(tmp, path)
+
+
+def make_executor(kind: str) -> SingleThreadedExecutor | MultiThreadedExecutor:
+    return MultiThreadedExecutor(num_threads=2) if kind == "multi" else SingleThreadedExecutor()
+
+
+def main(args: list[str] | None = None) -> int:
+    # The thread that spins the executor runs the control timer: it gets the realtime priority.
+    return run_node(NODE_NAME, VlaAccelNode, lambda node: make_executor(node.cfg.executor), args,
+                    before_spin=VlaAccelNode.apply_realtime_priority)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

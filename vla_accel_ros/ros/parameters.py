@@ -1,0 +1,162 @@
+"""Settings of the VLA node and the sim bridge: frozen dataclasses, one mapping to/from ROS
+parameters and YAML, validation with messages that name the parameter.
+
+Every field carries its ROS documentation in ``metadata``: a ``description`` and either a numeric
+``range`` (lo, hi) or a set of ``choices``. ``ros/node.py`` and ``ros/sim_node.py`` declare their
+parameters from :func:`parameter_specs`, so the ROS interface, the YAML files and the validation
+cannot drift apart. The incremental-vision parameters (``vision_reuse``, ``vision_threshold``, ...)
+are the fields of one nested :class:`~vla_accel_ros.models.configuration.VisionReuseConfig`
+(``NodeConfig.vision``). Importable without rclpy or torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vla_accel_ros.core.controller import ControllerConfig
+from vla_accel_ros.core.settings import ConfigError, check_fields, nested, setting
+from vla_accel_ros.models.configuration import (
+    DEFAULT_TEMPERATURE,
+    MAX_TEMPERATURE,
+    VisionReuseConfig,
+)
+from vla_accel_ros.runtime.builder import RunnerConfig
+
+OUTPUT_FORMATS = ("forward_position", "joint_trajectory", "joint_state")
+EXECUTORS = ("single", "multi")
+INFERENCE_MODES = ("thread", "process")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Parameters of ``vla_accel_node`` (see config/vla_accel.yaml for a documented example)."""
+
+    control_rate_hz: float = setting(20.0, "Control loop rate; one joint command is published per tick", range=(1.0, 500.0))
+    output: str = setting("forward_position", "Command format: forward_position (Float64MultiArray on "
+                     "/<controller>/commands), joint_trajectory (/<controller>/joint_trajectory) or "
+                     "joint_state (sensor_msgs/JointState on /joint_command)", choices=OUTPUT_FORMATS)
+    controller: str = setting("arm_controller", "ros2_control controller name of the arm (topic prefix)")
+    controller_joints: tuple[str, ...] = setting((), "Joint order of the arm controller (its 'joints' parameter); "
+                                             "empty = the URDF arm order")
+    gripper_controller: str = setting("gripper_controller", "Controller for the fingers (Float64MultiArray on "
+                                 "/<gripper_controller>/commands); empty = do not publish a gripper command")
+    joint_command_topic: str = setting("/joint_command", "Topic of the joint_state output format")
+    image_topic: str = setting("/camera/image_raw", "Camera topic (sensor_msgs/Image, or CompressedImage when "
+                          "compressed_image is true)")
+    compressed_image: bool = setting(False, "Subscribe to sensor_msgs/CompressedImage instead of Image")
+    joint_states_topic: str = setting("/joint_states", "sensor_msgs/JointState topic (names in any order)")
+    instruction: str = setting("", "Task instruction for the policy (also settable on ~/instruction)", dynamic=True)
+    robot_description: str = setting("", "URDF XML; empty = /robot_description topic, then urdf_file")
+    robot_description_timeout_s: float = setting(2.0, "How long to wait for /robot_description when neither "
+                                            "robot_description nor urdf_file is set", range=(0.0, 60.0))
+    urdf_file: str = setting("", "URDF file; empty = the package's urdf/arm7.urdf (after the topic)")
+    tcp_frame: str = setting("tcp", "URDF frame the policy's end-effector deltas refer to")
+    checkpoint: str = setting("", "Policy checkpoint directory; empty = the package's checkpoints/default")
+    decoder: str = setting("kerv", "Action decoder (ar, speculative, kerv, world_aware, ...)")
+    temperature: float = setting(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy (every decoder "
+                            "samples the same way; see README, The policy)", range=(0.0, MAX_TEMPERATURE))
+    # vision_reuse (the on/off switch), vision_threshold, vision_refresh_steps, vision_max_drift, vision_reuse_kv
+    vision: VisionReuseConfig = nested(VisionReuseConfig(enabled=False), prefix="vision_",
+                                       names={"enabled": "vision_reuse"})
+    inference: bool = setting(True, "Run the policy; false = bring-up mode that only tracks and holds")
+    image_size: int = setting(0, "Model input size in pixels; 0 = from the checkpoint", range=(0, 2048))
+    camera_timeout_s: float = setting(0.5, "Watchdog: hold the arm when the newest image is older", range=(0.001, 60.0))
+    joint_state_timeout_s: float = setting(0.25, "Watchdog: hold the arm when the newest joint state is older",
+                                      range=(0.001, 60.0))
+    action_timeout_s: float = setting(0.5, "Drop a policy action whose observation is older than this at a tick",
+                                 range=(0.0, 60.0))
+    action_dt_s: float = setting(0.05, "Duration of one policy action step (the policy's training control period)",
+                            range=(0.001, 1.0))
+    deadline_tolerance: float = setting(0.5, "A tick later than this fraction of the period is a deadline miss",
+                                   range=(0.0, 10.0))
+    gripper_initial: float = setting(1.0, "Gripper command before the first action (1 = open, 0 = closed)",
+                                range=(0.0, 1.0))
+    autostart: bool = setting(False, "Start enabled; otherwise the arm holds until ~/enable is called with true")
+    executor: str = setting("single", "single: SingleThreadedExecutor + inference thread; multi: "
+                       "MultiThreadedExecutor + inference thread", choices=EXECUTORS)
+    switch_interval_s: float = setting(0.001, "Python thread switch interval (sys.setswitchinterval): smaller lets "
+                                  "the control timer preempt inference sooner", range=(1e-5, 0.1))
+    torch_threads: int = setting(1, "torch intra-op threads of the inference worker", range=(1, 256))
+    inference_mode: str = setting("process", "Where the policy runs: thread (beside the control timer, sharing the "
+                             "Python interpreter) or process (a child process fed through shared memory; its "
+                             "Python never delays a tick)", choices=INFERENCE_MODES)
+    realtime_priority: int = setting(20, "SCHED_FIFO priority (1-98) of the thread that spins the executor and so runs "
+                                "the control timer; 0 = normal scheduling. Other busy processes otherwise delay "
+                                "ticks by a scheduler slice (3-5 ms). Needs root, CAP_SYS_NICE or an rtprio limit; "
+                                "when refused the node warns and runs with normal scheduling", range=(0, 98))
+    inference_restarts: int = setting(3, "process mode: how often a dead inference process is restarted (the arm "
+                                 "holds meanwhile) before the node stays in hold and reports it", range=(0, 1000))
+    stats_rate_hz: float = setting(1.0, "Rate of /diagnostics and ~/stats", range=(0.05, 50.0))
+    stats_file: str = setting("", "If set, write the run's statistics and tick log (JSON) here at shutdown")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        period = 1.0 / self.control_rate_hz
+        for name in ("camera_timeout_s", "joint_state_timeout_s"):
+            if getattr(self, name) <= period:
+                raise ConfigError(f"parameter '{name}' = {getattr(self, name)} must exceed one control period "
+                                  f"({period:.4f} s at control_rate_hz={self.control_rate_hz}), else every tick holds")
+        if self.output != "joint_state" and not self.controller.strip("/"):
+            raise ConfigError(f"parameter 'controller' must name a controller for output '{self.output}'")
+        if len(set(self.controller_joints)) != len(self.controller_joints):
+            raise ConfigError(f"parameter 'controller_joints' has duplicates: {list(self.controller_joints)}")
+        if not self.decoder.strip():
+            raise ConfigError("parameter 'decoder' must name a decoder")
+
+    @property
+    def period_s(self) -> float:
+        return 1.0 / self.control_rate_hz
+
+    def runner_config(self) -> RunnerConfig:
+        """The runner's settings (checkpoint, decoder, sampling, vision, periods, threads)."""
+        return RunnerConfig(
+            checkpoint=self.checkpoint,
+            decoder=self.decoder,
+            temperature=self.temperature,
+            vision=self.vision,
+            action_dt_s=self.action_dt_s,
+            period_s=self.period_s,
+            torch_threads=self.torch_threads,
+        )
+
+    def controller_config(self) -> ControllerConfig:
+        return ControllerConfig(
+            period_s=self.period_s,
+            camera_timeout_s=self.camera_timeout_s,
+            joint_state_timeout_s=self.joint_state_timeout_s,
+            action_timeout_s=self.action_timeout_s,
+            action_dt_s=self.action_dt_s,
+            deadline_tolerance=self.deadline_tolerance,
+            gripper_initial=self.gripper_initial,
+        )
+
+
+@dataclass(frozen=True)
+class SimBridgeConfig:
+    """Parameters of ``sim_node`` (the MuJoCo bridge)."""
+
+    joint_state_rate_hz: float = setting(100.0, "Physics stepping and /joint_states rate", range=(10.0, 1000.0))
+    camera_rate_hz: float = setting(20.0, "Camera image rate (/camera/image_raw)", range=(1.0, 120.0))
+    image_size: int = setting(128, "Rendered image size in pixels (square)", range=(16, 1024))
+    real_time_factor: float = setting(1.0, "Sim seconds per wall second; 0 = as fast as possible (lock-step via "
+                                 "/clock)", range=(0.0, 100.0))
+    seed: int = setting(0, "Seed of the first episode", range=(0, 2**31 - 1))
+    color: str = setting("", "Target cube colour of the first episode; empty = chosen by the seed")
+    start_episode: bool = setting(True, "Start an episode at start-up (otherwise wait for ~/reset)")
+    episode_duration_s: float = setting(6.0, "Episode time limit in sim seconds", range=(0.1, 3600.0))
+    success_hold_s: float = setting(0.15, "How long the task must stay solved before the episode ends",
+                               range=(0.0, 60.0))
+    instruction_topic: str = setting("/vla_accel_node/instruction", "Where the episode's instruction is published")
+    controller: str = setting("arm_controller", "Arm controller name (listens on /<controller>/commands and "
+                         "/<controller>/joint_trajectory)")
+    controller_joints: tuple[str, ...] = setting((), "Joint order of /<controller>/commands; empty = URDF arm order")
+    gripper_controller: str = setting("gripper_controller", "Gripper controller name (/<gripper_controller>/commands)")
+    joint_command_topic: str = setting("/joint_command", "JointState command topic")
+    wrist_camera: bool = setting(False, "Render from the wrist camera instead of the scene camera")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @property
+    def physics_dt(self) -> float:
+        return 1.0 / self.joint_state_rate_hz

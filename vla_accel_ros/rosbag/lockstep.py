@@ -1,0 +1,151 @@
+"""The deterministic lock-step core of record and replay: the controller and the runner driven message by
+message on the bag's clock, with no DDS and no threads, so the same bag gives the same commands.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from vla_accel_ros.ros.parameters import NodeConfig
+from vla_accel_ros.rosbag.io import TOPICS, BagWriter, float_seconds, make_float_array
+
+
+class ReplayTimeout(RuntimeError):
+    """The replay ran past ``--timeout-s``."""
+
+
+def frozen_clock() -> float:
+    """The decoders' clock in deterministic runs: time does not pass, so no deadline is ever hit."""
+    return 0.0
+
+
+def make_deterministic() -> None:
+    """One torch thread and deterministic kernels (bit-identical results run to run)."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+@dataclass
+class Command:
+    """One produced or recorded command: arm positions in URDF order and finger positions."""
+
+    t_ns: int
+    q: np.ndarray
+    fingers: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    source: str = ""
+
+
+class LockstepCore:
+    """The node's decision path without ROS: converters -> Controller -> PolicyRunner -> tick.
+
+    ``feed(role, msg, stamp_ns)`` takes deserialised messages (``rosbags`` or rclpy objects with the
+    same fields); a camera frame returns that step's :class:`~vla_accel_ros.core.controller.TickResult`.
+    The recorder and the replay both go through ``feed``, so a deterministic recording is
+    reproduced bit for bit.
+    """
+
+    def __init__(self, cfg: NodeConfig, urdf: str | None = None) -> None:
+        from vla_accel_ros.core.kinematics import ArmKinematics
+        from vla_accel_ros.core.resources import default_urdf
+        from vla_accel_ros.runtime.builder import build_controller, build_runner
+
+        self.cfg = cfg
+        source = urdf if urdf else (cfg.urdf_file or str(default_urdf()))
+        try:
+            self.kin = ArmKinematics(source, tcp_frame=cfg.tcp_frame)
+        except ValueError as err:
+            raise ValueError(f"bad URDF ({'from the bag' if urdf else source}): {err}") from err
+        self.controller_joints = tuple(cfg.controller_joints) or self.kin.joint_names
+        self.controller = build_controller(cfg.controller_config(), self.kin, enabled=True,
+                                           instruction=cfg.instruction)
+        runner_config = replace(cfg.runner_config(), torch_threads=1)  # one thread: bit-identical runs
+        checkpoint = runner_config.checkpoint_path
+        try:
+            self.runner = build_runner(runner_config, self.kin, clock=frozen_clock)
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(f"cannot load policy checkpoint '{checkpoint}' with decoder '{cfg.decoder}': {err}") from err
+        self.image_size = cfg.image_size or self.runner.image_size
+        self.checkpoint = checkpoint
+        self.errors: Counter[str] = Counter()
+        self.frames = 0
+        self.inferences = 0
+        self._seq = 0
+
+    def _error(self, message: str) -> None:
+        self.errors[message] += 1
+
+    def feed(self, role: str, msg: Any, stamp_ns: int) -> Any:
+        """Apply one message; returns the tick's TickResult for a camera frame, else None."""
+        from vla_accel_ros.core.convert import (
+            compressed_to_rgb,
+            image_to_rgb,
+            joint_state_to_arm,
+        )
+
+        t = float_seconds(stamp_ns)
+        if role == "joint_states":
+            try:
+                q, gripper = joint_state_to_arm(self.kin, msg.name, msg.position)
+            except ValueError as err:
+                self._error(f"joint state rejected: {err}")
+                return None
+            if (error := self.controller.on_joint_state(q, gripper, t)) is not None:
+                self._error(error)
+        elif role == "instruction":
+            if (error := self.controller.set_instruction(str(msg.data))) is not None:
+                self._error(error)
+        elif role == "camera":
+            self.frames += 1
+            try:
+                compressed = hasattr(msg, "format") and not hasattr(msg, "encoding")
+                rgb = compressed_to_rgb(msg, self.image_size) if compressed else image_to_rgb(msg, self.image_size)
+            except ValueError as err:
+                self._error(f"image rejected: {err}")
+                rgb = None
+            if rgb is not None:
+                if (error := self.controller.on_image(rgb, t)) is not None:
+                    self._error(error)  # a rejection, or the notice of a clock reset (image kept)
+                self._infer(t)  # as the node's worker: whenever the controller has a new observation
+            return self.controller.tick(t)
+        return None
+
+    def _infer(self, t: float) -> None:
+        got = self.controller.wait_observation(self._seq, timeout=0.0)
+        if got is None:  # no joint state or instruction yet: the tick holds
+            return
+        self._seq, obs = got
+        try:
+            result = self.runner(obs)
+        except Exception as err:  # the node's worker survives this too; the tick falls back
+            self._error(f"inference failed: {type(err).__name__}: {err}")
+            return
+        self.inferences += 1
+        message = self.controller.on_action(np.asarray(result.action, dtype=float), obs.stamp, t,
+                                            instruction=obs.instruction)
+        if message:
+            self._error(message)
+
+    def command(self, result: Any, t_ns: int) -> Command | None:
+        if result is None or result.q_command is None:
+            return None
+        return Command(t_ns, np.asarray(result.q_command, dtype=float).copy(),
+                       np.asarray(result.finger_positions, dtype=float).copy(), result.source)
+
+    def write_command(self, writer: BagWriter, cmd: Command) -> None:
+        """The node's forward_position output: arm in controller-joint order, then the fingers."""
+        positions = self.kin.to_named(cmd.q, self.controller_joints)
+        writer.write(TOPICS["commands"][0], cmd.t_ns, make_float_array(positions))
+        if cmd.fingers.size:
+            writer.write(TOPICS["gripper"][0], cmd.t_ns, make_float_array(cmd.fingers))
+
+    def stats_json(self) -> str:
+        stats = dict(self.controller.stats.__dict__, frames=self.frames, inferences=self.inferences,
+                     input_errors=int(sum(self.errors.values())))
+        return json.dumps(stats)

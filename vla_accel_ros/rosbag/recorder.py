@@ -1,0 +1,287 @@
+"""Recording of sim episodes with the node into a rosbag2 for regression tests (``vla-accel record``).
+
+The bag holds the camera (``/camera/image_raw``), ``/joint_states``, the instruction topic, the
+node's commands (``/arm_controller/commands`` and ``/gripper_controller/commands``), ``/clock``,
+``/robot_description``, the node's ``~/stats`` and the bridge's episode reports; the recording's
+settings (decoder, control rate, checkpoint, seed, mode) go into metadata.yaml's custom_data, and
+``vla-accel replay`` picks them up.
+
+- ``--mode live`` (default) runs the sim bridge and the node as processes over DDS (the
+  orchestration of ``vla-accel sim``) with a recorder node on the same domain: sensor topics
+  best effort with deep keep-last queues, commands and the rest reliable, the description
+  transient local; each message is written as received (CDR untouched) at its receive time on
+  the sim clock. The commands come from the live, threaded node, so they depend on timing.
+- ``--mode deterministic`` steps the same MuJoCo task in this process in lock-step with the
+  node's core (:class:`~vla_accel_ros.rosbag.replayer.LockstepCore`), mirroring the bridge (physics and
+  joint states at 100 Hz, a frame every 5th step, commands applied from the next step, the
+  same settle time after a reset), and writes the same topics with stamps on a fixed clock.
+  ``vla-accel replay`` of such a bag reproduces its commands exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vla_accel_ros.ros.parameters import NodeConfig, SimBridgeConfig
+from vla_accel_ros.rosbag.io import (
+    STORAGES,
+    TOPICS,
+    BagWriter,
+    make_clock,
+    make_image,
+    make_joint_state,
+    make_string,
+)
+
+MODES = ("live", "deterministic")
+EPOCH_NS = 1_000_000_000_000  # deterministic recordings start at t = 1000 s
+RESET_SETTLE_S = 0.1  # as the bridge: commands right after a reset are for the old pose
+
+
+@dataclass(frozen=True)
+class RecordOptions:
+    episodes: int = 1
+    out: str = "outputs/bags/sim"
+    storage: str = "mcap"
+    mode: str = "live"
+    decoder: str = "kerv"
+    control_rate_hz: float = 20.0
+    seed: int = 100_000
+    checkpoint: str = ""
+    duration_s: float = 8.0
+    domain_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise ValueError(f"--episodes must be >= 1, got {self.episodes}")
+        if self.storage not in STORAGES:
+            raise ValueError(f"--storage must be one of {', '.join(STORAGES)}, got '{self.storage}'")
+        if self.mode not in MODES:
+            raise ValueError(f"--mode must be one of {', '.join(MODES)}, got '{self.mode}'")
+        if not 1.0 <= self.control_rate_hz <= 500.0:
+            raise ValueError(f"--control-rate must be in [1, 500] Hz, got {self.control_rate_hz}")
+        if self.duration_s <= 0:
+            raise ValueError(f"--duration-s must be > 0, got {self.duration_s}")
+        if Path(self.out).exists():
+            raise ValueError(f"--out {self.out} exists already; rosbag2 writes a new directory")
+
+    def custom(self) -> dict[str, Any]:
+        data = asdict(self)
+        if data["checkpoint"]:
+            data["checkpoint"] = str(Path(data["checkpoint"]).resolve())
+        # the node's sampling temperature: a replay must sample the same way to reproduce the commands
+        return {"source": "record", **data, "temperature": NodeConfig().temperature}
+
+
+
+
+# --- deterministic ----------------------------------------------------------------------------
+def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str, Any]:
+    """The bridge's loop and the node's core in one process, in lock-step (see the module doc)."""
+    from tqdm import tqdm
+
+    from vla_accel_ros.rosbag.lockstep import LockstepCore, make_deterministic
+    from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
+
+    make_deterministic()
+    bridge = SimBridgeConfig(episode_duration_s=opts.duration_s)
+    rate = bridge.joint_state_rate_hz
+    camera_every = max(1, int(round(rate / bridge.camera_rate_hz)))
+    dt_ns = int(round(1e9 / rate))
+    settle_steps = int(round(RESET_SETTLE_S * rate))
+    cfg = NodeConfig(control_rate_hz=opts.control_rate_hz, decoder=opts.decoder, checkpoint=opts.checkpoint,
+                     autostart=True)
+    env = PickCubeEnv(SimConfig(image_size=bridge.image_size, control_hz=rate,
+                                max_steps=max(1, int(round(opts.duration_s * rate))),
+                                success_hold_steps=max(1, int(round(bridge.success_hold_s * rate)))))
+    kin = env.kin
+    core = LockstepCore(cfg, urdf=kin.urdf_xml)
+    names = list(kin.joint_names) + list(kin.gripper_joint_names)
+    max_opening = float(kin.gripper_limits.upper.max()) if kin.gripper_joint_names else 0.0
+    episodes: list[dict[str, Any]] = []
+    t_ns = EPOCH_NS
+    commands = 0
+    started = time.monotonic()
+    with BagWriter(opts.out, opts.storage, custom=opts.custom()) as writer:
+        writer.write(TOPICS["robot_description"][0], t_ns, make_string(kin.urdf_xml))
+        bar = tqdm(range(opts.episodes), desc="episodes", disable=not progress)
+        try:
+            for i in bar:
+                env.reset(opts.seed + i)
+                q_cmd: np.ndarray | None = None
+                gripper_cmd: float | None = None
+                step = 0
+                min_clearance = env.target_clearance()
+                while not env.done:
+                    if step >= settle_steps and (q_cmd is not None or gripper_cmd is not None):
+                        env.apply_joint_targets(q_cmd if q_cmd is not None else env.data.ctrl[
+                            env.handles.arm_actuators].copy(), gripper_cmd if gripper_cmd is not None
+                            else env.gripper_command)
+                    env.advance()
+                    step += 1
+                    t_ns += dt_ns
+                    # Order within one stamp = replay's PRIORITY: clock, instruction, joints, camera.
+                    writer.write(TOPICS["clock"][0], t_ns, make_clock(t_ns))
+                    if (step - 1) % int(round(rate)) == 0:  # the bridge repeats it every second
+                        msg = make_string(env.instruction)
+                        writer.write(TOPICS["instruction"][0], t_ns, msg)
+                        core.feed("instruction", msg, t_ns)
+                    msg = make_joint_state(names, env.joint_positions().tolist() + env.finger_positions().tolist(),
+                                           t_ns, env.joint_velocities().tolist() + [0.0] * len(kin.gripper_joint_names))
+                    writer.write(TOPICS["joint_states"][0], t_ns, msg)
+                    core.feed("joint_states", msg, t_ns)
+                    if step % camera_every == 0:
+                        msg = make_image(env.render(), t_ns)
+                        writer.write(TOPICS["camera"][0], t_ns, msg)
+                        cmd = core.command(core.feed("camera", msg, t_ns), t_ns)
+                        if cmd is not None:
+                            core.write_command(writer, cmd)
+                            commands += 1
+                            if step >= settle_steps:
+                                q_cmd = cmd.q
+                                if cmd.fingers.size and max_opening > 0:
+                                    gripper_cmd = float(np.clip(np.mean(cmd.fingers) / max_opening, 0.0, 1.0))
+                    if step % int(round(rate)) == 0:  # ~/stats at 1 Hz, as the node's default
+                        writer.write(TOPICS["stats"][0], t_ns, make_string(core.stats_json()))
+                    min_clearance = min(min_clearance, env.target_clearance())
+                report = {"seed": opts.seed + i, "color": env.color, "instruction": env.instruction,
+                          "success": bool(env.success()), "steps": int(env.steps), "duration_s": step / rate,
+                          "min_clearance_m": float(min_clearance)}
+                writer.write(TOPICS["stats"][0], t_ns, make_string(core.stats_json()))
+                writer.write(TOPICS["episode"][0], t_ns, make_string(json.dumps(report)))
+                episodes.append(report)
+                bar.set_postfix(success=float(np.mean([e["success"] for e in episodes])))
+        finally:
+            env.close()
+        counts = dict(writer.counts)
+    return _summary(opts, episodes, counts, commands, time.monotonic() - started, errors=dict(core.errors))
+
+
+# --- live -------------------------------------------------------------------------------------
+class BagRecorder:
+    """An rclpy node writing the recorded topics to a bag as they arrive (a ``run_sim`` attachment)."""
+
+    def __init__(self, domain_id: int, writer: BagWriter) -> None:
+        import rclpy
+        from rclpy.context import Context
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.parameter import Parameter
+        from rclpy.qos import (
+            DurabilityPolicy,
+            HistoryPolicy,
+            QoSProfile,
+            ReliabilityPolicy,
+        )
+        from rosgraph_msgs.msg import Clock
+        from sensor_msgs.msg import Image, JointState
+        from std_msgs.msg import Float64MultiArray, String
+
+        self._rclpy = rclpy
+        self.writer = writer
+        self.context = Context()
+        rclpy.init(context=self.context, domain_id=domain_id)
+        # Receive stamps on the sim clock, like `ros2 bag record --use-sim-time`.
+        self.node = rclpy.create_node("vla_accel_recorder", context=self.context,
+                                      parameter_overrides=[Parameter("use_sim_time", value=True)])
+        sensor = QoSProfile(depth=100, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST)
+        reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        classes = {"sensor_msgs/msg/Image": Image, "sensor_msgs/msg/JointState": JointState,
+                   "std_msgs/msg/String": String, "std_msgs/msg/Float64MultiArray": Float64MultiArray,
+                   "rosgraph_msgs/msg/Clock": Clock}
+        qos = {"camera": sensor, "joint_states": sensor, "robot_description": latched, "instruction": latched}
+        self._pending: list[tuple[str, str, bytes]] = []
+        self._lock = threading.Lock()
+        self.errors: list[str] = []
+        for role, (topic, msgtype) in TOPICS.items():
+            self.node.create_subscription(classes[msgtype], topic, self._callback(topic, msgtype),
+                                          qos.get(role, reliable), raw=True)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, name="bag_recorder", daemon=True)
+        self._thread.start()
+
+    def _callback(self, topic: str, msgtype: str) -> Any:
+        def write(raw: bytes) -> None:
+            now = self.node.get_clock().now().nanoseconds
+            with self._lock:
+                if self.writer.closed:
+                    return
+                if now == 0:  # no /clock yet: keep it for the first sim time
+                    self._pending.append((topic, msgtype, bytes(raw)))
+                    return
+                for item in self._pending:
+                    self.writer.write_raw(item[0], item[1], now, item[2])
+                self._pending.clear()
+                self.writer.write_raw(topic, msgtype, now, raw)
+
+        return write
+
+    def _spin(self) -> None:
+        while not self._stop.is_set() and self._rclpy.ok(context=self.context):
+            try:
+                self.executor.spin_once(timeout_sec=0.05)
+            except Exception as err:  # a failed write must not kill the run silently
+                if self._rclpy.ok(context=self.context):
+                    self.errors.append(f"{type(err).__name__}: {err}")
+                break
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        self.executor.shutdown(timeout_sec=1.0)
+        self.node.destroy_node()
+        self._rclpy.try_shutdown(context=self.context)
+        with self._lock:
+            self.writer.close()
+
+
+def record_live(opts: RecordOptions, progress: bool = True) -> dict[str, Any]:
+    """``vla-accel sim``'s processes plus a :class:`BagRecorder` on their domain."""
+    from vla_accel_ros.ros.launcher import SimRunOptions, run_sim
+
+    out = Path(opts.out)
+    run_dir = out.parent / f"{out.name}_sim"
+    writer = BagWriter(out, opts.storage, custom=opts.custom())
+    recorders: list[BagRecorder] = []
+
+    def attach(domain: int) -> BagRecorder:
+        recorders.append(BagRecorder(domain, writer))
+        return recorders[-1]
+
+    started = time.monotonic()
+    try:
+        sim = run_sim(SimRunOptions(episodes=opts.episodes, control_rate_hz=opts.control_rate_hz,
+                                    decoder=opts.decoder, out=str(run_dir), seed=opts.seed,
+                                    checkpoint=opts.checkpoint, duration_s=opts.duration_s,
+                                    domain_id=opts.domain_id), progress=progress, attach=attach)
+    finally:
+        writer.close()
+    errors = recorders[0].errors if recorders else []
+    if errors:
+        raise RuntimeError(f"the recorder failed: {errors[0]}")
+    commands = writer.counts.get(TOPICS["commands"][0], 0)
+    return _summary(opts, sim["per_episode"], dict(writer.counts), commands, time.monotonic() - started,
+                    sim_summary=str(run_dir / "summary.json"))
+
+
+def _summary(opts: RecordOptions, episodes: list[dict[str, Any]], counts: dict[str, int], commands: int,
+             wall_s: float, **extra: Any) -> dict[str, Any]:
+    return {"bag": opts.out, "mode": opts.mode, "storage": opts.storage, "episodes": len(episodes),
+            "success_rate": float(np.mean([e["success"] for e in episodes])) if episodes else 0.0,
+            "frames": counts.get(TOPICS["camera"][0], 0), "commands": commands, "messages": counts,
+            "per_episode": episodes, "wall_s": wall_s, **extra}
+
+
+def record(opts: RecordOptions, progress: bool = True) -> dict[str, Any]:
+    return (record_deterministic if opts.mode == "deterministic" else record_live)(opts, progress)
+
+

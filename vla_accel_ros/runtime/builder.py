@@ -1,0 +1,118 @@
+"""From settings to the two halves of a control loop: the :class:`~vla_accel_ros.runtime.runner.PolicyRunner`
+(observation -> action) and the :class:`~vla_accel_ros.core.controller.Controller` (one safe command per
+tick).
+
+The node (thread mode), the inference child (process mode), the lock-step core of record and replay,
+eval and bench all build their runner here, so each runs the same policy, decoder, sampling, vision
+and episode history for the same settings. :class:`RunnerConfig` is the runtime's own view of those
+settings; ``NodeConfig.runner_config()`` gives the node's.
+
+Importing this module does not import torch: in ``inference_mode: process`` the node builds its
+controller here while the policy (and torch) live only in the child.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from vla_accel_ros.core.controller import Controller, ControllerConfig
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.resources import default_checkpoint
+from vla_accel_ros.models.configuration import (
+    DEFAULT_TEMPERATURE,
+    MAX_TEMPERATURE,
+    VisionReuseConfig,
+)
+
+if TYPE_CHECKING:
+    from vla_accel_ros.decoding.protocol import Decoder
+    from vla_accel_ros.models.policy import Policy
+    from vla_accel_ros.runtime.runner import PolicyRunner
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """What a :class:`PolicyRunner` is built from.
+
+    checkpoint: policy checkpoint directory; empty = the package's checkpoints/default.
+    decoder: decoder name (``vla_accel_ros.decoding.DECODERS``).
+    temperature: action-token sampling temperature, 0 = greedy.
+    vision: incremental-vision settings; None (or ``enabled`` false) = encode every patch of every frame.
+    action_dt_s: duration of one policy action step (the Kalman filter's step).
+    period_s: the control period: the time a decoder has for one action.
+    max_steps: episode step limit the decoders see.
+    torch_threads: torch intra-op threads of the thread that builds and runs the runner.
+    """
+
+    checkpoint: str = ""
+    decoder: str = "kerv"
+    temperature: float = DEFAULT_TEMPERATURE
+    vision: VisionReuseConfig | None = None
+    action_dt_s: float = 0.05
+    period_s: float = 0.05
+    max_steps: int = 120
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.decoder.strip():
+            raise ValueError("RunnerConfig.decoder must name a decoder")
+        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE):
+            raise ValueError(f"RunnerConfig.temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
+        for name in ("action_dt_s", "period_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"RunnerConfig.{name} must be > 0, got {value}")
+        if self.max_steps < 1:
+            raise ValueError(f"RunnerConfig.max_steps must be >= 1, got {self.max_steps}")
+        if self.torch_threads < 1:
+            raise ValueError(f"RunnerConfig.torch_threads must be >= 1, got {self.torch_threads}")
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """The checkpoint directory this config names (the package's default when empty)."""
+        return Path(self.checkpoint) if self.checkpoint else default_checkpoint()
+
+
+def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | None = None,
+                 decoder: Decoder | None = None, clock: Callable[[], float] = time.perf_counter) -> PolicyRunner:
+    """The runner of ``config`` for the arm ``kin``, its decoders timing themselves on ``clock``.
+
+    Without ``policy`` the checkpoint is loaded (safetensors + JSON; CheckpointError names the problem)
+    together with what the decoder needs beside it (heisd: CHECKPOINT/retrieval_store). A caller that
+    holds the policy already (eval and bench share one between runners) passes it, and may pass a
+    decoder configured beyond its name (thresholds, a retrieval store), named ``config.decoder``.
+    Raises ValueError naming an unknown decoder, or a policy that cannot serve it.
+    """
+    import torch
+
+    from vla_accel_ros.decoding import make_decoder
+    from vla_accel_ros.models.sampling import SamplingConfig
+    from vla_accel_ros.runtime.runner import PolicyRunner
+
+    torch.set_num_threads(config.torch_threads)
+    options = {"action_dt_s": config.action_dt_s, "period_s": config.period_s, "max_steps": config.max_steps,
+               "clock": clock, "vision": config.vision, "sampling": SamplingConfig(config.temperature)}
+    if policy is None:
+        if decoder is not None:
+            raise ValueError("build_runner: a decoder object needs its policy (pass policy= too)")
+        return PolicyRunner.load(config.checkpoint_path, config.decoder, kin, **options)
+    if decoder is None:
+        decoder = make_decoder(config.decoder)
+    elif decoder.name != config.decoder:
+        raise ValueError(f"build_runner: the decoder passed is '{decoder.name}', the config names '{config.decoder}'")
+    return PolicyRunner(policy, decoder, kin, **options)
+
+
+def build_controller(config: ControllerConfig, kin: ArmKinematics, *, enabled: bool = False,
+                     instruction: str = "") -> Controller:
+    """The control core for ``kin``: enabled or holding, with a first instruction when one is given."""
+    controller = Controller(kin, config)
+    controller.set_enabled(enabled)
+    if instruction.strip():
+        controller.set_instruction(instruction)
+    return controller

@@ -1,0 +1,175 @@
+"""The runner: one observation in, one decoded action out, for one policy and one decoder.
+
+Every path from an observation to an action goes through :class:`PolicyRunner` (the node's thread
+and process workers, the lock-step core of record and replay, eval, bench); what the bench times
+is what the node runs. The runner keeps the per-episode history the decoders read and starts a new
+episode when told (``start_episode``) or when the observations say so (a new instruction, a jump of
+the arm). :func:`run_policy_step` is the one step beneath it: prefill, then decode.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vla_accel_ros.core.kalman import JointKalmanFilter
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.decoding.history import EpisodeHistory
+from vla_accel_ros.decoding.protocol import (
+    N_ACTION_TOKENS,
+    DecodeContext,
+    Decoder,
+    DecodeResult,
+    PolicyLike,
+)
+from vla_accel_ros.models.configuration import VisionReuseConfig
+from vla_accel_ros.models.incremental_vision import IncrementalVisionEncoder
+from vla_accel_ros.models.policy import Policy
+from vla_accel_ros.models.sampling import SamplingConfig
+
+# A measured joint jump this large (rad) between two observations is a new episode (sim reset):
+# the decoder's history (filter, tokens, gripper) no longer describes the arm.
+EPISODE_JUMP_RAD = 0.3
+
+
+class PolicyRunner:
+    """Observation -> :class:`DecodeResult` (the action and the decoder's accounting) for one policy
+    and one decoder.
+
+    Keeps the per-episode history the decoders read (recent joints through a joint-space Kalman
+    filter, previous tokens and gripper values), the incremental vision encoder when ``vision`` is
+    enabled, and the decoder's own episode state. A new episode starts at :meth:`start_episode`, and
+    by itself when the instruction changes or the arm's position jumps (a stream without explicit
+    episode boundaries: the node, a bag). Build one with :func:`vla_accel_ros.runtime.builder.build_runner`.
+    """
+
+    def __init__(self, policy: Policy, decoder: Decoder, kin: ArmKinematics, *, action_dt_s: float,
+                 period_s: float, max_steps: int = 120, clock: Callable[[], float] = time.perf_counter,
+                 vision: VisionReuseConfig | None = None, sampling: SamplingConfig | None = None) -> None:
+        decoder.check_policy(policy)
+        self.policy = policy
+        self.decoder = decoder
+        self.decoder_name = decoder.name
+        self.period_s = period_s
+        self.history = EpisodeHistory(JointKalmanFilter(kin, action_dt_s), max_steps=max_steps,
+                                      control_period_s=action_dt_s, clock=clock, sampling=sampling)
+        self.vision = IncrementalVisionEncoder(policy, vision) if vision is not None and vision.enabled else None
+        self._last_instruction: str | None = None
+        self._last_q: np.ndarray | None = None
+        self._episode_started = False  # start_episode() ran and no observation has been served since
+
+    @classmethod
+    def load(cls, checkpoint: str | Path, decoder_name: str, kin: ArmKinematics, **kwargs: Any) -> PolicyRunner:
+        """Load a checkpoint directory (safetensors + JSON; raises CheckpointError naming the problem).
+        A decoder that needs a file beside the checkpoint (heisd: CHECKPOINT/retrieval_store) gets it
+        here, so that a missing one is reported at start-up, not at every step."""
+        from vla_accel_ros.decoding import make_decoder
+        from vla_accel_ros.models import load_checkpoint
+
+        runner = cls(load_checkpoint(Path(checkpoint)), make_decoder(decoder_name), kin, **kwargs)
+        if runner.decoder.capabilities().retrieval_store:
+            runner.decoder.attach_checkpoint_store(Path(checkpoint), runner.policy)
+        return runner
+
+    @property
+    def image_size(self) -> int:
+        return int(self.policy.config.image_size)
+
+    def start_episode(self, key: int | None = None) -> None:
+        """Forget the previous episode (history, filter, vision cache, decoder state). ``key`` keys the
+        episode's sampling noise (eval: the episode's seed, so a seed always samples alike); None
+        counts the episodes. The next observation belongs to this episode whatever its instruction."""
+        self.history.reset(episode=key)
+        if self.vision is not None:
+            self.vision.reset()
+        if self.decoder.capabilities().episode_state:
+            self.decoder.reset()
+        self._episode_started = True
+
+    def __call__(self, obs: Observation, *, target_clearance: float | None = None) -> DecodeResult:
+        """Decode one action for ``obs`` within one control period. ``target_clearance`` is the
+        gripper-to-target distance (m) from a simulated scene for world-aware acceptance; None on a
+        robot (the decoders then use the policy's contact head)."""
+        q = np.asarray(obs.joint_pos, dtype=float)
+        if not self._episode_started and self._is_new_episode(obs.instruction, q):
+            self.start_episode()
+        self._episode_started = False
+        self._last_instruction, self._last_q = obs.instruction, q
+        self.history.observe_joints(q, obs.stamp)
+        context = self.history.context(time_left_s=self.period_s, target_clearance=target_clearance)
+        result = run_policy_step(self.policy, obs, self.decoder, context, self.vision)
+        self.history.record(result)
+        return result
+
+    def _is_new_episode(self, instruction: str, q: np.ndarray) -> bool:
+        if instruction != self._last_instruction:
+            return True
+        return self._last_q is not None and float(np.max(np.abs(q - self._last_q))) > EPISODE_JUMP_RAD
+
+
+# --- running one policy step ------------------------------------------------------------------
+def run_policy_step(
+    policy: PolicyLike,
+    obs: Observation,
+    decoder: Decoder,
+    context: DecodeContext,
+    vision: IncrementalVisionEncoder | None = None,
+) -> DecodeResult:
+    """Prefill ``obs`` and decode one action, timing both on ``context.clock``.
+
+    ``context.time_left_s`` counts from the start of this call; the decoder sees what is left
+    after the prefill. With ``vision``, the prefill re-encodes only the image patches that changed
+    (:mod:`vla_accel_ros.models.incremental_vision`).
+
+    A decoder that declares ``skips_steps`` may serve the step without the model (HeiSD's
+    verify-skip executes queued retrieved actions): when ``skip_step`` returns a result, that result
+    is returned at once, with no prefill (prefill time 0, nothing re-encoded) and no target pass.
+
+    A decoder that declares ``verifies_in_prefill`` may propose the 7 tokens before the
+    prefill (from what it knows without the image: the previous action, the Kalman filter). When
+    it does, the prefill verifies them in the same pass (``Policy.prefill_scored``: its first 6
+    ride along with the prefix) and ``decode_scored(policy, scored, proposal, context)`` finishes
+    the action, with no target pass of its own. The proposal's time counts as decoding; the one
+    pass counts as the prefill (incremental too: ``vision.prefill_scored``).
+    """
+    clock = context.clock
+    t0 = clock()
+    capabilities = decoder.capabilities()
+    if capabilities.skips_steps:
+        skipped = decoder.skip_step(context)
+        if skipped is not None:
+            elapsed = (clock() - t0) * 1e3
+            return replace(skipped, timings=dict(skipped.timings, prefill=0.0, total=elapsed), vision_fraction=0.0)
+    fraction = 1.0
+    with torch.inference_mode():
+        proposal = decoder.prefill_proposal(policy, context) if capabilities.verifies_in_prefill else None
+        t_proposed = clock()
+        if proposal is not None:
+            # The last proposed token is not fed: its output would predict an 8th token.
+            feed = torch.tensor([proposal[: N_ACTION_TOKENS - 1].tolist()], dtype=torch.long)
+            scored = policy.prefill_scored(obs, feed) if vision is None else vision.prefill_scored(obs, feed)
+        elif vision is None:
+            prefix = policy.prefill(obs)
+        else:
+            prefix = vision.prefill(obs)
+        if vision is not None:
+            fraction = vision.last.fraction
+        t1 = clock()
+        if context.time_left_s is not None:
+            context = context.with_time_left(context.time_left_s - (t1 - t0))
+        if proposal is not None:
+            result = decoder.decode_scored(policy, scored, proposal, context)
+        else:
+            result = decoder.decode(policy, prefix, context)
+    t2 = clock()
+    # Choosing a proposal for the prefill to verify (or deciding not to) is decoding work.
+    decode_ms = result.timings["decode"] + (t_proposed - t0) * 1e3
+    timings = dict(result.timings, decode=decode_ms, prefill=(t1 - t_proposed) * 1e3, total=(t2 - t0) * 1e3)
+    return replace(result, timings=timings, vision_fraction=fraction)

@@ -1,0 +1,217 @@
+"""What every trainer shares: hyperparameter checks, the recipe recorded in a checkpoint, seeding, the
+cosine schedule and epoch loop, image-shift augmentation, greedy rollouts for draft targets, and
+loss plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from vla_accel_ros.models.policy import Policy, Prefix
+from vla_accel_ros.models.tokenizer import N_BINS
+from vla_accel_ros.training.data import DemoDataset
+
+
+# --- helpers shared by the training commands (train, train-world) ---------------------------------
+def check_hyperparameters(cfg: Any, positive: Sequence[str], non_negative: Sequence[str], rates: Sequence[str]) -> None:
+    """Reject bad sizes, epoch counts and learning rates of the config dataclass ``cfg`` by field
+    name, at construction: a typo on the command line fails before minutes of data loading."""
+    for name in positive:
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    for name in non_negative:
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if any(getattr(cfg, name) <= 0 for name in rates):
+        raise ValueError("learning rates must be positive")
+
+
+def check_data_selection(cfg: Any) -> None:
+    """Reject a held-out share outside [0, 1) or a non-positive episode cap (``cfg.val_fraction``,
+    ``cfg.max_episodes``): both would leave a split with nothing to train on."""
+    if not 0.0 <= cfg.val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
+    if cfg.max_episodes is not None and cfg.max_episodes <= 0:
+        raise ValueError(f"max_episodes must be positive, got {cfg.max_episodes}")
+
+
+def command_line(cfg: Any, subcommand: str) -> str:
+    """``vla-accel SUBCOMMAND`` with the flags that rebuild the config dataclass ``cfg`` (one flag a
+    field; booleans as ``--x`` / ``--no-x``): the required fields always, the others only where they
+    differ from the defaults, so the command recorded with a checkpoint stays short and reproduces it."""
+    required = [f.name for f in fields(cfg) if f.default is MISSING and f.default_factory is MISSING]
+    defaults = type(cfg)(**{name: "" for name in required})
+    parts = ["vla-accel", subcommand]
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in required or value != getattr(defaults, f.name):
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                parts.append(flag if value else "--no-" + f.name.replace("_", "-"))
+            else:
+                parts += [flag, str(value)]
+    return shlex.join(parts)
+
+
+def component_recipe(cfg: Any, data: DemoDataset, n_train: int, n_val: int, *, drop: Sequence[str] = ("progress", "out"),
+                     unit: str = "samples") -> dict[str, Any]:
+    """The recipe of a component trained on a checkpoint (``cfg`` has ``checkpoint`` and ``data``):
+    its settings without ``drop``, both paths resolved, and the episode and split counts."""
+    return {
+        **{k: v for k, v in asdict(cfg).items() if k not in drop},
+        "checkpoint": str(Path(cfg.checkpoint).resolve()),
+        "data": str(Path(cfg.data).resolve()),
+        "n_episodes": data.n_episodes,
+        f"n_train_{unit}": n_train,
+        f"n_val_{unit}": n_val,
+    }
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def cosine_schedule(step: int, total: int, warmup: int, floor: float = 0.1) -> float:
+    """LR multiplier: linear warm-up, then cosine decay to ``floor``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def optimise_epochs(optimizer: torch.optim.Optimizer, schedule: torch.optim.lr_scheduler.LRScheduler,
+                    batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int, epochs: int, batch_size: int,
+                    generator: torch.Generator, bar: tqdm,
+                    clip: Sequence[torch.nn.Parameter] | None = None) -> list[float]:
+    """``epochs`` shuffled passes over ``n`` samples, one optimiser and schedule step per batch of
+    indices (``batch_loss(indices)`` gives its loss; gradient norm clipped to 1 over ``clip`` when
+    given), counted on ``bar``: the loop of the small heads' trainings (train-world, train-flow).
+    Returns the per-step losses, for the loss plots."""
+    losses: list[float] = []
+    for _ in range(epochs):
+        for idx in torch.randperm(n, generator=generator).split(batch_size):
+            loss = batch_loss(idx)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(clip, 1.0)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.5f}")
+    return losses
+
+
+def random_shift(
+    images: torch.Tensor, max_shift: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shift each uint8 image (B, H, W, 3) by up to ``max_shift`` pixels, repeating the border.
+    Returns the images and how far their content moved, (B, 2) pixels (x, y)."""
+    b, h, w, _ = images.shape
+    if max_shift == 0:
+        return images, torch.zeros(b, 2)
+    dy, dx = torch.randint(-max_shift, max_shift + 1, (2, b, 1), generator=generator)
+    rows = (torch.arange(h) + dy).clamp_(0, h - 1)
+    cols = (torch.arange(w) + dx).clamp_(0, w - 1)
+    moved = -torch.cat([dx, dy], dim=1).to(torch.float32)  # output pixel (r, c) shows input (r + dy, c + dx)
+    return images[torch.arange(b)[:, None, None], rows[:, :, None], cols[:, None, :]], moved
+
+
+@dataclass(frozen=True, eq=False)
+class GreedyRollout:
+    """The frozen target's greedy decoding of a batch: what the draft heads learn to predict.
+
+    tokens: (B, 7) greedy tokens. features: (B, 7, d) the final-norm features that predict them
+    (at BOS and after each of the first 6 tokens). memory: the last-layer (k, v) over the prefix and
+    the first 6 tokens, each (B, H, prefix_len + 6, hd). prefix: the prefill (``prefix_len``, ``pooled``).
+    """
+
+    tokens: torch.Tensor
+    features: torch.Tensor
+    memory: tuple[torch.Tensor, torch.Tensor]
+    prefix: Prefix
+
+    def memory_mask(self, starts: torch.Tensor) -> torch.Tensor:
+        """(S, L) bool: query s may read the prefix and the first ``starts[s]`` tokens, exactly the
+        cache a draft head sees after ``starts[s]`` consumed tokens."""
+        keys = torch.arange(self.memory[0].shape[2], device=starts.device)
+        return keys[None, :] < (self.prefix.prefix_len + starts)[:, None]
+
+
+def greedy_rollout(policy: Policy, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor) -> GreedyRollout:
+    """The greedy rollout of ``policy``'s target on a batch, without gradients (the target is frozen
+    while draft heads train)."""
+    with torch.no_grad():
+        prefix = policy._prefill(images, text, proprio)
+        greedy, final = policy._greedy(prefix)
+    return GreedyRollout(tokens=greedy, features=final.action_hidden, memory=final.kv[-1], prefix=prefix)
+
+
+def draft_step_loss(lm_head: torch.nn.Module, pred: torch.Tensor, want_tokens: torch.Tensor,
+                    want_features: torch.Tensor, feature_weight: float) -> torch.Tensor:
+    """A draft head's loss on predicted features ``pred`` (B, S, d): cross-entropy of the target's
+    LM head on them against the target's greedy tokens (B, S), which is what acceptance needs, plus
+    ``feature_weight`` times EAGLE's smooth-L1 regression onto the target's features (B, S, d),
+    which keeps the prediction in the space the LM head and later steps read."""
+    ce = F.cross_entropy(lm_head(pred).reshape(-1, N_BINS), want_tokens.reshape(-1))
+    return ce + feature_weight * F.smooth_l1_loss(pred, want_features)
+
+
+def plot_loss_panels(path: Path, panels: Sequence[tuple[str, str]], figsize: tuple[float, float],
+                     draw: Callable[[Any, str], None]) -> None:
+    """Save a row of loss panels, one per ``(title, key)``; ``draw(ax, key)`` fills each. The one
+    frame of every training command's loss plot (headless Agg, imported here so the CLI starts fast)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize, squeeze=False)
+    for ax, (title, key) in zip(axes[0], panels):
+        draw(ax, key)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_loss_curve(ax: Any, losses: Sequence[float],
+                    held_out: tuple[np.ndarray, Sequence[float]] | None = None) -> None:
+    """Per-step training losses with their running mean (the trend through the batch noise) and,
+    given as (steps, losses), held-out points; log scale when all positive; a note instead when the
+    phase did not run, so a skipped phase is not mistaken for a broken plot."""
+    values = np.asarray(losses, dtype=np.float64)
+    if values.size:
+        ax.plot(values, alpha=0.35, label="train (per step)")
+        window = max(1, values.size // 50)
+        smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+        ax.plot(np.arange(smooth.size) + window - 1, smooth, label=f"train (mean of {window})")
+    if held_out is not None:
+        ax.plot(*held_out, "o-", label="held-out")
+    ax.set_yscale("log" if values.size and values.min() > 0 else "linear")
+    if values.size:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "not trained in this run", ha="center", va="center", transform=ax.transAxes)
+
+
+def config_from_args(config_type: type[Any], args: argparse.Namespace) -> Any:
+    """The config dataclass ``config_type`` from the parsed flags that name its fields."""
+    names = {f.name for f in fields(config_type)}
+    return config_type(**{k: v for k, v in vars(args).items() if k in names})

@@ -4,6 +4,8 @@ modules cannot import this file):
 
 - ``tiny_checkpoint(path, **config)``: a randomly initialised small policy saved as a real checkpoint;
 - ``save_episode(path, images, actions, rng)``: a demo episode file with those frames and actions;
+- ``demo_set(name, episodes, **config)``: a folder of demo episodes (``episodes(rng)`` yields their
+  (images, actions)) and a tiny checkpoint beside it: (demo folder, checkpoint);
 - ``wait_until(predicate, timeout=10.0, every=None)``: poll until true or the timeout;
 - ``ros_context(domain_id)``: a private rclpy context on its own ROS_DOMAIN_ID (a context manager);
 - ``dds_rig(domain_id, peer_name)``: a :class:`DdsRig`, a node under test and a peer node spun in
@@ -153,6 +155,20 @@ def tiny_checkpoint() -> Callable[..., Path]:
 @pytest.fixture(scope="session")
 def save_episode() -> Callable[..., None]:
     return _save_episode
+
+
+@pytest.fixture(scope="session")
+def demo_set(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, Path]]:
+    def make(name: str, episodes: Callable[[np.random.Generator], Iterator[tuple[np.ndarray, np.ndarray]]],
+             **config: Any) -> tuple[Path, Path]:
+        root = tmp_path_factory.mktemp(name)
+        rng = np.random.default_rng(0)
+        (root / "demos").mkdir()
+        for i, (images, actions) in enumerate(episodes(rng)):
+            _save_episode(root / "demos" / f"episode_{i:05d}.npz", images, actions, rng)
+        return root / "demos", _tiny_checkpoint(root / "base", **config)
+
+    return make
 
 
 @pytest.fixture(scope="session")

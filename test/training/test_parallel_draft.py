@@ -4,6 +4,7 @@ and its objective against what ``draft_tokens_parallel`` sees at inference."""
 import argparse
 import json
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -45,16 +46,14 @@ def make_episode(rng: np.random.Generator, colour: tuple[int, int, int], steps: 
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint, save_episode) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("pdraft")
-    rng = np.random.default_rng(0)
-    (root / "demos").mkdir()
-    for i in range(6):
-        save_episode(root / "demos" / f"episode_{i:05d}.npz", *make_episode(rng, ((220, 40, 40), (40, 220, 40))[i % 2]), rng)
-    base = tiny_checkpoint(root / "base", image_size=SIZE, patch_size=8, max_text_len=16)
+def setup(demo_set) -> tuple[Path, Path]:
+    def episodes(rng: np.random.Generator) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        return (make_episode(rng, ((220, 40, 40), (40, 220, 40))[i % 2]) for i in range(6))
+
+    demos, base = demo_set("pdraft", episodes, image_size=SIZE, patch_size=8, max_text_len=16)
     (base / "retrieval_store").mkdir()  # a component folder: --out copies it along
     (base / "retrieval_store" / "store.json").write_text("{}")
-    return root / "demos", base
+    return demos, base
 
 
 def test_queries_cover_every_start_and_later_position() -> None:

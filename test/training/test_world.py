@@ -33,14 +33,9 @@ def make_episode(rng: np.random.Generator, steps: int = 10) -> tuple[np.ndarray,
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint, save_episode) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("world")
-    rng = np.random.default_rng(0)
-    (root / "demos").mkdir()
-    for i in range(5):
-        save_episode(root / "demos" / f"episode_{i:05d}.npz", *make_episode(rng), rng)
-    base = tiny_checkpoint(root / "base", image_size=SIZE, patch_size=8, keypoints=2, max_text_len=16)
-    return root / "demos", base
+def setup(demo_set) -> tuple[Path, Path]:
+    return demo_set("world", lambda rng: (make_episode(rng) for _ in range(5)),
+                    image_size=SIZE, patch_size=8, keypoints=2, max_text_len=16)
 
 
 def test_train_world_writes_a_world_aware_checkpoint(setup, tmp_path: Path) -> None:

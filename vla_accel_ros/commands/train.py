@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.training.common import config_from_args
+from vla_accel_ros.training.options import add_run_arguments
 from vla_accel_ros.training.target import TrainConfig, train
 
 
@@ -25,11 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feature-weight", type=float, default=d.feature_weight)
     parser.add_argument("--aux-weight", type=float, default=d.aux_weight,
                         help="weight of the auxiliary cube/TCP position loss (needs tcp_pos/target_pos in the demos)")
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--max-episodes", type=int, default=None)
     parser.add_argument("--init", default=None,
                         help="fine-tune this checkpoint (its architecture, tokenizer and proprio statistics)")
-    parser.add_argument("--val-fraction", type=float, default=d.val_fraction, help="held-out share of episodes")
     parser.add_argument("--include-failures", action="store_true", help="also train on failed episodes")
     parser.add_argument("--d-model", type=int, default=d.d_model)
     parser.add_argument("--n-layers", type=int, default=d.n_layers, help="decoder layers")
@@ -47,8 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
     parser.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default=d.save_dtype)
     parser.add_argument("--device", default=d.device)
-    parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+    add_run_arguments(parser, d)
 
 
 def run(args: argparse.Namespace) -> int:

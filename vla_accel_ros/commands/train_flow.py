@@ -7,6 +7,7 @@ import argparse
 
 from vla_accel_ros.training.common import config_from_args
 from vla_accel_ros.training.flow import FlowTrainConfig, train_flow
+from vla_accel_ros.training.options import add_run_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,11 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reuse the teacher of this checkpoint's flow head (same target) and only distil a student")
     parser.add_argument("--student-hidden", type=int, default=d.student_hidden,
                         help="width of the 2-step student's MLP (0 = the teacher's; it then starts as the teacher)")
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--val-fraction", type=float, default=d.val_fraction)
-    parser.add_argument("--max-episodes", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+    add_run_arguments(parser, d)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.training.common import config_from_args
+from vla_accel_ros.training.options import add_run_arguments
 from vla_accel_ros.training.parallel_draft import (
     ParallelDraftTrainConfig,
     train_parallel_draft,
@@ -26,12 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     parser.add_argument("--feature-weight", type=float, default=d.feature_weight,
                         help="weight of the feature regression next to the token cross-entropy")
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--max-episodes", type=int, default=None)
-    parser.add_argument("--val-fraction", type=float, default=d.val_fraction, help="held-out share of episodes")
     parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
-    parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+    add_run_arguments(parser, d)
 
 
 def run(args: argparse.Namespace) -> int:

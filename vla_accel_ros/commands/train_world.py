@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.training.common import config_from_args
+from vla_accel_ros.training.options import add_run_arguments
 from vla_accel_ros.training.world import WorldTrainConfig, train_world
 
 
@@ -32,11 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latent-l2", type=float, default=d.latent_l2,
                         help="penalty on the autoencoder latent's mean square")
     parser.add_argument("--bias-l2", type=float, default=d.bias_l2, help="penalty on the bias's mean square")
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--max-episodes", type=int, default=None)
-    parser.add_argument("--val-fraction", type=float, default=d.val_fraction, help="held-out share of episodes")
-    parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+    add_run_arguments(parser, d)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -110,7 +110,7 @@ def test_fallback_continues_the_measured_motion_within_limits(kin):
     assert kin.within_limits(result.q_command)
 
 
-def test_blocked_inference_worker_gives_fallback_ticks_within_limits(kin):
+def test_blocked_inference_worker_falls_back_for_fallback_max_s_then_holds(kin):
     ctrl = running(kin)
     release = threading.Event()
 
@@ -129,7 +129,11 @@ def test_blocked_inference_worker_gives_fallback_ticks_within_limits(kin):
             result = ctrl.tick(now[0])
             sources.append(result.source)
             assert kin.within_limits(result.q_command)
-        assert sources == ["fallback"] * 10
+        # the window (0.25 s) counts from the first tick (t = 0.05): fallback up to t = 0.3, then a hold with a reason
+        assert sources == ["fallback"] * 6 + ["hold"] * 4
+        assert "no fresh policy action" in result.reason and "fallback_max_s" in result.reason
+        assert ctrl.hold_reason == result.reason
+        assert ctrl.action_starved_s == pytest.approx(0.45) and result.stats.fallback_expired == 1
         release.set()
         for _ in range(100):
             if worker.stats()["actions"]:
@@ -185,9 +189,14 @@ def test_implausible_joint_positions_are_rejected_but_a_small_overshoot_is_not(k
     message = ctrl.on_joint_state(absurd, 0.04, 0.01)
     assert message is not None and "joint3" in message and "outside its limits" in message
     near = Q_HOME.copy()
+    near[0] = kin.limits.upper[0] - 0.01
+    assert ctrl.on_joint_state(near, 0.04, 2.0) is None
     near[0] = kin.limits.upper[0] + 0.05  # encoders do report a little past a limit
-    assert ctrl.on_joint_state(near, 0.04, 0.02) is None
-    assert np.all(np.isfinite(ctrl.tick(0.03).q_command))
+    assert ctrl.on_joint_state(near, 0.04, 2.01) is None
+    assert ctrl.stats.outliers_rejected == 0 and ctrl.stats.inputs_rejected == 1
+    ctrl.on_image(IMAGE, 2.01)
+    result = ctrl.tick(2.02)
+    assert np.all(np.isfinite(result.q_command)) and kin.within_limits(result.q_command)
 
 
 def test_time_going_backwards_is_rejected(kin):
@@ -233,15 +242,26 @@ def test_gripper_command_maps_to_finger_positions(kin):
     assert ctrl.tick(0.06).gripper_command == 0.5  # kept through fallback
 
 
-def test_teleported_arm_restarts_the_filter(kin):
-    ctrl = running(kin)
+def test_teleported_arm_restarts_the_filter_and_the_command_ramps_to_it(kin):
+    ctrl = running(kin, fallback_max_s=1.0)
+    first = ctrl.tick(0.005)
     ctrl.on_action(np.array([0.01, 0, 0, 0, 0, 0, 1.0]), 0.0, 0.0)
     q_new = Q_HOME.copy()
     q_new[0] = 0.8  # an episode reset moved the arm far in 10 ms
-    ctrl.on_joint_state(q_new, 0.04, 0.01)
-    result = ctrl.tick(0.02)
-    assert result.source == "fallback"  # the pending action belonged to the old pose
-    np.testing.assert_allclose(result.q_command, q_new, atol=1e-6)
+    for k, t in enumerate((0.01, 0.02, 0.03)):  # gated until JUMP_CONFIRM samples agree
+        ctrl.on_joint_state(q_new, 0.04, t)
+        assert ctrl.stats.outliers_rejected == min(k + 1, 2)
+    assert ctrl.stats.jumps_accepted == 1 and "joint1" in ctrl.last_outlier
+    previous = first.q_command
+    step = kin.limits.velocity * PERIOD
+    for k in range(1, 12):
+        t = 0.03 + k * PERIOD
+        feed(ctrl, q_new, t)
+        result = ctrl.tick(t)
+        assert result.source == "fallback"  # the pending action belonged to the old pose
+        assert np.all(np.abs(result.q_command - previous) <= step + 1e-9)
+        previous = result.q_command
+    np.testing.assert_allclose(previous, q_new, atol=1e-6)  # reached at the velocity limit
 
 
 def test_deadline_misses_and_jitter_are_counted(kin):

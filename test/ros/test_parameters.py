@@ -88,6 +88,32 @@ def test_controller_config_follows_node_config():
     assert ctrl.camera_timeout_s == 0.3
 
 
+def test_fallback_max_s_is_declared_with_a_range_validated_and_passed_to_the_controller():
+    spec = {s.name: s for s in parameter_specs(NodeConfig)}["fallback_max_s"]
+    assert spec.kind is float and spec.default == 0.25 and spec.range == (0.0, 10.0)
+    assert "fallback" in spec.description and "hold" in spec.description
+    ctrl = NodeConfig(fallback_max_s=0.4).controller_config()
+    assert ctrl.fallback_max_s == 0.4 and ctrl.expect_actions
+    assert NodeConfig(inference=False).controller_config().expect_actions is False
+    assert NodeConfig(fallback_max_s=0).controller_config().fallback_max_s == 0.0  # hold at once
+    for value, words in [(-0.1, ["fallback_max_s", "out of range"]), (11.0, ["fallback_max_s", "out of range"]),
+                         (float("nan"), ["fallback_max_s", "finite"]), ("long", ["fallback_max_s"])]:
+        with pytest.raises(ConfigError) as err:
+            from_params(NodeConfig, {"fallback_max_s": value})
+        for word in words:
+            assert word in str(err.value)
+
+
+@pytest.mark.parametrize("file", ["vla_accel.yaml", "sim.yaml"])
+def test_shipped_parameter_files_set_and_document_fallback_max_s(file):
+    path = share_dir() / "config" / file
+    assert load_yaml_params(path, "vla_accel_node")["fallback_max_s"] == 0.25
+    lines = path.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("fallback_max_s:"))
+    assert lines[at - 1].strip().startswith("#") and "[0 .. 10]" in lines[at - 1]  # documented with its range
+    assert any("action_timeout_s:" in line for line in lines[at - 6:at])  # next to the other timeouts
+
+
 @pytest.mark.parametrize("file, node, cls", [
     ("vla_accel.yaml", "vla_accel_node", NodeConfig),
     ("sim.yaml", "vla_accel_node", NodeConfig),

@@ -445,7 +445,7 @@ def test_clock_jump_back_drops_the_old_timeline():
     the input not yet seen on the new timeline counts as stale (hold), then control resumes."""
     from vla_accel_ros.core.controller import Controller, ControllerConfig
 
-    ctrl = Controller(KIN, ControllerConfig(period_s=PERIOD))
+    ctrl = Controller(KIN, ControllerConfig(period_s=PERIOD, fallback_max_s=1.0))  # the fallback outlasts the setup
     ctrl.set_instruction("pick up the red cube")
     ctrl.set_enabled(True)
     image = np.zeros((64, 64, 3), np.uint8)

@@ -61,6 +61,7 @@ from vla_accel_ros.models import load_checkpoint
 from vla_accel_ros.models.sampling import SamplingConfig
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
+from vla_accel_ros.sim.gl import check_rendering
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +107,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not check_rendering("bench"):  # no GL: one line saying what to set, before any work
+        return 2
     torch.set_num_threads(args.threads)
     ckpt = args.checkpoint or default_checkpoint()
     policy = load_checkpoint(ckpt)

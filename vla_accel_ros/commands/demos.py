@@ -8,6 +8,7 @@ from pathlib import Path
 
 from vla_accel_ros.sim.demos import greedy_policy_action, record_demos
 from vla_accel_ros.sim.env import SimConfig
+from vla_accel_ros.sim.gl import check_rendering
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not check_rendering("demos"):  # no GL: one line saying what to set, before any work
+        return 2
     config = SimConfig(image_size=args.image_size, max_steps=args.max_steps)
     policy_action = greedy_policy_action(args.policy) if args.policy else None
     summary = record_demos(

@@ -39,6 +39,7 @@ from vla_accel_ros.evaluation.options import (
 from vla_accel_ros.models import load_checkpoint
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
+from vla_accel_ros.sim.gl import check_rendering
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         raise SystemExit("--episodes must be >= 1")
+    if not check_rendering("eval"):  # no GL: one line saying what to set, before any work
+        return 2
     if args.seed < EVAL_SEED_START:
         print(f"warning: seed {args.seed} < {EVAL_SEED_START} may overlap the training demonstrations")
     torch.set_num_threads(args.threads)

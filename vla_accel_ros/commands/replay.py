@@ -1,4 +1,7 @@
 """``vla-accel replay``: a rosbag2 through the node, its commands diffed against the recorded ones.
+
+Exit status: 0 done (with ``--check``: and reproduced), 1 ``--check`` failed, 2 the bag or the
+options are bad, or the replay produced no command (the message says the likely reason).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from vla_accel_ros.rosbag.replayer import (
     DEFAULT_TOLERANCE,
     MODES,
     ReplayOptions,
+    no_command_cause,
     replay,
     verdict,
 )
@@ -53,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"replay: error: {err}", file=sys.stderr, flush=True)
         return 2
     print(verdict(summary), flush=True)
+    if not summary["commands"]:  # nothing to diff: a replay that verifies nothing is not a success
+        print(f"replay: error: no command produced: {no_command_cause(summary)}", file=sys.stderr, flush=True)
+        return 2
     if args.check and not summary["within_tolerance"]:
         return 1
     return 0

@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 from vla_accel_ros.evaluation.sim_speed import steps_per_second
+from vla_accel_ros.sim.gl import check_rendering
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not check_rendering("sim-speed"):  # no GL: one line saying what to set, before any work
+        return 2
     result = {}
     for render in (False, True):
         rates = [steps_per_second(render, args.steps, args.image_size, seed=run_i) for run_i in range(args.runs)]

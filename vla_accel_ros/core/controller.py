@@ -6,14 +6,27 @@ policy action, and at every tick chooses:
 - ``policy``: a fresh action (not used before, observation younger than ``action_timeout_s``)
   through differential IK (``actions.action_to_joint_targets``, the sim's path too);
 - ``fallback``: no fresh action, so the joint-space Kalman filter extrapolates the motion over one
-  action step, i.e. it stands in for the late action;
-- ``hold``: disabled, no instruction, or an input stale past its watchdog: the measured position
-  at the moment the hold began (latched, so a sagging arm does not drift the hold target).
+  action step, i.e. it stands in for the late action. Its velocity decays linearly to 0 over
+  ``fallback_max_s`` after the last fresh action (or after the hold before it), then the core holds
+  and reports how long no action came (``action_starved_s``). Without a policy
+  (``expect_actions`` false) nothing is extrapolated: the command tracks the measured position;
+- ``hold``: disabled, no instruction, an input stale past its watchdog, or the fallback used up: the
+  measured position at the moment the hold began (latched, so a sagging arm does not drift the hold
+  target).
 
 Every command then passes the same guard: within what the velocity limits reach from the measured
-position over one action step, within velocity limits of the previous command over one period
-(the command stream itself never moves faster than the URDF allows), within position limits, and
-finite; if not, the last safe command is repeated.
+position over one action step, then within velocity limit x period of the previous returned command
+(the very first one: of the measured position) and within the position limits, finite; a
+non-finite candidate repeats the previous command. Two consecutive commands therefore never differ
+by more than v*T per joint, whatever the measurements, the source or the hold target do: a hold
+after a jump ramps to its target at the velocity limits.
+
+Joint states are gated: a sample further from the last accepted one than the velocity limits reach
+over the elapsed time (plus ``JUMP_SLACK``) is an outlier: it moves neither the filter, nor the hold
+target, nor the policy's proprioception, and is counted (``TickStats.outliers_rejected``,
+``last_outlier``). ``JUMP_CONFIRM`` consecutive outliers that agree with each other are a real jump
+(an episode reset, an arm moved by hand): accepted, the filter, pending action and hold target
+restart there, and the command ramps to it.
 
 Times are seconds on one clock chosen by the caller (ROS time in the node, so use_sim_time works);
 inputs are stamped with their arrival time on that clock, which keeps the watchdog independent of
@@ -42,9 +55,16 @@ from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.settings import check_fields, setting
 
 SOURCES = ("policy", "fallback", "hold")
-# A measured jump larger than the velocity limits allow (plus this slack, rad or m) is a reset or
-# a teleport (new sim episode): the filter and pending actions no longer describe the arm.
+# A measured position further from the last accepted one than the velocity limits reach over the
+# elapsed time, plus this slack (rad or m: encoder noise, stamping jitter), is no motion the arm can
+# make: an outlier, or the first sample after a reset or teleport.
 JUMP_SLACK = 0.05
+# This many consecutive outliers, each within reach of the one before, are a real jump (new sim
+# episode, arm moved by hand): accepted, and the filter and pending actions restart there. One
+# broken sample never agrees with the next good one, so it is always rejected.
+JUMP_CONFIRM = 3
+# Speed the gate assumes for a joint without a URDF velocity limit (rad/s or m/s).
+UNLIMITED_SPEED = 10.0
 # A measured position this far (rad) past a URDF limit is not a real arm state but a broken driver
 # or message: rejected, never fed to the filter or the policy.
 IMPLAUSIBLE_BEYOND_LIMIT = math.pi
@@ -62,6 +82,10 @@ class ControllerConfig:
     deadline_tolerance: float = setting(0.5, "Late-tick threshold as a fraction of the period", range=(0.0, 10.0))
     gripper_initial: float = setting(1.0, "Gripper command before the first action", range=(0.0, 1.0))
     jitter_window: int = setting(4096, "Ticks kept for the jitter percentiles", range=(16, 1_000_000))
+    fallback_max_s: float = setting(0.25, "Longest Kalman fallback after the last fresh action (its velocity "
+                                    "decays to 0 over it); then hold", range=(0.0, 10.0))
+    expect_actions: bool = setting(True, "A policy supplies actions; false = none (bring-up): the fallback "
+                                   "tracks the measured position and extrapolates nothing")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -83,6 +107,10 @@ class TickStats:
     actions_replaced: int = 0
     inputs_rejected: int = 0
     guard_trips: int = 0
+    outliers_rejected: int = 0  # joint-state samples gated (beyond what the velocity limits reach)
+    jumps_accepted: int = 0  # runs of agreeing outliers taken as a real jump (reset, moved by hand)
+    fallback_expired: int = 0  # times the fallback ran out (fallback_max_s) into a hold
+    last_outlier: str = ""  # why the last outlier was gated ('' = none yet)
 
 
 @dataclass(frozen=True)
@@ -111,13 +139,15 @@ class _Action:
 
 @dataclass
 class _Counters:
-    values: dict[str, int] = field(default_factory=lambda: {f: 0 for f in TickStats.__dataclass_fields__})
+    values: dict[str, int] = field(default_factory=lambda: {
+        f: 0 for f, spec in TickStats.__dataclass_fields__.items() if spec.type in (int, "int")})
+    last_outlier: str = ""
 
     def add(self, name: str, n: int = 1) -> None:
         self.values[name] += n
 
     def snapshot(self) -> TickStats:
-        return TickStats(**self.values)
+        return TickStats(**self.values, last_outlier=self.last_outlier)
 
 
 class Controller:
@@ -150,16 +180,29 @@ class Controller:
         self._config_fault = ""  # e.g. a robot description that contradicts the URDF in use: hold
         self._periods: deque[float] = deque(maxlen=self.config.jitter_window)
         self._max_opening = float(kin.gripper_limits.upper.max()) if kin.gripper_joint_names else 0.0
+        velocity = kin.limits.velocity
         # Reach of the arm from its measured position within one command's horizon.
         self._reach_dt = max(self.config.period_s, self.config.action_dt_s)
+        self._reach = velocity * self._reach_dt
+        self._step = velocity * self.config.period_s  # most a command may differ from the previous one
+        self._gate_speed = np.where(np.isfinite(velocity), velocity, UNLIMITED_SPEED)
+        self._lo, self._hi = np.empty(kin.n), np.empty(kin.n)  # the guard's bounds, reused every tick
+        # the outliers that may be the start of a real jump: newest one, its arrival, how many agree
+        self._jump_q: np.ndarray | None = None
+        self._jump_rx = -math.inf
+        self._jump_n = 0
+        # start of the fallback window: the last fresh action, or the first tick after a hold
+        self._window_start: float | None = None
+        self._starved_s = 0.0  # how long no fresh action came, while that holds the arm
 
     # --- inputs (any thread) ------------------------------------------------------------------
     def on_joint_state(self, q: np.ndarray, gripper_opening: float | None, now: float) -> str | None:
         """Store a measurement (arm order). Returns an error message if it was rejected, or a notice
         when the clock went back by more than a period (then the sample is taken, see
         ``_clock_went_back_locked``)."""
-        q = np.asarray(q, dtype=float)
+        q = np.array(q, dtype=float)  # a copy: the caller's array is no input history of ours
         notice = None
+        clock_back = False
         with self._lock:
             if q.shape != (self.kin.n,) or not np.all(np.isfinite(q)):
                 self._counters.add("inputs_rejected")
@@ -175,8 +218,11 @@ class Controller:
                     self._counters.add("inputs_rejected")
                     return f"joint state rejected: time went backwards ({now:.6f} < {self._q_rx:.6f})"
                 notice = self._clock_went_back_locked("joint state", now, self._q_rx)
-            if self._q is not None and self._is_jump(q, now):
-                self._restart_locked()
+                clock_back = True
+            if clock_back:
+                self._restart_locked()  # a new timeline: elapsed time to the last sample means nothing
+            elif self._q is not None and self._gate_locked(q, now):
+                return None  # an outlier: counted and reported in the stats, nothing else changes
             self._kf.update(q, now)  # equal stamps are skipped by the filter
             self._q, self._q_rx = q, now
             if gripper_opening is not None and math.isfinite(gripper_opening):
@@ -199,6 +245,32 @@ class Controller:
             self._obs_seq += 1
             self._new_obs.notify_all()
         return notice
+
+    def _gate_locked(self, q: np.ndarray, now: float) -> bool:
+        """True when ``q`` is an outlier: further from the last accepted sample than the velocity
+        limits reach over the time between them (+ JUMP_SLACK). A run of JUMP_CONFIRM outliers that
+        agree with each other is a real jump: the newest is accepted (False) and the core restarts
+        from it."""
+        assert self._q is not None
+        excess = np.abs(q - self._q) - self._gate_speed * max(now - self._q_rx, 0.0)
+        if not np.any(excess > JUMP_SLACK):
+            self._jump_q, self._jump_n = None, 0
+            return False
+        agrees = (self._jump_q is not None and not np.any(
+            np.abs(q - self._jump_q) - self._gate_speed * max(now - self._jump_rx, 0.0) > JUMP_SLACK))
+        self._jump_n = self._jump_n + 1 if agrees else 1
+        self._jump_q, self._jump_rx = q, now
+        if self._jump_n >= JUMP_CONFIRM:
+            self._counters.add("jumps_accepted")
+            self._restart_locked()
+            return False
+        worst = int(np.argmax(excess))
+        self._counters.add("outliers_rejected")
+        self._counters.last_outlier = (
+            f"joint state outlier: {self.kin.joint_names[worst]} at {q[worst]:.4f}, {abs(q[worst] - self._q[worst]):.4f} "
+            f"from the last accepted sample {max(now - self._q_rx, 0.0):.3f} s before, more than its velocity limit "
+            f"reaches (+{JUMP_SLACK} slack); gated ({self._jump_n}/{JUMP_CONFIRM} agreeing samples make a real jump)")
+        return True
 
     def _clock_went_back_locked(self, what: str, now: float, before: float) -> str:
         """The clock itself went back (sim reset, bag played again): arrival times are on that
@@ -299,12 +371,17 @@ class Controller:
                     self._counters.add("deadline_misses")
             self._last_tick = now
 
+            starved_before, self._starved_s = self._starved_s, 0.0
             hold_reason = self._hold_reason_locked(now)
             if hold_reason:
+                self._window_start = None  # the fallback window counts from the end of this hold
                 q_cmd, source, reason = self._hold_locked(hold_reason), "hold", hold_reason
             else:
-                self._hold_q, self._hold_reason = None, ""
                 q_cmd, source, reason = self._policy_or_fallback_locked(now)
+            if source != "hold":
+                self._hold_q, self._hold_reason = None, ""
+            if self._starved_s > 0.0 and starved_before == 0.0:
+                self._counters.add("fallback_expired")
             q_cmd = self._guard_locked(q_cmd)
             self._counters.add(f"{source}_ticks")
             if q_cmd is not None:
@@ -353,63 +430,88 @@ class Controller:
         self._hold_reason = reason
         return self._hold_q
 
-    def _policy_or_fallback_locked(self, now: float) -> tuple[np.ndarray, str, str]:
+    def _policy_or_fallback_locked(self, now: float) -> tuple[np.ndarray | None, str, str]:
         assert self._q is not None
+        cfg = self.config
+        if self._window_start is None:
+            self._window_start = now
         act = self._action
         if act is not None and not act.used:
             age = now - act.obs_stamp
-            if age <= self.config.action_timeout_s:
+            if age <= cfg.action_timeout_s:
                 act.used = True
                 self._counters.add("actions_used")
-                q_target, gripper = action_to_joint_targets(self.kin, self._q, act.action, self.config.action_dt_s)
+                self._window_start = now
+                q_target, gripper = action_to_joint_targets(self.kin, self._q, act.action, cfg.action_dt_s)
                 self._gripper_cmd = gripper
                 return q_target, "policy", f"action from observation {age * 1e3:.1f} ms old"
             act.used = True
             self._counters.add("actions_expired")
-            why = f"newest action expired ({age:.3f} s > {self.config.action_timeout_s} s)"
+            why = f"newest action expired ({age:.3f} s > {cfg.action_timeout_s} s)"
         else:
             why = "no fresh action"
-        # Extrapolate from the last measurement to one action step past now: the filter stands in
-        # for the action the policy would have sent, with the same lead on the servo.
+        if not cfg.expect_actions:  # no late action to stand in for: follow the (gated) measurement
+            return self._q, "fallback", why + " (no policy): measured position"
+        elapsed = now - self._window_start
+        if elapsed > cfg.fallback_max_s + 1e-9:  # a tick at the window end, give or take round-off, falls back
+            # Persistent inference failure, or a policy far slower than the window: extrapolating on
+            # would carry the arm's last motion on with nobody deciding it.
+            self._starved_s = elapsed
+            reason = f"no fresh policy action for {elapsed:.3f} s (fallback_max_s = {cfg.fallback_max_s:g} s)"
+            return self._hold_locked(reason), "hold", reason
+        # Extrapolate from the last measurement to one action step past the tick: the filter stands
+        # in for the action the policy would have sent, with the same lead on the servo, its velocity
+        # decaying to 0 over the window so that the motion ends when the window does.
+        speed = max(1.0 - elapsed / cfg.fallback_max_s, 0.0) if cfg.fallback_max_s > 0.0 else 0.0
         if self._kf.initialized and self._kf.stamp is not None:
-            horizon = max(now - self._kf.stamp, 0.0) + self.config.action_dt_s
-            return self._kf.predict_q(horizon), "fallback", why + "; Kalman prediction"
-        return self._q.copy(), "fallback", why + "; filter not initialised, measured position"
+            horizon = max(now - self._kf.stamp, 0.0) + cfg.action_dt_s
+            q_pred = self._kf.predict_q(horizon)
+            if speed < 1.0:
+                q_filtered = np.clip(self._kf.q, self.kin.limits.lower, self.kin.limits.upper)
+                q_pred = q_filtered + speed * (q_pred - q_filtered)
+            return q_pred, "fallback", f"{why}; Kalman prediction at {speed:.0%} speed"
+        return self._q, "fallback", why + "; filter not initialised, measured position"
 
     def _guard_locked(self, q_cmd: np.ndarray | None) -> np.ndarray | None:
-        if q_cmd is None:
+        """The command actually returned: ``q_cmd`` within reach of the measured position, then
+        within v*T of the previous command and within the position limits; the previous command
+        again when ``q_cmd`` is not a finite arm configuration."""
+        if q_cmd is None or self._q is None:
             return None
+        lim = self.kin.limits
+        previous = self._last_cmd
+        if previous is None:  # the very first command continues from where the arm is
+            previous = np.clip(self._q, lim.lower, lim.upper)
         q = np.asarray(q_cmd, dtype=float)
-        if self._q is not None:
-            q = self.kin.clamp(q, self._q, self._reach_dt)
-        if self._last_cmd is not None:
-            q = self.kin.clamp(q, self._last_cmd, self.config.period_s)
-        if q.shape == (self.kin.n,) and np.all(np.isfinite(q)) and self.kin.within_limits(q):
-            return q
+        if q.shape == (self.kin.n,) and np.all(np.isfinite(q)):
+            lo, hi = self._lo, self._hi
+            np.subtract(self._q, self._reach, out=lo)
+            np.add(self._q, self._reach, out=hi)
+            out = np.clip(q, lo, hi)  # the one new array: it becomes the previous command
+            # Last, so that it always holds: the previous command is within the position limits,
+            # so clipping to them keeps the step within v*T.
+            np.subtract(previous, self._step, out=lo)
+            np.add(previous, self._step, out=hi)
+            np.clip(out, lo, hi, out=out)
+            np.clip(out, lim.lower, lim.upper, out=out)
+            if np.isfinite(out).all():
+                return out
         self._counters.add("guard_trips")
-        if self._last_cmd is not None:
-            return self._last_cmd
-        if self._q is not None and np.all(np.isfinite(self._q)):
-            return np.clip(self._q, self.kin.limits.lower, self.kin.limits.upper)
-        return None
+        return previous
 
     def _finger_positions(self, gripper_cmd: float) -> np.ndarray:
         opening = gripper_command_to_opening(gripper_cmd, self._max_opening)
         return np.clip(np.full(len(self.kin.gripper_joint_names), opening), self.kin.gripper_limits.lower,
                        self.kin.gripper_limits.upper)
 
-    def _is_jump(self, q: np.ndarray, now: float) -> bool:
-        assert self._q is not None
-        dt = max(now - self._q_rx, 0.0)
-        reach = np.where(np.isfinite(self.kin.limits.velocity), self.kin.limits.velocity, 10.0) * dt
-        return bool(np.any(np.abs(q - self._q) > reach + JUMP_SLACK))
-
     def _restart_locked(self) -> None:
-        """The arm was moved from outside (episode reset): forget motion, actions and old commands."""
+        """The arm was moved from outside (episode reset, by hand) or the clock restarted: forget the
+        motion, the pending action, the jump candidates and the hold target (a hold re-latches at the
+        new position). The previous command stays: the commands ramp from it at the velocity limits."""
         self._kf.reset()
         self._action = None
-        self._last_cmd = None
         self._hold_q = None
+        self._jump_q, self._jump_n = None, 0
 
     # --- reporting ----------------------------------------------------------------------------
     @property
@@ -420,6 +522,19 @@ class Controller:
     @property
     def hold_reason(self) -> str:
         return self._hold_reason
+
+    @property
+    def action_starved_s(self) -> float:
+        """Seconds without a fresh policy action at the last tick, when that made it hold (the
+        fallback used up, ``fallback_max_s``); 0.0 otherwise. Persistently above 0 while a policy
+        runs means inference is failing or stuck."""
+        return self._starved_s
+
+    @property
+    def last_outlier(self) -> str:
+        """Why the last gated joint-state sample was gated ('' = none yet)."""
+        with self._lock:
+            return self._counters.last_outlier
 
     def timing(self) -> dict[str, Any]:
         """Tick period statistics over the recent window (ms)."""

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pinocchio as pin
 
-MOVABLE_JOINT_TYPES = ("revolute", "continuous", "prismatic")
+from vla_accel_ros.core.urdf_checks import check_urdf
 
 
 class MissingJointsError(ValueError):
@@ -53,28 +53,21 @@ def _read_urdf(source: str | Path) -> tuple[str, str]:
     path = Path(text).expanduser()
     if not path.is_file():
         raise ValueError(f"URDF file not found: {path}")
-    return path.read_text(), str(path)
-
-
-def _parse_joints(xml: str, label: str) -> dict[str, ET.Element]:
     try:
-        root = ET.fromstring(xml)
-    except ET.ParseError as err:
-        raise ValueError(f"malformed URDF XML in {label}: {err}") from err
-    if root.tag != "robot":
-        raise ValueError(f"URDF in {label} has root element <{root.tag}>, expected <robot>")
-    joints = {j.get("name", ""): j for j in root.iter("joint") if j.get("type") in MOVABLE_JOINT_TYPES}
-    if not joints:
-        raise ValueError(f"URDF in {label} has no movable joints (revolute, continuous or prismatic)")
-    return joints
+        return path.read_text(), str(path)
+    except (OSError, UnicodeDecodeError) as err:  # unreadable, or not text
+        raise ValueError(f"cannot read URDF file {path}: {err}") from err
 
 
 class ArmKinematics:
     """FK, Jacobian, differential IK, limits and name mapping for one serial arm."""
 
     def __init__(self, urdf: str | Path, tcp_frame: str = "tcp") -> None:
+        """Build from a URDF path or XML string; raise ValueError, naming the joint or link at fault,
+        for a URDF this class cannot serve (see :mod:`vla_accel_ros.core.urdf_checks`)."""
         xml, label = _read_urdf(urdf)
-        urdf_joints = _parse_joints(xml, label)
+        checked = check_urdf(xml, label, tcp_frame)
+        urdf_joints = checked.movable_joints
         self.source = label
         self.urdf_xml = xml
         try:
@@ -107,6 +100,9 @@ class ArmKinematics:
         self._tcp_id = self.model.getFrameId(tcp_frame)
 
         self.joint_names: tuple[str, ...] = tuple(full.names[j] for j in chain)
+        if self.joint_names != checked.arm_joints:  # the XML checks judged another chain than Pinocchio built
+            raise ValueError(f"{label}: Pinocchio's arm chain to '{tcp_frame}' ({', '.join(self.joint_names)}) "
+                             f"differs from the URDF's ({', '.join(checked.arm_joints)})")
         self.gripper_joint_names: tuple[str, ...] = tuple(full.names[j] for j in locked)
         self.n = len(self.joint_names)
         self._index = {name: i for i, name in enumerate(self.joint_names)}
@@ -130,7 +126,7 @@ class ArmKinematics:
                 lo.append(get("lower", 0.0))
                 hi.append(get("upper", 0.0))
             velocity = get("velocity", 0.0)
-            vel.append(velocity if velocity > 0 else np.inf)  # URDF: 0/absent means unlimited
+            vel.append(velocity if velocity > 0 else np.inf)  # gripper joints: 0/absent means unlimited
             eff.append(get("effort", 0.0))
         as_arr = lambda v: np.asarray(v, dtype=float)  # noqa: E731
         return JointLimits(as_arr(lo), as_arr(hi), as_arr(vel), as_arr(eff))

@@ -75,6 +75,9 @@ COMMAND_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, histo
 SOURCE_CODES = {"policy": 0, "fallback": 1, "hold": 2}
 MAX_TICK_LOG = 200_000
 LOG_THROTTLE_S = 10.0  # each kind of input problem is logged at most once per this long
+# Holding this long for want of a policy action, with inference failing or having run before, is
+# an ERROR on /diagnostics (a first action still loading is not).
+INFERENCE_STARVED_ERROR_S = 1.0
 
 
 def _rss_mb() -> float:
@@ -137,6 +140,7 @@ class VlaAccelNode(Node):
         self._recent_errors: deque[tuple[float, str]] = deque(maxlen=64)  # (monotonic, message)
         self._header_stamps: dict[str, float] = {}
         self._inference_errors_seen = 0
+        self._outliers_seen = 0
         self._last_policy_stamp: float | None = None
 
         # Inputs: sensor data best effort (matches reliable publishers too), in their own group so
@@ -399,6 +403,9 @@ class VlaAccelNode(Node):
         elif self.worker is not None and not self.worker.alive:
             why = stats.get("inference_down_reason") or stats.get("inference_last_error") or "thread ended"
             status.level, status.message = DiagnosticStatus.ERROR, f"inference worker stopped: {why}"
+        elif (self.worker is not None and self.controller.action_starved_s > INFERENCE_STARVED_ERROR_S
+              and (stats.get("inference_errors") or stats.get("inference_actions"))):
+            status.level, status.message = DiagnosticStatus.ERROR, f"inference gives no actions: {self._last_tick.reason}"
         elif self._last_tick.source == "hold":
             status.level, status.message = DiagnosticStatus.WARN, f"holding: {self._last_tick.reason}"
         else:
@@ -426,6 +433,10 @@ class VlaAccelNode(Node):
             warnings.append(f"inference failed {new_errors} time(s): {stats.get('inference_last_error', '')}")
         if recent:
             warnings.append(f"input rejected: {recent[-1]}")
+        outliers = int(stats.get("outliers_rejected", 0) or 0)
+        new_outliers, self._outliers_seen = outliers - self._outliers_seen, outliers
+        if new_outliers > 0:
+            warnings.append(f"{new_outliers} joint-state outlier(s) gated: {stats.get('last_outlier', '')}")
         stale = self._now() - (self._last_policy_stamp if self._last_policy_stamp is not None else self._now())
         if (self.worker is not None and self._last_tick is not None and self._last_tick.source == "fallback"
                 and stale > max(self.cfg.action_timeout_s, 3 * self.cfg.period_s)):

@@ -67,6 +67,9 @@ class NodeConfig:
                                  range=(0.0, 60.0))
     action_dt_s: float = setting(0.05, "Duration of one policy action step (the policy's training control period)",
                             range=(0.001, 1.0))
+    fallback_max_s: float = setting(0.25, "Longest Kalman fallback after the last fresh policy action (its velocity "
+                               "decays to 0 over it); then hold the measured position. 0 = hold at once",
+                               range=(0.0, 10.0))
     deadline_tolerance: float = setting(0.5, "A tick later than this fraction of the period is a deadline miss",
                                    range=(0.0, 10.0))
     gripper_initial: float = setting(1.0, "Gripper command before the first action (1 = open, 0 = closed)",
@@ -128,6 +131,8 @@ class NodeConfig:
             action_dt_s=self.action_dt_s,
             deadline_tolerance=self.deadline_tolerance,
             gripper_initial=self.gripper_initial,
+            fallback_max_s=self.fallback_max_s,
+            expect_actions=self.inference,  # without a policy there is no late action to stand in for
         )
 
 

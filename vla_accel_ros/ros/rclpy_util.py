@@ -128,7 +128,9 @@ class BackgroundNode:
 
     def __init__(self, name: str, domain_id: int, **node_kwargs: Any) -> None:
         self.context = Context()
-        rclpy.init(context=self.context, domain_id=domain_id)
+        # rcl gets the program name alone: the command line belongs to the vla-accel command (its own
+        # --remap words are bag-topic remaps, not rcl rules).
+        rclpy.init(args=sys.argv[:1], context=self.context, domain_id=domain_id)
         self.node = rclpy.create_node(name, context=self.context, **node_kwargs)
         self.executor = SingleThreadedExecutor(context=self.context)
         self._thread: threading.Thread | None = None

@@ -38,12 +38,10 @@ from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.ros.parameters import SimBridgeConfig
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS, declare_config, run_node
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
+from vla_accel_ros.sim.settle import settling_after_reset
 
 NODE_NAME = "sim_node"
 INSTRUCTION_REPEAT_S = 1.0  # re-publish the instruction so a late subscriber gets it
-# After a reset, commands still in flight were computed for the previous arm pose; ignore them
-# until the controller has seen the new joint states.
-RESET_SETTLE_S = 0.1
 
 
 def _stamp(t: float) -> Time:
@@ -186,7 +184,7 @@ class SimBridgeNode(Node):
         step = 0
         wall0 = time.monotonic()
         next_instruction = 0.0
-        settle_until = 0.0
+        settle_from, reset_pose = -math.inf, None
         while not self._stop.is_set() and rclpy.ok(context=self.context):
             with self._lock:
                 reset, self._pending_reset = self._pending_reset, None
@@ -194,11 +192,13 @@ class SimBridgeNode(Node):
             if reset is not None:
                 self._start_episode(reset)
                 next_instruction = 0.0
-                settle_until = self._elapsed + RESET_SETTLE_S
-            if self._elapsed < settle_until:
+                settle_from, reset_pose = self._elapsed, self.env.joint_positions()
+            if reset_pose is not None and settling_after_reset(self._elapsed - settle_from, q_cmd, reset_pose):
                 with self._lock:
                     self._q_cmd = self._gripper_cmd = None
                 q_cmd = gripper_cmd = None
+            else:
+                reset_pose = None
             if q_cmd is not None or gripper_cmd is not None:
                 self.env.apply_joint_targets(q_cmd if q_cmd is not None else self.env.data.ctrl[
                     self.env.handles.arm_actuators].copy(), gripper_cmd if gripper_cmd is not None

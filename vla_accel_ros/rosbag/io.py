@@ -203,10 +203,13 @@ class BagReader:
 
     def messages(self, topics: Sequence[str] | None = None, raw: bool = False) -> Iterator[BagMessage]:
         """Messages in log-time order (remapped topic names); BagError if the storage breaks.
+        ``topics`` (remapped names): only those topics' messages, none when no topic matches; None: all.
         ``raw``: ``msg`` is the CDR bytes (what an rclpy publisher sends as is), not decoded."""
-        reverse = {v: k for k, v in self.remap.items()}
-        wanted = None if topics is None else {reverse.get(t, t) for t in topics}
-        conns = [c for c in self._reader.connections if wanted is None or c.topic in wanted]
+        wanted = None if topics is None else set(topics)
+        conns = [c for c in self._reader.connections
+                 if wanted is None or self.remap.get(c.topic, c.topic) in wanted]
+        if not conns and wanted is not None:
+            return  # the storage reader takes an empty connection list for "all of them"
         seen: Counter[int] = Counter()
         try:
             for conn, t_ns, data in self._reader.messages(connections=conns):

@@ -12,9 +12,10 @@ settings (decoder, control rate, checkpoint, seed, mode) go into metadata.yaml's
   transient local; each message is written as received (CDR untouched) at its receive time on
   the sim clock. The commands come from the live, threaded node, so they depend on timing.
 - ``--mode deterministic`` steps the same MuJoCo task in this process in lock-step with the
-  node's core (:class:`~vla_accel_ros.rosbag.replayer.LockstepCore`), mirroring the bridge (physics and
+  node's core (:class:`~vla_accel_ros.rosbag.lockstep.LockstepCore`), mirroring the bridge (physics and
   joint states at 100 Hz, a frame every 5th step, commands applied from the next step, the
-  same settle time after a reset), and writes the same topics with stamps on a fixed clock.
+  same settling after a reset: :mod:`vla_accel_ros.sim.settle`), and writes the same topics with
+  stamps on a fixed clock.
   ``vla-accel replay`` of such a bag reproduces its commands exactly.
 """
 
@@ -42,7 +43,6 @@ from vla_accel_ros.rosbag.io import (
 
 MODES = ("live", "deterministic")
 EPOCH_NS = 1_000_000_000_000  # deterministic recordings start at t = 1000 s
-RESET_SETTLE_S = 0.1  # as the bridge: commands right after a reset are for the old pose
 
 
 @dataclass(frozen=True)
@@ -89,13 +89,13 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
 
     from vla_accel_ros.rosbag.lockstep import LockstepCore, make_deterministic
     from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
+    from vla_accel_ros.sim.settle import settling_after_reset
 
     make_deterministic()
     bridge = SimBridgeConfig(episode_duration_s=opts.duration_s)
     rate = bridge.joint_state_rate_hz
     camera_every = max(1, int(round(rate / bridge.camera_rate_hz)))
     dt_ns = int(round(1e9 / rate))
-    settle_steps = int(round(RESET_SETTLE_S * rate))
     cfg = NodeConfig(control_rate_hz=opts.control_rate_hz, decoder=opts.decoder, checkpoint=opts.checkpoint,
                      autostart=True)
     env = PickCubeEnv(SimConfig(image_size=bridge.image_size, control_hz=rate,
@@ -115,12 +115,14 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
         try:
             for i in bar:
                 env.reset(opts.seed + i)
+                reset_pose, settled = env.joint_positions(), False  # as the bridge (sim.settle)
                 q_cmd: np.ndarray | None = None
                 gripper_cmd: float | None = None
                 step = 0
                 min_clearance = env.target_clearance()
                 while not env.done:
-                    if step >= settle_steps and (q_cmd is not None or gripper_cmd is not None):
+                    settled = settled or not settling_after_reset(step / rate, q_cmd, reset_pose)
+                    if settled and (q_cmd is not None or gripper_cmd is not None):
                         env.apply_joint_targets(q_cmd if q_cmd is not None else env.data.ctrl[
                             env.handles.arm_actuators].copy(), gripper_cmd if gripper_cmd is not None
                             else env.gripper_command)
@@ -144,10 +146,9 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
                         if cmd is not None:
                             core.write_command(writer, cmd)
                             commands += 1
-                            if step >= settle_steps:
-                                q_cmd = cmd.q
-                                if cmd.fingers.size and max_opening > 0:
-                                    gripper_cmd = float(np.clip(np.mean(cmd.fingers) / max_opening, 0.0, 1.0))
+                            q_cmd = cmd.q
+                            if cmd.fingers.size and max_opening > 0:
+                                gripper_cmd = float(np.clip(np.mean(cmd.fingers) / max_opening, 0.0, 1.0))
                     if step % int(round(rate)) == 0:  # ~/stats at 1 Hz, as the node's default
                         writer.write(TOPICS["stats"][0], t_ns, make_string(core.stats_json()))
                     min_clearance = min(min_clearance, env.target_clearance())

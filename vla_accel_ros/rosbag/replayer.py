@@ -23,7 +23,9 @@ match them with the commands recorded in the input bag by stamp (nearest within 
 period), and report per-joint max/mean absolute differences, the first divergent step, input
 errors and a one-line verdict (``--summary DIR`` also writes ``DIR/summary.json``). A missing,
 truncated or corrupt bag, or one lacking a required topic, exits non-zero with a message naming
-the problem; every wait has a timeout.
+the problem, and so does a replay that produces no command (:func:`no_command_cause` names the
+likely reason); every wait has a timeout. ``--remap`` renames the bag's topics as they are read
+and never reaches rcl.
 """
 
 from __future__ import annotations
@@ -70,16 +72,6 @@ DEFAULT_TOLERANCE = 1e-6  # rad
 # triggers inference (so the frame sees the joint state stamped with it).
 PRIORITY = {"robot_description": 0, "clock": 1, "instruction": 2, "joint_states": 3, "camera": 4}
 READY_TIMEOUT_S = 90.0
-
-
-
-
-
-
-
-
-
-
 
 
 def grouped(messages: Iterable[BagMessage], roles: dict[str, str]) -> Iterator[tuple[str, BagMessage]]:
@@ -212,6 +204,14 @@ def _roles(bag: BagReader) -> dict[str, str]:
     return {topic: role for role, (topic, _) in TOPICS.items()}
 
 
+def _joint_state_facts(bag: BagReader) -> dict[str, Any]:
+    """How many joint states the bag holds and the names the first one carries (its first 12; None
+    without one)."""
+    topic = TOPICS["joint_states"][0]
+    names = next((list(m.msg.name)[:12] for m in bag.messages([topic])), None) if bag.count(topic) else None
+    return {"joint_states": bag.count(topic), "joint_state_names": names}
+
+
 def _robot_description(bag: BagReader) -> str | None:
     topic = TOPICS["robot_description"][0]
     if not bag.count(topic):
@@ -237,6 +237,7 @@ def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str
                            f"the policy has no task")
         core = LockstepCore(cfg, urdf=_robot_description(bag))
         roles = _roles(bag)
+        facts = _joint_state_facts(bag)
         produced: list[Command] = []
         recorded: list[Command] = []
         inputs = [camera, joints, instruction, TOPICS["commands"][0], TOPICS["gripper"][0]]
@@ -268,7 +269,8 @@ def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str
         for cmd in recorded:
             cmd.fingers = last_fingers.get(cmd.t_ns, np.zeros(0))
     return _summarise(opts, cfg, core.kin, produced, recorded, core.frames, dict(core.errors),
-                      time.monotonic() - started, inferences=core.inferences, checkpoint=str(core.checkpoint))
+                      time.monotonic() - started, inferences=core.inferences, checkpoint=str(core.checkpoint),
+                      **facts)
 
 
 def _out_custom(opts: ReplayOptions, cfg: NodeConfig) -> dict[str, Any]:
@@ -285,9 +287,31 @@ def _summarise(opts: ReplayOptions, cfg: NodeConfig, kin: Any, produced: list[Co
         "unsafe_commands": count_unsafe(kin, produced),
         **compare(produced, recorded, kin.joint_names, cfg.period_s, opts.tolerance),
         "errors": [f"{message} (x{n})" for message, n in errors.items()],
-        "decoder": cfg.decoder, "control_rate_hz": cfg.control_rate_hz, "wall_s": wall_s, **extra,
+        "decoder": cfg.decoder, "control_rate_hz": cfg.control_rate_hz, "wall_s": wall_s,
+        "arm_joints": list(kin.joint_names), **extra,
     }
     return summary
+
+
+def no_command_cause(s: dict[str, Any]) -> str:
+    """The likely reason a replay produced no command, from what its summary saw."""
+    if not s["frames"]:
+        return f"no camera frames reached the node (topic {TOPICS['camera'][0]})"
+    if not s.get("joint_states"):
+        return f"no joint states reached the node (topic {TOPICS['joint_states'][0]})"
+    names, arm = s.get("joint_state_names"), s["arm_joints"]
+    missing = [j for j in arm if names is not None and j not in names]
+    if missing:
+        which = "none of them there" if len(missing) == len(arm) else f"missing {', '.join(missing)}"
+        return (f"the joint states name {names} but the URDF's arm joints are {arm} ({which}): "
+                f"a bag of another arm? The URDF comes from the bag's {TOPICS['robot_description'][0]}, "
+                f"else the package's")
+    if s["errors"]:
+        return f"the node rejected its input: {s['errors'][0]}"
+    if s.get("inferences") == 0:
+        return "no inference ran (no joint state or instruction before the frames?)"
+    log = f"; see {s['node_log']}" if s.get("node_log") else ""
+    return f"the node published no command for {s['frames']} frames{log}"
 
 
 def verdict(s: dict[str, Any]) -> str:
@@ -400,6 +424,7 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
             raise BagError(f"bag {opts.bag} lacks topic {instruction} and no --instruction was given")
         urdf = _robot_description(bag)
         kin = ArmKinematics(urdf or str(default_urdf()))
+        facts = _joint_state_facts(bag)
         recorded = [Command(m.log_ns, q) for m in bag.messages([TOPICS["commands"][0]])
                     if (q := parse_command(kin, kin.joint_names, m.msgtype, m.msg)) is not None]
         domain = opts.domain_id or (100 + (os.getpid() + 50) % 100)
@@ -470,7 +495,7 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
                     writer.write(TOPICS["gripper"][0], cmd.t_ns, make_float_array(cmd.fingers))
             writer.write(TOPICS["stats"][0], player.bag_ns or 1, make_string(json.dumps({"commands": len(produced)})))
     return _summarise(opts, cfg, kin, produced, recorded, frames, player.errors(), time.monotonic() - started,
-                      node_log=str(log_path))
+                      node_log=str(log_path), **facts)
 
 
 

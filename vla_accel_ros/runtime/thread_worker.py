@@ -10,6 +10,7 @@ interpreter's switch interval so the Python between operators yields quickly too
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -26,6 +27,9 @@ if TYPE_CHECKING:  # a runner's result type; importing it would import torch int
     from vla_accel_ros.decoding.protocol import DecodeResult
 
 log = logging.getLogger(__name__)
+# A policy failing on every observation fails many times a second: log it at most this often, with
+# the count since the last line (every failure is still counted in stats()).
+ERROR_LOG_INTERVAL_S = 5.0
 
 
 def percentile(values: np.ndarray, q: float) -> float:
@@ -71,6 +75,8 @@ class WorkerBase:
         self.actions = 0
         self.errors = 0
         self.last_error = ""
+        self._logged_at = -math.inf  # time.monotonic() of the last error line
+        self._errors_logged = 0  # self.errors when that line was written
 
     def _acquire(self) -> Any:
         raise NotImplementedError
@@ -114,10 +120,15 @@ class WorkerBase:
                 self.last_error = message
 
     def _note_error(self, message: str) -> None:
+        now = time.monotonic()
         with self._lock:
             self.errors += 1
             self.last_error = message
-        self._log.error("%s: %s", self.log_prefix, message)
+            if now - self._logged_at < ERROR_LOG_INTERVAL_S:
+                return
+            since, self._logged_at, self._errors_logged = self.errors - self._errors_logged, now, self.errors
+        more = f" ({since} failures since the last report)" if since > 1 else ""
+        self._log.error("%s: %s%s", self.log_prefix, message, more)
 
     def _counters(self) -> dict[str, Any]:
         """The counters at the head of ``stats()`` (called under the lock)."""

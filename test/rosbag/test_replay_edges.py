@@ -23,7 +23,7 @@ from vla_accel_ros.rosbag.io import (  # noqa: E402
     make_string,
     open_bag,
 )
-from vla_accel_ros.rosbag.replayer import _Player, no_command_cause  # noqa: E402
+from vla_accel_ros.rosbag.replayer import BagPlayer, no_command_cause  # noqa: E402
 
 KIN = ArmKinematics(default_urdf())
 Q_HOME = [0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785]
@@ -103,7 +103,7 @@ def test_the_player_node_takes_no_remap_from_the_command_line(tmp_path: Path, mo
     argv = ["vla-accel", "replay", str(bag), "--remap", f"{TOPICS['joint_states'][0]}:=/robot/joints"]
     monkeypatch.setattr(sys, "argv", list(argv))
     with open_bag(bag) as reader:
-        player = _Player(PLAYER_DOMAIN_ID, reader, KIN)
+        player = BagPlayer(PLAYER_DOMAIN_ID, reader, KIN)
         try:
             assert player.pubs["joint_states"].topic_name == TOPICS["joint_states"][0]
             assert player.node.resolve_topic_name(TOPICS["joint_states"][0]) == TOPICS["joint_states"][0]

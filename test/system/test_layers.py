@@ -73,6 +73,9 @@ def test_no_private_names_and_no_command_modules_are_imported() -> None:
             wrong += [f"{module_name(path)} imports {target}.{n}" for n in names if n.startswith("_")]
             if layer_of(target) == "commands" and module_name(path) != "vla_accel_ros.commands":
                 wrong.append(f"{module_name(path)} imports the command module {target}")
+    for path in sorted((PACKAGE.parent / "test").rglob("*.py")):  # the tests use the public names too
+        for target, names in imported(path):
+            wrong += [f"{path.name} imports {target}.{n}" for n in names if n.startswith("_")]
     assert not wrong, "\n".join(wrong)
 
 

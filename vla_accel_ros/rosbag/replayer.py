@@ -332,7 +332,7 @@ def verdict(s: dict[str, Any]) -> str:
 
 
 # --- realtime --------------------------------------------------------------------------------
-class _Player:
+class BagPlayer:
     """An rclpy node in this process that plays the bag's inputs and collects the node's commands."""
 
     def __init__(self, domain_id: int, bag: BagReader, kin: Any) -> None:
@@ -416,7 +416,7 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
     camera, joints, instruction = (TOPICS[r][0] for r in ("camera", "joint_states", "instruction"))
     bag = open_bag(opts.bag, required=[camera, joints], remap=remap)
     node_proc: subprocess.Popen | None = None
-    player: _Player | None = None
+    player: BagPlayer | None = None
     log_path = Path(opts.summary or ".") / "replay_node.log"
     try:
         cfg = node_config(opts, bag.custom)
@@ -428,7 +428,7 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
         recorded = [Command(m.log_ns, q) for m in bag.messages([TOPICS["commands"][0]])
                     if (q := parse_command(kin, kin.joint_names, m.msgtype, m.msg)) is not None]
         domain = opts.domain_id or (100 + (os.getpid() + 50) % 100)
-        player = _Player(domain, bag, kin)
+        player = BagPlayer(domain, bag, kin)
         if urdf:
             from std_msgs.msg import String
 

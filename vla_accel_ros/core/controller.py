@@ -202,7 +202,6 @@ class Controller:
         ``_clock_went_back_locked``)."""
         q = np.array(q, dtype=float)  # a copy: the caller's array is no input history of ours
         notice = None
-        clock_back = False
         with self._lock:
             if q.shape != (self.kin.n,) or not np.all(np.isfinite(q)):
                 self._counters.add("inputs_rejected")
@@ -218,8 +217,7 @@ class Controller:
                     self._counters.add("inputs_rejected")
                     return f"joint state rejected: time went backwards ({now:.6f} < {self._q_rx:.6f})"
                 notice = self._clock_went_back_locked("joint state", now, self._q_rx)
-                clock_back = True
-            if clock_back:
+            if notice is not None:
                 self._restart_locked()  # a new timeline: elapsed time to the last sample means nothing
             elif self._q is not None and self._gate_locked(q, now):
                 return None  # an outlier: counted and reported in the stats, nothing else changes

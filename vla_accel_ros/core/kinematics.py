@@ -74,10 +74,7 @@ class ArmKinematics:
             full = pin.buildModelFromXML(xml)
         except Exception as err:  # pinocchio raises RuntimeError/ValueError with C++ text
             raise ValueError(f"Pinocchio could not build a model from {label}: {err}") from err
-        if not full.existFrame(tcp_frame):
-            frames = sorted({f.name for f in full.frames if f.name != "universe"})
-            raise ValueError(f"TCP frame '{tcp_frame}' not found in {label}; frames are: {', '.join(frames)}")
-        self.tcp_frame = tcp_frame
+        self.tcp_frame = tcp_frame  # check_urdf found it, and a movable joint before it
 
         # Arm = movable joints on the chain root -> TCP frame; all others are locked.
         chain: list[int] = []
@@ -86,8 +83,6 @@ class ArmKinematics:
             chain.append(jid)
             jid = full.parents[jid]
         chain.reverse()
-        if not chain:
-            raise ValueError(f"no movable joint between the root of {label} and TCP frame '{tcp_frame}'")
         arm_ids = set(chain)
         locked = [j for j in range(1, full.njoints) if j not in arm_ids]
         q_ref = pin.neutral(full)

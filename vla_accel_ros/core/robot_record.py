@@ -1,0 +1,163 @@
+"""The robot a checkpoint was made for, and its comparison with the robot it is asked to drive.
+
+A checkpoint's ``model.json`` holds a ``robot`` record: arm DOF, joint names, TCP frame, action
+space, the policy's control rate, its camera and image size. Before anything commands an arm, the
+node and every ``vla-accel`` command that drives one compare that record with the URDF and the
+parameters in use (:func:`check_robot`):
+
+- a different DOF never starts (:class:`RobotMismatch`; the policy's proprioception and its IK
+  would be meaningless);
+- the same DOF on another arm (other joint names, TCP frame, control rate or image size) starts
+  only when ``allow_unmatched_robot`` is set, and then with a warning to report on /diagnostics.
+
+Importable without torch or rclpy: it reads the JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from vla_accel_ros.core.settings import ConfigError
+
+ROBOT_KEY = "robot"  # the record's key in model.json
+META_FILE = "model.json"
+ACTION_SPACE = "ee_delta_world_rotvec+gripper"  # core/actions.py: Δxyz, Δrotation vector, gripper in [0, 1]
+DEFAULT_CAMERA = "front"
+# Checkpoints written before the record existed were all made for the package's own arm.
+LEGACY_ROBOT = {
+    "dof": 7,
+    "joint_names": ["joint1", "joint2", "joint3", "joint4", "joint5", "joint6", "joint7"],
+    "tcp_frame": "tcp",
+    "action_space": ACTION_SPACE,
+    "control_rate_hz": 20.0,
+    "camera": DEFAULT_CAMERA,
+}
+
+
+class RobotMismatch(ConfigError):
+    """The robot in use is not the one the checkpoint was made for (and may not be driven by it)."""
+
+
+@dataclass(frozen=True)
+class RobotRecord:
+    """What a policy assumes about its robot. ``image_size`` 0 and ``control_rate_hz`` 0 mean
+    "not known" and compare equal to anything."""
+
+    dof: int
+    joint_names: tuple[str, ...]
+    tcp_frame: str
+    action_space: str = ACTION_SPACE
+    control_rate_hz: float = 0.0
+    camera: str = DEFAULT_CAMERA
+    image_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dof < 1:
+            raise ValueError(f"robot record: dof must be >= 1, got {self.dof}")
+        if len(self.joint_names) != self.dof:
+            raise ValueError(f"robot record: {len(self.joint_names)} joint names for dof {self.dof}")
+        if not (math.isfinite(self.control_rate_hz) and self.control_rate_hz >= 0):
+            raise ValueError(f"robot record: control_rate_hz must be >= 0, got {self.control_rate_hz}")
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["joint_names"] = list(self.joint_names)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RobotRecord:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"robot record: unknown keys {unknown}")
+        try:
+            values = dict(data)
+            values["joint_names"] = tuple(str(n) for n in data["joint_names"])
+            values["dof"] = int(data["dof"])
+            values["tcp_frame"] = str(data["tcp_frame"])
+            for key, kind in (("control_rate_hz", float), ("image_size", int), ("camera", str),
+                              ("action_space", str)):
+                if key in values:
+                    values[key] = kind(values[key])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"robot record: {err!r} in {data}") from err
+        return cls(**values)
+
+    def describe(self) -> str:
+        rate = f"{self.control_rate_hz:g} Hz" if self.control_rate_hz else "any rate"
+        size = f"{self.image_size}px" if self.image_size else "any size"
+        return (f"{self.dof}-DoF arm {list(self.joint_names)}, TCP '{self.tcp_frame}', {self.action_space}, "
+                f"{rate}, camera '{self.camera}' at {size}")
+
+
+def robot_in_use(joint_names: tuple[str, ...] | list[str], tcp_frame: str, *, action_dt_s: float = 0.0,
+                 image_size: int = 0, camera: str = DEFAULT_CAMERA) -> RobotRecord:
+    """The record of the robot being driven: the URDF's arm joints and TCP frame, the policy step
+    (``action_dt_s``, the rate the actions are meant for) and the image size fed to the model."""
+    names = tuple(joint_names)
+    rate = 1.0 / action_dt_s if action_dt_s > 0 else 0.0
+    return RobotRecord(dof=len(names), joint_names=names, tcp_frame=tcp_frame, control_rate_hz=rate,
+                       camera=camera, image_size=image_size)
+
+
+def read_robot_record(checkpoint: Path | str) -> RobotRecord:
+    """The record in ``checkpoint/model.json`` (the package arm's for checkpoints without one).
+    Raises ValueError naming the file when it is missing or unreadable."""
+    meta_path = Path(checkpoint) / META_FILE
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{meta_path}: cannot read the checkpoint's metadata: {err}") from err
+    data = meta.get(ROBOT_KEY)
+    if data is None:
+        data = dict(LEGACY_ROBOT, image_size=int(meta.get("config", {}).get("image_size", 0)))
+    try:
+        return RobotRecord.from_json(data)
+    except ValueError as err:
+        raise ValueError(f"{meta_path}: {err}") from err
+
+
+def robot_differences(made_for: RobotRecord, in_use: RobotRecord) -> list[str]:
+    """Each way ``in_use`` differs from ``made_for``, as "what: checkpoint X, in use Y"."""
+    out = []
+
+    def differ(what: str, a: Any, b: Any) -> None:
+        out.append(f"{what}: checkpoint {a}, in use {b}")
+
+    if made_for.dof != in_use.dof:
+        differ("arm DOF", made_for.dof, in_use.dof)
+    if made_for.joint_names != in_use.joint_names:
+        differ("joint names", list(made_for.joint_names), list(in_use.joint_names))
+    if made_for.tcp_frame != in_use.tcp_frame:
+        differ("TCP frame", repr(made_for.tcp_frame), repr(in_use.tcp_frame))
+    if made_for.action_space != in_use.action_space:
+        differ("action space", made_for.action_space, in_use.action_space)
+    if (made_for.control_rate_hz and in_use.control_rate_hz
+            and not math.isclose(made_for.control_rate_hz, in_use.control_rate_hz, rel_tol=1e-6)):
+        differ("policy rate (1/action_dt_s)", f"{made_for.control_rate_hz:g} Hz", f"{in_use.control_rate_hz:g} Hz")
+    if made_for.image_size and in_use.image_size and made_for.image_size != in_use.image_size:
+        differ("image size", f"{made_for.image_size}px", f"{in_use.image_size}px")
+    return out
+
+
+def check_robot(made_for: RobotRecord, in_use: RobotRecord, *, allow_unmatched: bool = False,
+                source: str = "the checkpoint") -> str:
+    """'' when ``in_use`` is the robot ``made_for`` describes; otherwise the warning to report.
+
+    Raises RobotMismatch, with both sides named, for a different DOF (always) or any other
+    difference unless ``allow_unmatched``."""
+    differences = robot_differences(made_for, in_use)
+    if not differences:
+        return ""
+    both = f"{source[:1].upper()}{source[1:]} was made for a {made_for.describe()}; in use: a {in_use.describe()}"
+    if made_for.dof != in_use.dof:
+        raise RobotMismatch(f"refusing to drive a {in_use.dof}-DoF arm with a policy made for {made_for.dof} "
+                            f"DoF ({'; '.join(differences)}). {both}")
+    if not allow_unmatched:
+        raise RobotMismatch(f"the robot differs from the one {source} was made for ({'; '.join(differences)}). "
+                            f"{both}. Set allow_unmatched_robot to true to run it anyway")
+    return f"robot differs from the checkpoint's ({'; '.join(differences)}); running with allow_unmatched_robot"

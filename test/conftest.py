@@ -6,6 +6,8 @@ modules cannot import this file):
 - ``save_episode(path, images, actions, rng)``: a demo episode file with those frames and actions;
 - ``demo_set(name, episodes, **config)``: a folder of demo episodes (``episodes(rng)`` yields their
   (images, actions)) and a tiny checkpoint beside it: (demo folder, checkpoint);
+- ``foreign_arm(joint_names, tcp_frame)``: the URDF text of a serial arm the package was not made
+  for (revolute joints with limits and velocities, a fixed TCP frame, two prismatic fingers);
 - ``wait_until(predicate, timeout=10.0, every=None)``: poll until true or the timeout;
 - ``ros_context(domain_id)``: a private rclpy context on its own ROS_DOMAIN_ID (a context manager);
 - ``dds_rig(domain_id, peer_name)``: a :class:`DdsRig`, a node under test and a peer node spun in
@@ -60,6 +62,27 @@ def _save_episode(path: Path, images: np.ndarray, actions: np.ndarray, rng: np.r
     )
 
 
+def _foreign_arm(joint_names: tuple[str, ...] | list[str], tcp_frame: str = "hand_tcp") -> str:
+    """A serial arm whose joints alternate between z and y axes, 0.15 m apart, with a two-finger
+    gripper on its last link; limits and velocities on every joint."""
+    inertial = ('<inertial><mass value="1"/><inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" '
+                'iyz="0"/></inertial>')
+    links = ["base_link"] + [f"link{i + 1}" for i in range(len(joint_names))]
+    parts = [f'<link name="{n}">{inertial}</link>' for n in [*links, tcp_frame, "finger_l", "finger_r"]]
+    for i, name in enumerate(joint_names):
+        axis = "0 0 1" if i % 2 == 0 else "0 1 0"
+        parts.append(f'<joint name="{name}" type="revolute"><parent link="{links[i]}"/><child link="{links[i + 1]}"/>'
+                     f'<origin xyz="0 0 0.15"/><axis xyz="{axis}"/>'
+                     f'<limit lower="-2.5" upper="2.5" velocity="2.0" effort="50"/></joint>')
+    parts.append(f'<joint name="{tcp_frame}_joint" type="fixed"><parent link="{links[-1]}"/><child link="{tcp_frame}"/>'
+                 '<origin xyz="0 0 0.1"/></joint>')
+    for side, sign in (("l", 1), ("r", -1)):
+        parts.append(f'<joint name="finger_{side}_joint" type="prismatic"><parent link="{links[-1]}"/>'
+                     f'<child link="finger_{side}"/><origin xyz="0 0 0.05"/><axis xyz="0 {sign} 0"/>'
+                     '<limit lower="0" upper="0.04" velocity="0.2" effort="20"/></joint>')
+    return f'<robot name="foreign_arm">{"".join(parts)}</robot>'
+
+
 def _wait_until(predicate: Callable[[], Any], timeout: float = 10.0, every: Callable[[], None] | None = None) -> bool:
     """True as soon as ``predicate()`` is, polled every 20 ms (after ``every()`` when given);
     False after ``timeout`` seconds."""
@@ -101,22 +124,26 @@ class DdsRig:
         rclpy.init(context=self.context, domain_id=domain_id)
         self.peer = rclpy.create_node(peer_name, context=self.context)
         self.node: Any = None
+        self.others: tuple[Any, ...] = ()
         self.executors: list[Any] = []
         self.threads: list[threading.Thread] = []
         self.stop = threading.Event()
 
-    def spin(self, node: Any, *, executor: str = "multi", feed: Callable[[], None] | None = None) -> None:
+    def spin(self, node: Any, *, executor: str = "multi", feed: Callable[[], None] | None = None,
+             others: tuple[Any, ...] = ()) -> None:
         """``executor``: "multi" (node and peer on one 3-thread executor), "single" (one
         single-threaded executor) or "split" (a single-threaded executor each). ``feed`` runs in
-        its own daemon thread."""
+        its own daemon thread. ``others``: more nodes under test, spun with ``node``."""
         from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
 
         self.node = node
+        self.others = others
         if executor == "multi":
             self.executors = [MultiThreadedExecutor(num_threads=3, context=self.context)]
         else:
             self.executors = [SingleThreadedExecutor(context=self.context) for _ in range(2 if executor == "split" else 1)]
-        self.executors[0].add_node(node)
+        for under_test in (node, *others):
+            self.executors[0].add_node(under_test)
         self.executors[-1].add_node(self.peer)
         self.threads = [threading.Thread(target=self._spin_until_stopped, args=(e,), daemon=True)
                         for e in self.executors]
@@ -137,12 +164,13 @@ class DdsRig:
         self.stop.set()
         for t in self.threads:  # no thread spins any more when the executors shut down
             t.join(timeout=2.0)
-        if self.node is not None:
-            self.node.shutdown()
+        under_test = [n for n in (self.node, *self.others) if n is not None]
+        for node in under_test:
+            node.shutdown()
         for e in self.executors:
             e.shutdown(timeout_sec=2.0)
-        if self.node is not None:
-            self.node.destroy_node()
+        for node in under_test:
+            node.destroy_node()
         self.peer.destroy_node()
         rclpy.try_shutdown(context=self.context)
 
@@ -169,6 +197,11 @@ def demo_set(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Pa
         return root / "demos", _tiny_checkpoint(root / "base", **config)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def foreign_arm() -> Callable[..., str]:
+    return _foreign_arm
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,7 @@ from vla_accel_ros.decoding import (
 )
 from vla_accel_ros.decoding.kerv import kf_completion_tokens
 from vla_accel_ros.models import Policy
+from vla_accel_ros.models.configuration import DECODER_NAMES
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.models.sampling import SamplingConfig
 from vla_accel_ros.runtime.runner import run_policy_step
@@ -68,6 +69,7 @@ class TickClock:
 
 def test_registry_names_and_errors() -> None:
     assert DECODERS == ("ar", "sd", "kerv_released", "kerv", "world_aware", "deadline", "heisd", "flow10", "flow2")
+    assert DECODERS == DECODER_NAMES  # the torch-free list behind the node's parameter and launch choices
     for name in DECODERS:
         assert make_decoder(name).name == name
     with pytest.raises(ValueError, match="unknown decoder 'beam'"):

@@ -10,6 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from vla_accel_ros.core.robot_record import (
+    ROBOT_KEY,
+    package_robot,
+    read_robot_record,
+    robot_in_use,
+)
 from vla_accel_ros.models import (
     CheckpointError,
     ParallelDraftHead,
@@ -241,3 +247,29 @@ def test_save_checkpoint_drops_a_parallel_draft(saved) -> None:
     save_checkpoint(policy, path, RECIPE)
     assert not (path / PARALLEL_DRAFT_WEIGHTS_FILE).exists() and load_checkpoint(path).parallel_draft is None
     assert "parallel_draft" not in json.loads((path / "model.json").read_text())["n_parameters"]
+
+
+# --- the robot a checkpoint was made for (model.json "robot") -----------------------------------
+def test_robot_record_round_trip(saved, tmp_path: Path) -> None:
+    policy, path = saved
+    assert read_robot_record(path) == package_robot(TINY["image_size"])  # the default: the package arm
+    assert json.loads((path / "model.json").read_text())[ROBOT_KEY] == package_robot(32).to_json()
+    other = robot_in_use(("a1", "a2", "a3", "a4", "a5", "a6"), "tool0", action_dt_s=0.1, image_size=32)
+    saved_other = save_checkpoint(policy, tmp_path / "other_arm", RECIPE, robot=other)
+    assert read_robot_record(saved_other) == other
+    load_checkpoint(saved_other)  # the record does not change how the weights load
+
+
+def test_checkpoint_without_a_robot_record_loads_as_the_package_arm(saved) -> None:
+    policy, path = saved
+    rewrite_json(path, lambda meta: meta.pop(ROBOT_KEY))
+    loaded = load_checkpoint(path)
+    for a, b in zip(outputs(policy), outputs(loaded)):
+        assert torch.equal(a, b)
+    assert read_robot_record(path) == package_robot(TINY["image_size"])
+
+
+def test_malformed_robot_record_names_the_file(saved) -> None:
+    _, path = saved
+    rewrite_json(path, lambda meta: meta[ROBOT_KEY].update(dof=6))
+    expect_error(path, "model.json", "bad robot record", "dof 6")

@@ -13,19 +13,21 @@ import pytest
 import torch
 
 rclpy = pytest.importorskip("rclpy")
-from rclpy.parameter import Parameter  # noqa: E402
-from rosgraph_msgs.msg import Clock  # noqa: E402
-from sensor_msgs.msg import CompressedImage, Image, JointState  # noqa: E402
-from std_msgs.msg import Float64MultiArray, String  # noqa: E402
-from std_srvs.srv import SetBool  # noqa: E402
-from trajectory_msgs.msg import JointTrajectory  # noqa: E402
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState
+from rclpy.parameter import Parameter
+from rosgraph_msgs.msg import Clock
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import Float64MultiArray, String
+from std_srvs.srv import SetBool
+from trajectory_msgs.msg import JointTrajectory
 
 from vla_accel_ros.core.convert import compressed_to_rgb, image_to_rgb
-from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
-from vla_accel_ros.core.resources import default_urdf  # noqa: E402
-from vla_accel_ros.core.settings import ConfigError  # noqa: E402
-from vla_accel_ros.ros.node import VlaAccelNode  # noqa: E402
-from vla_accel_ros.ros.rclpy_util import LATCHED_QOS  # noqa: E402
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.resources import default_urdf
+from vla_accel_ros.core.settings import ConfigError
+from vla_accel_ros.ros.node import VlaAccelNode
+from vla_accel_ros.ros.rclpy_util import LATCHED_QOS
 
 torch.set_num_threads(1)
 KIN = ArmKinematics(default_urdf())
@@ -125,17 +127,59 @@ def test_output_formats_follow_the_controller_joint_order(rigs, output):
 
 
 def test_enable_service_switches_between_hold_and_control(rigs):
-    rig = rigs({"autostart": False})
+    rig = rigs({})
     diagnostics = rig.listen(__import__("diagnostic_msgs.msg").msg.DiagnosticArray, "/diagnostics")
-    assert rig.wait(lambda: rig.node.stats()["ticks"] > 3)
-    assert rig.node.stats()["source"] == "hold" and rig.node.stats()["reason"] == "disabled"
-    assert rig.wait(lambda: any("disabled" in m.status[0].message for _, m in diagnostics))
     client = rig.peer.create_client(SetBool, "/vla_accel_node/enable")
     assert client.wait_for_service(timeout_sec=5.0)
-    for value, source in ((True, "fallback"), (False, "hold")):
+    for value, source in ((False, "hold"), (True, "fallback"), (False, "hold")):
         future = client.call_async(SetBool.Request(data=value))
         assert rig.wait(future.done) and future.result().success
         assert rig.wait(lambda: rig.node.stats()["source"] == source), rig.node.stats()["reason"]
+    assert rig.node.stats()["reason"] == "disabled"
+    assert rig.wait(lambda: any("disabled" in m.status[0].message for _, m in diagnostics))
+
+
+def change_state(rig: Rig, transition: int) -> bool:
+    client = rig.peer.create_client(ChangeState, "/vla_accel_node/change_state")
+    assert client.wait_for_service(timeout_sec=5.0)
+    future = client.call_async(ChangeState.Request(transition=Transition(id=transition)))
+    assert rig.wait(future.done)
+    return future.result().success
+
+
+def test_lifecycle_transitions_start_and_stop_commanding(rigs):
+    """Without autostart the node waits unconfigured; configure loads, activate commands,
+    deactivate stops publishing (the controller keeps its last command), cleanup releases."""
+    rig = rigs({"autostart": False})
+    commands = rig.listen(Float64MultiArray, "/arm_controller/commands")
+    diagnostics = rig.listen(__import__("diagnostic_msgs.msg").msg.DiagnosticArray, "/diagnostics")
+    assert rig.wait(lambda: any("unconfigured" in m.status[0].message for _, m in diagnostics))
+    assert rig.node.lifecycle_state == "unconfigured" and not commands
+    assert diagnostics[-1][1].status[0].name == "/vla_accel_node: control loop"  # fully qualified
+    enable = rig.peer.create_client(SetBool, "/vla_accel_node/enable")
+    assert enable.wait_for_service(timeout_sec=5.0)
+    future = enable.call_async(SetBool.Request(data=True))
+    assert rig.wait(future.done) and not future.result().success  # nothing to enable yet
+
+    assert change_state(rig, Transition.TRANSITION_CONFIGURE)
+    assert rig.node.lifecycle_state == "inactive"
+    time.sleep(0.3)
+    assert not commands  # configured, not commanding
+    assert change_state(rig, Transition.TRANSITION_ACTIVATE)
+    assert rig.wait(lambda: len(commands) >= 5)
+    assert rig.node.stats()["enabled"]
+
+    assert change_state(rig, Transition.TRANSITION_DEACTIVATE)
+    time.sleep(0.2)  # a tick already under way may still land
+    count = len(commands)
+    time.sleep(0.4)
+    assert len(commands) == count
+    assert rig.wait(lambda: any("inactive" in m.status[0].message for _, m in diagnostics))
+    assert change_state(rig, Transition.TRANSITION_ACTIVATE)
+    assert rig.wait(lambda: len(commands) >= count + 5)
+    assert change_state(rig, Transition.TRANSITION_DEACTIVATE)
+    assert change_state(rig, Transition.TRANSITION_CLEANUP)
+    assert rig.node.lifecycle_state == "unconfigured" and rig.node.controller is None
 
 
 def test_stale_camera_and_joint_states_hold_then_recover(rigs):
@@ -197,7 +241,8 @@ def test_urdf_from_the_transient_local_topic(ros_context):
             "<joint_name>joint7", "<joint_name>wrist3")
         peer.create_publisher(String, "/robot_description", LATCHED_QOS).publish(String(data=urdf))
         node = VlaAccelNode(context=context, parameter_overrides=[
-            Parameter("inference", value=False), Parameter("robot_description_timeout_s", value=5.0)])
+            Parameter("inference", value=False), Parameter("robot_description_timeout_s", value=5.0),
+            Parameter("autostart", value=True)])
         assert node.kin.source == "<robot_description string>"
         assert "wrist3" in node.kin.joint_names and node.controller_joints[-1] == "wrist3"
         node.destroy_node()
@@ -219,7 +264,7 @@ def test_invalid_parameters_are_refused_with_a_clear_message(tmp_path, tiny_chec
     if params.get("checkpoint") == "CKPT":
         params["checkpoint"] = str(tiny_checkpoint(tmp_path / "ckpt"))
     with ros_context(next(_domains)) as context:
-        base = {"inference": False, "robot_description_timeout_s": 0.0}
+        base = {"inference": False, "robot_description_timeout_s": 0.0, "autostart": True}
         overrides = [Parameter(k, value=v) for k, v in (base | params).items()]
         if words is None:
             VlaAccelNode(context=context, parameter_overrides=overrides).destroy_node()

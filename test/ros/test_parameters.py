@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import pytest
 
 from vla_accel_ros.core.controller import ControllerConfig
+from vla_accel_ros.core.params_file import read_node_parameters
 from vla_accel_ros.core.resources import share_dir
 from vla_accel_ros.core.settings import (
     ConfigError,
     check_fields,
     dump_yaml_params,
     from_params,
-    load_yaml_params,
     nested,
     parameter_specs,
     setting,
@@ -45,14 +45,15 @@ def test_round_trip_through_params_and_yaml(tmp_path):
     assert from_params(NodeConfig, to_params(cfg)) == cfg
     path = tmp_path / "p.yaml"
     path.write_text(dump_yaml_params(cfg, "vla_accel_node"))
-    assert from_params(NodeConfig, load_yaml_params(path, "vla_accel_node")) == cfg
-    assert load_yaml_params(path, "other_node") == {}
+    assert from_params(NodeConfig, read_node_parameters(path, "vla_accel_node")) == cfg
+    with pytest.raises(ValueError, match="other_node"):
+        read_node_parameters(path, "other_node")
 
 
 def test_wildcard_section_applies_to_every_node(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("/**:\n  ros__parameters:\n    control_rate_hz: 40.0\n")
-    assert from_params(NodeConfig, load_yaml_params(path, "vla_accel_node")).control_rate_hz == 40.0
+    assert from_params(NodeConfig, read_node_parameters(path, "vla_accel_node")).control_rate_hz == 40.0
 
 
 @pytest.mark.parametrize(
@@ -107,7 +108,7 @@ def test_fallback_max_s_is_declared_with_a_range_validated_and_passed_to_the_con
 @pytest.mark.parametrize("file", ["vla_accel.yaml", "sim.yaml"])
 def test_shipped_parameter_files_set_and_document_fallback_max_s(file):
     path = share_dir() / "config" / file
-    assert load_yaml_params(path, "vla_accel_node")["fallback_max_s"] == 0.25
+    assert read_node_parameters(path, "vla_accel_node")["fallback_max_s"] == 0.25
     lines = path.read_text().splitlines()
     at = next(i for i, line in enumerate(lines) if line.strip().startswith("fallback_max_s:"))
     assert lines[at - 1].strip().startswith("#") and "[0 .. 10]" in lines[at - 1]  # documented with its range
@@ -120,7 +121,7 @@ def test_shipped_parameter_files_set_and_document_fallback_max_s(file):
     ("sim.yaml", "sim_node", SimBridgeConfig),
 ])
 def test_shipped_parameter_files_are_valid(file, node, cls):
-    params = load_yaml_params(share_dir() / "config" / file, node)
+    params = read_node_parameters(share_dir() / "config" / file, node)
     assert params, f"{file} has no section for {node}"
     from_params(cls, params)
 
@@ -128,8 +129,8 @@ def test_shipped_parameter_files_are_valid(file, node, cls):
 def test_bad_yaml_file_is_reported(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("a: [1, 2\n")
-    with pytest.raises(ConfigError, match="bad.yaml"):
-        load_yaml_params(path, "vla_accel_node")
+    with pytest.raises(ValueError, match="bad.yaml"):
+        read_node_parameters(path, "vla_accel_node")
 
 
 def test_inference_mode_restarts_and_realtime_priority_are_validated():
@@ -214,7 +215,7 @@ def test_nested_settings_map_prefix_and_names_both_ways(tmp_path):
                                                                                  "inner_gain": 3.0}
     path = tmp_path / "outer.yaml"
     path.write_text(dump_yaml_params(cfg, "outer"))
-    assert from_params(_Outer, load_yaml_params(path, "outer")) == cfg
+    assert from_params(_Outer, read_node_parameters(path, "outer")) == cfg
     assert from_params(_Outer, {"rate": 20.0}).inner == _Inner(on=False)  # the nested default, not the class's
     with pytest.raises(ConfigError, match="'inner_gain'"):
         from_params(_Outer, {"inner_gain": 11.0})

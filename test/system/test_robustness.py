@@ -502,7 +502,8 @@ STARTUP = [
 @pytest.mark.parametrize("params, words", [(p, w) for _, p, w in STARTUP], ids=[n for n, _, _ in STARTUP])
 def test_bad_urdf_or_checkpoint_at_start_up_refuses_with_the_file_named(tmp_path, ckpt, ros_context, params, words):
     with ros_context(next(_domains)) as context:
-        overrides = {"inference": False, "inference_mode": "thread", "robot_description_timeout_s": 0.0}
+        overrides = {"inference": False, "inference_mode": "thread", "robot_description_timeout_s": 0.0,
+                     "autostart": True}
         overrides |= params(tmp_path, ckpt)
         with pytest.raises(ConfigError) as err:
             VlaAccelNode(context=context, parameter_overrides=[Parameter(k, value=v) for k, v in overrides.items()])

@@ -57,6 +57,11 @@ from vla_accel_ros.evaluation.options import (
     sampling_config,
     vision_config,
 )
+from vla_accel_ros.evaluation.robot_check import (
+    add_robot_arguments,
+    checkpoints_fit_robot,
+    sim_robot,
+)
 from vla_accel_ros.models import load_checkpoint
 from vla_accel_ros.models.sampling import SamplingConfig
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
@@ -104,6 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "proposal inside the prefill in free space")
     add_vision_arguments(parser)
     add_sampling_arguments(parser)
+    add_robot_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
     records: dict[str, list[EpisodeRecord]] = {e.name: [] for e in entries}
     policies = {e.name: wa_policy if e.wa_prefill else policy for e in entries}
     with PickCubeEnv(SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)) as env:
+        checkpoints = [ckpt] if wa_policy is None else [ckpt, args.wa_checkpoint]
+        if not checkpoints_fit_robot("bench", checkpoints, sim_robot(env), args.allow_unmatched_robot):
+            return 2
         runners = {
             e.name: build_runner(
                 RunnerConfig(decoder=e.decoder,

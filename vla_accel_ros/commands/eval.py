@@ -36,6 +36,11 @@ from vla_accel_ros.evaluation.options import (
     sampling_config,
     vision_config,
 )
+from vla_accel_ros.evaluation.robot_check import (
+    add_robot_arguments,
+    checkpoints_fit_robot,
+    sim_robot,
+)
 from vla_accel_ros.models import load_checkpoint
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
@@ -55,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{WA_PREFILL_PREFIX}X (default: --checkpoint, which must then have one)")
     add_vision_arguments(parser)
     add_sampling_arguments(parser)
+    add_robot_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     records = []
     start = time.perf_counter()
     with PickCubeEnv(sim_config) as env:
+        if not checkpoints_fit_robot("eval", [ckpt], sim_robot(env), args.allow_unmatched_robot):
+            return 2
         settings = RunnerConfig(decoder=base_decoder, temperature=sampling.temperature,
                                 vision=vision_config(args) if args.vision != "full" else None,
                                 action_dt_s=env.control_dt, period_s=env.control_dt, max_steps=args.max_steps,

@@ -1,7 +1,9 @@
 """``vla-accel replay``: a rosbag2 through the node, its commands diffed against the recorded ones.
 
 Exit status: 0 done (with ``--check``: and reproduced), 1 ``--check`` failed, 2 the bag or the
-options are bad, or the replay produced no command (the message says the likely reason).
+options are bad, the arm is not the one the checkpoint was made for (another DOF always; the same
+DOF unless ``--allow-unmatched-robot``), or the replay produced no command (the message says the
+likely reason).
 """
 
 from __future__ import annotations
@@ -43,6 +45,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout-s", type=float, default=600.0, help="give up after this long")
     parser.add_argument("--rate", type=float, default=1.0, help="realtime playback speed factor")
     parser.add_argument("--domain-id", type=int, default=0, help="ROS_DOMAIN_ID for realtime (0 = private)")
+    parser.add_argument("--params-file", default="", metavar="YAML", help="the node's ROS 2 parameter file "
+                        "(its vla_accel_node or /** section): over the recording's settings, under the flags")
+    parser.add_argument("--urdf", default="", metavar="FILE", help="URDF of the arm (default: the params file's, "
+                        "else the bag's /robot_description, else the package's)")
+    parser.add_argument("--tcp-frame", default="", metavar="FRAME", help="URDF frame the policy's end-effector "
+                        "deltas refer to (default: the params file's, else tcp)")
+    parser.add_argument("--controller-joints", nargs="+", default=[], metavar="JOINT",
+                        help="joint order of the arm controller's commands, recorded and written (default: the "
+                             "params file's, else the URDF's arm order); names or one comma-separated list")
+    parser.add_argument("--allow-unmatched-robot", action="store_true", help="replay on an arm of the checkpoint's "
+                        "DOF that is not the robot it was made for (with a warning); another DOF never replays")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,11 +64,16 @@ def run(args: argparse.Namespace) -> int:
                              summary=args.summary, checkpoint=args.checkpoint, decoder=args.decoder,
                              control_rate_hz=args.control_rate, instruction=args.instruction, storage=args.storage,
                              tolerance=args.tolerance, timeout_s=args.timeout_s, rate=args.rate,
-                             domain_id=args.domain_id)
+                             domain_id=args.domain_id, params_file=args.params_file, urdf=args.urdf,
+                             tcp_frame=args.tcp_frame, allow_unmatched_robot=args.allow_unmatched_robot,
+                             controller_joints=tuple(name.strip() for item in args.controller_joints
+                                                     for name in item.split(",") if name.strip()))
         summary = replay(opts)
     except (BagError, ValueError, OSError, RuntimeError) as err:  # ReplayTimeout is a RuntimeError
         print(f"replay: error: {err}", file=sys.stderr, flush=True)
         return 2
+    if summary.get("robot_warning"):
+        print(f"replay: warning: {summary['robot_warning']}", file=sys.stderr, flush=True)
     print(verdict(summary), flush=True)
     if not summary["commands"]:  # nothing to diff: a replay that verifies nothing is not a success
         print(f"replay: error: no command produced: {no_command_cause(summary)}", file=sys.stderr, flush=True)

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE
-from vla_accel_ros.ros.launcher import SimRunOptions, run_sim
+from vla_accel_ros.ros.launcher import NodeRefused, SimRunOptions, run_sim
 from vla_accel_ros.ros.parameters import OUTPUT_FORMATS
 
 
@@ -36,7 +37,11 @@ def run(args: argparse.Namespace) -> int:
                          duration_s=args.duration_s, output=args.output, executor=args.executor, domain_id=args.domain_id,
                          inference_mode=args.inference_mode, realtime_priority=args.realtime_priority)
     started = time.monotonic()
-    s = run_sim(opts)
+    try:
+        s = run_sim(opts)
+    except NodeRefused as err:
+        print(f"sim: error: {err}", file=sys.stderr, flush=True)
+        return 2
     print(f"sim: {s['episodes']} episodes, success {s['success_rate']:.0%}, {s['ticks']} ticks at "
           f"{opts.control_rate_hz:g} Hz ({s['ticks_published']} published, {s['fallback_ticks']} fallback, "
           f"{s['hold_ticks']} hold, {s['deadline_misses']} deadline misses), jitter p50 "

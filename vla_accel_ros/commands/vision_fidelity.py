@@ -17,6 +17,11 @@ from vla_accel_ros.evaluation.options import (
     add_vision_reuse_arguments,
     vision_config,
 )
+from vla_accel_ros.evaluation.robot_check import (
+    add_robot_arguments,
+    checkpoints_fit_robot,
+    sim_robot,
+)
 from vla_accel_ros.evaluation.vision_fidelity import (
     MODES,
     FidelityRecord,
@@ -33,6 +38,7 @@ from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_episode_arguments(parser, episodes=10, episodes_help="episodes, driven by the full prefill")
     add_vision_reuse_arguments(parser)
+    add_robot_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     successes = []
     with PickCubeEnv(SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)) as env:
+        if not checkpoints_fit_robot("vision-fidelity", [ckpt], sim_robot(env), args.allow_unmatched_robot):
+            return 2
         driver = build_runner(driver_config(env, args.max_steps, args.threads), env.kin, policy=policy)
         for i in tqdm(range(args.episodes), desc="vision-fidelity", unit="ep"):
             successes.append(run_episode(env, driver, encoders, records, args.seed + i))

@@ -56,42 +56,70 @@ class RobotRecord:
     image_size: int = 0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "joint_names", tuple(self.joint_names))  # a list would never compare equal
         if self.dof < 1:
             raise ValueError(f"robot record: dof must be >= 1, got {self.dof}")
         if len(self.joint_names) != self.dof:
             raise ValueError(f"robot record: {len(self.joint_names)} joint names for dof {self.dof}")
+        if len(set(self.joint_names)) != self.dof or not all(self.joint_names):
+            raise ValueError(f"robot record: joint names must be distinct and non-empty, got {list(self.joint_names)}")
+        if not self.tcp_frame:
+            raise ValueError("robot record: tcp_frame must not be empty")
         if not (math.isfinite(self.control_rate_hz) and self.control_rate_hz >= 0):
             raise ValueError(f"robot record: control_rate_hz must be >= 0, got {self.control_rate_hz}")
+        if self.image_size < 0:
+            raise ValueError(f"robot record: image_size must be >= 0, got {self.image_size}")
 
     def to_json(self) -> dict[str, Any]:
+        """The record as model.json holds it (a JSON object)."""
         out = asdict(self)
         out["joint_names"] = list(self.joint_names)
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RobotRecord:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"robot record: unknown keys {unknown}")
+    def from_json(cls, data: Any) -> RobotRecord:
+        """The record of a model.json ``robot`` object; ValueError for anything else."""
         try:
+            if not isinstance(data, dict):
+                raise TypeError(f"must be a JSON object, got {type(data).__name__}")
+            unknown = sorted(set(data) - {f.name for f in fields(cls)})
+            if unknown:
+                raise TypeError(f"unknown keys {unknown}")
             values = dict(data)
-            values["joint_names"] = tuple(str(n) for n in data["joint_names"])
-            values["dof"] = int(data["dof"])
-            values["tcp_frame"] = str(data["tcp_frame"])
-            for key, kind in (("control_rate_hz", float), ("image_size", int), ("camera", str),
-                              ("action_space", str)):
+            names = data["joint_names"]
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise TypeError(f"joint_names must be a list of strings, got {names!r}")
+            values["joint_names"] = tuple(names)
+            values["dof"] = _number(data["dof"], "dof", int)
+            for key in ("tcp_frame", "camera", "action_space"):
+                if key in values and not isinstance(values[key], str):
+                    raise TypeError(f"{key} must be a string, got {values[key]!r}")
+            if "tcp_frame" not in values:
+                raise KeyError("tcp_frame")
+            for key, kind in (("control_rate_hz", float), ("image_size", int)):
                 if key in values:
-                    values[key] = kind(values[key])
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"robot record: {err!r} in {data}") from err
+                    values[key] = _number(values[key], key, kind)
+        except KeyError as err:
+            raise ValueError(f"robot record: missing key {err}") from err
+        except TypeError as err:
+            raise ValueError(f"robot record: {err}") from err
         return cls(**values)
 
     def describe(self) -> str:
+        """One line naming everything the record holds."""
         rate = f"{self.control_rate_hz:g} Hz" if self.control_rate_hz else "any rate"
         size = f"{self.image_size}px" if self.image_size else "any size"
         return (f"{self.dof}-DoF arm {list(self.joint_names)}, TCP '{self.tcp_frame}', {self.action_space}, "
                 f"{rate}, camera '{self.camera}' at {size}")
+
+
+def _number(value: Any, key: str, kind: type[int | float]) -> Any:
+    """``value`` as ``kind``: a JSON number (not a bool), whole for an int."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{key} must be a number, got {value!r}")
+    if kind is int and not (math.isfinite(value) and float(value).is_integer()):
+        raise TypeError(f"{key} must be a whole number, got {value!r}")
+    return kind(value)
 
 
 def robot_in_use(joint_names: tuple[str, ...] | list[str], tcp_frame: str, *, action_dt_s: float = 0.0,
@@ -104,20 +132,27 @@ def robot_in_use(joint_names: tuple[str, ...] | list[str], tcp_frame: str, *, ac
                        camera=camera, image_size=image_size)
 
 
+def package_robot(image_size: int = 0) -> RobotRecord:
+    """The package's own arm (``LEGACY_ROBOT``), seen at ``image_size`` (0: not known)."""
+    return RobotRecord.from_json(dict(LEGACY_ROBOT, image_size=image_size))
+
+
 def read_robot_record(checkpoint: Path | str) -> RobotRecord:
     """The record in ``checkpoint/model.json`` (the package arm's for checkpoints without one).
-    Raises ValueError naming the file when it is missing or unreadable."""
+    Raises ValueError naming the file when it is missing, unreadable or its record malformed."""
     meta_path = Path(checkpoint) / META_FILE
     try:
         meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{meta_path}: cannot read the checkpoint's metadata: {err}") from err
-    data = meta.get(ROBOT_KEY)
-    if data is None:
-        data = dict(LEGACY_ROBOT, image_size=int(meta.get("config", {}).get("image_size", 0)))
     try:
-        return RobotRecord.from_json(data)
-    except ValueError as err:
+        if not isinstance(meta, dict):
+            raise TypeError("top level must be a JSON object")
+        if ROBOT_KEY in meta:
+            return RobotRecord.from_json(meta[ROBOT_KEY])
+        config = meta.get("config", {})
+        return package_robot(int(config.get("image_size", 0)) if isinstance(config, dict) else 0)
+    except (TypeError, ValueError) as err:
         raise ValueError(f"{meta_path}: {err}") from err
 
 

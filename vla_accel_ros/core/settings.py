@@ -13,7 +13,6 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
 import yaml
@@ -213,28 +212,6 @@ def to_params(cfg: Any) -> dict[str, Any]:
             value = getattr(value, attr)
         params[leaf.name] = list(value) if isinstance(value, tuple) else value
     return params
-
-
-def load_yaml_params(path: str | Path, node_name: str) -> dict[str, Any]:
-    """Parameters of ``node_name`` from a ros2 parameter file (``node: {ros__parameters: ...}``,
-    ``/**`` applies to every node) or from a flat mapping."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"cannot read parameter file {path}: {err}") from err
-    if not isinstance(data, dict):
-        raise ConfigError(f"parameter file {path} must hold a mapping, got {type(data).__name__}")
-    sections = [v for k, v in data.items() if isinstance(v, dict) and "ros__parameters" in v
-                and k.strip("/") in ("**", node_name)]
-    if not sections and any(isinstance(v, dict) and "ros__parameters" in v for v in data.values()):
-        return {}
-    if not sections:
-        return dict(data)
-    merged: dict[str, Any] = {}
-    for section in sections:
-        merged.update(section["ros__parameters"] or {})
-    return merged
 
 
 def dump_yaml_params(cfg: Any, node_name: str) -> str:

@@ -1,5 +1,6 @@
 """Checkpoint I/O: a directory with ``model.safetensors`` (all weights) and ``model.json``
-(format version, config, tokenizer, proprio statistics, training recipe and metrics), plus
+(format version, config, tokenizer, proprio statistics, the robot it was made for, training recipe
+and metrics; see :mod:`vla_accel_ros.core.robot_record`), plus
 optional components loaded when present: the continuous action head (``flow_head.*``), the
 world-aware prefill (``world.*``) and the parallel draft head (``parallel_draft.*``). Each optional
 component is a ``NAME.safetensors`` (its weights) + ``NAME.json`` (format version, config, the
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from vla_accel_ros.core.robot_record import ROBOT_KEY, RobotRecord, package_robot
 from vla_accel_ros.models.draft import ContactHead, DraftHead, ParallelDraftHead
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.models.policy import Policy
@@ -67,8 +69,12 @@ def save_checkpoint(
     recipe: dict[str, Any],
     metrics: dict[str, Any] | None = None,
     dtype: str = "float32",
+    robot: RobotRecord | None = None,
 ) -> Path:
     """Write ``path/model.safetensors`` and ``path/model.json``; returns the directory.
+
+    ``robot`` is the arm the policy was trained for (default: the package arm at the config's
+    image size); it goes into model.json for the commands and the node to check.
 
     A policy with a world component also gets ``world.*`` (with ``policy.world.info`` as its recipe
     and metrics). Without one, stale ``world.*`` files in ``path`` are removed: the target written
@@ -93,6 +99,7 @@ def save_checkpoint(
         "proprio_stats": {"mean": policy.proprio_mean.tolist(), "std": policy.proprio_std.tolist()},
         "weights_dtype": dtype,
         "n_parameters": {k: v for k, v in policy.n_parameters().items() if k != "parallel_draft"},
+        ROBOT_KEY: (robot or package_robot(policy.config.image_size)).to_json(),
         "recipe": recipe,
         "metrics": metrics or {},
     }
@@ -142,6 +149,11 @@ def load_checkpoint(path: Path | str) -> Policy:
         raise CheckpointError(meta_path, f"bad proprio_stats ({exc!r})") from exc
     if mean.shape != (PROPRIO_DIM,) or std.shape != (PROPRIO_DIM,) or not np.all(std > 0):
         raise CheckpointError(meta_path, f"proprio_stats must hold {PROPRIO_DIM} means and positive stds")
+    if ROBOT_KEY in meta:  # checkpoints without a record were made for the package arm
+        try:
+            RobotRecord.from_json(meta[ROBOT_KEY])
+        except ValueError as exc:
+            raise CheckpointError(meta_path, f"bad robot record ({exc})") from exc
 
     modules = {"target": VLATarget(config), "draft": DraftHead(config), "contact_head": ContactHead(config)}
     expected = {

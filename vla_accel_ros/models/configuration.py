@@ -1,5 +1,5 @@
 """Settings of the models layer that other layers read without loading a model: the incremental-vision
-settings and the sampling temperature's default and bound.
+settings, the sampling temperature's default and bound, and the decoders' names.
 
 Importable without torch: ``ros/parameters.py`` builds the node's parameters from these before any
 model is loaded (in ``inference_mode: process`` the node never loads one at all).
@@ -14,6 +14,10 @@ from vla_accel_ros.core.settings import setting
 
 DEFAULT_TEMPERATURE = 0.5  # the shipped policy's setting, chosen on closed-loop success (README)
 MAX_TEMPERATURE = 2.0
+# The decoders ``decoding.make_decoder`` builds, by name (torch-free, for parameter and launch-argument
+# choices; test_decoders checks it against the registry).
+DECODER_NAMES: tuple[str, ...] = ("ar", "sd", "kerv_released", "kerv", "world_aware", "deadline", "heisd",
+                                  "flow10", "flow2")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,21 @@ from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE, MAX_TEMPERATURE
 from vla_accel_ros.ros.parameters import OUTPUT_FORMATS
 
 READY_TIMEOUT_S = 90.0
+REFUSED_EXIT = 2  # a node executable's exit status when it refuses to start (rclpy_util.run_node)
+
+
+class NodeRefused(RuntimeError):
+    """A node refused to start (bad parameters, URDF, checkpoint, or a robot the checkpoint was not
+    made for); the message is its own reason."""
+
+
+def refusal_reason(log: Path) -> str:
+    """The node's "refusing to start" line from its log, or '' when there is none."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if "refusing to start" in line), "")
 
 
 @dataclass(frozen=True)
@@ -175,6 +190,10 @@ def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], 
         attached = attach(domain) if attach is not None else None
         ready = monitor.wait_for(lambda: bool(monitor.stats) and monitor.joint_states > 0 or
                                  node.poll() is not None or sim.poll() is not None, READY_TIMEOUT_S)
+        if node.poll() == REFUSED_EXIT:
+            logs[1].flush()
+            raise NodeRefused(refusal_reason(out / "vla_accel_node.log") or
+                              f"vla_accel_node refused to start; see {out}/vla_accel_node.log")
         if not ready or node.poll() is not None or sim.poll() is not None:
             raise RuntimeError(f"nodes did not come up (node rc={node.poll()}, sim rc={sim.poll()}); "
                                f"see {out}/vla_accel_node.log and {out}/sim_node.log")

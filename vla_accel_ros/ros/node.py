@@ -1,15 +1,25 @@
 """``vla_accel_node``: the rclpy adapter around the control core and the inference worker.
 
-Interface (all names relative to the node unless absolute; every parameter is declared with a
-description and range, see ``ros/parameters.py``'s ``NodeConfig`` and config/vla_accel.yaml):
+A managed (lifecycle) node. ``configure`` loads the URDF and the checkpoint, checks that the
+checkpoint was made for this robot (``core/robot_record.py``) and starts the inference worker;
+``activate`` starts commanding; ``deactivate`` stops publishing commands (the controllers keep the
+last one; ``~/enable false`` instead keeps publishing a hold); ``cleanup`` and ``shutdown`` release
+it all. ``autostart`` drives configure and activate at start-up, for systems without a lifecycle
+manager.
+
+Interface (topic names are relative, so they resolve in the node's namespace; every parameter is
+declared with a description and range, see ``ros/parameters.py``'s ``NodeConfig`` and
+config/vla_accel.yaml):
 
 - subscribes ``image_topic`` (sensor_msgs/Image, or CompressedImage), ``joint_states_topic``
   (sensor-data QoS), ``~/instruction`` (std_msgs/String) and, when the URDF is not given by
-  parameter, ``/robot_description`` (transient local);
-- publishes every tick, reliably, one of: ``/<controller>/commands`` (Float64MultiArray, in
-  ``controller_joints`` order), ``/<controller>/joint_trajectory`` (one point at one period) or
-  ``joint_command_topic`` (JointState, arm + fingers); plus ``/<gripper_controller>/commands``;
-- ``/diagnostics`` and ``~/stats`` (JSON) at ``stats_rate_hz``; service ``~/enable`` (SetBool).
+  parameter, ``robot_description`` (transient local);
+- publishes every tick while active, reliably, one of: ``<controller>/commands``
+  (Float64MultiArray, in ``controller_joints`` order), ``<controller>/joint_trajectory`` (one point
+  at one period) or ``joint_command_topic`` (JointState, arm + fingers); plus
+  ``<gripper_controller>/commands``;
+- ``/diagnostics`` (status named by the node's fully qualified name) and ``~/stats`` (JSON) at
+  ``stats_rate_hz``, in every lifecycle state; service ``~/enable`` (SetBool) while active.
 
 The control timer runs on the node clock (``use_sim_time`` works) in its own mutually exclusive
 callback group; inference never runs in a callback: by default in a child process
@@ -23,7 +33,6 @@ import gc
 import json
 import math
 import os
-import re
 import resource
 import sys
 import time
@@ -38,7 +47,7 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import (
     HistoryPolicy,
@@ -46,20 +55,23 @@ from rclpy.qos import (
     ReliabilityPolicy,
     qos_profile_sensor_data,
 )
+from rclpy.wait_for_message import wait_for_message
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import SetBool
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
-from vla_accel_ros.core.controller import TickResult
+from vla_accel_ros.core.controller import Controller, TickResult
 from vla_accel_ros.core.convert import (
     compressed_to_rgb,
     image_to_rgb,
     joint_state_to_arm,
     kinematics_difference,
 )
+from vla_accel_ros.core.input_errors import InputErrorCounts
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
+from vla_accel_ros.core.robot_record import check_robot, read_robot_record, robot_in_use
 from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.ros.parameters import NodeConfig
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS, declare_config, run_node
@@ -71,6 +83,7 @@ if TYPE_CHECKING:  # the runner (and torch with it) loads only in thread mode
     from vla_accel_ros.runtime.runner import PolicyRunner
 
 NODE_NAME = "vla_accel_node"
+ROBOT_DESCRIPTION_TOPIC = "robot_description"  # relative: robot_state_publisher in the same namespace
 COMMAND_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 SOURCE_CODES = {"policy": 0, "fallback": 1, "hold": 2}
 MAX_TICK_LOG = 200_000
@@ -91,25 +104,166 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-class VlaAccelNode(Node):
-    """See the module docstring. Raises ConfigError (a ValueError) on invalid parameters, URDF or
-    checkpoint, with a message naming the problem."""
+class VlaAccelNode(LifecycleNode):
+    """See the module docstring. With ``autostart`` the constructor configures and activates the
+    node, and raises ConfigError (a ValueError) on invalid parameters, URDF or checkpoint, with a
+    message naming the problem; without it a lifecycle manager drives the transitions."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(NODE_NAME, **kwargs)
-        self.cfg: NodeConfig = declare_config(self, NodeConfig)
+        try:
+            self.cfg: NodeConfig = declare_config(self, NodeConfig)
+        except ConfigError as err:
+            raise self._refuse(err) from err
         cfg = self.cfg
         sys.setswitchinterval(cfg.switch_interval_s)
-        self.kin = self._load_kinematics()
-        self.controller_joints = self._check_controller_joints(cfg.controller_joints or self.kin.joint_names)
-        self.controller = build_controller(cfg.controller_config(), self.kin, enabled=cfg.autostart,
-                                           instruction=cfg.instruction)
-
+        # Configured state (on_configure builds it, on_cleanup releases it).
+        self.kin: ArmKinematics | None = None
+        self.controller: Controller | None = None
+        self.controller_joints: tuple[str, ...] = ()
         self.runner: PolicyRunner | None = None  # thread mode only; process mode keeps it in the child
         self.worker: InferenceWorker | ProcessInferenceWorker | None = None
+        self.image_size = 0
+        self._robot_warning = ""  # the checkpoint's robot differs, run with allow_unmatched_robot
+        self._configure_error: ConfigError | None = None
+        self._inputs: dict[str, Any] = {}  # topic -> subscription
+        self._outputs: list[Any] = []
+        self._pub_forward = self._pub_trajectory = self._pub_joint_command = self._pub_gripper = None
+        self._timer: Any = None  # the control tick, while active
+        self._lifecycle = "unconfigured"
+        self._joint_names: list[str] = []  # kept after cleanup for the run summary
+
+        self._input_errors = 0
+        self._error_counts = InputErrorCounts()
+        self._realtime_priority = 0  # set by apply_realtime_priority()
+        self._last_input_error = ""
+        self._last_tick: TickResult | None = None
+        self._tick_log: list[tuple[Any, ...]] = []
+        self._started_wall = time.monotonic()
+        self._logged: dict[str, float] = {}  # kind of problem -> when it was last logged
+        self._recent_errors: deque[tuple[float, str]] = deque(maxlen=64)  # (monotonic, message)
+        self._header_stamps: dict[str, float] = {}
+        self._inference_errors_seen = 0
+        self._outliers_seen = 0
+        self._last_policy_stamp: float | None = None
+
+        # Under a MultiThreadedExecutor the inputs never wait behind the control tick (its own group),
+        # and never run during a lifecycle transition: they share the group of the lifecycle
+        # services. Reporting and ~/enable run in every lifecycle state.
+        self._timer_group = MutuallyExclusiveCallbackGroup()
+        self._io_group = self.default_callback_group
+        self._pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._pub_stats = self.create_publisher(String, "~/stats", 10)
+        self.create_service(SetBool, "~/enable", self._on_enable, callback_group=self._io_group)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self._stats_timer = self.create_timer(1.0 / cfg.stats_rate_hz, self._publish_stats,
+                                              callback_group=self._io_group)
+        if cfg.autostart:
+            self.start()
+
+    def _refuse(self, err: Exception) -> ConfigError:
+        """Log why the node cannot start through the ROS logger (it reaches /rosout) and return the
+        error, marked as logged, for the caller to raise."""
+        self.get_logger().fatal(f"refusing to start: {err}")
+        refusal = err if isinstance(err, ConfigError) else ConfigError(str(err))
+        refusal.logged = True  # type: ignore[attr-defined]  # run_node does not print it again
+        return refusal
+
+    def start(self) -> None:
+        """Configure, then activate (what ``autostart`` does). Raises ConfigError when either fails."""
+        if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+            raise self._configure_error or ConfigError("configure failed")
+        if self.trigger_activate() != TransitionCallbackReturn.SUCCESS:
+            raise self._refuse(ConfigError("activate failed"))
+
+    @property
+    def lifecycle_state(self) -> str:
+        """unconfigured, inactive, active or finalized."""
+        return self._lifecycle
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Load the URDF and the checkpoint, check the robot, start the inference worker, create
+        the subscriptions and the (inactive) command publishers."""
+        self._configure_error = None
+        try:
+            self._configure()
+        except (ValueError, OSError, KeyError) as err:  # ConfigError, bad URDF or checkpoint
+            self._release()
+            self._configure_error = self._refuse(err)
+            return TransitionCallbackReturn.FAILURE
+        self._lifecycle = "inactive"
+        return super().on_configure(state)
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Command: the control tick starts, enabled (``~/enable false`` makes it hold)."""
+        assert self.controller is not None and self.kin is not None
+        self.controller.set_enabled(True)
+        # The timer uses the node clock: with use_sim_time it follows /clock. Cancelled, not
+        # destroyed, on deactivate (the executor may be waiting on it).
+        if self._timer is None:
+            self._timer = self.create_timer(self.cfg.period_s, self._on_tick, callback_group=self._timer_group)
+        else:
+            self._timer.reset()
+        self._lifecycle = "active"
+        result = super().on_activate(state)
+        cfg = self.cfg
+        outputs = ", ".join(p.topic_name for p in self._outputs)
+        inputs = ", ".join(s.topic_name for s in self._inputs.values())
+        self.get_logger().info(
+            f"ready: {cfg.control_rate_hz:g} Hz, output {cfg.output} on {outputs}, inputs {inputs}, joints "
+            f"{list(self.controller_joints)}, decoder {cfg.decoder if self.worker else '(inference off)'} "
+            f"({cfg.inference_mode}), image {self.image_size}px")
+        return result
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Stop commanding: no more ticks, so the controllers keep the last command."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._lifecycle = "inactive"
+        self.get_logger().info("deactivated: not commanding (the controllers keep the last command)")
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self._lifecycle = "unconfigured"
+        return super().on_cleanup(state)
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._release()
+        self._lifecycle = "finalized"
+        return super().on_shutdown(state)
+
+    def _release(self) -> None:
+        """Undo on_configure: stop the worker, drop the subscriptions and the command publishers."""
+        if self.worker is not None:
+            self.worker.stop()
+        for pub in self._outputs:
+            self.destroy_lifecycle_publisher(pub)
+        self._outputs = []
+        self._pub_forward = self._pub_trajectory = self._pub_joint_command = self._pub_gripper = None
+        self.worker = self.runner = self.controller = self.kin = None
+        self._robot_warning = ""
+
+    def _configure(self) -> None:
+        cfg = self.cfg
+        self.kin = self._load_kinematics()
+        self.controller_joints = self._check_controller_joints(cfg.controller_joints or self.kin.joint_names)
+        self.controller = build_controller(cfg.controller_config(), self.kin, enabled=False,
+                                           instruction=str(self.get_parameter("instruction").value))
+        self._joint_names = list(self.kin.joint_names)
         model_size = 0
         if cfg.inference:
             runner_config = cfg.runner_config()
+            made_for = read_robot_record(runner_config.checkpoint_path)
+            in_use = robot_in_use(self.kin.joint_names, self.kin.tcp_frame, action_dt_s=cfg.action_dt_s,
+                                  image_size=cfg.image_size)
+            self._robot_warning = check_robot(made_for, in_use, allow_unmatched=cfg.allow_unmatched_robot,
+                                              source=f"checkpoint '{runner_config.checkpoint_path}'")
+            if self._robot_warning:
+                self.get_logger().warn(self._robot_warning)
             try:
                 if cfg.inference_mode == "process":  # started here: it reports the model's image size
                     spec = ChildSpec(runner_config, self.kin.urdf_xml, self.kin.tcp_frame)
@@ -125,70 +279,45 @@ class VlaAccelNode(Node):
                                   f"'{cfg.decoder}': {err}") from err
         self.image_size = cfg.image_size or model_size or 128
         if model_size and self.image_size != model_size:
-            if self.worker is not None:
-                self.worker.stop()
             raise ConfigError(f"parameter 'image_size' = {cfg.image_size} but the checkpoint expects "
                               f"{model_size}; set 0 to use the checkpoint's size")
 
-        self._input_errors = 0
-        self._realtime_priority = 0  # set by apply_realtime_priority()
-        self._last_input_error = ""
-        self._last_tick: TickResult | None = None
-        self._tick_log: list[tuple[Any, ...]] = []
-        self._started_wall = time.monotonic()
-        self._logged: dict[str, float] = {}  # kind of problem -> when it was last logged
-        self._recent_errors: deque[tuple[float, str]] = deque(maxlen=64)  # (monotonic, message)
-        self._header_stamps: dict[str, float] = {}
-        self._inference_errors_seen = 0
-        self._outliers_seen = 0
-        self._last_policy_stamp: float | None = None
+        # Inputs: sensor data best effort (matches reliable publishers too). Made once and kept over
+        # cleanup (their callbacks ignore messages while unconfigured): destroying a subscription
+        # while a multi-threaded executor waits on it raises in that executor.
+        def subscribe(msg_type: Any, topic: str, callback: Callable[[Any], None], qos: Any) -> None:
+            if topic not in self._inputs:
+                self._inputs[topic] = self.create_subscription(msg_type, topic, callback, qos,
+                                                               callback_group=self._io_group)
 
-        # Inputs: sensor data best effort (matches reliable publishers too), in their own group so
-        # that under a MultiThreadedExecutor they never wait behind the control tick.
-        self._timer_group = MutuallyExclusiveCallbackGroup()
-        self._io_group = MutuallyExclusiveCallbackGroup()
         if cfg.compressed_image:
-            self.create_subscription(CompressedImage, cfg.image_topic, self._on_compressed, qos_profile_sensor_data,
-                                     callback_group=self._io_group)
+            subscribe(CompressedImage, cfg.image_topic, self._on_compressed, qos_profile_sensor_data)
         else:
-            self.create_subscription(Image, cfg.image_topic, self._on_image, qos_profile_sensor_data,
-                                     callback_group=self._io_group)
-        self.create_subscription(JointState, cfg.joint_states_topic, self._on_joint_state, qos_profile_sensor_data,
-                                 callback_group=self._io_group)
-        self.create_subscription(String, "~/instruction", self._on_instruction, 10, callback_group=self._io_group)
+            subscribe(Image, cfg.image_topic, self._on_image, qos_profile_sensor_data)
+        subscribe(JointState, cfg.joint_states_topic, self._on_joint_state, qos_profile_sensor_data)
+        subscribe(String, "~/instruction", self._on_instruction, 10)
         if self._description_fallback:  # a robot_state_publisher that starts after us is checked
-            self.create_subscription(String, "/robot_description", self._on_late_description, LATCHED_QOS,
-                                     callback_group=self._io_group)
-        self.create_service(SetBool, "~/enable", self._on_enable, callback_group=self._io_group)
-        self.add_on_set_parameters_callback(self._on_set_parameters)
+            subscribe(String, ROBOT_DESCRIPTION_TOPIC, self._on_late_description, LATCHED_QOS)
 
-        # Outputs, reliable.
+        # Outputs, reliable; they publish only while active.
+        def publisher(msg_type: Any, topic: str) -> Any:
+            self._outputs.append(self.create_lifecycle_publisher(msg_type, topic, COMMAND_QOS))
+            return self._outputs[-1]
+
         controller = cfg.controller.strip("/")
-        self._pub_forward = self._pub_trajectory = self._pub_joint_command = None
         if cfg.output == "forward_position":
-            self._pub_forward = self.create_publisher(Float64MultiArray, f"/{controller}/commands", COMMAND_QOS)
+            self._pub_forward = publisher(Float64MultiArray, f"{controller}/commands")
         elif cfg.output == "joint_trajectory":
-            self._pub_trajectory = self.create_publisher(JointTrajectory, f"/{controller}/joint_trajectory",
-                                                         COMMAND_QOS)
+            self._pub_trajectory = publisher(JointTrajectory, f"{controller}/joint_trajectory")
         else:
-            self._pub_joint_command = self.create_publisher(JointState, cfg.joint_command_topic, COMMAND_QOS)
+            self._pub_joint_command = publisher(JointState, cfg.joint_command_topic)
         gripper = cfg.gripper_controller.strip("/")
-        self._pub_gripper = (self.create_publisher(Float64MultiArray, f"/{gripper}/commands", COMMAND_QOS)
-                             if gripper and self.kin.gripper_joint_names else None)
-        self._pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self._pub_stats = self.create_publisher(String, "~/stats", 10)
+        if gripper and self.kin.gripper_joint_names:
+            self._pub_gripper = publisher(Float64MultiArray, f"{gripper}/commands")
 
         if self.runner is not None:
             self.worker = InferenceWorker(self.controller, self.runner, self._now, torch_threads=cfg.torch_threads)
             self.worker.start()
-        # The timer uses the node clock: with use_sim_time it follows /clock.
-        self._timer = self.create_timer(cfg.period_s, self._on_tick, callback_group=self._timer_group)
-        self._stats_timer = self.create_timer(1.0 / cfg.stats_rate_hz, self._publish_stats,
-                                              callback_group=self._io_group)
-        self.get_logger().info(
-            f"ready: {cfg.control_rate_hz:g} Hz, output {cfg.output}, joints {list(self.controller_joints)}, "
-            f"decoder {cfg.decoder if self.worker else '(inference off)'} ({cfg.inference_mode}), image "
-            f"{self.image_size}px, {'enabled' if cfg.autostart else 'disabled until ~/enable'}")
         # Start-up garbage (imports, model, URDF) is never scanned again: a full collection over it
         # took 20-80 ms, i.e. whole missed ticks, when it happened to run in the executor thread.
         gc.collect()
@@ -204,7 +333,8 @@ class VlaAccelNode(Node):
             source, label = cfg.urdf_file, f"urdf_file {cfg.urdf_file}"
         else:
             xml = self._wait_robot_description(cfg.robot_description_timeout_s)
-            source, label = (xml, "topic /robot_description") if xml else (str(default_urdf()), "package URDF")
+            topic = self.resolve_topic_name(ROBOT_DESCRIPTION_TOPIC)
+            source, label = (xml, f"topic {topic}") if xml else (str(default_urdf()), "package URDF")
             self._description_fallback = not xml
         try:
             kin = ArmKinematics(source, tcp_frame=cfg.tcp_frame)
@@ -215,23 +345,16 @@ class VlaAccelNode(Node):
         return kin
 
     def _wait_robot_description(self, timeout_s: float) -> str:
+        """The latched robot description, waited for without an executor (configure may run inside
+        one of the executor's callbacks)."""
         if timeout_s <= 0:
             return ""
-        received: list[str] = []
-        sub = self.create_subscription(String, "/robot_description", lambda m: received.append(m.data), LATCHED_QOS)
-        executor = SingleThreadedExecutor(context=self.context)
-        executor.add_node(self)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not received and time.monotonic() < deadline:
-                executor.spin_once(timeout_sec=0.05)
-        finally:
-            executor.remove_node(self)
-            executor.shutdown()
-            self.destroy_subscription(sub)
-        return received[-1] if received else ""
+        received, msg = wait_for_message(String, self, ROBOT_DESCRIPTION_TOPIC, qos_profile=LATCHED_QOS,
+                                         time_to_wait=timeout_s)
+        return msg.data if received and msg is not None else ""
 
     def _check_controller_joints(self, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+        assert self.kin is not None
         names = tuple(names)
         unknown = [n for n in names if n not in self.kin.joint_names]
         missing = [n for n in self.kin.joint_names if n not in names]
@@ -250,7 +373,7 @@ class VlaAccelNode(Node):
         self._last_input_error = message
         now = time.monotonic()
         self._recent_errors.append((now, message))
-        kind = re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", message)  # the same problem with other numbers
+        kind = self._error_counts.add(message)  # the same problem with other numbers is one kind
         if now - self._logged.get(kind, -math.inf) >= LOG_THROTTLE_S:
             self._logged[kind] = now
             self.get_logger().warn(message)
@@ -273,8 +396,10 @@ class VlaAccelNode(Node):
         return True
 
     def _on_late_description(self, msg: String) -> None:
-        """/robot_description published after start-up (the package URDF is in use): hold while it
+        """robot_description published after start-up (the package URDF is in use): hold while it
         describes another arm, carry on when it matches (restart the node to adopt a new one)."""
+        if self.controller is None or self.kin is None or not self._description_fallback:
+            return
         try:
             problem = kinematics_difference(self.kin, ArmKinematics(msg.data, tcp_frame=self.cfg.tcp_frame))
         except ValueError as err:
@@ -294,7 +419,7 @@ class VlaAccelNode(Node):
         self._accept_image(msg, compressed_to_rgb)
 
     def _accept_image(self, msg: Image | CompressedImage, to_rgb: Callable[[Any, int], np.ndarray]) -> None:
-        if not self._header_in_order("image", msg):
+        if self.controller is None or not self._header_in_order("image", msg):
             return
         try:
             rgb = to_rgb(msg, self.image_size)
@@ -305,7 +430,7 @@ class VlaAccelNode(Node):
             self._reject(error)
 
     def _on_joint_state(self, msg: JointState) -> None:
-        if not self._header_in_order("joint state", msg):
+        if self.controller is None or self.kin is None or not self._header_in_order("joint state", msg):
             return
         try:
             q, gripper = joint_state_to_arm(self.kin, msg.name, msg.position)
@@ -316,6 +441,8 @@ class VlaAccelNode(Node):
             self._reject(error)
 
     def _on_instruction(self, msg: String) -> None:
+        if self.controller is None:
+            return
         previous = self.controller.instruction
         if (error := self.controller.set_instruction(msg.data)) is not None:
             self._reject(error)
@@ -327,10 +454,15 @@ class VlaAccelNode(Node):
             if p.name == "instruction":
                 if not str(p.value).strip():
                     return SetParametersResult(successful=False, reason="instruction must not be empty")
-                self.controller.set_instruction(str(p.value))
+                if self.controller is not None:  # else configure reads the parameter
+                    self.controller.set_instruction(str(p.value))
         return SetParametersResult(successful=True)
 
     def _on_enable(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
+        if self.controller is None or self._lifecycle != "active":
+            response.success = False
+            response.message = f"the node is {self._lifecycle}: activate it first (lifecycle)"
+            return response
         self.controller.set_enabled(request.data)
         response.success = True
         response.message = "enabled" if request.data else "disabled: holding the measured position"
@@ -339,6 +471,8 @@ class VlaAccelNode(Node):
 
     # --- the tick -----------------------------------------------------------------------------
     def _on_tick(self) -> None:
+        if self.controller is None or self.kin is None:
+            return
         wall = time.monotonic()
         result = self.controller.tick(self._now())
         self._last_tick = result
@@ -352,7 +486,7 @@ class VlaAccelNode(Node):
             self._tick_log.append((wall, result.stamp, SOURCE_CODES[result.source], cmd, meas))
 
     def _publish_command(self, result: TickResult) -> None:
-        assert result.q_command is not None
+        assert result.q_command is not None and self.kin is not None
         positions = self.kin.to_named(result.q_command, self.controller_joints).tolist()
         fingers = result.finger_positions.tolist()
         if self._pub_forward is not None:
@@ -373,22 +507,23 @@ class VlaAccelNode(Node):
 
     # --- reporting ----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        counters = self.controller.stats
-        out: dict[str, Any] = {
+        out: dict[str, Any] = {"lifecycle_state": self._lifecycle, "control_rate_hz": self.cfg.control_rate_hz,
+                               "input_errors": self._input_errors, "last_input_error": self._last_input_error,
+                               **self._error_counts.to_json(),
+                               "peak_rss_mb": _rss_mb(), "realtime_priority": self._realtime_priority,
+                               "robot_warning": self._robot_warning,
+                               "decoder": self.cfg.decoder if self.worker else ""}
+        if self.controller is None:
+            return out
+        out.update({
             "enabled": self.controller.enabled,
             "instruction": self.controller.instruction,
             "source": self._last_tick.source if self._last_tick else "",
             "reason": self._last_tick.reason if self._last_tick else "",
             "hold_reason": self.controller.hold_reason,
-            "control_rate_hz": self.cfg.control_rate_hz,
-            **counters.__dict__,
+            **self.controller.stats.__dict__,
             **self.controller.timing(),
-            "input_errors": self._input_errors,
-            "last_input_error": self._last_input_error,
-            "peak_rss_mb": _rss_mb(),
-            "realtime_priority": self._realtime_priority,
-            "decoder": self.cfg.decoder if self.worker else "",
-        }
+        })
         if self.worker is not None:
             out.update({f"inference_{k}": v for k, v in self.worker.stats().items()})
             out["inference_alive"] = self.worker.alive
@@ -397,8 +532,12 @@ class VlaAccelNode(Node):
     def _publish_stats(self) -> None:
         stats = self.stats()
         self._pub_stats.publish(String(data=json.dumps(stats)))
-        status = DiagnosticStatus(name=f"{self.get_name()}: control loop", hardware_id="vla_accel_ros")
-        if self._last_tick is None or self._last_tick.q_command is None:
+        # Fully qualified: two arms in two namespaces report apart on the one /diagnostics topic.
+        status = DiagnosticStatus(name=f"{self.get_fully_qualified_name()}: control loop", hardware_id="vla_accel_ros")
+        if self.controller is None or self._lifecycle != "active":
+            status.level = DiagnosticStatus.WARN
+            status.message = f"{self._lifecycle}: not commanding (lifecycle)"
+        elif self._last_tick is None or self._last_tick.q_command is None:
             status.level, status.message = DiagnosticStatus.ERROR, stats["reason"] or "no tick yet"
         elif self.worker is not None and not self.worker.alive:
             why = stats.get("inference_down_reason") or stats.get("inference_last_error") or "thread ended"
@@ -410,7 +549,7 @@ class VlaAccelNode(Node):
             status.level, status.message = DiagnosticStatus.WARN, f"holding: {self._last_tick.reason}"
         else:
             status.level, status.message = DiagnosticStatus.OK, f"running ({self._last_tick.source})"
-        warning, recent = self._warning(stats)
+        warning, recent = self._warning(stats) if self.controller is not None else ("", [])
         if warning:
             status.level = max(status.level, DiagnosticStatus.WARN)
             status.message = warning if status.message.startswith("running") else f"{status.message}; {warning}"
@@ -426,7 +565,7 @@ class VlaAccelNode(Node):
         window = max(2.0, 1.0 / self.cfg.stats_rate_hz)
         now = time.monotonic()
         recent = list(dict.fromkeys(m for t, m in self._recent_errors if now - t <= window))
-        warnings = []
+        warnings = [self._robot_warning] if self._robot_warning else []
         errors = int(stats.get("inference_errors", 0) or 0)
         new_errors, self._inference_errors_seen = errors - self._inference_errors_seen, errors
         if new_errors > 0:
@@ -457,7 +596,7 @@ class VlaAccelNode(Node):
             "period_jitter_ms_max": float(jitter.max()) if jitter.size else 0.0,
             "executor": self.cfg.executor,
             "switch_interval_s": self.cfg.switch_interval_s,
-            "joint_names": list(self.kin.joint_names),
+            "joint_names": self._joint_names,
             "tick_log": {
                 "wall": wall.tolist(),
                 "ros": ros.tolist(),

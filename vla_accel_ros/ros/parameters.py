@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from vla_accel_ros.core.controller import ControllerConfig
 from vla_accel_ros.core.settings import ConfigError, check_fields, nested, setting
 from vla_accel_ros.models.configuration import (
+    DECODER_NAMES,
     DEFAULT_TEMPERATURE,
     MAX_TEMPERATURE,
     VisionReuseConfig,
@@ -33,26 +34,26 @@ class NodeConfig:
 
     control_rate_hz: float = setting(20.0, "Control loop rate; one joint command is published per tick", range=(1.0, 500.0))
     output: str = setting("forward_position", "Command format: forward_position (Float64MultiArray on "
-                     "/<controller>/commands), joint_trajectory (/<controller>/joint_trajectory) or "
-                     "joint_state (sensor_msgs/JointState on /joint_command)", choices=OUTPUT_FORMATS)
-    controller: str = setting("arm_controller", "ros2_control controller name of the arm (topic prefix)")
+                     "<controller>/commands), joint_trajectory (<controller>/joint_trajectory) or "
+                     "joint_state (sensor_msgs/JointState on joint_command_topic)", choices=OUTPUT_FORMATS)
+    controller: str = setting("arm_controller", "ros2_control controller name of the arm (topic prefix, relative to the node's namespace)")
     controller_joints: tuple[str, ...] = setting((), "Joint order of the arm controller (its 'joints' parameter); "
                                              "empty = the URDF arm order")
     gripper_controller: str = setting("gripper_controller", "Controller for the fingers (Float64MultiArray on "
-                                 "/<gripper_controller>/commands); empty = do not publish a gripper command")
-    joint_command_topic: str = setting("/joint_command", "Topic of the joint_state output format")
-    image_topic: str = setting("/camera/image_raw", "Camera topic (sensor_msgs/Image, or CompressedImage when "
+                                 "<gripper_controller>/commands); empty = do not publish a gripper command")
+    joint_command_topic: str = setting("joint_command", "Topic of the joint_state output format")
+    image_topic: str = setting("camera/image_raw", "Camera topic (sensor_msgs/Image, or CompressedImage when "
                           "compressed_image is true)")
     compressed_image: bool = setting(False, "Subscribe to sensor_msgs/CompressedImage instead of Image")
-    joint_states_topic: str = setting("/joint_states", "sensor_msgs/JointState topic (names in any order)")
+    joint_states_topic: str = setting("joint_states", "sensor_msgs/JointState topic (names in any order)")
     instruction: str = setting("", "Task instruction for the policy (also settable on ~/instruction)", dynamic=True)
-    robot_description: str = setting("", "URDF XML; empty = /robot_description topic, then urdf_file")
-    robot_description_timeout_s: float = setting(2.0, "How long to wait for /robot_description when neither "
+    robot_description: str = setting("", "URDF XML; empty = the robot_description topic, then urdf_file")
+    robot_description_timeout_s: float = setting(2.0, "How long to wait for the robot_description topic when neither "
                                             "robot_description nor urdf_file is set", range=(0.0, 60.0))
     urdf_file: str = setting("", "URDF file; empty = the package's urdf/arm7.urdf (after the topic)")
     tcp_frame: str = setting("tcp", "URDF frame the policy's end-effector deltas refer to")
     checkpoint: str = setting("", "Policy checkpoint directory; empty = the package's checkpoints/default")
-    decoder: str = setting("kerv", "Action decoder (ar, speculative, kerv, world_aware, ...)")
+    decoder: str = setting("kerv", "Action decoder (see README, Decoders)", choices=DECODER_NAMES)
     temperature: float = setting(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy (every decoder "
                             "samples the same way; see README, The policy)", range=(0.0, MAX_TEMPERATURE))
     # vision_reuse (the on/off switch), vision_threshold, vision_refresh_steps, vision_max_drift, vision_reuse_kv
@@ -74,7 +75,11 @@ class NodeConfig:
                                    range=(0.0, 10.0))
     gripper_initial: float = setting(1.0, "Gripper command before the first action (1 = open, 0 = closed)",
                                 range=(0.0, 1.0))
-    autostart: bool = setting(False, "Start enabled; otherwise the arm holds until ~/enable is called with true")
+    autostart: bool = setting(False, "Drive the lifecycle transitions at start-up (configure, then activate: the "
+                         "node commands); otherwise the node waits unconfigured for a lifecycle manager")
+    allow_unmatched_robot: bool = setting(False, "Run a checkpoint on an arm of its DOF that is not the robot it was "
+                                     "made for (other joints, TCP frame, rate or image size); /diagnostics then "
+                                     "says WARN. A different DOF never starts")
     executor: str = setting("single", "single: SingleThreadedExecutor + inference thread; multi: "
                        "MultiThreadedExecutor + inference thread", choices=EXECUTORS)
     switch_interval_s: float = setting(0.001, "Python thread switch interval (sys.setswitchinterval): smaller lets "
@@ -140,23 +145,24 @@ class NodeConfig:
 class SimBridgeConfig:
     """Parameters of ``sim_node`` (the MuJoCo bridge)."""
 
-    joint_state_rate_hz: float = setting(100.0, "Physics stepping and /joint_states rate", range=(10.0, 1000.0))
-    camera_rate_hz: float = setting(20.0, "Camera image rate (/camera/image_raw)", range=(1.0, 120.0))
+    joint_state_rate_hz: float = setting(100.0, "Physics stepping and joint_states rate", range=(10.0, 1000.0))
+    camera_rate_hz: float = setting(20.0, "Camera image rate (camera/image_raw)", range=(1.0, 120.0))
     image_size: int = setting(128, "Rendered image size in pixels (square)", range=(16, 1024))
     real_time_factor: float = setting(1.0, "Sim seconds per wall second; 0 = as fast as possible (lock-step via "
                                  "/clock)", range=(0.0, 100.0))
     seed: int = setting(0, "Seed of the first episode", range=(0, 2**31 - 1))
     color: str = setting("", "Target cube colour of the first episode; empty = chosen by the seed")
-    start_episode: bool = setting(True, "Start an episode at start-up (otherwise wait for ~/reset)")
+    start_episode: bool = setting(True, "Start the first episode once the first arm command arrives (the policy node "
+                             "is ready); otherwise wait for ~/reset")
     episode_duration_s: float = setting(6.0, "Episode time limit in sim seconds", range=(0.1, 3600.0))
     success_hold_s: float = setting(0.15, "How long the task must stay solved before the episode ends",
                                range=(0.0, 60.0))
-    instruction_topic: str = setting("/vla_accel_node/instruction", "Where the episode's instruction is published")
-    controller: str = setting("arm_controller", "Arm controller name (listens on /<controller>/commands and "
-                         "/<controller>/joint_trajectory)")
-    controller_joints: tuple[str, ...] = setting((), "Joint order of /<controller>/commands; empty = URDF arm order")
-    gripper_controller: str = setting("gripper_controller", "Gripper controller name (/<gripper_controller>/commands)")
-    joint_command_topic: str = setting("/joint_command", "JointState command topic")
+    instruction_topic: str = setting("vla_accel_node/instruction", "Where the episode's instruction is published")
+    controller: str = setting("arm_controller", "Arm controller name (listens on <controller>/commands and "
+                         "<controller>/joint_trajectory)")
+    controller_joints: tuple[str, ...] = setting((), "Joint order of <controller>/commands; empty = URDF arm order")
+    gripper_controller: str = setting("gripper_controller", "Gripper controller name (<gripper_controller>/commands)")
+    joint_command_topic: str = setting("joint_command", "JointState command topic")
     wrist_camera: bool = setting(False, "Render from the wrist camera instead of the scene camera")
 
     def __post_init__(self) -> None:

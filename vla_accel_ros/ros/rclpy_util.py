@@ -99,7 +99,8 @@ def run_node(name: str, make_node: Callable[[], Any], make_executor: Callable[[A
     try:
         node = make_node()
     except ValueError as err:  # ConfigError, bad URDF or checkpoint: refuse to start, say why
-        print(f"[{name}] refusing to start: {err}", file=sys.stderr, flush=True)
+        if not getattr(err, "logged", False):  # a node logs its own refusal through the ROS logger
+            print(f"[{name}] refusing to start: {err}", file=sys.stderr, flush=True)
         rclpy.try_shutdown()
         return 2
     executor = make_executor(node)

@@ -5,14 +5,18 @@ seconds per wall second (0 = as fast as possible). The bridge is the clock sourc
 carries its time, which starts at the wall time of start-up and never goes back, so header stamps
 are sensible whether or not the other nodes use sim time.
 
-- publishes ``/joint_states`` (arm + finger joints), ``/camera/image_raw`` (rgb8, at
-  ``camera_rate_hz``), ``/clock``, ``/robot_description`` (transient local), ``~/episode`` (JSON:
+Topic names are relative (they resolve in the node's namespace), except ``/clock``:
+
+- publishes ``joint_states`` (arm + finger joints), ``camera/image_raw`` (rgb8, at
+  ``camera_rate_hz``), ``/clock``, ``robot_description`` (transient local), ``~/episode`` (JSON:
   seed, color, instruction, success, steps, duration_s, min_clearance_m), ``~/success``
   (std_msgs/Bool, once per episode) and the episode's instruction on ``instruction_topic``;
-- applies commands in every output format of ``vla_accel_node``: ``/<controller>/commands``
-  (Float64MultiArray in ``controller_joints`` order), ``/<controller>/joint_trajectory`` (last
-  point), ``joint_command_topic`` (JointState by name), ``/<gripper_controller>/commands``;
+- applies commands in every output format of ``vla_accel_node``: ``<controller>/commands``
+  (Float64MultiArray in ``controller_joints`` order), ``<controller>/joint_trajectory`` (last
+  point), ``joint_command_topic`` (JointState by name), ``<gripper_controller>/commands``;
 - ``~/reset`` (std_msgs/String JSON ``{"seed": 3, "color": "red"}``, both optional) starts an episode.
+  With ``start_episode`` the first episode starts when the first arm command arrives: the policy
+  node is then configured and active, so no episode time passes while it loads.
 """
 
 from __future__ import annotations
@@ -77,10 +81,10 @@ class SimBridgeNode(Node):
         self._time0 = time.time()
         self._elapsed = 0.0
 
-        self._pub_joints = self.create_publisher(JointState, "/joint_states", 10)
-        self._pub_image = self.create_publisher(Image, "/camera/image_raw", 10)
+        self._pub_joints = self.create_publisher(JointState, "joint_states", 10)
+        self._pub_image = self.create_publisher(Image, "camera/image_raw", 10)
         self._pub_clock = self.create_publisher(Clock, "/clock", 10)
-        self._pub_description = self.create_publisher(String, "/robot_description", LATCHED_QOS)
+        self._pub_description = self.create_publisher(String, "robot_description", LATCHED_QOS)
         self._pub_episode = self.create_publisher(String, "~/episode", 10)
         self._pub_success = self.create_publisher(Bool, "~/success", 10)
         # Latched: a recorder or node that joins after the episode began still gets the task.
@@ -88,16 +92,17 @@ class SimBridgeNode(Node):
         self._pub_description.publish(String(data=self.kin.urdf_xml))
 
         controller, gripper = cfg.controller.strip("/"), cfg.gripper_controller.strip("/")
-        self.create_subscription(Float64MultiArray, f"/{controller}/commands", self._on_forward, 10)
-        self.create_subscription(JointTrajectory, f"/{controller}/joint_trajectory", self._on_trajectory, 10)
+        self.create_subscription(Float64MultiArray, f"{controller}/commands", self._on_forward, 10)
+        self.create_subscription(JointTrajectory, f"{controller}/joint_trajectory", self._on_trajectory, 10)
         self.create_subscription(JointState, cfg.joint_command_topic, self._on_joint_command, 10)
         if gripper:
-            self.create_subscription(Float64MultiArray, f"/{gripper}/commands", self._on_gripper, 10)
+            self.create_subscription(Float64MultiArray, f"{gripper}/commands", self._on_gripper, 10)
         self.create_subscription(String, "~/reset", self._on_reset, 10)
 
         # Always start from the task's initial scene (an un-reset MuJoCo model has every joint at 0,
-        # outside the URDF limits); it counts as an episode only with start_episode.
-        self._pending_reset = {"seed": cfg.seed, "color": cfg.color or None, "episode": cfg.start_episode}
+        # outside the URDF limits); with start_episode the first command turns it into an episode.
+        self._pending_reset = {"seed": cfg.seed, "color": cfg.color or None, "episode": False}
+        self._first_episode_waiting = cfg.start_episode
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._physics_loop, name="sim_physics", daemon=True)
         self._thread.start()
@@ -119,6 +124,11 @@ class SimBridgeNode(Node):
             self._reject(f"arm command rejected: expected {self.kin.n} finite positions, got {q}")
             return
         with self._lock:
+            if self._first_episode_waiting:  # the policy node is up: the first episode starts now
+                self._first_episode_waiting = False
+                self._pending_reset = {"seed": self.cfg.seed, "color": self.cfg.color or None}
+                self.get_logger().info("first arm command received: starting the first episode")
+                return  # a command for the pre-episode scene must not move the episode's arm
             self._q_cmd = q
             self.commands_received += 1
 

@@ -81,6 +81,18 @@ def make_image(rgb: np.ndarray, t_ns: int, frame_id: str = "camera") -> Any:
                                                 is_bigendian=0, step=w * 3, data=rgb.reshape(-1))
 
 
+def make_compressed_image(rgb: np.ndarray, t_ns: int, fmt: str = "jpeg", frame_id: str = "camera") -> Any:
+    """A sensor_msgs/CompressedImage of ``rgb`` encoded as ``fmt`` (jpeg or png)."""
+    import cv2
+
+    ok, data = cv2.imencode(".png" if fmt == "png" else ".jpg", cv2.cvtColor(np.ascontiguousarray(rgb, np.uint8),
+                                                                            cv2.COLOR_RGB2BGR))
+    if not ok:
+        raise ValueError(f"cannot encode a {rgb.shape} image as {fmt}")
+    return _ts().types["sensor_msgs/msg/CompressedImage"](header=_header(t_ns, frame_id), format=fmt,
+                                                          data=np.asarray(data, dtype=np.uint8).reshape(-1))
+
+
 def make_joint_state(names: Sequence[str], position: Sequence[float], t_ns: int,
                      velocity: Sequence[float] = ()) -> Any:
     return _ts().types["sensor_msgs/msg/JointState"](
@@ -201,6 +213,14 @@ class BagReader:
     def count(self, topic: str) -> int:
         return self.topics.get(topic, ("", 0))[1]
 
+    def require(self, topics: Sequence[str]) -> None:
+        """BagError naming the topics of ``topics`` that hold no message, and what the bag has."""
+        missing = [t for t in topics if self.count(t) == 0]
+        if missing:
+            have = ", ".join(f"{t} ({n})" for t, (_, n) in sorted(self.topics.items())) or "nothing"
+            raise BagError(f"bag {self.path} lacks topic(s) {', '.join(missing)}; it has: {have}"
+                           + ("; use --remap FROM:=TO if the topic is named differently" if self.topics else ""))
+
     def messages(self, topics: Sequence[str] | None = None, raw: bool = False) -> Iterator[BagMessage]:
         """Messages in log-time order (remapped topic names); BagError if the storage breaks.
         ``topics`` (remapped names): only those topics' messages, none when no topic matches; None: all.
@@ -282,12 +302,11 @@ def open_bag(path: str | Path, required: Sequence[str] = (), remap: dict[str, st
     except Exception as err:  # AnyReaderError, ReaderError, yaml and storage errors
         raise BagError(f"bag {path} cannot be opened: {type(err).__name__}: {err}") from err
     bag = BagReader(path, reader, dict(remap or {}), read_custom(path) if path.is_dir() else {})
-    missing = [t for t in required if bag.count(t) == 0]
-    if missing:
+    try:
+        bag.require(required)
+    except BagError:
         bag.close()
-        have = ", ".join(f"{t} ({n})" for t, (_, n) in sorted(bag.topics.items())) or "nothing"
-        raise BagError(f"bag {path} lacks topic(s) {', '.join(missing)}; it has: {have}"
-                       + ("; use --remap FROM:=TO if the topic is named differently" if bag.topics else ""))
+        raise
     return bag
 
 

@@ -42,6 +42,32 @@ class Command:
     source: str = ""
 
 
+def arm_urdf(cfg: NodeConfig, bag_urdf: str | None = None) -> tuple[str, str]:
+    """(URDF path or XML, where it comes from) in the node's order: the ``robot_description``
+    parameter, ``urdf_file``, the bag's /robot_description (the topic), the package's URDF."""
+    from vla_accel_ros.core.resources import default_urdf
+
+    if cfg.robot_description.strip():
+        return cfg.robot_description, "parameter robot_description"
+    if cfg.urdf_file:
+        return cfg.urdf_file, f"urdf_file {cfg.urdf_file}"
+    if bag_urdf:
+        return bag_urdf, f"the bag's {TOPICS['robot_description'][0]}"
+    path = str(default_urdf())
+    return path, f"the package's {path}"
+
+
+def controller_joint_order(kin: Any, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The controller's joint order: ``names`` (each arm joint once) or, empty, the URDF's arm order."""
+    names = tuple(names) or tuple(kin.joint_names)
+    unknown = [n for n in names if n not in kin.joint_names]
+    missing = [n for n in kin.joint_names if n not in names]
+    if unknown or missing:
+        raise ValueError(f"controller_joints must list each arm joint once; unknown: {unknown}, missing: {missing}; "
+                         f"the URDF's arm joints are {list(kin.joint_names)}")
+    return names
+
+
 class LockstepCore:
     """The node's decision path without ROS: converters -> Controller -> PolicyRunner -> tick.
 
@@ -52,21 +78,35 @@ class LockstepCore:
     """
 
     def __init__(self, cfg: NodeConfig, urdf: str | None = None) -> None:
+        """``urdf``: the URDF XML (a bag's /robot_description) when ``cfg`` names none. Before the
+        policy loads, the arm is checked against the robot the checkpoint was made for, as the node
+        does (:func:`~vla_accel_ros.core.robot_record.check_robot`): RobotMismatch for another DOF,
+        and for another arm of the same DOF unless ``cfg.allow_unmatched_robot`` (then the warning
+        is ``robot_warning``)."""
         from vla_accel_ros.core.kinematics import ArmKinematics
-        from vla_accel_ros.core.resources import default_urdf
+        from vla_accel_ros.core.robot_record import (
+            check_robot,
+            read_robot_record,
+            robot_in_use,
+        )
         from vla_accel_ros.runtime.builder import build_controller, build_runner
 
         self.cfg = cfg
-        source = urdf if urdf else (cfg.urdf_file or str(default_urdf()))
+        source, label = arm_urdf(cfg, urdf)
         try:
             self.kin = ArmKinematics(source, tcp_frame=cfg.tcp_frame)
         except ValueError as err:
-            raise ValueError(f"bad URDF ({'from the bag' if urdf else source}): {err}") from err
-        self.controller_joints = tuple(cfg.controller_joints) or self.kin.joint_names
-        self.controller = build_controller(cfg.controller_config(), self.kin, enabled=True,
-                                           instruction=cfg.instruction)
+            raise ValueError(f"bad URDF ({label}): {err}") from err
+        self.urdf_source = label
+        self.controller_joints = controller_joint_order(self.kin, cfg.controller_joints)
         runner_config = replace(cfg.runner_config(), torch_threads=1)  # one thread: bit-identical runs
         checkpoint = runner_config.checkpoint_path
+        in_use = robot_in_use(self.kin.joint_names, self.kin.tcp_frame, action_dt_s=cfg.action_dt_s,
+                              image_size=cfg.image_size)
+        self.robot_warning = check_robot(read_robot_record(checkpoint), in_use,
+                                         allow_unmatched=cfg.allow_unmatched_robot, source=f"checkpoint '{checkpoint}'")
+        self.controller = build_controller(cfg.controller_config(), self.kin, enabled=True,
+                                           instruction=cfg.instruction)
         try:
             self.runner = build_runner(runner_config, self.kin, clock=frozen_clock)
         except (OSError, ValueError, KeyError) as err:

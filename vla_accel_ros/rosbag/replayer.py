@@ -12,20 +12,30 @@ Two modes:
   decoders see a frozen clock, so a deadline-aware decoder decides the same way on any machine:
   two replays of one bag give bit-identical commands. No DDS delivery, executor scheduling or
   wall-clock timer enters, as a regression test requires; everything the policy and the safety
-  logic compute is still the node's code.
+  logic compute is still the node's code, the check of the arm against the checkpoint's robot
+  included.
 - ``realtime`` plays the bag onto DDS at its own pace (``--rate``), publishing ``/clock`` from the
   bag (or from the log times when it has none), with the real node in a subprocess under
   ``use_sim_time``, and records the commands the node publishes, stamped with the bag time they
-  arrived at. Timing-dependent by nature; the diff says how far it drifts.
+  arrived at. Timing-dependent by nature; the diff says how far it drifts. A node that refuses to
+  start (another arm than the checkpoint's, say) ends the replay at once, quoting its reason.
 
-Both write the produced commands (``/<controller>/commands`` and the gripper's) into ``--out``,
-match them with the commands recorded in the input bag by stamp (nearest within half a control
-period), and report per-joint max/mean absolute differences, the first divergent step, input
-errors and a one-line verdict (``--summary DIR`` also writes ``DIR/summary.json``). A missing,
-truncated or corrupt bag, or one lacking a required topic, exits non-zero with a message naming
-the problem, and so does a replay that produces no command (:func:`no_command_cause` names the
-likely reason); every wait has a timeout. ``--remap`` renames the bag's topics as they are read
-and never reaches rcl.
+The node's parameters come from, each over the one before: the node's defaults, the settings the
+recording stored (decoder, checkpoint, control rate, temperature), ``--params-file`` (the node's
+own ROS 2 parameter YAML) and the explicit flags (``--urdf``, ``--tcp-frame``,
+``--controller-joints``, ``--decoder``, ...). The arm's URDF is, in the node's order, the
+``robot_description`` parameter, ``urdf_file`` (``--urdf``), the bag's ``/robot_description``, the
+package's. The bag's topics are the ones these parameters name (``image_topic``,
+``joint_states_topic``, the controller's command topic); ``--remap`` renames the bag's topics as
+they are read and never reaches rcl.
+
+Both write the produced commands (``/arm_controller/commands`` in controller-joint order and the
+gripper's) into ``--out``, match them with the commands recorded in the input bag by stamp (nearest
+within half a control period), and report per-joint max/mean absolute differences, the first
+divergent step, the input errors of each kind and a one-line verdict (``--summary DIR`` also
+writes ``DIR/summary.json``). A missing, truncated or corrupt bag, or one lacking a required
+topic, exits non-zero with a message naming the problem, and so does a replay that produces no
+command (:func:`no_command_cause` names the likely reason); every wait has a timeout.
 """
 
 from __future__ import annotations
@@ -38,13 +48,17 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
+from vla_accel_ros.core.input_errors import InputErrorCounts
+from vla_accel_ros.core.params_file import read_node_parameters
+from vla_accel_ros.core.settings import ConfigError, from_params
 from vla_accel_ros.ros.parameters import NodeConfig
 from vla_accel_ros.rosbag.io import (
     STORAGES,
@@ -63,6 +77,8 @@ from vla_accel_ros.rosbag.lockstep import (
     Command,
     LockstepCore,
     ReplayTimeout,
+    arm_urdf,
+    controller_joint_order,
     make_deterministic,
 )
 
@@ -72,6 +88,12 @@ DEFAULT_TOLERANCE = 1e-6  # rad
 # triggers inference (so the frame sees the joint state stamped with it).
 PRIORITY = {"robot_description": 0, "clock": 1, "instruction": 2, "joint_states": 3, "camera": 4}
 READY_TIMEOUT_S = 90.0
+NODE_NAME = "vla_accel_node"  # its section in a --params-file; the node runs in the root namespace
+# Parameters every rclpy node has: a params file may set them, NodeConfig does not hold them.
+ROS_BUILTIN_PARAMETERS = ("use_sim_time", "start_type_description_service")
+# The node's report rate in realtime replay: frequent reports keep apart the kinds of input error.
+STATS_RATE_HZ = 10.0
+REFUSAL = "refusing to start"  # what the node logs when it will not start (and exits with 2)
 
 
 def grouped(messages: Iterable[BagMessage], roles: dict[str, str]) -> Iterator[tuple[str, BagMessage]]:
@@ -161,13 +183,18 @@ class ReplayOptions:
     summary: str = ""
     checkpoint: str = ""
     decoder: str = ""
-    control_rate_hz: float = 0.0  # 0 = from the bag's recording settings, else 20
+    control_rate_hz: float = 0.0  # 0 = from the params file, else the recording's, else 20
     instruction: str = ""
     storage: str = "mcap"
     tolerance: float = DEFAULT_TOLERANCE
     timeout_s: float = 600.0
     rate: float = 1.0  # realtime playback speed
     domain_id: int = 0
+    params_file: str = ""  # the node's ROS 2 parameter YAML
+    urdf: str = ""  # URDF file of the arm
+    tcp_frame: str = ""  # URDF frame of the policy's end-effector deltas
+    controller_joints: tuple[str, ...] = ()  # joint order of the recorded and written commands
+    allow_unmatched_robot: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -182,32 +209,102 @@ class ReplayOptions:
             raise ValueError(f"--tolerance must be >= 0, got {self.tolerance}")
         if not 0 <= self.domain_id <= 232:
             raise ValueError(f"--domain-id must be in [0, 232], got {self.domain_id}")
+        if self.urdf and not Path(self.urdf).is_file():
+            raise ValueError(f"--urdf {self.urdf}: no such file")
+        if self.params_file and not Path(self.params_file).is_file():
+            raise ValueError(f"--params-file {self.params_file}: no such file")
+        if len(set(self.controller_joints)) != len(self.controller_joints) or not all(self.controller_joints):
+            raise ValueError(f"--controller-joints must name each joint once, got {list(self.controller_joints)}")
         parse_remaps(self.remap)  # fail early on a malformed remap
 
 
-def node_config(opts: ReplayOptions, custom: dict[str, Any]) -> NodeConfig:
-    """Command line first, then the settings the recording stored, then the node's defaults."""
-    values: dict[str, Any] = {"autostart": True}
-    for key, cli in (("decoder", opts.decoder), ("checkpoint", opts.checkpoint),
-                     ("control_rate_hz", opts.control_rate_hz)):
-        value = cli or custom.get(key)
-        if value:
-            values[key] = float(value) if key == "control_rate_hz" else str(value)
-    if opts.instruction:
-        values["instruction"] = opts.instruction
+@dataclass(frozen=True)
+class NodeSettings:
+    """The node's parameters in a replay by where they come from, each over the one before (after
+    the node's defaults), and the NodeConfig they make."""
+
+    recording: dict[str, Any]  # the settings the recording stored
+    file: dict[str, Any]  # --params-file's for the node
+    cli: dict[str, Any]  # the explicit flags'
+    config: NodeConfig
+
+
+def node_settings(opts: ReplayOptions, custom: dict[str, Any]) -> NodeSettings:
+    """The parameters of the recording (``custom``), the params file and the command line, merged
+    in that order into a NodeConfig; ConfigError (a ValueError) naming the bad parameter."""
+    recording: dict[str, Any] = {}
+    for key in ("decoder", "checkpoint"):
+        if custom.get(key):
+            recording[key] = str(custom[key])
+    if custom.get("control_rate_hz"):
+        recording["control_rate_hz"] = float(custom["control_rate_hz"])
     if "temperature" in custom:  # else (an older bag) the node's default
-        values["temperature"] = float(custom["temperature"])
-    return NodeConfig(**values)
+        recording["temperature"] = float(custom["temperature"])
+    file: dict[str, Any] = {}
+    if opts.params_file:
+        file = {name: value for name, value in read_node_parameters(opts.params_file, NODE_NAME).items()
+                if name not in ROS_BUILTIN_PARAMETERS and not name.startswith("qos_overrides.")}
+    cli: dict[str, Any] = {}
+    if opts.decoder:
+        cli["decoder"] = opts.decoder
+    if opts.checkpoint:
+        cli["checkpoint"] = str(Path(opts.checkpoint).resolve())
+    if opts.control_rate_hz:
+        cli["control_rate_hz"] = float(opts.control_rate_hz)
+    if opts.instruction:
+        cli["instruction"] = opts.instruction
+    if opts.urdf:  # over a robot_description parameter too, which the node would take first
+        cli.update(urdf_file=str(Path(opts.urdf).resolve()), robot_description="")
+    if opts.tcp_frame:
+        cli["tcp_frame"] = opts.tcp_frame
+    if opts.controller_joints:
+        cli["controller_joints"] = list(opts.controller_joints)
+    if opts.allow_unmatched_robot:
+        cli["allow_unmatched_robot"] = True
+    try:
+        config = from_params(NodeConfig, {**recording, **file, **cli, "autostart": True})
+    except ConfigError as err:
+        where = f" (with --params-file {opts.params_file})" if opts.params_file else ""
+        raise ConfigError(f"replay settings{where}: {err}") from err
+    return NodeSettings(recording, file, cli, config)
 
 
-def _roles(bag: BagReader) -> dict[str, str]:
-    return {topic: role for role, (topic, _) in TOPICS.items()}
+def node_config(opts: ReplayOptions, custom: dict[str, Any]) -> NodeConfig:
+    """The NodeConfig of :func:`node_settings`."""
+    return node_settings(opts, custom).config
 
 
-def _joint_state_facts(bag: BagReader) -> dict[str, Any]:
+def resolve_topic(name: str) -> str:
+    """A topic name of the node's parameters as the node resolves it (root namespace)."""
+    if name.startswith("~/"):
+        return f"/{NODE_NAME}/{name[2:]}"
+    return name if name.startswith("/") else f"/{name}"
+
+
+def node_topics(cfg: NodeConfig) -> dict[str, str]:
+    """role -> topic: the inputs and the command topics the node's parameters name ("gripper" only
+    with a gripper controller); the others as ``TOPICS``."""
+    topics = {role: topic for role, (topic, _) in TOPICS.items()}
+    controller = cfg.controller.strip("/")
+    commands = {"forward_position": f"{controller}/commands",
+                "joint_trajectory": f"{controller}/joint_trajectory"}.get(cfg.output, cfg.joint_command_topic)
+    topics.update(camera=resolve_topic(cfg.image_topic), joint_states=resolve_topic(cfg.joint_states_topic),
+                  commands=resolve_topic(commands))
+    gripper = cfg.gripper_controller.strip("/")
+    if gripper:
+        topics["gripper"] = resolve_topic(f"{gripper}/commands")
+    else:
+        del topics["gripper"]
+    return topics
+
+
+def _roles(topics: dict[str, str]) -> dict[str, str]:
+    return {topic: role for role, topic in topics.items()}
+
+
+def _joint_state_facts(bag: BagReader, topic: str) -> dict[str, Any]:
     """How many joint states the bag holds and the names the first one carries (its first 12; None
     without one)."""
-    topic = TOPICS["joint_states"][0]
     names = next((list(m.msg.name)[:12] for m in bag.messages([topic])), None) if bag.count(topic) else None
     return {"joint_states": bag.count(topic), "joint_state_names": names}
 
@@ -221,6 +318,22 @@ def _robot_description(bag: BagReader) -> str | None:
     return None
 
 
+def _open_checked(opts: ReplayOptions) -> tuple[BagReader, NodeSettings, dict[str, str]]:
+    """The bag, the node's settings and its topics; BagError when the bag lacks an input."""
+    bag = open_bag(opts.bag, remap=parse_remaps(opts.remap))
+    try:
+        settings = node_settings(opts, bag.custom)
+        topics = node_topics(settings.config)
+        bag.require([topics["camera"], topics["joint_states"]])
+        if not bag.count(topics["instruction"]) and not settings.config.instruction:
+            raise BagError(f"bag {opts.bag} lacks topic {topics['instruction']} and no --instruction was given: "
+                           f"the policy has no task")
+    except BaseException:
+        bag.close()
+        raise
+    return bag, settings, topics
+
+
 # --- deterministic ---------------------------------------------------------------------------
 def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str, Any]:
     from tqdm import tqdm
@@ -228,19 +341,15 @@ def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str
     make_deterministic()
     started = time.monotonic()
     deadline = started + opts.timeout_s
-    remap = parse_remaps(opts.remap)
-    camera, joints, instruction = (TOPICS[r][0] for r in ("camera", "joint_states", "instruction"))
-    with open_bag(opts.bag, required=[camera, joints], remap=remap) as bag:
-        cfg = node_config(opts, bag.custom)
-        if not bag.count(instruction) and not cfg.instruction:
-            raise BagError(f"bag {opts.bag} lacks topic {instruction} and no --instruction was given: "
-                           f"the policy has no task")
-        core = LockstepCore(cfg, urdf=_robot_description(bag))
-        roles = _roles(bag)
-        facts = _joint_state_facts(bag)
+    bag, settings, topics = _open_checked(opts)
+    with bag:
+        cfg = settings.config
+        core = LockstepCore(cfg, urdf=_robot_description(bag))  # checks the arm against the checkpoint's robot
+        roles = _roles(topics)
+        facts = _joint_state_facts(bag, topics["joint_states"])
         produced: list[Command] = []
         recorded: list[Command] = []
-        inputs = [camera, joints, instruction, TOPICS["commands"][0], TOPICS["gripper"][0]]
+        inputs = [topics[r] for r in ("camera", "joint_states", "instruction", "commands", "gripper") if r in topics]
         total = sum(bag.count(t) for t in inputs)
         writer = BagWriter(opts.out, opts.storage, custom=_out_custom(opts, cfg)) if opts.out else None
         last_fingers: dict[int, np.ndarray] = {}
@@ -268,44 +377,54 @@ def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str
                 writer.close()
         for cmd in recorded:
             cmd.fingers = last_fingers.get(cmd.t_ns, np.zeros(0))
-    return _summarise(opts, cfg, core.kin, produced, recorded, core.frames, dict(core.errors),
-                      time.monotonic() - started, inferences=core.inferences, checkpoint=str(core.checkpoint),
-                      **facts)
+    tally = InputErrorCounts()
+    for message, n in core.errors.items():
+        tally.add(message, n)
+    return _summarise(opts, cfg, core.kin, produced, recorded, core.frames, tally, time.monotonic() - started,
+                      inferences=core.inferences, checkpoint=str(core.checkpoint), urdf=core.urdf_source,
+                      controller_joints=list(core.controller_joints), robot_warning=core.robot_warning,
+                      input_topics=topics, **facts)
 
 
 def _out_custom(opts: ReplayOptions, cfg: NodeConfig) -> dict[str, Any]:
     return {"source": "replay", "mode": opts.mode, "input_bag": str(Path(opts.bag).resolve()),
             "decoder": cfg.decoder, "checkpoint": cfg.checkpoint, "control_rate_hz": cfg.control_rate_hz,
-            "temperature": cfg.temperature}
+            "temperature": cfg.temperature, "tcp_frame": cfg.tcp_frame, "params_file": opts.params_file}
 
 
 def _summarise(opts: ReplayOptions, cfg: NodeConfig, kin: Any, produced: list[Command], recorded: list[Command],
-               frames: int, errors: dict[str, int], wall_s: float, **extra: Any) -> dict[str, Any]:
+               frames: int, tally: InputErrorCounts, wall_s: float, *, inference_errors: Sequence[str] = (),
+               **extra: Any) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "bag": str(opts.bag), "out": opts.out, "mode": opts.mode, "frames": frames, "commands": len(produced),
         "sources": dict(Counter(c.source for c in produced if c.source)),
         "unsafe_commands": count_unsafe(kin, produced),
         **compare(produced, recorded, kin.joint_names, cfg.period_s, opts.tolerance),
-        "errors": [f"{message} (x{n})" for message, n in errors.items()],
+        "errors": tally.lines() + list(inference_errors),
+        "input_errors": tally.total, "input_errors_by_kind": dict(tally.by_kind),
         "decoder": cfg.decoder, "control_rate_hz": cfg.control_rate_hz, "wall_s": wall_s,
-        "arm_joints": list(kin.joint_names), **extra,
+        "arm_joints": list(kin.joint_names), "tcp_frame": kin.tcp_frame, "params_file": opts.params_file,
+        "robot_warning": "", **extra,
     }
     return summary
 
 
 def no_command_cause(s: dict[str, Any]) -> str:
     """The likely reason a replay produced no command, from what its summary saw."""
+    topics = {role: topic for role, (topic, _) in TOPICS.items()} | s.get("input_topics", {})
     if not s["frames"]:
-        return f"no camera frames reached the node (topic {TOPICS['camera'][0]})"
+        return f"no camera frames reached the node (topic {topics['camera']})"
     if not s.get("joint_states"):
-        return f"no joint states reached the node (topic {TOPICS['joint_states'][0]})"
+        return f"no joint states reached the node (topic {topics['joint_states']})"
     names, arm = s.get("joint_state_names"), s["arm_joints"]
     missing = [j for j in arm if names is not None and j not in names]
     if missing:
         which = "none of them there" if len(missing) == len(arm) else f"missing {', '.join(missing)}"
-        return (f"the joint states name {names} but the URDF's arm joints are {arm} ({which}): "
-                f"a bag of another arm? The URDF comes from the bag's {TOPICS['robot_description'][0]}, "
-                f"else the package's")
+        source = f" (from {s['urdf']})" if s.get("urdf") else ""
+        return (f"the joint states name {names} but the URDF's arm joints are {arm}{source} ({which}): "
+                f"a bag of another arm? The URDF comes from --urdf, else the params file's robot_description "
+                f"or urdf_file, else the bag's {TOPICS['robot_description'][0]}, else the package's: give the "
+                f"arm's with --urdf and --tcp-frame")
     if s["errors"]:
         return f"the node rejected its input: {s['errors'][0]}"
     if s.get("inferences") == 0:
@@ -332,10 +451,62 @@ def verdict(s: dict[str, Any]) -> str:
 
 
 # --- realtime --------------------------------------------------------------------------------
-class BagPlayer:
-    """An rclpy node in this process that plays the bag's inputs and collects the node's commands."""
+def ros_value(value: Any) -> str:
+    """A parameter value as ``-p name:=VALUE`` takes it (YAML; strings quoted, so that 'a: b' or
+    '1.5' stay strings)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(list(value) if isinstance(value, tuple) else value)
 
-    def __init__(self, domain_id: int, bag: BagReader, kin: Any) -> None:
+
+def _p(params: dict[str, Any]) -> list[str]:
+    return [arg for name, value in params.items() for arg in ("-p", f"{name}:={ros_value(value)}")]
+
+
+def node_arguments(settings: NodeSettings, fixed: dict[str, Any], overrides_file: str = "",
+                   params_file: str = "") -> list[str]:
+    """The node's ``--ros-args``, each over the one before: the recording's settings (``-p``),
+    ``--params-file``, then the explicit flags and the replay's own ``fixed`` settings: in
+    ``overrides_file`` (written by the caller: -p values apply to every node, so they lose to a
+    params file's section for this node) and as ``-p``."""
+    explicit = {**settings.cli, **fixed}
+    args = ["--ros-args", *_p(settings.recording)]
+    if params_file:
+        args += ["--params-file", params_file]
+        if overrides_file:
+            args += ["--params-file", overrides_file]
+    return args + _p(explicit)
+
+
+def overrides_yaml(settings: NodeSettings, fixed: dict[str, Any]) -> str:
+    """The ROS 2 parameter file of the explicit flags and ``fixed``, for the node's own section."""
+    values = {name: list(v) if isinstance(v, tuple) else v for name, v in {**settings.cli, **fixed}.items()}
+    return yaml.safe_dump({f"/{NODE_NAME}": {"ros__parameters": values}}, sort_keys=False)
+
+
+def node_exit_error(returncode: int, log_path: Path, when: str) -> Exception:
+    """Why the node process ended: its refusal line when it refused to start (ConfigError), else
+    the end of its log (RuntimeError)."""
+    try:
+        lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    refusal = next((line for line in lines if REFUSAL in line), "")
+    if refusal:
+        return ConfigError(f"the node exited with code {returncode} {when}: {refusal} (see {log_path})")
+    tail = " | ".join(lines[-3:]) or "(nothing)"
+    return RuntimeError(f"the node exited with code {returncode} {when}; its log ends: {tail} (see {log_path})")
+
+
+class BagPlayer:
+    """An rclpy node in this process that plays the bag's inputs on ``TOPICS`` and collects the
+    node's commands (``command_topic``, in ``controller_joints`` order) and its reports."""
+
+    def __init__(self, domain_id: int, bag: BagReader, kin: Any, *, camera_type: str = "",
+                 command_topic: str = TOPICS["commands"][0], gripper_topic: str = TOPICS["gripper"][0],
+                 controller_joints: Sequence[str] = ()) -> None:
         from rosgraph_msgs.msg import Clock
         from sensor_msgs.msg import CompressedImage, Image, JointState
         from std_msgs.msg import Float64MultiArray, String
@@ -344,7 +515,7 @@ class BagPlayer:
 
         self._ros = BackgroundNode("vla_accel_replay", domain_id)
         self.node = self._ros.node
-        camera_type = bag.topics.get(TOPICS["camera"][0], ("sensor_msgs/msg/Image", 0))[0]
+        camera_type = camera_type or bag.topics.get(TOPICS["camera"][0], ("sensor_msgs/msg/Image", 0))[0]
         self.pubs: dict[str, Any] = {
             "camera": self.node.create_publisher(CompressedImage if camera_type.endswith("CompressedImage") else Image,
                                                  TOPICS["camera"][0], 10),
@@ -355,20 +526,25 @@ class BagPlayer:
         }
         self._Clock = Clock
         self.kin = kin
+        self.controller_joints = tuple(controller_joints) or tuple(kin.joint_names)
         self.bag_ns = 0  # bag time of the newest /clock published
         self.commands: list[Command] = []
         self.fingers: list[tuple[int, np.ndarray]] = []
         self._lock = threading.Lock()
-        self.node.create_subscription(Float64MultiArray, TOPICS["commands"][0], self._on_command, 100)
-        self.node.create_subscription(Float64MultiArray, TOPICS["gripper"][0], self._on_gripper, 100)
+        self.node.create_subscription(Float64MultiArray, command_topic, self._on_command, 100)
+        if gripper_topic:
+            self.node.create_subscription(Float64MultiArray, gripper_topic, self._on_gripper, 100)
         self.stats: dict[str, Any] = {}
+        self.tally = InputErrorCounts()  # the node's own counts, from its newest ~/stats
+        self.reports = 0  # ~/stats reports received
         self.node.create_subscription(String, TOPICS["stats"][0], self._on_stats, 10)
         self._ros.spin(timeout_sec=0.05)
 
     def _on_command(self, msg: Any) -> None:
         if len(msg.data) == self.kin.n:
+            q = self.kin.from_named(self.controller_joints, np.asarray(msg.data, dtype=float))
             with self._lock:
-                self.commands.append(Command(self.bag_ns, np.asarray(msg.data, dtype=float)))
+                self.commands.append(Command(self.bag_ns, q))
 
     def _on_gripper(self, msg: Any) -> None:
         with self._lock:
@@ -376,19 +552,20 @@ class BagPlayer:
 
     def _on_stats(self, msg: Any) -> None:
         try:
-            self.stats = json.loads(msg.data)
+            stats = json.loads(msg.data)
         except ValueError:
-            pass
+            return
+        with self._lock:
+            self.stats = stats
+            self.tally = InputErrorCounts.from_json(stats)
+            self.reports += 1
 
-    def errors(self) -> dict[str, int]:
-        """The node's own account of rejected input and failed inference (from its ~/stats)."""
+    def inference_errors(self) -> list[str]:
+        """The node's account of failed inference (from its ~/stats)."""
         s = self.stats
-        out = {}
-        if s.get("input_errors"):
-            out[f"input rejected, last: {s.get('last_input_error', '')}"] = int(s["input_errors"])
         if s.get("inference_errors"):
-            out[f"inference failed, last: {s.get('inference_last_error', '')}"] = int(s["inference_errors"])
-        return out
+            return [f"inference failed, last: {s.get('inference_last_error', '')} (x{int(s['inference_errors'])})"]
+        return []
 
     def publish(self, role: str, raw: bytes) -> None:
         self.pubs[role].publish(raw)  # CDR bytes straight from the bag
@@ -403,59 +580,80 @@ class BagPlayer:
         self._ros.close()
 
 
+def _robot_warning(stats: dict[str, Any], log_path: Path) -> str:
+    """The node's warning that it runs on another arm than its checkpoint's (~/stats, else its log)."""
+    if stats.get("robot_warning"):
+        return str(stats["robot_warning"])
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in lines if "running with allow_unmatched_robot" in line), "")
+
+
 def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any]:
     from tqdm import tqdm
 
     from vla_accel_ros.core.kinematics import ArmKinematics
-    from vla_accel_ros.core.resources import default_urdf
-    from vla_accel_ros.ros.launcher import ros_args, stop_process
+    from vla_accel_ros.ros.launcher import stop_process
 
     started = time.monotonic()
     deadline = started + opts.timeout_s
-    remap = parse_remaps(opts.remap)
-    camera, joints, instruction = (TOPICS[r][0] for r in ("camera", "joint_states", "instruction"))
-    bag = open_bag(opts.bag, required=[camera, joints], remap=remap)
+    bag, settings, topics = _open_checked(opts)
+    cfg = settings.config
     node_proc: subprocess.Popen | None = None
     player: BagPlayer | None = None
     log_path = Path(opts.summary or ".") / "replay_node.log"
     try:
-        cfg = node_config(opts, bag.custom)
-        if not bag.count(instruction) and not cfg.instruction:
-            raise BagError(f"bag {opts.bag} lacks topic {instruction} and no --instruction was given")
-        urdf = _robot_description(bag)
-        kin = ArmKinematics(urdf or str(default_urdf()))
-        facts = _joint_state_facts(bag)
-        recorded = [Command(m.log_ns, q) for m in bag.messages([TOPICS["commands"][0]])
-                    if (q := parse_command(kin, kin.joint_names, m.msgtype, m.msg)) is not None]
+        bag_urdf = _robot_description(bag)
+        source, label = arm_urdf(cfg, bag_urdf)
+        from_bag = source == bag_urdf
+        try:
+            kin = ArmKinematics(source, tcp_frame=cfg.tcp_frame)
+        except ValueError as err:
+            raise ValueError(f"bad URDF ({label}): {err}") from err
+        controller_joints = controller_joint_order(kin, cfg.controller_joints)
+        facts = _joint_state_facts(bag, topics["joint_states"])
+        recorded = [Command(m.log_ns, q) for m in bag.messages([topics["commands"]])
+                    if (q := parse_command(kin, controller_joints, m.msgtype, m.msg)) is not None]
+        camera_type = bag.topics[topics["camera"]][0]
         domain = opts.domain_id or (100 + (os.getpid() + 50) % 100)
-        player = BagPlayer(domain, bag, kin)
-        if urdf:
+        # The player publishes on TOPICS and reads the forward_position commands: the node is set so.
+        fixed: dict[str, Any] = {"use_sim_time": True, "autostart": True, "image_topic": TOPICS["camera"][0],
+                                 "compressed_image": camera_type.endswith("CompressedImage"),
+                                 "joint_states_topic": TOPICS["joint_states"][0], "output": "forward_position",
+                                 "robot_description_timeout_s": 10.0 if from_bag else 0.0,
+                                 "stats_rate_hz": STATS_RATE_HZ}
+        forward = replace(cfg, output="forward_position")
+        player = BagPlayer(domain, bag, kin, camera_type=camera_type, command_topic=node_topics(forward)["commands"],
+                           gripper_topic=node_topics(forward).get("gripper", ""), controller_joints=controller_joints)
+        if from_bag:
             from std_msgs.msg import String
 
-            player.pubs["robot_description"].publish(String(data=urdf))
-        params: dict[str, Any] = {"use_sim_time": True, "autostart": True, "decoder": cfg.decoder,
-                                  "control_rate_hz": cfg.control_rate_hz,
-                                  "robot_description_timeout_s": 10.0 if urdf else 0.0}
-        if cfg.checkpoint:
-            params["checkpoint"] = str(Path(cfg.checkpoint).resolve())
-        if cfg.instruction:
-            params["instruction"] = cfg.instruction
+            player.pubs["robot_description"].publish(String(data=bag_urdf))
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        overrides = log_path.with_name("replay_node_params.yaml")
+        if opts.params_file:
+            overrides.write_text(overrides_yaml(settings, fixed))
+        args = node_arguments(settings, fixed, str(overrides), str(Path(opts.params_file).resolve())
+                              if opts.params_file else "")
         env = dict(os.environ, ROS_DOMAIN_ID=str(domain), PYTHONUNBUFFERED="1")
         with open(log_path, "w") as log:
-            node_proc = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.node", *ros_args(params)], env=env,
+            node_proc = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.node", *args], env=env,
                                          stdout=log, stderr=subprocess.STDOUT)
         ready_by = time.monotonic() + min(READY_TIMEOUT_S, opts.timeout_s)
         while player.pubs["camera"].get_subscription_count() == 0 or player.pubs["joint_states"].get_subscription_count() == 0:
             if node_proc.poll() is not None:
-                raise RuntimeError(f"the node exited with code {node_proc.returncode} before playback; see {log_path}")
+                raise node_exit_error(node_proc.returncode, log_path, "before playback")
             if time.monotonic() > ready_by:
-                raise ReplayTimeout(f"the node did not subscribe within {READY_TIMEOUT_S:g} s; see {log_path}")
+                raise ReplayTimeout(f"the node did not subscribe to {TOPICS['camera'][0]} ({camera_type}) and "
+                                    f"{TOPICS['joint_states'][0]} within {READY_TIMEOUT_S:g} s; see {log_path}")
             time.sleep(0.05)
         time.sleep(0.3)  # let the node's other subscriptions match too
         has_clock = bag.count(TOPICS["clock"][0]) > 0
-        roles = _roles(bag)
-        inputs = [camera, joints, instruction] + ([TOPICS["clock"][0]] if has_clock else [])
+        roles = _roles(topics)
+        inputs = [topics["camera"], topics["joint_states"], topics["instruction"]] + (
+            [TOPICS["clock"][0]] if has_clock else [])
         total = sum(bag.count(t) for t in inputs)
         frames = 0
         wall0, bag0 = time.monotonic(), None
@@ -464,7 +662,7 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
             if time.monotonic() > deadline:
                 raise ReplayTimeout(f"replay of {opts.bag} ran past --timeout-s {opts.timeout_s:g} s")
             if node_proc.poll() is not None:
-                raise RuntimeError(f"the node exited with code {node_proc.returncode} during playback; see {log_path}")
+                raise node_exit_error(node_proc.returncode, log_path, "during playback")
             bag0 = m.log_ns if bag0 is None else bag0
             delay = wall0 + (m.log_ns - bag0) * 1e-9 / opts.rate - time.monotonic()
             if delay > 0:
@@ -477,6 +675,10 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
             player.publish(role, m.msg)
             frames += role == "camera"
         time.sleep(3.0 * cfg.period_s / opts.rate)  # the last frame's command
+        # Two more reports: the second one was made after the node took the last message.
+        reports_by, wanted = time.monotonic() + 10.0 / STATS_RATE_HZ, player.reports + 2
+        while player.reports < wanted and time.monotonic() < reports_by and node_proc.poll() is None:
+            time.sleep(0.02)
     finally:
         if node_proc is not None:
             stop_process(node_proc)
@@ -490,14 +692,14 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
     if opts.out:
         with BagWriter(opts.out, opts.storage, custom=_out_custom(opts, cfg)) as writer:
             for cmd in produced:
-                writer.write(TOPICS["commands"][0], cmd.t_ns, make_float_array(cmd.q))
+                writer.write(TOPICS["commands"][0], cmd.t_ns, make_float_array(kin.to_named(cmd.q, controller_joints)))
                 if cmd.fingers.size:
                     writer.write(TOPICS["gripper"][0], cmd.t_ns, make_float_array(cmd.fingers))
             writer.write(TOPICS["stats"][0], player.bag_ns or 1, make_string(json.dumps({"commands": len(produced)})))
-    return _summarise(opts, cfg, kin, produced, recorded, frames, player.errors(), time.monotonic() - started,
-                      node_log=str(log_path), **facts)
-
-
+    return _summarise(opts, cfg, kin, produced, recorded, frames, player.tally, time.monotonic() - started,
+                      inference_errors=player.inference_errors(), node_log=str(log_path), urdf=label,
+                      controller_joints=list(controller_joints),
+                      robot_warning=_robot_warning(player.stats, log_path), input_topics=topics, **facts)
 
 
 def replay(opts: ReplayOptions, progress: bool = True) -> dict[str, Any]:
@@ -515,5 +717,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-

@@ -1,6 +1,6 @@
-"""What every trainer shares: hyperparameter checks, the recipe recorded in a checkpoint, seeding, the
-cosine schedule and epoch loop, image-shift augmentation, greedy rollouts for draft targets, and
-loss plots.
+"""What every trainer shares: hyperparameter checks, the recipe and robot recorded in a checkpoint,
+seeding, the cosine schedule and epoch loop, image-shift augmentation, greedy rollouts for draft
+targets, and loss plots.
 """
 
 from __future__ import annotations
@@ -19,8 +19,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.resources import default_urdf
+from vla_accel_ros.core.robot_record import RobotRecord, robot_in_use
 from vla_accel_ros.models.policy import Policy, Prefix
 from vla_accel_ros.models.tokenizer import N_BINS
+from vla_accel_ros.sim.env import SimConfig
 from vla_accel_ros.training.data import DemoDataset
 
 
@@ -77,6 +81,14 @@ def component_recipe(cfg: Any, data: DemoDataset, n_train: int, n_val: int, *, d
         f"n_train_{unit}": n_train,
         f"n_val_{unit}": n_val,
     }
+
+
+def demo_robot(image_size: int) -> RobotRecord:
+    """The arm the demonstrations are recorded on (``vla-accel demos``): the package URDF's arm and
+    TCP frame, stepped at the sim's control rate, its front camera at ``image_size``."""
+    sim = SimConfig()
+    kin = ArmKinematics(default_urdf(), tcp_frame=sim.tcp_frame)
+    return robot_in_use(kin.joint_names, kin.tcp_frame, action_dt_s=1.0 / sim.control_hz, image_size=image_size)
 
 
 def seed_everything(seed: int) -> None:

@@ -31,6 +31,7 @@ from vla_accel_ros.training.common import (
     check_hyperparameters,
     command_line,
     cosine_schedule,
+    demo_robot,
     draft_step_loss,
     greedy_rollout,
     plot_loss_curve,
@@ -397,7 +398,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "schedule": "linear warm-up + cosine to 10%",
         "command": cfg.command(),
     }
-    save_checkpoint(trainer.policy, out, recipe, metrics, dtype=cfg.save_dtype)
+    save_checkpoint(trainer.policy, out, recipe, metrics, dtype=cfg.save_dtype, robot=demo_robot(data.image_size))
     plot_losses(trainer.history, out / "loss_curves.png")
     (out / "loss_history.json").write_text(json.dumps(trainer.history))
     report = {k: v for k, v in metrics.items() if not isinstance(v, list)}

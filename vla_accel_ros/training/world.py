@@ -43,6 +43,7 @@ from vla_accel_ros.training.common import (
     command_line,
     component_recipe,
     cosine_schedule,
+    demo_robot,
     optimise_epochs,
     plot_loss_curve,
     plot_loss_panels,
@@ -261,7 +262,7 @@ def train_world(cfg: WorldTrainConfig) -> dict[str, Any]:
     }
     world.info = {"recipe": recipe, "metrics": metrics}
     model_recipe = {**policy.info.get("recipe", {}), "world_finetune": recipe, "command": cfg.command()}
-    save_checkpoint(policy, out, model_recipe, finetuned)
+    save_checkpoint(policy, out, model_recipe, finetuned, robot=demo_robot(data.image_size))
     plot_world_losses(history, out / "world_loss.png")
     plot_losses(trainer.history, out / "loss_curves.png")
     (out / "loss_history.json").write_text(json.dumps(history))

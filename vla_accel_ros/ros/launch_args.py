@@ -54,7 +54,7 @@ def parameter_argument(config_type: type, name: str) -> LaunchArgument:
         choices = (FROM_FILE, *spec.choices)
     elif spec.kind is bool:
         choices = (FROM_FILE, "true", "false")
-    text = f"{spec.description}; empty = the value in params_file"
+    text = f"{spec.description}. Left empty, the value in params_file applies"
     return LaunchArgument(name, FROM_FILE, text, choices)
 
 

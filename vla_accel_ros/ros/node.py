@@ -250,13 +250,8 @@ class VlaAccelNode(LifecycleNode):
     def _configure(self) -> None:
         cfg = self.cfg
         self.kin = self._load_kinematics()
-        self.controller_joints = self._check_controller_joints(cfg.controller_joints or self.kin.joint_names)
-        self.controller = build_controller(cfg.controller_config(), self.kin, enabled=False,
-                                           instruction=str(self.get_parameter("instruction").value))
-        self._joint_names = list(self.kin.joint_names)
-        model_size = 0
-        if cfg.inference:
-            runner_config = cfg.runner_config()
+        runner_config = cfg.runner_config()
+        if cfg.inference:  # first: a policy for another arm is the root cause of any mismatch below
             made_for = read_robot_record(runner_config.checkpoint_path)
             in_use = robot_in_use(self.kin.joint_names, self.kin.tcp_frame, action_dt_s=cfg.action_dt_s,
                                   image_size=cfg.image_size)
@@ -264,6 +259,12 @@ class VlaAccelNode(LifecycleNode):
                                               source=f"checkpoint '{runner_config.checkpoint_path}'")
             if self._robot_warning:
                 self.get_logger().warn(self._robot_warning)
+        self.controller_joints = self._check_controller_joints(cfg.controller_joints or self.kin.joint_names)
+        self.controller = build_controller(cfg.controller_config(), self.kin, enabled=False,
+                                           instruction=str(self.get_parameter("instruction").value))
+        self._joint_names = list(self.kin.joint_names)
+        model_size = 0
+        if cfg.inference:
             try:
                 if cfg.inference_mode == "process":  # started here: it reports the model's image size
                     spec = ChildSpec(runner_config, self.kin.urdf_xml, self.kin.tcp_frame)

@@ -98,3 +98,15 @@ ENCODINGS: dict[str, tuple[int, int | None]] = {
     "bgra8": (4, cv2.COLOR_BGRA2RGB),
     "mono8": (1, cv2.COLOR_GRAY2RGB),
 }
+
+
+def controller_joint_order(kin: ArmKinematics, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The arm controller's joint order: ``names`` (each arm joint once) or, empty, the URDF's arm
+    order. ValueError naming the unknown and the missing joints otherwise."""
+    names = tuple(names) or tuple(kin.joint_names)
+    unknown = [n for n in names if n not in kin.joint_names]
+    missing = [n for n in kin.joint_names if n not in names]
+    if unknown or missing:
+        raise ValueError(f"parameter 'controller_joints' must list each arm joint once; unknown: {unknown}, "
+                         f"missing: {missing}; arm joints are {list(kin.joint_names)}")
+    return names

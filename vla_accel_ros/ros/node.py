@@ -64,6 +64,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from vla_accel_ros.core.controller import Controller, TickResult
 from vla_accel_ros.core.convert import (
     compressed_to_rgb,
+    controller_joint_order,
     image_to_rgb,
     joint_state_to_arm,
     kinematics_difference,
@@ -259,7 +260,7 @@ class VlaAccelNode(LifecycleNode):
                                               source=f"checkpoint '{runner_config.checkpoint_path}'")
             if self._robot_warning:
                 self.get_logger().warn(self._robot_warning)
-        self.controller_joints = self._check_controller_joints(cfg.controller_joints or self.kin.joint_names)
+        self.controller_joints = controller_joint_order(self.kin, cfg.controller_joints)
         self.controller = build_controller(cfg.controller_config(), self.kin, enabled=False,
                                            instruction=str(self.get_parameter("instruction").value))
         self._joint_names = list(self.kin.joint_names)
@@ -353,16 +354,6 @@ class VlaAccelNode(LifecycleNode):
         received, msg = wait_for_message(String, self, ROBOT_DESCRIPTION_TOPIC, qos_profile=LATCHED_QOS,
                                          time_to_wait=timeout_s)
         return msg.data if received and msg is not None else ""
-
-    def _check_controller_joints(self, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-        assert self.kin is not None
-        names = tuple(names)
-        unknown = [n for n in names if n not in self.kin.joint_names]
-        missing = [n for n in self.kin.joint_names if n not in names]
-        if unknown or missing:
-            raise ConfigError(f"parameter 'controller_joints' must list each arm joint once; unknown: {unknown}, "
-                              f"missing: {missing}; arm joints are {list(self.kin.joint_names)}")
-        return names
 
     def _now(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9

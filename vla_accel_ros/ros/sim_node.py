@@ -38,7 +38,7 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Bool, Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
-from vla_accel_ros.core.settings import ConfigError
+from vla_accel_ros.core.convert import controller_joint_order
 from vla_accel_ros.ros.parameters import SimBridgeConfig
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS, declare_config, run_node
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
@@ -65,10 +65,7 @@ class SimBridgeNode(Node):
         ))
         self.kin = self.env.kin
         self._max_opening = float(self.kin.gripper_limits.upper.max()) if self.kin.gripper_joint_names else 0.0
-        self.controller_joints = tuple(cfg.controller_joints) or self.kin.joint_names
-        if sorted(self.controller_joints) != sorted(self.kin.joint_names):
-            raise ConfigError(f"parameter 'controller_joints' must list each arm joint once, got "
-                              f"{list(self.controller_joints)}; arm joints are {list(self.kin.joint_names)}")
+        self.controller_joints = controller_joint_order(self.kin, cfg.controller_joints)
 
         self._lock = threading.Lock()
         self._q_cmd: np.ndarray | None = None

@@ -57,17 +57,6 @@ def arm_urdf(cfg: NodeConfig, bag_urdf: str | None = None) -> tuple[str, str]:
     return path, f"the package's {path}"
 
 
-def controller_joint_order(kin: Any, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """The controller's joint order: ``names`` (each arm joint once) or, empty, the URDF's arm order."""
-    names = tuple(names) or tuple(kin.joint_names)
-    unknown = [n for n in names if n not in kin.joint_names]
-    missing = [n for n in kin.joint_names if n not in names]
-    if unknown or missing:
-        raise ValueError(f"controller_joints must list each arm joint once; unknown: {unknown}, missing: {missing}; "
-                         f"the URDF's arm joints are {list(kin.joint_names)}")
-    return names
-
-
 class LockstepCore:
     """The node's decision path without ROS: converters -> Controller -> PolicyRunner -> tick.
 
@@ -83,6 +72,7 @@ class LockstepCore:
         does (:func:`~vla_accel_ros.core.robot_record.check_robot`): RobotMismatch for another DOF,
         and for another arm of the same DOF unless ``cfg.allow_unmatched_robot`` (then the warning
         is ``robot_warning``)."""
+        from vla_accel_ros.core.convert import controller_joint_order
         from vla_accel_ros.core.kinematics import ArmKinematics
         from vla_accel_ros.core.robot_record import (
             check_robot,

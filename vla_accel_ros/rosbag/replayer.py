@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from vla_accel_ros.core.convert import controller_joint_order
 from vla_accel_ros.core.input_errors import InputErrorCounts
 from vla_accel_ros.core.params_file import read_node_parameters
 from vla_accel_ros.core.settings import ConfigError, from_params
@@ -78,7 +79,6 @@ from vla_accel_ros.rosbag.lockstep import (
     LockstepCore,
     ReplayTimeout,
     arm_urdf,
-    controller_joint_order,
     make_deterministic,
 )
 

@@ -131,7 +131,10 @@ def test_live_recording_then_replays(work, ckpt):
         stamps = [m.log_ns for m in reader.messages([TOPICS["joint_states"][0]])]
     assert stamps == sorted(stamps) and stamps[0] > 10**18  # receive stamps on the sim clock (epoch ns)
     det = replay(ReplayOptions(bag=str(bag), out=str(work / "live_det")), progress=False)
-    assert det["commands"] == det["frames"] > 0 and det["unsafe_commands"] == 0
+    # Every frame gives a command once a joint state is known; in a live recording a frame or two
+    # may arrive before the first joint state (DDS discovery order).
+    assert det["frames"] - 2 <= det["commands"] <= det["frames"] and det["commands"] > 0
+    assert det["unsafe_commands"] == 0
     assert det["matched"] > 0 and np.isfinite(det["max_abs_diff"])  # reported, not expected to be 0
     rt = replay(ReplayOptions(bag=str(bag), mode="realtime", out=str(work / "live_rt"), summary=str(work / "rt"),
                               domain_id=41, timeout_s=120), progress=False)

@@ -91,3 +91,20 @@ def test_same_dof_arm_runs_with_allow_unmatched_robot_and_diagnostics_warn(
         assert "fr3_hand_tcp" in node.stats()["robot_warning"]
     finally:
         rig.close()
+
+
+def test_vla_accel_sim_exits_2_with_the_nodes_reason_for_a_6dof_checkpoint(tmp_path, tiny_checkpoint, capsys):
+    """The checkpoint says 6 DoF, the sim's arm has 7: the node refuses, and the command says why."""
+    import json
+
+    from vla_accel_ros.cli import main as cli_main
+
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    meta = json.loads((ckpt / "model.json").read_text())
+    meta["robot"] = dict(meta["robot"], dof=6, joint_names=SIX)
+    (ckpt / "model.json").write_text(json.dumps(meta))
+    rc = cli_main(["sim", "--episodes", "1", "--checkpoint", str(ckpt), "--out", str(tmp_path / "run"),
+                   "--domain-id", "159", "--inference-mode", "thread"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "refusing to start" in err and "6 DoF" in err and "7-DoF" in err

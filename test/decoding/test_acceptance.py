@@ -25,6 +25,7 @@ from vla_accel_ros.decoding import (
     relaxed_accept_mask,
 )
 from vla_accel_ros.decoding.kerv_released import token_filter_prediction
+from vla_accel_ros.models.capabilities import PolicyCapabilities
 from vla_accel_ros.models.tokenizer import ActionTokenizer
 
 torch.set_num_threads(1)
@@ -51,6 +52,10 @@ class TablePolicy:
         self.tokenizer = ActionTokenizer(-np.full(7, 0.02), np.full(7, 0.02))
         self.n_action_tokens = 7
         self.score_ks: list[int] = []
+
+    @staticmethod
+    def capabilities() -> PolicyCapabilities:
+        return PolicyCapabilities(draft_head=True, contact_head=True)
 
     @staticmethod
     def next_token(seq: tuple[int, ...]) -> int:

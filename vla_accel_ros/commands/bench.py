@@ -21,6 +21,7 @@ from vla_accel_ros.decoding import (
     THRESHOLD_TRACED,
     capabilities_of,
     make_decoder,
+    policy_refusal,
 )
 from vla_accel_ros.decoding.wa_prefill import WA_DEFAULT_BASES, WA_PREFILL_PREFIX
 from vla_accel_ros.evaluation.bench import (
@@ -62,7 +63,7 @@ from vla_accel_ros.evaluation.robot_check import (
     checkpoints_fit_robot,
     sim_robot,
 )
-from vla_accel_ros.models import load_checkpoint
+from vla_accel_ros.models.load import load_policy
 from vla_accel_ros.models.sampling import SamplingConfig
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
@@ -117,14 +118,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     torch.set_num_threads(args.threads)
     ckpt = args.checkpoint or default_checkpoint()
-    policy = load_checkpoint(ckpt)
-    flow_decoders = flow_head_decoders()
-    if args.decoders is None:
-        decoders = [d for d in DECODERS if policy.flow is not None or d not in flow_decoders]
+    policy = load_policy(ckpt)
+    if args.decoders is None:  # every decoder the policy can serve (a Hugging Face VLA has no draft head)
+        decoders = [d for d in DECODERS if not policy_refusal(policy, d)]
     else:
         decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
-    if policy.flow is None and any(d in flow_decoders for d in decoders):
-        raise SystemExit(f"{ckpt} has no continuous action head for {', '.join(flow_decoders)}: run vla-accel train-flow")
+    for name in decoders:
+        if name in DECODERS and (why := policy_refusal(policy, name)):
+            raise SystemExit(f"{ckpt}: {why}")
     wa_policy = wa_setup(args, decoders, policy)
     unknown = [d for d in decoders if d.removeprefix(WA_PREFILL_PREFIX) not in DECODERS]
     if unknown:

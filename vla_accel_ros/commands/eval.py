@@ -41,7 +41,7 @@ from vla_accel_ros.evaluation.robot_check import (
     checkpoints_fit_robot,
     sim_robot,
 )
-from vla_accel_ros.models import load_checkpoint
+from vla_accel_ros.models.load import load_policy
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
 from vla_accel_ros.sim.gl import check_rendering
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wa_checkpoint is not None and not wa_prefill:
         raise SystemExit(f"--wa-checkpoint is for --decoder {WA_PREFILL_PREFIX}X, not {args.decoder}")
     ckpt = (args.wa_checkpoint if wa_prefill else None) or args.checkpoint or default_checkpoint()
-    policy = load_checkpoint(ckpt)
+    policy = load_policy(ckpt)
     if wa_prefill and policy.world is None:
         raise SystemExit(f"{ckpt} has no world component for --decoder {args.decoder}: run vla-accel train-world")
     if capabilities_of(base_decoder).flow_head and policy.flow is None:

@@ -25,6 +25,8 @@ from vla_accel_ros.core.settings import ConfigError
 
 ROBOT_KEY = "robot"  # the record's key in model.json
 META_FILE = "model.json"
+HF_CONFIG_FILE = "config.json"  # a Hugging Face model directory
+HF_SPEC_FILE = "vla_spec.json"  # what a Hugging Face VLA directory adds (models/vla_spec.py)
 ACTION_SPACE = "ee_delta_world_rotvec+gripper"  # core/actions.py: Δxyz, Δrotation vector, gripper in [0, 1]
 DEFAULT_CAMERA = "front"
 # Checkpoints written before the record existed were all made for the package's own arm.
@@ -137,10 +139,15 @@ def package_robot(image_size: int = 0) -> RobotRecord:
     return RobotRecord.from_json(dict(LEGACY_ROBOT, image_size=image_size))
 
 
-def read_robot_record(checkpoint: Path | str) -> RobotRecord:
-    """The record in ``checkpoint/model.json`` (the package arm's for checkpoints without one).
-    Raises ValueError naming the file when it is missing, unreadable or its record malformed."""
-    meta_path = Path(checkpoint) / META_FILE
+def read_robot_record(checkpoint: Path | str) -> RobotRecord | None:
+    """The record in ``checkpoint/model.json`` (the package arm's for checkpoints without one); for
+    a Hugging Face VLA directory (``config.json``, no ``model.json``) the ``robot`` entry of its
+    ``vla_spec.json``, None when it has none. Raises ValueError naming the file when it is
+    missing, unreadable or its record malformed."""
+    directory = Path(checkpoint)
+    if not (directory / META_FILE).is_file() and (directory / HF_CONFIG_FILE).is_file():
+        return _hf_robot_record(directory / HF_SPEC_FILE)
+    meta_path = directory / META_FILE
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -154,6 +161,21 @@ def read_robot_record(checkpoint: Path | str) -> RobotRecord:
         return package_robot(int(config.get("image_size", 0)) if isinstance(config, dict) else 0)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{meta_path}: {err}") from err
+
+
+def _hf_robot_record(spec_path: Path) -> RobotRecord | None:
+    if not spec_path.is_file():
+        return None
+    try:
+        spec = json.loads(spec_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{spec_path}: cannot read it: {err}") from err
+    if not isinstance(spec, dict) or ROBOT_KEY not in spec:
+        return None
+    try:
+        return RobotRecord.from_json(spec[ROBOT_KEY])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{spec_path}: {err}") from err
 
 
 def robot_differences(made_for: RobotRecord, in_use: RobotRecord) -> list[str]:
@@ -179,12 +201,16 @@ def robot_differences(made_for: RobotRecord, in_use: RobotRecord) -> list[str]:
     return out
 
 
-def check_robot(made_for: RobotRecord, in_use: RobotRecord, *, allow_unmatched: bool = False,
+def check_robot(made_for: RobotRecord | None, in_use: RobotRecord, *, allow_unmatched: bool = False,
                 source: str = "the checkpoint") -> str:
     """'' when ``in_use`` is the robot ``made_for`` describes; otherwise the warning to report.
+    ``made_for`` None (a Hugging Face VLA that records no robot) cannot be checked: a warning.
 
     Raises RobotMismatch, with both sides named, for a different DOF (always) or any other
     difference unless ``allow_unmatched``."""
+    if made_for is None:
+        return (f"{source} does not record the robot it was made for, so nothing checks it against this "
+                f"{in_use.dof}-DoF arm (add a '{ROBOT_KEY}' entry to its {HF_SPEC_FILE})")
     differences = robot_differences(made_for, in_use)
     if not differences:
         return ""

@@ -5,7 +5,8 @@
 ``decode(policy, prefix, context) -> DecodeResult``; :func:`vla_accel_ros.runtime.runner.run_policy_step` adds the prefill.
 
 What a decoder needs and does is asked, never inferred from its name: ``capabilities_of(name)``
-(its :class:`DecoderCapabilities` at default settings) and ``decoders_with(predicate)``. The
+(its :class:`DecoderCapabilities` at default settings) and ``decoders_with(predicate)``;
+``policy_refusal(policy, name)`` says why a policy cannot serve a decoder (a missing head). The
 registry also names the decoders that the evaluation treats specially: ``BASELINE`` (every
 speed-up is against it), the threshold sweep (``threshold_sweep``, ``THRESHOLD_SWEPT``), the
 pair compared at the same r bounds (``CONTACT_COMPARISON``) and the decoders whose per-step
@@ -77,6 +78,15 @@ def make_decoder(name: str, **cfg: Any) -> Decoder:
 def capabilities_of(name: str) -> DecoderCapabilities:
     """The capabilities of decoder ``name`` with its default settings (ValueError when unknown)."""
     return _decoder_type(name)().capabilities()
+
+
+def policy_refusal(policy: PolicyLike, name: str) -> str:
+    """Why ``policy`` cannot serve decoder ``name`` at its default settings ('' when it can)."""
+    try:
+        make_decoder(name).check_policy(policy)
+    except ValueError as err:
+        return str(err)
+    return ""
 
 
 def decoders_with(predicate: Callable[[DecoderCapabilities], bool]) -> tuple[str, ...]:

@@ -166,7 +166,7 @@ def calibrate_boundary(
                             float(np.percentile(m, percentile)))
     info = {
         "method": f"ranges = min/max over demo windows (R: finite radii only); threshold = {percentile:g}th percentile of m",
-        "windows": int(len(m)),
+        "windows": len(m),
         "infinite_radius_share": float(1.0 - len(finite_r) / len(radii)),
         "r_percentiles_1_50_99": [float(v) for v in np.percentile(finite_r, [1, 50, 99])],
         "d_percentiles_1_50_99": [float(v) for v in np.percentile(distances, [1, 50, 99])],

@@ -19,14 +19,19 @@ Without a deadline (``time_left_s`` None) this is relaxed speculative decoding w
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from vla_accel_ros.decoding.kerv import KervConfig, KervDecoder, kf_completion_tokens
-from vla_accel_ros.decoding.protocol import DecodeContext, DecodeResult, PolicyLike
+from vla_accel_ros.decoding.protocol import (
+    DecodeContext,
+    DecoderCapabilities,
+    DecodeResult,
+    PolicyLike,
+)
 from vla_accel_ros.decoding.speculation import (
     PassLedger,
     SpecState,
@@ -67,6 +72,9 @@ class DeadlineDecoder(KervDecoder):
         self.verify_s: float | None = self.config.verify_s
         self.draft_call_s: float | None = None  # one parallel draft call (any length), measured
         self.parallel = False  # whether the current policy drafts with its parallel head
+
+    def capabilities(self) -> DecoderCapabilities:
+        return replace(super().capabilities(), draft_head=True)  # it drafts what the deadline allows
 
     def _average(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.config.ema) * old + self.config.ema * new

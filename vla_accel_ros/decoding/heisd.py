@@ -103,7 +103,7 @@ class HeiSDDecoder(Decoder):
     name = "heisd"
 
     def capabilities(self) -> DecoderCapabilities:
-        return DecoderCapabilities(retrieval_store=True, skips_steps=True, episode_state=True)
+        return DecoderCapabilities(retrieval_store=True, skips_steps=True, episode_state=True, draft_head=True)
 
     def __init__(self, **cfg: Any) -> None:
         self.config = HeiSDConfig(**cfg)

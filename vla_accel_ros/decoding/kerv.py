@@ -42,12 +42,13 @@ since without a motion model nothing supports a loose threshold.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
+from vla_accel_ros.decoding.ar import ARDecoder
 from vla_accel_ros.decoding.protocol import (
     N_ACTION_TOKENS,
     PREFILL_VERIFIED,
@@ -174,7 +175,7 @@ def complete_suffix(
     positions = np.arange(start, N_ACTION_TOKENS)
     positions = positions[known[positions]]
     out[positions] = fill[positions]
-    return out, int(len(positions))
+    return out, len(positions)
 
 
 def requested_length(kf_mask: np.ndarray | list[bool]) -> int:
@@ -276,12 +277,19 @@ class KervDecoder(Decoder):
         if not self.prefill_allowed(policy, context):
             return None
         completion = kf_completion_tokens(policy, context)
+        proposal = self.model_free_proposal(completion, context)
+        # The threshold too, while the kinematics' code is warm: it needs no image either.
+        self._proposed = (completion, self.threshold(policy, None, context))
+        return proposal
+
+    def model_free_proposal(self, completion: tuple[np.ndarray, np.ndarray] | None,
+                            context: DecodeContext) -> np.ndarray:
+        """All 7 tokens from the cheap sources: the KF's where its running rate is the higher, else
+        the previous action's (so the step needs one: never an episode's first)."""
         proposal = np.array(context.token_history[-1], dtype=np.int64)
         if self.config.kf_draft and completion is not None:
             kf_leads = completion[1] & (self.kf_acceptance > self.hold_acceptance)
             proposal[kf_leads] = completion[0][kf_leads]
-        # The threshold too, while the kinematics' code is warm: it needs no image either.
-        self._proposed = (completion, self.threshold(policy, None, context))
         return proposal
 
     def decode_scored(self, policy: PolicyLike, scored: Any, proposal: np.ndarray, context: DecodeContext) -> DecodeResult:
@@ -329,6 +337,25 @@ class KervDecoder(Decoder):
             mode=mode,
         )
 
+    def decode_without_draft_head(self, policy: PolicyLike, prefix: Any, context: DecodeContext,
+                                  completion: tuple[np.ndarray, np.ndarray] | None, hold: np.ndarray | None,
+                                  started: float) -> DecodeResult:
+        """A policy without a draft head (a Hugging Face VLA): the cheap sources propose all 7
+        tokens (:meth:`model_free_proposal`) and one pass verifies them. An episode's first step
+        has no previous action to propose from: it decodes token by token, as ``ar`` does."""
+        if hold is None:
+            return replace(ARDecoder().decode(policy, prefix, context), decoder=self.name, mode="first_step_ar")
+        ledger = PassLedger(policy, context.clock, context.token_noise)
+        proposal = self.model_free_proposal(completion, context)
+        with torch.inference_mode():
+            r = self.threshold(policy, prefix, context)
+            argmax, _ = ledger.score(prefix, proposal[: N_ACTION_TOKENS - 1].tolist())
+        n_acc = accepted_length(proposal, argmax, r)
+        if completion is not None:
+            self.update_kf_acceptance(completion[0], argmax, n_acc + 1, r)
+        update_rate(self.hold_acceptance, hold, argmax, n_acc + 1, r, self.config.kf_rate_weight)
+        return self._finish(ledger, proposal, argmax, n_acc, r, policy, context, completion, started)
+
     def threshold(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
         signals = kinematic_signals(context, self.tcp_positions)
         if signals is None:
@@ -343,6 +370,8 @@ class KervDecoder(Decoder):
             self.hold_acceptance[:] = 0.0
         completion = kf_completion_tokens(policy, context)
         hold = context.token_history[-1] if len(context.token_history) else None
+        if not policy.capabilities().draft_head:
+            return self.decode_without_draft_head(policy, prefix, context, completion, hold, started)
         if hold is not None and not self.hold_allowed(policy, prefix, context):
             hold = None
         parallel = self.uses_parallel_draft(policy)

@@ -23,6 +23,7 @@ from vla_accel_ros.decoding.protocol import (
     N_ACTION_TOKENS,
     DecodeContext,
     Decoder,
+    DecoderCapabilities,
     DecodeResult,
     PolicyLike,
 )
@@ -72,6 +73,9 @@ class KervReleasedDecoder(Decoder):
 
     def __init__(self, **cfg: Any) -> None:
         self.config = KervReleasedConfig(**cfg)
+
+    def capabilities(self) -> DecoderCapabilities:
+        return DecoderCapabilities(draft_head=True)
 
     def forced(self, step: int) -> bool:
         return (step + 1) % self.config.period == 0

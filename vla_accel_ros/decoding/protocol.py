@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from vla_accel_ros.models.capabilities import PolicyCapabilities
 from vla_accel_ros.models.tokenizer import N_BINS
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ class PolicyLike(Protocol):
 
     @property
     def n_action_tokens(self) -> int: ...
+
+    def capabilities(self) -> PolicyCapabilities: ...
 
     def prefill(self, obs: Observation) -> Any: ...
 
@@ -181,6 +184,9 @@ class DecoderCapabilities:
     skips_steps: may serve a step with no model pass at all (``skip_step``).
     episode_state: keeps state across steps that a new episode clears (``reset``).
     parallel_draft: drafts with the policy's parallel draft head when the policy has one.
+    draft_head: needs the policy's draft head (``draft_tokens``); refused at start-up without one.
+    contact_head: reads the policy's contact head where the scene gives no clearance; without
+        one, the kinematics alone set the threshold (a warning says so).
     """
 
     flow_head: bool = False
@@ -189,6 +195,8 @@ class DecoderCapabilities:
     skips_steps: bool = False
     episode_state: bool = False
     parallel_draft: bool = False
+    draft_head: bool = False
+    contact_head: bool = False
 
 
 class Decoder:
@@ -210,11 +218,22 @@ class Decoder:
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
         raise NotImplementedError
 
-    def check_policy(self, policy: PolicyLike) -> None:
-        """Raise ValueError, naming what is missing, when ``policy`` cannot serve this decoder."""
-        if self.capabilities().flow_head and policy.flow is None:
+    def check_policy(self, policy: PolicyLike) -> list[str]:
+        """Raise ValueError, naming what is missing, when ``policy`` cannot serve this decoder;
+        else the fallbacks it will take for what the policy lacks (warnings to report)."""
+        needs, offered = self.capabilities(), policy.capabilities()
+        if needs.flow_head and not offered.flow_head:
             raise ValueError(f"decoder '{self.name}' needs a checkpoint with a continuous action head "
                              "(vla-accel train-flow)")
+        if needs.draft_head and not offered.draft_head:
+            raise ValueError(f"decoder '{self.name}' needs a draft head, and the policy has none: train one "
+                             "(vla-accel train-draft), or choose a decoder that drafts without one (kerv, "
+                             "world_aware: the previous action and the Kalman filter) or ar")
+        warnings = []
+        if needs.contact_head and not offered.contact_head:
+            warnings.append(f"decoder '{self.name}': the policy has no contact head, so where the scene gives no "
+                            "clearance the kinematics alone set the acceptance threshold")
+        return warnings
 
     def attach_checkpoint_store(self, checkpoint: Path | str, policy: PolicyLike | None = None) -> None:
         """With ``retrieval_store``: load the store that belongs to ``checkpoint``."""

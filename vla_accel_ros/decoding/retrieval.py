@@ -188,7 +188,7 @@ def measure_index(index: Any, queries: np.ndarray, exact_top1: np.ndarray | None
         "warm_query_ms_p50": float(np.percentile(warm, 50) * 1e3),
         "warm_query_ms_p99": float(np.percentile(warm, 99) * 1e3),
         "recall_at_1": recall,
-        "queries": int(len(queries)),
+        "queries": len(queries),
     }
 
 

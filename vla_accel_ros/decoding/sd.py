@@ -16,6 +16,7 @@ import torch
 from vla_accel_ros.decoding.protocol import (
     DecodeContext,
     Decoder,
+    DecoderCapabilities,
     DecodeResult,
     PolicyLike,
 )
@@ -36,6 +37,9 @@ class SDDecoder(Decoder):
 
     def __init__(self, r: float = 9) -> None:
         self.config = SDConfig(r=r)
+
+    def capabilities(self) -> DecoderCapabilities:
+        return DecoderCapabilities(draft_head=True)
 
     @classmethod
     def threshold_settings(cls, r: int) -> dict[str, Any]:

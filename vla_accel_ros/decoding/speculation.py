@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,9 +24,6 @@ from vla_accel_ros.decoding.protocol import (
     PolicyLike,
 )
 from vla_accel_ros.models.sampling import pick_tokens
-
-if TYPE_CHECKING:
-    pass
 
 
 # --- relaxed acceptance -----------------------------------------------------------------------

@@ -16,11 +16,15 @@ step, which decodes after the prefill). Decoding is otherwise exactly :class:`Ke
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vla_accel_ros.decoding.kerv import KervConfig, KervDecoder
-from vla_accel_ros.decoding.protocol import DecodeContext, PolicyLike
+from vla_accel_ros.decoding.protocol import (
+    DecodeContext,
+    DecoderCapabilities,
+    PolicyLike,
+)
 from vla_accel_ros.decoding.thresholds import (
     clearance_looseness,
     contact_probability_looseness,
@@ -60,6 +64,14 @@ class WorldAwareDecoder(KervDecoder):
         self._last_contact: tuple[Any, DecodeContext, float] | None = None
         self._previous_looseness: tuple[int, float] | None = None  # (step, contact looseness) last computed
 
+    def capabilities(self) -> DecoderCapabilities:
+        return replace(super().capabilities(), contact_head=True)
+
+    @staticmethod
+    def kinematics_only(policy: PolicyLike, context: DecodeContext) -> bool:
+        """No scene clearance and no contact head: nothing tells contact, so the step is kerv's."""
+        return context.target_clearance is None and not policy.capabilities().contact_head
+
     def contact_looseness(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
         """:func:`contact_looseness`, computed once per (prefix, context): the threshold and the
         drafting decision of one step both ask (on a robot it is a contact-head forward)."""
@@ -82,10 +94,14 @@ class WorldAwareDecoder(KervDecoder):
         return previous[1]
 
     def hold_allowed(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> bool:
+        if self.kinematics_only(policy, context):
+            return True
         return self.contact_looseness(policy, prefix, context) >= self.config.hold_min_looseness
 
     def prefill_allowed(self, policy: PolicyLike, context: DecodeContext) -> bool:
         """In free space (looseness from ``prefill_min_looseness``), judged before the prefill."""
+        if self.kinematics_only(policy, context):
+            return True
         looseness = self.looseness_before_prefill(context)
         return looseness is not None and looseness >= self.config.prefill_min_looseness
 
@@ -93,6 +109,8 @@ class WorldAwareDecoder(KervDecoder):
         """The kinematic r scaled by contact; with ``prefix`` None (before the prefill) the contact
         known then (:meth:`looseness_before_prefill`), tight when there is none."""
         r_kin = super().threshold(policy, prefix, context)
+        if self.kinematics_only(policy, context):
+            return r_kin
         if prefix is None:
             looseness = self.looseness_before_prefill(context) or 0.0
         else:
@@ -101,5 +119,5 @@ class WorldAwareDecoder(KervDecoder):
 
     def after_prefill_verified(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> None:
         """Without the scene, the next step's decision reads this step's contact head."""
-        if context.target_clearance is None:
+        if context.target_clearance is None and not self.kinematics_only(policy, context):
             self.contact_looseness(policy, prefix, context)

@@ -25,6 +25,7 @@ import numpy as np
 
 from vla_accel_ros.decoding.heisd import MODES as HEISD_MODES
 from vla_accel_ros.decoding.protocol import N_ACTION_TOKENS, PREFILL_VERIFIED
+from vla_accel_ros.models.configuration import checkpoint_directory
 from vla_accel_ros.runtime.runner import PolicyRunner
 from vla_accel_ros.sim.env import NEAR_CONTACT_DISTANCE, PickCubeEnv
 
@@ -100,7 +101,7 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
     n = len(records)
     failures = [r for r in records if not r.success]
     ncf = sum(r.near_contact_failure for r in records)
-    cat = lambda attr: [v for r in records for v in getattr(r, attr)]  # noqa: E731
+    cat = lambda attr: [v for r in records for v in getattr(r, attr)]
     passes, accepted, drafted = cat("target_passes"), cat("accepted"), cat("drafted")
     summary = {
         "episodes": n,
@@ -152,8 +153,8 @@ def mode_summary(modes: list[str], accepted: list[int], query_ms: list[float]) -
     }
 
 
-def checkpoint_megabytes(path: Path) -> float:
-    return sum(f.stat().st_size for f in Path(path).glob("*") if f.is_file()) / 1e6
+def checkpoint_megabytes(path: Path | str) -> float:
+    return sum(f.stat().st_size for f in checkpoint_directory(path).glob("*") if f.is_file()) / 1e6
 
 
 def peak_rss_mb() -> float:

@@ -20,6 +20,7 @@ from vla_accel_ros.core.robot_record import (
     read_robot_record,
     robot_in_use,
 )
+from vla_accel_ros.models.configuration import checkpoint_directory
 from vla_accel_ros.sim.env import PickCubeEnv
 
 
@@ -44,14 +45,14 @@ def checkpoints_fit_robot(command: str, checkpoints: Iterable[Path | str], in_us
     ``<command>: error: <both robots>`` on stderr. An unreadable record is an error naming its file."""
     for checkpoint in checkpoints:
         try:
-            made_for = read_robot_record(checkpoint)
+            made_for = read_robot_record(checkpoint_directory(checkpoint))
         except ValueError as err:  # a malformed record: the message names the file
             print(f"{command}: error: {err}", file=sys.stderr, flush=True)
             return False
         try:
             warning = check_robot(made_for, in_use, allow_unmatched=allow_unmatched, source=f"checkpoint {checkpoint}")
         except RobotMismatch as err:
-            hint = " (--allow-unmatched-robot)" if made_for.dof == in_use.dof else ""
+            hint = " (--allow-unmatched-robot)" if made_for is not None and made_for.dof == in_use.dof else ""
             print(f"{command}: error: {err}{hint}", file=sys.stderr, flush=True)
             return False
         if warning:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from vla_accel_ros.core.settings import setting
 
@@ -53,3 +54,16 @@ class VisionReuseConfig:
             raise ValueError(f"VisionReuseConfig.refresh_steps must be >= 1, got {self.refresh_steps}")
         if not (math.isfinite(self.max_drift) and self.max_drift >= 0):
             raise ValueError(f"VisionReuseConfig.max_drift must be >= 0, got {self.max_drift}")
+
+
+HF_PREFIX = "hf:"  # a checkpoint named "hf:DIR" is a Hugging Face VLA directory
+
+
+def is_hf_checkpoint(source: str | Path) -> bool:
+    return str(source).startswith(HF_PREFIX)
+
+
+def checkpoint_directory(source: str | Path) -> Path:
+    """The directory a checkpoint name points to (without the ``hf:`` of a Hugging Face VLA)."""
+    text = str(source)
+    return Path(text[len(HF_PREFIX):] if is_hf_checkpoint(text) else text)

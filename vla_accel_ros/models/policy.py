@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.models.capabilities import PolicyCapabilities
 from vla_accel_ros.models.draft import ContactHead, DraftHead
 from vla_accel_ros.models.flow import FlowHeads
 from vla_accel_ros.models.sampling import pick_tokens
@@ -156,6 +157,11 @@ class Policy:
         mean = np.zeros(PROPRIO_DIM, np.float32) if proprio_mean is None else proprio_mean
         std = np.ones(PROPRIO_DIM, np.float32) if proprio_std is None else proprio_std
         return cls(config, tokenizer, target, draft, contact, mean, std)
+
+    def capabilities(self) -> PolicyCapabilities:
+        """Every head but the optional ones present: the flow head and the parallel draft head."""
+        return PolicyCapabilities(draft_head=True, parallel_draft_head=self.parallel_draft is not None,
+                                  contact_head=True, flow_head=self.flow is not None)
 
     @property
     def n_action_tokens(self) -> int:

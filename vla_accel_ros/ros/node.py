@@ -126,6 +126,7 @@ class VlaAccelNode(LifecycleNode):
         self.worker: InferenceWorker | ProcessInferenceWorker | None = None
         self.image_size = 0
         self._robot_warning = ""  # the checkpoint's robot differs, run with allow_unmatched_robot
+        self._policy_warnings: list[str] = []  # the decoder's fallbacks for what the policy lacks
         self._configure_error: ConfigError | None = None
         self._inputs: dict[str, Any] = {}  # topic -> subscription
         self._outputs: list[Any] = []
@@ -247,6 +248,7 @@ class VlaAccelNode(LifecycleNode):
         self._pub_forward = self._pub_trajectory = self._pub_joint_command = self._pub_gripper = None
         self.worker = self.runner = self.controller = self.kin = None
         self._robot_warning = ""
+        self._policy_warnings = []
 
     def _configure(self) -> None:
         cfg = self.cfg
@@ -317,6 +319,12 @@ class VlaAccelNode(LifecycleNode):
         if gripper and self.kin.gripper_joint_names:
             self._pub_gripper = publisher(Float64MultiArray, f"{gripper}/commands")
 
+        if self.runner is not None:
+            self._policy_warnings = list(self.runner.warnings)
+        elif isinstance(self.worker, ProcessInferenceWorker):
+            self._policy_warnings = list(self.worker.warnings)
+        for warning in self._policy_warnings:
+            self.get_logger().warn(warning)
         if self.runner is not None:
             self.worker = InferenceWorker(self.controller, self.runner, self._now, torch_threads=cfg.torch_threads)
             self.worker.start()
@@ -558,6 +566,7 @@ class VlaAccelNode(LifecycleNode):
         now = time.monotonic()
         recent = list(dict.fromkeys(m for t, m in self._recent_errors if now - t <= window))
         warnings = [self._robot_warning] if self._robot_warning else []
+        warnings += self._policy_warnings
         errors = int(stats.get("inference_errors", 0) or 0)
         new_errors, self._inference_errors_seen = errors - self._inference_errors_seen, errors
         if new_errors > 0:

@@ -27,6 +27,7 @@ from vla_accel_ros.models.configuration import (
     DEFAULT_TEMPERATURE,
     MAX_TEMPERATURE,
     VisionReuseConfig,
+    checkpoint_directory,
 )
 
 if TYPE_CHECKING:
@@ -73,9 +74,15 @@ class RunnerConfig:
             raise ValueError(f"RunnerConfig.torch_threads must be >= 1, got {self.torch_threads}")
 
     @property
+    def checkpoint_source(self) -> str:
+        """The checkpoint this config names, as the loader takes it (``hf:DIR`` for a Hugging Face
+        VLA; the package's default when empty)."""
+        return self.checkpoint or str(default_checkpoint())
+
+    @property
     def checkpoint_path(self) -> Path:
-        """The checkpoint directory this config names (the package's default when empty)."""
-        return Path(self.checkpoint) if self.checkpoint else default_checkpoint()
+        """The checkpoint's directory."""
+        return checkpoint_directory(self.checkpoint_source)
 
 
 def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | None = None,
@@ -100,7 +107,7 @@ def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | N
     if policy is None:
         if decoder is not None:
             raise ValueError("build_runner: a decoder object needs its policy (pass policy= too)")
-        return PolicyRunner.load(config.checkpoint_path, config.decoder, kin, **options)
+        return PolicyRunner.load(config.checkpoint_source, config.decoder, kin, **options)
     if decoder is None:
         decoder = make_decoder(config.decoder)
     elif decoder.name != config.decoder:

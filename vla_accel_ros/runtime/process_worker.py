@@ -152,6 +152,7 @@ class _Child:
             self.close(STOP_TIMEOUT_S)
             raise InferenceProcessError(str(reply.get("message", f"unexpected reply {reply}")))
         self.image_size = int(reply["image_size"])
+        self.warnings: list[str] = [str(w) for w in reply.get("warnings", [])]
         self.pid = self.proc.pid
 
     def _await(self, timeout_s: float, what: str) -> dict[str, Any]:
@@ -233,6 +234,7 @@ class ProcessInferenceWorker(WorkerBase):
         self.restarts = 0
         self.down_reason = ""
         self.image_size = 0
+        self.warnings: list[str] = []  # the decoder's fallbacks for what the policy lacks
         self._child_peak_rss_mb = 0.0  # over all children so far (read while they live)
 
     # --- life cycle -------------------------------------------------------------------------
@@ -241,6 +243,7 @@ class ProcessInferenceWorker(WorkerBase):
             raise RuntimeError("ProcessInferenceWorker already started")
         self._child = _Child(self.spec, self.start_timeout_s)
         self.image_size = self._child.image_size
+        self.warnings = self._child.warnings
         self._start_thread("vla_inference_feeder")
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -442,7 +445,8 @@ def child_main(argv: list[str]) -> int:
     except Exception as err:  # CheckpointError, unknown decoder, bad URDF: tell the node why
         _send(conn, {"op": "fatal", "message": f"{type(err).__name__}: {err}"})
         return 3
-    _send(conn, {"op": "ready", "image_size": int(runner.image_size), "pid": os.getpid()})
+    _send(conn, {"op": "ready", "image_size": int(runner.image_size), "warnings": list(runner.warnings),
+                 "pid": os.getpid()})
     gc.collect()
     gc.freeze()  # the loaded model's objects never need scanning again
     _serve(conn, memfd, runner)

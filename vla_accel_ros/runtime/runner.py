@@ -53,7 +53,7 @@ class PolicyRunner:
     def __init__(self, policy: Policy, decoder: Decoder, kin: ArmKinematics, *, action_dt_s: float,
                  period_s: float, max_steps: int = 120, clock: Callable[[], float] = time.perf_counter,
                  vision: VisionReuseConfig | None = None, sampling: SamplingConfig | None = None) -> None:
-        decoder.check_policy(policy)
+        self.warnings = decoder.check_policy(policy)  # the fallbacks taken for what the policy lacks
         self.policy = policy
         self.decoder = decoder
         self.decoder_name = decoder.name
@@ -67,13 +67,14 @@ class PolicyRunner:
 
     @classmethod
     def load(cls, checkpoint: str | Path, decoder_name: str, kin: ArmKinematics, **kwargs: Any) -> PolicyRunner:
-        """Load a checkpoint directory (safetensors + JSON; raises CheckpointError naming the problem).
+        """Load a checkpoint directory (safetensors + JSON; raises CheckpointError naming the problem),
+        or a Hugging Face VLA named ``hf:DIR``.
         A decoder that needs a file beside the checkpoint (heisd: CHECKPOINT/retrieval_store) gets it
         here, so that a missing one is reported at start-up, not at every step."""
         from vla_accel_ros.decoding import make_decoder
-        from vla_accel_ros.models import load_checkpoint
+        from vla_accel_ros.models.load import load_policy
 
-        runner = cls(load_checkpoint(Path(checkpoint)), make_decoder(decoder_name), kin, **kwargs)
+        runner = cls(load_policy(checkpoint), make_decoder(decoder_name), kin, **kwargs)
         if runner.decoder.capabilities().retrieval_store:
             runner.decoder.attach_checkpoint_store(Path(checkpoint), runner.policy)
         return runner

@@ -74,7 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=50, help="episodes per decoder (same seeds for all)")
     parser.add_argument("--seed", type=int, default=EVAL_SEED_START, help="first seed (held out)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: shipped)")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory, or hf:DIR for a Hugging "
+                        "Face VLA with OpenVLA's action tokens (default: shipped)")
+    parser.add_argument("--unnorm-key", default="", help="hf:DIR only: the dataset of its dataset_statistics.json "
+                        "(default: the file's only one)")
     parser.add_argument("--decoders", default=None,
                         help=f"comma-separated decoder names (default: all; {'/'.join(flow_head_decoders())} when "
                              "the checkpoint has a flow head)")
@@ -118,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     torch.set_num_threads(args.threads)
     ckpt = args.checkpoint or default_checkpoint()
-    policy = load_policy(ckpt)
+    policy = load_policy(ckpt, unnorm_key=args.unnorm_key)
     if args.decoders is None:  # every decoder the policy can serve (a Hugging Face VLA has no draft head)
         decoders = [d for d in DECODERS if not policy_refusal(policy, d)]
     else:

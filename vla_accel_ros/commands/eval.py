@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wa_checkpoint is not None and not wa_prefill:
         raise SystemExit(f"--wa-checkpoint is for --decoder {WA_PREFILL_PREFIX}X, not {args.decoder}")
     ckpt = (args.wa_checkpoint if wa_prefill else None) or args.checkpoint or default_checkpoint()
-    policy = load_policy(ckpt)
+    policy = load_policy(ckpt, unnorm_key=args.unnorm_key)
     if wa_prefill and policy.world is None:
         raise SystemExit(f"{ckpt} has no world component for --decoder {args.decoder}: run vla-accel train-world")
     if capabilities_of(base_decoder).flow_head and policy.flow is None:

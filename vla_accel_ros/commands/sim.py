@@ -20,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the node's action-token sampling temperature (0 = greedy)")
     parser.add_argument("--out", default="outputs/sim", help="output directory")
     parser.add_argument("--seed", type=int, default=100_000, help="seed of the first episode (then +1 each)")
-    parser.add_argument("--checkpoint", default="", help="policy checkpoint directory (default: the package's)")
+    parser.add_argument("--checkpoint", default="", help="policy checkpoint directory, or hf:DIR for a Hugging Face "
+                        "VLA (default: the package's)")
+    parser.add_argument("--unnorm-key", default="", help="hf:DIR only: the dataset of its dataset_statistics.json")
     parser.add_argument("--duration-s", type=float, default=6.0, help="episode time limit (sim seconds)")
     parser.add_argument("--output", default="forward_position", choices=OUTPUT_FORMATS, help="command format")
     parser.add_argument("--executor", default="single", choices=("single", "multi"), help="node executor")
@@ -33,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     opts = SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, decoder=args.decoder,
-                         temperature=args.temperature, out=args.out, seed=args.seed, checkpoint=args.checkpoint,
+                         temperature=args.temperature, out=args.out, seed=args.seed, checkpoint=args.checkpoint, unnorm_key=args.unnorm_key,
                          duration_s=args.duration_s, output=args.output, executor=args.executor, domain_id=args.domain_id,
                          inference_mode=args.inference_mode, realtime_priority=args.realtime_priority)
     started = time.monotonic()

@@ -22,7 +22,10 @@ def add_episode_arguments(parser: argparse.ArgumentParser, episodes: int = 50,
     parser.add_argument("--episodes", type=int, default=episodes, help=episodes_help)
     parser.add_argument("--seed", type=int, default=EVAL_SEED_START, help=f"first seed (held out: >= {EVAL_SEED_START})")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: the shipped one)")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory, or hf:DIR for a Hugging "
+                        "Face VLA with OpenVLA's action tokens (default: the shipped one)")
+    parser.add_argument("--unnorm-key", default="", help="hf:DIR only: the dataset of its dataset_statistics.json "
+                        "(default: the file's only one)")
     parser.add_argument("--max-steps", type=int, default=120, help="episode step limit (20 Hz)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
 

@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE, MAX_TEMPERATURE
+from vla_accel_ros.models.configuration import (
+    DEFAULT_TEMPERATURE,
+    HF_PREFIX,
+    MAX_TEMPERATURE,
+    checkpoint_directory,
+    is_hf_checkpoint,
+)
 from vla_accel_ros.ros.parameters import OUTPUT_FORMATS
 
 READY_TIMEOUT_S = 90.0
@@ -52,6 +58,7 @@ class SimRunOptions:
     out: str = "outputs/sim"
     seed: int = 100_000
     checkpoint: str = ""
+    unnorm_key: str = ""
     duration_s: float = 6.0  # = `vla-accel eval`'s 120 steps at 20 Hz, so success rates compare
     output: str = "forward_position"
     executor: str = "single"
@@ -176,8 +183,11 @@ def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], 
                    "output": opts.output, "executor": opts.executor, "stats_file": str(stats_file.resolve()),
                    "inference": opts.inference, "robot_description_timeout_s": 10.0,
                    "inference_mode": opts.inference_mode, "realtime_priority": opts.realtime_priority}
-    if opts.checkpoint:
-        node_params["checkpoint"] = str(Path(opts.checkpoint).resolve())
+    if opts.checkpoint:  # absolute: the node runs in another working directory
+        prefix = HF_PREFIX if is_hf_checkpoint(opts.checkpoint) else ""
+        node_params["checkpoint"] = prefix + str(checkpoint_directory(opts.checkpoint).resolve())
+    if opts.unnorm_key:
+        node_params["unnorm_key"] = opts.unnorm_key
     logs = [open(out / "sim_node.log", "w"), open(out / "vla_accel_node.log", "w")]
     sim = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.sim_node", *ros_args(sim_params)],
                            env=env, stdout=logs[0], stderr=subprocess.STDOUT)

@@ -52,7 +52,10 @@ class NodeConfig:
                                             "robot_description nor urdf_file is set", range=(0.0, 60.0))
     urdf_file: str = setting("", "URDF file; empty = the package's urdf/arm7.urdf (after the topic)")
     tcp_frame: str = setting("tcp", "URDF frame the policy's end-effector deltas refer to")
-    checkpoint: str = setting("", "Policy checkpoint directory; empty = the package's checkpoints/default")
+    checkpoint: str = setting("", "Policy checkpoint directory, or hf:DIR for a Hugging Face VLA with OpenVLA's "
+                         "action tokens; empty = the package's checkpoints/default")
+    unnorm_key: str = setting("", "hf:DIR only: the dataset in its dataset_statistics.json whose statistics "
+                         "unnormalise the actions; empty = the file's only one")
     decoder: str = setting("kerv", "Action decoder (see README, Decoders)", choices=DECODER_NAMES)
     temperature: float = setting(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy (every decoder "
                             "samples the same way; see README, The policy)", range=(0.0, MAX_TEMPERATURE))
@@ -119,6 +122,7 @@ class NodeConfig:
         """The runner's settings (checkpoint, decoder, sampling, vision, periods, threads)."""
         return RunnerConfig(
             checkpoint=self.checkpoint,
+            unnorm_key=self.unnorm_key,
             decoder=self.decoder,
             temperature=self.temperature,
             vision=self.vision,

@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 class RunnerConfig:
     """What a :class:`PolicyRunner` is built from.
 
-    checkpoint: policy checkpoint directory; empty = the package's checkpoints/default.
+    checkpoint: policy checkpoint directory, or ``hf:DIR`` for a Hugging Face VLA; empty = the
+        package's checkpoints/default.
+    unnorm_key: a Hugging Face VLA's dataset in its ``dataset_statistics.json``; empty = its only one.
     decoder: decoder name (``vla_accel_ros.decoding.DECODERS``).
     temperature: action-token sampling temperature, 0 = greedy.
     vision: incremental-vision settings; None (or ``enabled`` false) = encode every patch of every frame.
@@ -51,6 +53,7 @@ class RunnerConfig:
     """
 
     checkpoint: str = ""
+    unnorm_key: str = ""
     decoder: str = "kerv"
     temperature: float = DEFAULT_TEMPERATURE
     vision: VisionReuseConfig | None = None
@@ -107,7 +110,8 @@ def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | N
     if policy is None:
         if decoder is not None:
             raise ValueError("build_runner: a decoder object needs its policy (pass policy= too)")
-        return PolicyRunner.load(config.checkpoint_source, config.decoder, kin, **options)
+        return PolicyRunner.load(config.checkpoint_source, config.decoder, kin, unnorm_key=config.unnorm_key,
+                                 **options)
     if decoder is None:
         decoder = make_decoder(config.decoder)
     elif decoder.name != config.decoder:

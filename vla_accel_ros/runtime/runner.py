@@ -66,7 +66,8 @@ class PolicyRunner:
         self._episode_started = False  # start_episode() ran and no observation has been served since
 
     @classmethod
-    def load(cls, checkpoint: str | Path, decoder_name: str, kin: ArmKinematics, **kwargs: Any) -> PolicyRunner:
+    def load(cls, checkpoint: str | Path, decoder_name: str, kin: ArmKinematics, *, unnorm_key: str = "",
+             **kwargs: Any) -> PolicyRunner:
         """Load a checkpoint directory (safetensors + JSON; raises CheckpointError naming the problem),
         or a Hugging Face VLA named ``hf:DIR``.
         A decoder that needs a file beside the checkpoint (heisd: CHECKPOINT/retrieval_store) gets it
@@ -74,7 +75,7 @@ class PolicyRunner:
         from vla_accel_ros.decoding import make_decoder
         from vla_accel_ros.models.load import load_policy
 
-        runner = cls(load_policy(checkpoint), make_decoder(decoder_name), kin, **kwargs)
+        runner = cls(load_policy(checkpoint, unnorm_key=unnorm_key), make_decoder(decoder_name), kin, **kwargs)
         if runner.decoder.capabilities().retrieval_store:
             runner.decoder.attach_checkpoint_store(Path(checkpoint), runner.policy)
         return runner

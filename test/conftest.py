@@ -13,6 +13,14 @@ modules cannot import this file):
 - ``dds_rig(domain_id, peer_name)``: a :class:`DdsRig`, a node under test and a peer node spun in
   background threads. Each test module keeps its own domain ids so that modules never share DDS
   traffic.
+- ``tiny_hf_vla(path, **overrides)``: a randomly initialised Hugging Face VLA in OpenVLA's layout
+  (Llava: a tiny CLIP tower, a 2-layer Llama, a Llama tokenizer whose text vocabulary's top 256
+  ids are unused: the action ids), written to ``path`` as ``save_pretrained`` writes it plus a
+  ``dataset_statistics.json`` (no ``vla_spec.json``); returns ``path``. Overrides: text_vocab
+  (384), image_size (32), patch_size (8), vision ("clip", "siglip" or None: a plain Llama, not a
+  VLA), hidden_size (32), layers (2), max_position_embeddings (128), statistics (the statistics
+  file's content; None: one dataset, ``TINY_HF_DATASET``, gripper masked), pickle (False; True:
+  the weights as ``pytorch_model.bin`` only) and seed (0).
 """
 
 from __future__ import annotations
@@ -48,6 +56,84 @@ def _tiny_checkpoint(path: Path, **config: Any) -> Path:
     settings = dict(image_size=64, patch_size=16, d_model=32, n_heads=2, n_layers=1, local_channels=8,
                     contact_hidden=8) | config
     save_checkpoint(Policy.create(VLAConfig(**settings), tokenizer, seed=0), path, recipe={"test": "random"})
+    return path
+
+
+TINY_HF_DATASET = "tiny_dataset"  # the one dataset in a tiny_hf_vla's dataset_statistics.json
+# The tiny Llama vocabulary: every character a test prompt uses ("▁" is the space), a few merges.
+_TINY_HF_CHARS = "▁abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789?:.,'-!\n"
+_TINY_HF_MERGES = [("▁", "t"), ("▁t", "o"), ("▁t", "h"), ("▁th", "e"), ("▁", "a"), ("I", "n"), ("O", "u"),
+                   ("Ou", "t"), ("▁", "r"), ("▁r", "o")]
+
+
+def _tiny_hf_vla(path: Path, *, text_vocab: int = 384, image_size: int = 32, patch_size: int = 8,
+                 vision: str | None = "clip", hidden_size: int = 32, layers: int = 2,
+                 max_position_embeddings: int = 128, statistics: dict[str, Any] | None = None,
+                 pickle: bool = False, seed: int = 0) -> Path:
+    """A random OpenVLA-layout Hugging Face VLA in ``path`` (see the module docstring)."""
+    import json
+
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        LlamaTokenizer,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        SiglipImageProcessor,
+        SiglipVisionConfig,
+    )
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for token in [*_TINY_HF_CHARS, *(a + b for a, b in _TINY_HF_MERGES)]:
+        vocab.setdefault(token, len(vocab))
+    while len(vocab) < text_vocab:  # unused tokens up to the top of the vocabulary: the action ids
+        vocab[f"<unused{len(vocab)}>"] = len(vocab)
+    tokenizer = LlamaTokenizer(vocab=vocab, merges=_TINY_HF_MERGES)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"], "pad_token": "<pad>"})
+    torch.manual_seed(seed)
+    # initializer_range 0.2: logits spread enough that argmax ties do not occur by chance
+    text = LlamaConfig(vocab_size=-(-len(tokenizer) // 8) * 8, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=max_position_embeddings, bos_token_id=1, eos_token_id=2,
+                       pad_token_id=tokenizer.pad_token_id, initializer_range=0.2)
+    path.mkdir(parents=True, exist_ok=True)
+    if vision is None:
+        LlamaForCausalLM(text).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    else:
+        tower = {"image_size": image_size, "patch_size": patch_size, "hidden_size": 32, "intermediate_size": 64,
+                 "num_hidden_layers": 2, "num_attention_heads": 2}
+        if vision == "clip":
+            vision_config, strategy = CLIPVisionConfig(**tower), "default"
+            image_processor = CLIPImageProcessor(size={"shortest_edge": image_size},
+                                                 crop_size={"height": image_size, "width": image_size})
+        else:
+            vision_config, strategy = SiglipVisionConfig(**tower), "full"
+            image_processor = SiglipImageProcessor(size={"height": image_size, "width": image_size})
+        config = LlavaConfig(vision_config=vision_config, text_config=text,
+                             image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+                             image_seq_length=(image_size // patch_size) ** 2, vision_feature_select_strategy=strategy,
+                             vision_feature_layer=-1 if vision == "siglip" else -2)
+        LlavaForConditionalGeneration(config).save_pretrained(path)
+        LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=patch_size,
+                       vision_feature_select_strategy=strategy).save_pretrained(path)
+    if pickle:  # the same weights as a pickle only (written here; the package never reads one)
+        from safetensors.torch import load_file
+
+        torch.save(load_file(path / "model.safetensors"), path / "pytorch_model.bin")
+        (path / "model.safetensors").unlink()
+    if statistics is None:
+        q01 = [-0.02] * 3 + [-0.05] * 3 + [0.0]
+        q99 = [0.02] * 3 + [0.05] * 3 + [1.0]
+        statistics = {TINY_HF_DATASET: {
+            "action": {"mean": [0.0] * 6 + [0.5], "std": [0.01] * 6 + [0.5], "max": q99, "min": q01,
+                       "q01": q01, "q99": q99, "mask": [True] * 6 + [False]},
+            "proprio": {"mean": [0.0] * 7, "std": [1.0] * 7, "q01": [-1.0] * 7, "q99": [1.0] * 7},
+            "num_transitions": 100, "num_trajectories": 10}}
+    (path / "dataset_statistics.json").write_text(json.dumps(statistics))
     return path
 
 
@@ -217,3 +303,8 @@ def ros_context() -> Callable[[int], contextlib.AbstractContextManager[Any]]:
 @pytest.fixture(scope="session")
 def dds_rig() -> type[DdsRig]:
     return DdsRig
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_vla() -> Callable[..., Path]:
+    return _tiny_hf_vla

@@ -42,7 +42,6 @@ class RunnerConfig:
 
     checkpoint: policy checkpoint directory, or ``hf:DIR`` for a Hugging Face VLA; empty = the
         package's checkpoints/default.
-    unnorm_key: a Hugging Face VLA's dataset in its ``dataset_statistics.json``; empty = its only one.
     decoder: decoder name (``vla_accel_ros.decoding.DECODERS``).
     temperature: action-token sampling temperature, 0 = greedy.
     vision: incremental-vision settings; None (or ``enabled`` false) = encode every patch of every frame.
@@ -50,10 +49,10 @@ class RunnerConfig:
     period_s: the control period: the time a decoder has for one action.
     max_steps: episode step limit the decoders see.
     torch_threads: torch intra-op threads of the thread that builds and runs the runner.
+    unnorm_key: a Hugging Face VLA's dataset in its ``dataset_statistics.json``; empty = its only one.
     """
 
     checkpoint: str = ""
-    unnorm_key: str = ""
     decoder: str = "kerv"
     temperature: float = DEFAULT_TEMPERATURE
     vision: VisionReuseConfig | None = None
@@ -61,6 +60,7 @@ class RunnerConfig:
     period_s: float = 0.05
     max_steps: int = 120
     torch_threads: int = 1
+    unnorm_key: str = ""
 
     def __post_init__(self) -> None:
         if not self.decoder.strip():

@@ -138,6 +138,8 @@ def test_inference_mode_restarts_and_realtime_priority_are_validated():
     assert cfg.inference_mode == "process" and cfg.inference_restarts >= 0 and 0 <= cfg.realtime_priority <= 98
     assert NodeConfig(inference_mode="thread", realtime_priority=0).inference_mode == "thread"
     for params, words in [({"inference_mode": "fork"}, ["inference_mode", "thread", "process"]),
+                          ({"inference_python": "/usr/bin/python3", "inference_mode": "thread"},
+                           ["inference_python", "process"]),
                           ({"inference_restarts": -1}, ["inference_restarts", "out of range"]),
                           ({"realtime_priority": 99}, ["realtime_priority", "out of range"])]:
         with pytest.raises(ConfigError) as err:

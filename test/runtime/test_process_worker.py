@@ -280,3 +280,36 @@ def test_node_reports_a_dead_child_on_diagnostics_holds_and_shuts_down_cleanly(c
     finally:
         rig.close()
     assert not pid_alive(child)
+
+
+def second_interpreter(root: Path) -> Path:
+    """A virtual environment of its own (its own interpreter and site directory) that sees this
+    one's packages through a .pth file, as a team's pinned venv would see this package after
+    ``pip install --no-deps``."""
+    import site
+    import venv
+
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
+    python = root / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    ours = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    lines = [f"import site; site.addsitedir({p!r})" for p in ours]  # runs the .pth files there too
+    Path(purelib, "vla_accel_host.pth").write_text("\n".join(lines) + "\n")
+    return python
+
+
+def test_the_child_runs_under_another_interpreter(checkpoint, tmp_path, wait):
+    python = second_interpreter(tmp_path / "pinned_venv")
+    ctrl = make_controller()
+    worker = ProcessInferenceWorker(ctrl, spec_for(checkpoint), time.monotonic, max_restarts=0, python=str(python))
+    worker.start()
+    robot = Robot(ctrl)
+    try:
+        assert worker.child_python == str(python) != sys.executable
+        assert wait(lambda: worker.stats()["actions"] >= 3)  # the same protocol, no pickle
+    finally:
+        robot.close()
+        worker.stop()
+    with pytest.raises(ValueError, match="not an executable"):
+        ProcessInferenceWorker(ctrl, spec_for(checkpoint), time.monotonic, python=str(tmp_path / "nope"))

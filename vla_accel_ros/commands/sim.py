@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--domain-id", type=int, default=0, help="ROS_DOMAIN_ID (0 = private, from the pid)")
     parser.add_argument("--inference-mode", default="process", choices=("thread", "process"),
                         help="run inference in a thread of the node or in a child process")
+    parser.add_argument("--inference-python", default="", help="the interpreter of the node's inference process "
+                        "(a virtual environment with this package installed; default: this one)")
     parser.add_argument("--realtime-priority", type=int, default=20,
                         help="SCHED_FIFO priority of the control thread (0 = normal scheduling)")
 
@@ -36,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     opts = SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, decoder=args.decoder,
                          temperature=args.temperature, out=args.out, seed=args.seed, checkpoint=args.checkpoint, unnorm_key=args.unnorm_key,
+                         inference_python=args.inference_python,
                          duration_s=args.duration_s, output=args.output, executor=args.executor, domain_id=args.domain_id,
                          inference_mode=args.inference_mode, realtime_priority=args.realtime_priority)
     started = time.monotonic()

@@ -59,6 +59,7 @@ class SimRunOptions:
     seed: int = 100_000
     checkpoint: str = ""
     unnorm_key: str = ""
+    inference_python: str = ""
     duration_s: float = 6.0  # = `vla-accel eval`'s 120 steps at 20 Hz, so success rates compare
     output: str = "forward_position"
     executor: str = "single"
@@ -188,6 +189,8 @@ def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], 
         node_params["checkpoint"] = prefix + str(checkpoint_directory(opts.checkpoint).resolve())
     if opts.unnorm_key:
         node_params["unnorm_key"] = opts.unnorm_key
+    if opts.inference_python:
+        node_params["inference_python"] = opts.inference_python
     logs = [open(out / "sim_node.log", "w"), open(out / "vla_accel_node.log", "w")]
     sim = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.sim_node", *ros_args(sim_params)],
                            env=env, stdout=logs[0], stderr=subprocess.STDOUT)

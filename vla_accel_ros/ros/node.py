@@ -272,7 +272,8 @@ class VlaAccelNode(LifecycleNode):
                 if cfg.inference_mode == "process":  # started here: it reports the model's image size
                     spec = ChildSpec(runner_config, self.kin.urdf_xml, self.kin.tcp_frame)
                     self.worker = ProcessInferenceWorker(self.controller, spec, self._now,
-                                                         max_restarts=cfg.inference_restarts)
+                                                         max_restarts=cfg.inference_restarts,
+                                                         python=cfg.inference_python)
                     self.worker.start()
                     model_size = self.worker.image_size
                 else:

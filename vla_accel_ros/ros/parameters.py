@@ -95,6 +95,9 @@ class NodeConfig:
                                 "the control timer; 0 = normal scheduling. Other busy processes otherwise delay "
                                 "ticks by a scheduler slice (3-5 ms). Needs root, CAP_SYS_NICE or an rtprio limit; "
                                 "when refused the node warns and runs with normal scheduling", range=(0, 98))
+    inference_python: str = setting("", "process mode: the Python interpreter of the inference process, e.g. a "
+                               "virtual environment with the packages a model's own code pins and this package "
+                               "installed into it (pip install --no-deps); empty = the node's own")
     inference_restarts: int = setting(3, "process mode: how often a dead inference process is restarted (the arm "
                                  "holds meanwhile) before the node stays in hold and reports it", range=(0, 1000))
     stats_rate_hz: float = setting(1.0, "Rate of /diagnostics and ~/stats", range=(0.05, 50.0))
@@ -113,6 +116,9 @@ class NodeConfig:
             raise ConfigError(f"parameter 'controller_joints' has duplicates: {list(self.controller_joints)}")
         if not self.decoder.strip():
             raise ConfigError("parameter 'decoder' must name a decoder")
+        if self.inference_python and self.inference_mode != "process":
+            raise ConfigError("parameter 'inference_python' needs inference_mode: process (a thread shares the "
+                              "node's interpreter)")
 
     @property
     def period_s(self) -> float:

@@ -123,7 +123,7 @@ def describe_exit(returncode: int | None) -> str:
 class _Child:
     """One running child process: its handle, socket and image buffer (parent side)."""
 
-    def __init__(self, spec: ChildSpec, timeout_s: float) -> None:
+    def __init__(self, spec: ChildSpec, timeout_s: float, python: str = "") -> None:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.memfd = os.memfd_create("vla_accel_image", os.MFD_CLOEXEC)
         self.buffer: mmap.mmap | None = None
@@ -134,7 +134,8 @@ class _Child:
             env[var] = str(spec.runner.torch_threads)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "vla_accel_ros.runtime.process_worker", str(child_sock.fileno()), str(self.memfd)],
+                [python or sys.executable, "-m", "vla_accel_ros.runtime.process_worker", str(child_sock.fileno()),
+                 str(self.memfd)],
                 pass_fds=(child_sock.fileno(), self.memfd), env=env, stdin=subprocess.DEVNULL)
         except OSError as err:
             self.conn.close()
@@ -153,6 +154,7 @@ class _Child:
             raise InferenceProcessError(str(reply.get("message", f"unexpected reply {reply}")))
         self.image_size = int(reply["image_size"])
         self.warnings: list[str] = [str(w) for w in reply.get("warnings", [])]
+        self.python = str(reply.get("python", ""))  # the interpreter the child reports it runs
         self.pid = self.proc.pid
 
     def _await(self, timeout_s: float, what: str) -> dict[str, Any]:
@@ -221,9 +223,14 @@ class ProcessInferenceWorker(WorkerBase):
 
     def __init__(self, controller: Controller, spec: ChildSpec, clock: Callable[[], float], *,
                  max_restarts: int = 3, restart_delay_s: float = 1.0, start_timeout_s: float = START_TIMEOUT_S,
-                 window: int = 1000) -> None:
+                 window: int = 1000, python: str = "") -> None:
+        """``python``: the interpreter the child runs under (empty: this one), e.g. a virtual
+        environment with the packages a model's own code pins, this package installed into it."""
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        if python and not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            raise ValueError(f"inference_python '{python}' is not an executable file")
+        self.python = python
         super().__init__(controller, clock, window)
         self.spec = spec
         self.max_restarts = max_restarts
@@ -235,15 +242,17 @@ class ProcessInferenceWorker(WorkerBase):
         self.down_reason = ""
         self.image_size = 0
         self.warnings: list[str] = []  # the decoder's fallbacks for what the policy lacks
+        self.child_python = ""  # the interpreter the running child reported
         self._child_peak_rss_mb = 0.0  # over all children so far (read while they live)
 
     # --- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("ProcessInferenceWorker already started")
-        self._child = _Child(self.spec, self.start_timeout_s)
+        self._child = _Child(self.spec, self.start_timeout_s, self.python)
         self.image_size = self._child.image_size
         self.warnings = self._child.warnings
+        self.child_python = self._child.python
         self._start_thread("vla_inference_feeder")
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -335,7 +344,7 @@ class ProcessInferenceWorker(WorkerBase):
         with self._lock:
             self.restarts += 1
         try:
-            child = _Child(self.spec, self.start_timeout_s)
+            child = _Child(self.spec, self.start_timeout_s, self.python)
         except InferenceProcessError as err:
             self._note_error(f"restart failed: {err}")
             with self._lock:  # counts as a death: the loop retries or gives up
@@ -446,7 +455,7 @@ def child_main(argv: list[str]) -> int:
         _send(conn, {"op": "fatal", "message": f"{type(err).__name__}: {err}"})
         return 3
     _send(conn, {"op": "ready", "image_size": int(runner.image_size), "warnings": list(runner.warnings),
-                 "pid": os.getpid()})
+                 "pid": os.getpid(), "python": sys.executable})
     gc.collect()
     gc.freeze()  # the loaded model's objects never need scanning again
     _serve(conn, memfd, runner)

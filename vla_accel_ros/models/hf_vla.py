@@ -1,0 +1,442 @@
+"""A Hugging Face VLA with OpenVLA's action tokens (:class:`HFTokenVLA`), as a policy the decoders run.
+
+The model is an image-text-to-text model (``AutoModelForImageTextToText``, e.g. Llava with a Llama
+decoder: OpenVLA's layout, the image features right after BOS) whose 7 action dimensions are
+tokens of its text vocabulary; :class:`vla_accel_ros.models.vla_spec.VLASpec` says which, and how
+the prompt, the image and the actions are made. The decoders see what they see of our own policy:
+
+- ``prefill(obs)``: ONE forward over ``[BOS] + [image token] * n_image_tokens + prompt + appended
+  ids`` (the model puts the projected vision features in place of the image tokens) -> a prefix;
+- ``score(prefix, tokens)``: ONE forward over k of our action tokens (bins 0..255, mapped to HF
+  ids) -> logits (1, k+1, 256) over OUR bins (index b is HF id ``vocab_size - 1 - b`` by
+  default), logits[:, i] the distribution after tokens[:, :i], and the extended prefix;
+- ``prefill_scored(obs, tokens)``: both in one pass; ``tokens_to_action``: OpenVLA's decoding.
+
+The LM head runs on the 256 action rows only (exact for those logits, and the full head's cost
+is the vocabulary's). Bin 255 (HF id ``vocab_size - 256``, OpenVLA's token of a value at q99) is
+a real output here, unlike our own policy's: it is scored and fed as itself and decodes as bin
+254, as in OpenVLA. There is no draft, contact or flow head (:meth:`HFTokenVLA.capabilities`).
+
+Prefixes are immutable while the model's KV cache is mutated in place: every prefix made from one
+prefill shares one cache, and each use of a prefix first crops the cache back to its own length
+(re-feeding, in the same pass, any of its tokens that a use of another prefix overwrote), so
+decoders may extend, truncate and extend again in any order.
+
+Weights load from safetensors only; a directory with only pickle weights (``*.bin``, ``*.pt``) is
+refused. transformers is imported when a model is loaded, not with this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.models.capabilities import PolicyCapabilities
+from vla_accel_ros.models.configuration import checkpoint_directory
+from vla_accel_ros.models.tokenizer import N_BINS
+from vla_accel_ros.models.vla_spec import (
+    CONFIG_FILE,
+    ActionStatistics,
+    OpenVLAActionTokenizer,
+    VLASpec,
+    load_action_statistics,
+    load_spec,
+    read_json_object,
+    with_overrides,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+N_ACTION_TOKENS = 7
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class HFVLAConfig:
+    """What the runner and the decoders read of a policy's configuration.
+
+    d_model: the text decoder's width (of ``Prefix.pooled`` and ``hidden_last``). image_size: the
+    square side images are resized to. vocab_size: the text vocabulary (the action ids' range).
+    n_image_tokens: image positions in the prompt. max_position_embeddings: the context (None:
+    unbounded).
+    """
+
+    d_model: int
+    image_size: int
+    vocab_size: int
+    n_image_tokens: int
+    max_position_embeddings: int | None
+    n_action_tokens: int = N_ACTION_TOKENS
+
+
+class _CacheSlot:
+    """The one KV cache that a prefill and every prefix made from it share, and the action tokens
+    it holds after the observation prefix (those of its latest use)."""
+
+    __slots__ = ("cache", "tokens")
+
+    def __init__(self, cache: Any, tokens: list[int]) -> None:
+        self.cache = cache
+        self.tokens = tokens
+
+
+@dataclass(frozen=True, eq=False)
+class HFPrefix:
+    """Decoder state after the observation prefix and the action tokens consumed, as
+    :class:`vla_accel_ros.models.policy.Prefix`: action_hidden (1, n+1, d) final hidden states at
+    the prompt's end and after each of the n consumed tokens, tokens (1, n), pooled (1, d) the mean
+    of the observation prefix's hidden states, prefix_len its positions, base the tokens consumed
+    before the latest extension (``truncate`` counts from there). ``slot`` is the shared cache."""
+
+    slot: _CacheSlot
+    action_hidden: torch.Tensor
+    tokens: torch.Tensor
+    pooled: torch.Tensor
+    prefix_len: int
+    base: int = 0
+
+    @property
+    def hidden_last(self) -> torch.Tensor:
+        """(1, d) hidden state at the current end; the LM head of it gives the next token."""
+        return self.action_hidden[:, -1]
+
+    @property
+    def length(self) -> int:
+        return self.prefix_len + self.n_tokens
+
+    @property
+    def n_tokens(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    def truncate(self, m: int) -> HFPrefix:
+        """Keep the prefix as it was before the latest extension plus its first m new tokens."""
+        added = self.n_tokens - self.base
+        if not 0 <= m <= added:
+            raise ValueError(f"truncate({m}): the latest extension added {added} tokens")
+        keep = self.base + m
+        return replace(self, action_hidden=self.action_hidden[:, : keep + 1], tokens=self.tokens[:, :keep])
+
+
+@dataclass(frozen=True, eq=False)
+class HFScoreOutput:
+    """logits (1, k+1, 256) over our bins: logits[:, i] is the next-token distribution after
+    tokens[:, :i]; prefix: the prefix extended by the k tokens."""
+
+    logits: torch.Tensor
+    prefix: HFPrefix
+
+
+def _crop_to(cache: Any, length: int) -> None:
+    """Drop the cache's positions from ``length`` on (``crop`` takes how many to remove, negated)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+class HFTokenVLA:
+    """A Hugging Face VLA whose actions are 7 tokens of its text vocabulary, as a
+    :class:`vla_accel_ros.decoding.protocol.PolicyLike` (module docstring). Build one with
+    :func:`load_hf_vla`; the constructor takes a loaded model, its text tokenizer, the spec and
+    the action tokenizer (``source`` names the model in error messages)."""
+
+    flow: Any = None  # no continuous action head
+    parallel_draft: Any = None  # no parallel draft head
+
+    def __init__(self, model: PreTrainedModel, text_tokenizer: PreTrainedTokenizerBase, spec: VLASpec,
+                 tokenizer: OpenVLAActionTokenizer, *, source: str = "<in-memory model>",
+                 statistics: ActionStatistics | None = None) -> None:
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        self.text_tokenizer = text_tokenizer
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.source = source
+        self.statistics = statistics
+        self._cache_type = DynamicCache
+        config = model.config
+        text_config = config.get_text_config()
+        vocab_size = int(text_tokenizer.vocab_size)
+        head = model.get_output_embeddings()
+        if head is None or not hasattr(model, "model"):
+            raise ValueError(f"{source}: {type(model).__name__} has no language-model head to read action logits from")
+        try:
+            action_ids = spec.action_ids(vocab_size)
+        except ValueError as error:
+            raise ValueError(f"{source}: not an OpenVLA-style VLA: {error}") from None
+        if int(action_ids.max()) >= head.weight.shape[0]:
+            raise ValueError(f"{source}: action ids up to {int(action_ids.max())} leave the model's "
+                             f"{head.weight.shape[0]} output rows")
+        image_token = getattr(config, "image_token_id", None)
+        if image_token is None:
+            image_token = getattr(config, "image_token_index", None)
+        if image_token is None:
+            raise ValueError(f"{source}/{CONFIG_FILE}: not a VLA: the model has no image token (image_token_id)")
+        bos = text_tokenizer.bos_token_id if text_tokenizer.bos_token_id is not None else text_config.bos_token_id
+        if bos is None:
+            raise ValueError(f"{source}: the tokenizer has no BOS token")
+        self.appended_ids = spec.resolved_appended_ids(vocab_size)
+        specials = {"BOS": bos, "image token": image_token, "EOS": text_tokenizer.eos_token_id,
+                    "pad": text_tokenizer.pad_token_id, "unk": text_tokenizer.unk_token_id}
+        specials |= {f"appended id {i}": i for i in self.appended_ids}
+        in_range = set(action_ids.tolist())
+        clashes = [f"{name} ({i})" for name, i in specials.items() if i is not None and i in in_range]
+        if clashes:
+            raise ValueError(f"{source}: not an OpenVLA-style VLA: the action ids "
+                             f"{int(action_ids.min())}..{int(action_ids.max())} include {', '.join(clashes)}")
+        vision_size = getattr(getattr(config, "vision_config", None), "image_size", None)
+        if vision_size is not None and int(vision_size) != spec.image_size:
+            raise ValueError(f"{source}: image_size {spec.image_size} (processor config or vla_spec.json) differs "
+                             f"from the vision tower's {vision_size} ({CONFIG_FILE})")
+        self.bos_id, self.image_token_id = int(bos), int(image_token)
+        weight = head.weight.detach()
+        self.device, self.dtype = weight.device, weight.dtype
+        self.action_ids = action_ids  # (256,) our bin -> HF id
+        self._hf_ids = torch.from_numpy(action_ids).to(self.device)
+        # The LM head's 256 action rows, gathered once; logits in float32 whatever the weights' dtype.
+        self._head_weight = weight[self._hf_ids].float()
+        bias = getattr(head, "bias", None)
+        self._head_bias = None if bias is None else bias.detach()[self._hf_ids].float()
+        self._softcap = getattr(text_config, "final_logit_softcapping", None)
+        mean = torch.tensor(spec.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
+        std = torch.tensor(spec.image_std, dtype=torch.float32).view(1, 3, 1, 1)
+        # (x / 255 - mean) / std as one multiply-add on 0..255 values
+        self._pixel_scale, self._pixel_shift = 1.0 / (255.0 * std), -mean / std
+        self._prompt_cache: tuple[str, torch.Tensor] | None = None
+        max_positions = getattr(text_config, "max_position_embeddings", None)
+        self.config = HFVLAConfig(d_model=int(text_config.hidden_size), image_size=spec.image_size,
+                                  vocab_size=vocab_size, n_image_tokens=self._count_image_tokens(),
+                                  max_position_embeddings=None if max_positions is None else int(max_positions))
+        self.info: dict[str, Any] = {"source": source, "unnorm_key": None if statistics is None else statistics.key}
+
+    # --- what the policy offers ---------------------------------------------------------------
+    def capabilities(self) -> PolicyCapabilities:
+        """No draft, parallel draft, contact or flow head."""
+        return PolicyCapabilities()
+
+    @property
+    def n_action_tokens(self) -> int:
+        return N_ACTION_TOKENS
+
+    @property
+    def image_size(self) -> int:
+        return self.config.image_size
+
+    def draft_tokens(
+        self, prefix: HFPrefix, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise ValueError(f"{self.source}: a Hugging Face VLA has no draft head (capabilities().draft_head "
+                         "is False); use a decoder that proposes without one (ar, kerv, world_aware)")
+
+    def draft_tokens_parallel(
+        self, prefix: HFPrefix, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise ValueError(f"{self.source}: a Hugging Face VLA has no parallel draft head")
+
+    def contact_probability(self, prefix: HFPrefix) -> float:
+        raise ValueError(f"{self.source}: a Hugging Face VLA has no contact head")
+
+    def tokens_to_action(self, tokens: torch.Tensor | np.ndarray) -> np.ndarray:
+        """Action (7,) float64 of 7 of our tokens: OpenVLA's ``predict_action`` decoding (bin
+        centre, unnormalised where the mask is true), then the spec's gripper convention."""
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.detach().cpu().numpy()
+        tokens = np.asarray(tokens).reshape(-1)
+        if tokens.shape != (N_ACTION_TOKENS,):
+            raise ValueError(f"expected {N_ACTION_TOKENS} tokens, got shape {tokens.shape}")
+        return self.tokenizer.decode(tokens)
+
+    # --- inputs -------------------------------------------------------------------------------
+    def prompt_ids(self, instruction: str) -> torch.Tensor:
+        """(1, L) ids of one instruction's prompt: BOS, the image tokens, the prompt text, the
+        appended ids. ValueError when the prompt and an action do not fit in the context."""
+        cached = self._prompt_cache
+        if cached is not None and cached[0] == instruction:
+            return cached[1]
+        text = self.text_tokenizer(self.spec.format_prompt(instruction), add_special_tokens=False)["input_ids"]
+        text = list(text)
+        appended = list(self.appended_ids)
+        if appended and text[-len(appended):] != appended:
+            text += appended
+        ids = [self.bos_id] + [self.image_token_id] * self.config.n_image_tokens + text
+        limit = self.config.max_position_embeddings
+        if limit is not None and len(ids) + N_ACTION_TOKENS > limit:
+            raise ValueError(f"instruction too long: its prompt takes {len(ids)} positions and the action "
+                             f"{N_ACTION_TOKENS} more, beyond max_position_embeddings={limit} "
+                             f"({self.source}/{CONFIG_FILE}): {instruction[:80]!r}")
+        tensor = torch.tensor([ids], dtype=torch.long, device=self.device)
+        self._prompt_cache = (instruction, tensor)
+        return tensor
+
+    def pixel_values(self, image: np.ndarray) -> torch.Tensor:
+        """(1, 3, S, S) model input of one RGB uint8 image (H, W, 3): resized to the spec's size,
+        scaled to [0, 1] and normalised with its mean/std."""
+        if not (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3
+                and image.shape[2] == 3 and image.shape[0] > 0 and image.shape[1] > 0):
+            shape, dtype = getattr(image, "shape", None), getattr(image, "dtype", type(image).__name__)
+            raise ValueError(f"the observation image must be an (H, W, 3) uint8 array, got shape {shape}, dtype {dtype}")
+        x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).unsqueeze(0).float()
+        size = self.config.image_size
+        if x.shape[-2:] != (size, size):
+            mode = self.spec.resample
+            x = torch.nn.functional.interpolate(x, size=(size, size), mode=mode, antialias=mode != "nearest",
+                                                **({} if mode == "nearest" else {"align_corners": False}))
+            x = x.clamp_(0.0, 255.0)  # bicubic overshoots; a uint8 resize would saturate
+        return (x * self._pixel_scale + self._pixel_shift).to(self.device, self.dtype)
+
+    # --- passes -------------------------------------------------------------------------------
+    def prefill(self, obs: Observation) -> HFPrefix:
+        """ONE forward over one observation's prompt (the image in place of its image tokens)."""
+        with torch.inference_mode():
+            hidden, slot = self._prompt_pass(obs, None)
+            return HFPrefix(slot=slot, action_hidden=hidden[:, -1:], tokens=self._no_tokens(),
+                            pooled=hidden.float().mean(dim=1), prefix_len=hidden.shape[1])
+
+    def prefill_scored(self, obs: Observation, tokens: torch.Tensor) -> HFScoreOutput:
+        """``score(prefill(obs), tokens)`` in ONE pass: the k action tokens (1, k) ride along with
+        the prompt (causal, so the prompt's rows are the prefill's)."""
+        with torch.inference_mode():
+            tokens = self._check_tokens(tokens)
+            hidden, slot = self._prompt_pass(obs, tokens)
+            n = hidden.shape[1] - tokens.shape[1]
+            prefix = HFPrefix(slot=slot, action_hidden=hidden[:, n - 1:], tokens=tokens,
+                              pooled=hidden[:, :n].float().mean(dim=1), prefix_len=n)
+            return HFScoreOutput(self._logits(prefix.action_hidden), prefix)
+
+    def score(self, prefix: HFPrefix, tokens: torch.Tensor) -> HFScoreOutput:
+        """ONE forward over k new tokens (1, k) after the prefix; logits (1, k+1, 256)."""
+        with torch.inference_mode():
+            tokens = self._check_tokens(tokens)
+            k = tokens.shape[1]
+            if k == 0:  # nothing to run: the prefix's last hidden state already predicts the next token
+                return HFScoreOutput(self._logits(prefix.action_hidden[:, -1:]), replace(prefix, base=prefix.n_tokens))
+            slot, mine, new = prefix.slot, prefix.tokens[0].tolist(), tokens[0].tolist()
+            # The cache holds the tokens of its latest use; keep what this prefix shares with them
+            # and re-feed the rest of the prefix's own before the new ones.
+            common, held = 0, slot.tokens
+            while common < min(len(mine), len(held)) and mine[common] == held[common]:
+                common += 1
+            _crop_to(slot.cache, prefix.prefix_len + common)
+            feed = self._hf_ids[torch.tensor(mine[common:] + new, dtype=torch.long, device=self.device)]
+            slot.tokens = mine + new
+            hidden = self._forward(feed.unsqueeze(0), None, slot.cache)[:, -k:]
+            extended = HFPrefix(slot=slot, action_hidden=torch.cat([prefix.action_hidden, hidden], dim=1),
+                                tokens=torch.cat([prefix.tokens, tokens], dim=1), pooled=prefix.pooled,
+                                prefix_len=prefix.prefix_len, base=prefix.n_tokens)
+            return HFScoreOutput(self._logits(extended.action_hidden[:, -(k + 1):]), extended)
+
+    def _prompt_pass(self, obs: Observation, tokens: torch.Tensor | None) -> tuple[torch.Tensor, _CacheSlot]:
+        """Final hidden states (1, L [+ k], d) of the prompt [and the action tokens], and their cache."""
+        pixels = self.pixel_values(obs.image)
+        ids = self.prompt_ids(obs.instruction)
+        if tokens is not None and tokens.shape[1]:
+            ids = torch.cat([ids, self._hf_ids[tokens.to(self.device)]], dim=1)
+        cache = self._cache_type(config=self.model.config.get_text_config())
+        hidden = self._forward(ids, pixels, cache)
+        return hidden, _CacheSlot(cache, [] if tokens is None else tokens[0].tolist())
+
+    def _forward(self, ids: torch.Tensor, pixels: torch.Tensor | None, cache: Any) -> torch.Tensor:
+        """The model's base (everything but the LM head) over ``ids`` after the cache's positions."""
+        inputs: dict[str, Any] = {"input_ids": ids, "cache": cache, "use_cache": True}
+        if pixels is not None:
+            inputs["pixel_values"] = pixels
+        return self.model.model(**inputs).last_hidden_state
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(1, n, 256) float32 logits of our bins from final hidden states (1, n, d)."""
+        logits = hidden.float() @ self._head_weight.T
+        if self._head_bias is not None:
+            logits = logits + self._head_bias
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits
+
+    def _check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] != 1:
+            raise ValueError(f"tokens must be a (1, k) tensor, got {tuple(getattr(tokens, 'shape', ()))}")
+        if tokens.dtype != torch.long:
+            raise ValueError(f"tokens must be int64, got {tokens.dtype}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= N_BINS):
+            raise ValueError(f"action tokens must lie in [0, {N_BINS})")
+        return tokens.to(self.device)
+
+    def _no_tokens(self) -> torch.Tensor:
+        return torch.empty(1, 0, dtype=torch.long, device=self.device)
+
+    def _count_image_tokens(self) -> int:
+        """Image positions per prompt: the vision features one image makes (one pass on a blank
+        image; their number depends on the tower, the feature layer and the selection strategy)."""
+        blank = torch.zeros(1, 3, self.spec.image_size, self.spec.image_size, device=self.device, dtype=self.dtype)
+        with torch.inference_mode():
+            out = self.model.get_image_features(pixel_values=blank)
+        features = getattr(out, "pooler_output", out)
+        if isinstance(features, (list, tuple)):
+            features = features[0]
+        return int(features.shape[-2])
+
+
+# --- loading ----------------------------------------------------------------------------------
+def check_weights(directory: Path) -> None:
+    """Raise ValueError unless ``directory`` holds safetensors weights; pickle weights are never
+    loaded (unpickling runs code)."""
+    if any(directory.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise ValueError(f"{directory}: holds only pickle weights ({', '.join(pickles)}), which are never "
+                         "loaded (unpickling runs code); convert them to safetensors")
+    raise ValueError(f"{directory}: no weights (*.safetensors)")
+
+
+def load_hf_vla(path: Path | str, *, unnorm_key: str | None = None, device: str | None = None,
+                dtype: str | None = None) -> HFTokenVLA:
+    """Load the Hugging Face VLA in ``path`` (``hf:/path`` or a path): its spec
+    (:func:`vla_accel_ros.models.vla_spec.load_spec`), action statistics, text tokenizer and
+    safetensors weights. ``unnorm_key``, ``device`` ("cpu", "cuda", ...) and ``dtype`` ("float32",
+    "bfloat16", "float16") override the spec's when given (its defaults: the file's only key,
+    cpu, float32). Every problem is a ValueError naming the file or key at fault."""
+    directory = checkpoint_directory(path)
+    if not directory.is_dir():
+        raise ValueError(f"{directory}: not a directory")
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        raise ValueError(f"{config_path}: missing; not a Hugging Face model directory")
+    config = read_json_object(config_path)
+    if not isinstance(config.get("vision_config"), dict) or (
+            config.get("image_token_id") is None and config.get("image_token_index") is None):
+        raise ValueError(f"{config_path}: not a VLA this loader runs: no vision_config and image token "
+                         "(image_token_index); the model must load as AutoModelForImageTextToText (e.g. Llava) "
+                         "without remote code")
+    check_weights(directory)
+    spec = with_overrides(load_spec(directory), unnorm_key=unnorm_key, device=device, dtype=dtype)
+    statistics = load_action_statistics(directory, spec)
+    tokenizer = OpenVLAActionTokenizer.from_statistics(statistics, spec.gripper)
+    try:
+        torch_device = torch.device(spec.device)
+    except RuntimeError as error:
+        raise ValueError(f"device {spec.device!r}: {error}") from None
+
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    try:
+        text_tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(f"{directory}: no usable tokenizer ({error})") from None
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(
+            directory, local_files_only=True, use_safetensors=True, dtype=TORCH_DTYPES[spec.dtype])
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise ValueError(f"{directory}: the model cannot be loaded as an image-text-to-text model ({error})") from None
+    return HFTokenVLA(model.to(torch_device), text_tokenizer, spec, tokenizer, source=str(directory),
+                      statistics=statistics)

@@ -221,6 +221,10 @@ class HFTokenVLA:
         self.info: dict[str, Any] = {"source": source, "unnorm_key": None if statistics is None else statistics.key}
 
     # --- what the policy offers ---------------------------------------------------------------
+    def n_parameters(self) -> dict[str, int]:
+        """Parameter counts by component, as ``Policy.n_parameters`` reports them."""
+        return {"target": sum(p.numel() for p in self.model.parameters())}
+
     def capabilities(self) -> PolicyCapabilities:
         """No draft, parallel draft, contact or flow head."""
         return PolicyCapabilities()

@@ -1,4 +1,5 @@
-"""``vla-accel train-flow``: the continuous action head (10-step teacher, 2-step student).
+"""``vla-accel train-flow``: the continuous action head (10-step teacher, 2-step student), one
+action per sample or, with ``--horizon H``, a chunk of H.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reuse the teacher of this checkpoint's flow head (same target) and only distil a student")
     parser.add_argument("--student-hidden", type=int, default=d.student_hidden,
                         help="width of the 2-step student's MLP (0 = the teacher's; it then starts as the teacher)")
+    parser.add_argument("--horizon", type=int, default=d.horizon,
+                        help="actions per sample: H > 1 trains a chunked policy whose H actions feed the node's queue")
     add_run_arguments(parser, d)
 
 

@@ -1,10 +1,13 @@
 """The ROS-free control core: one safe joint command per tick, whatever inference does.
 
 It keeps the latest stamped inputs (joint state, image, instruction) and the newest verified
-policy action, and at every tick chooses:
+policy actions: one action, or a chunked policy's H actions for H consecutive action steps
+(``on_action_chunk``; action k is due k action steps after the chunk arrived, and a newer chunk
+replaces what is left). At every tick it chooses:
 
-- ``policy``: a fresh action (not used before, observation younger than ``action_timeout_s``)
-  through differential IK (``actions.action_to_joint_targets``, the sim's path too);
+- ``policy``: the due action, not used before, no later for its step than ``action_timeout_s``
+  after its observation, through differential IK (``actions.action_to_joint_targets``, the sim's
+  path too); a tick that comes after several steps skips the ones it missed;
 - ``fallback``: no fresh action, so the joint-space Kalman filter extrapolates the motion over one
   action step, i.e. it stands in for the late action. Its velocity decays linearly to 0 over
   ``fallback_max_s`` after the last fresh action (or after the hold before it), then the core holds
@@ -130,11 +133,18 @@ class TickResult:
 
 
 @dataclass
-class _Action:
-    action: np.ndarray
+class _Chunk:
+    """Actions for consecutive action steps from one observation: action k is due ``k``
+    action steps after the chunk arrived (one action: a chunk of one)."""
+
+    actions: np.ndarray  # (H, 7)
     obs_stamp: float
     received: float
-    used: bool = False
+    next: int = 0  # the first action not yet used or skipped
+
+    @property
+    def unused(self) -> int:
+        return len(self.actions) - self.next
 
 
 @dataclass
@@ -169,7 +179,7 @@ class Controller:
         self._image: np.ndarray | None = None
         self._image_rx = -math.inf
         self._obs_seq = 0
-        self._action: _Action | None = None
+        self._chunk: _Chunk | None = None
         # outputs
         self._gripper_cmd = self.config.gripper_initial
         self._last_cmd: np.ndarray | None = None
@@ -276,7 +286,7 @@ class Controller:
         timeline; the other input keeps its old, now future, stamp and counts as stale until it
         arrives again (the watchdog holds meanwhile)."""
         self._kf.reset()
-        self._action = None
+        self._chunk = None
         self._last_tick = None
         return (f"{what}: time went backwards by {before - now:.3f} s ({now:.6f} < {before:.6f}): clock reset, "
                 f"filter and pending action dropped, holding until every input is current")
@@ -289,13 +299,13 @@ class Controller:
                 return "instruction rejected: it is empty"
             if text != self._instruction:
                 self._instruction = text
-                self._action = None  # an action for the old task must not be executed
+                self._chunk = None  # an action for the old task must not be executed
         return None
 
     def set_enabled(self, enabled: bool) -> None:
         with self._lock:
             if enabled and not self._enabled:
-                self._action = None  # nothing decided while disabled is executed later
+                self._chunk = None  # nothing decided while disabled is executed later
             self._enabled = bool(enabled)
 
     def set_inference_fault(self, reason: str) -> None:
@@ -305,7 +315,7 @@ class Controller:
         with self._lock:
             self._inference_fault = reason.strip()
             if self._inference_fault:
-                self._action = None
+                self._chunk = None
 
     def set_config_fault(self, reason: str) -> None:
         """Hold the measured position with ``reason`` until cleared with '' (the node's set-up no
@@ -313,7 +323,7 @@ class Controller:
         with self._lock:
             self._config_fault = reason.strip()
             if self._config_fault:
-                self._action = None
+                self._chunk = None
 
     @property
     def enabled(self) -> bool:
@@ -340,8 +350,18 @@ class Controller:
 
     def on_action(self, action: np.ndarray, obs_stamp: float, now: float, instruction: str | None = None) -> str | None:
         """Hand over a verified 7-D action computed from the observation stamped ``obs_stamp``."""
+        return self.on_action_chunk(np.asarray(action, dtype=float).reshape(1, -1), obs_stamp, now, instruction)
+
+    def on_action_chunk(self, actions: np.ndarray, obs_stamp: float, now: float,
+                        instruction: str | None = None) -> str | None:
+        """Hand over H verified 7-D actions for H consecutive action steps, computed from the
+        observation stamped ``obs_stamp`` (a chunked policy's output). They replace what is left
+        of the previous chunk; each is used at most once, at the first tick it is due."""
         try:
-            action = validate_action(action)
+            chunk = np.asarray(actions, dtype=float)
+            if chunk.ndim != 2 or len(chunk) == 0:
+                raise ValueError(f"an action chunk must be (H >= 1, 7), got shape {chunk.shape}")
+            chunk = np.stack([validate_action(a) for a in chunk])
         except ValueError as err:
             with self._lock:
                 self._counters.add("inputs_rejected")
@@ -351,9 +371,9 @@ class Controller:
                 self._counters.add("actions_expired")
                 return "action dropped: the instruction changed while it was computed"
             self._counters.add("actions_received")
-            if self._action is not None and not self._action.used:
+            if self._chunk is not None and self._chunk.unused:
                 self._counters.add("actions_replaced")
-            self._action = _Action(action, float(obs_stamp), float(now))
+            self._chunk = _Chunk(chunk, float(obs_stamp), float(now))
         return None
 
     # --- the tick -----------------------------------------------------------------------------
@@ -424,7 +444,7 @@ class Controller:
             return None
         if self._hold_q is None:  # latch the measured position when the hold begins
             self._hold_q = np.clip(self._q, self.kin.limits.lower, self.kin.limits.upper)
-            self._action = None
+            self._chunk = None
         self._hold_reason = reason
         return self._hold_q
 
@@ -433,17 +453,22 @@ class Controller:
         cfg = self.config
         if self._window_start is None:
             self._window_start = now
-        act = self._action
-        if act is not None and not act.used:
-            age = now - act.obs_stamp
+        chunk = self._chunk
+        # The newest action of the chunk that is due (k action steps after it arrived), if not used.
+        due = -1 if chunk is None else min(int(math.floor((now - chunk.received) / cfg.action_dt_s + 1e-6)),
+                                           len(chunk.actions) - 1)
+        if chunk is not None and due >= chunk.next:
+            if due > chunk.next:  # a slow tick skipped an action's step: it is never executed late
+                self._counters.add("actions_expired", due - chunk.next)
+            chunk.next = due + 1
+            age = now - chunk.obs_stamp - due * cfg.action_dt_s  # how late the action is for its step
             if age <= cfg.action_timeout_s:
-                act.used = True
                 self._counters.add("actions_used")
                 self._window_start = now
-                q_target, gripper = action_to_joint_targets(self.kin, self._q, act.action, cfg.action_dt_s)
+                q_target, gripper = action_to_joint_targets(self.kin, self._q, chunk.actions[due], cfg.action_dt_s)
                 self._gripper_cmd = gripper
-                return q_target, "policy", f"action from observation {age * 1e3:.1f} ms old"
-            act.used = True
+                step = f", step {due + 1} of {len(chunk.actions)}" if len(chunk.actions) > 1 else ""
+                return q_target, "policy", f"action from observation {age * 1e3:.1f} ms old{step}"
             self._counters.add("actions_expired")
             why = f"newest action expired ({age:.3f} s > {cfg.action_timeout_s} s)"
         else:
@@ -507,7 +532,7 @@ class Controller:
         motion, the pending action, the jump candidates and the hold target (a hold re-latches at the
         new position). The previous command stays: the commands ramp from it at the velocity limits."""
         self._kf.reset()
-        self._action = None
+        self._chunk = None
         self._hold_q = None
         self._jump_q, self._jump_n = None, 0
 

@@ -17,7 +17,7 @@ never held a grasp long enough to lift it (see the README).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -54,9 +54,9 @@ class FlowDecoder(Decoder):
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.noise: torch.Tensor | None = None  # the previous step's noise
 
-    def next_noise(self, step: int) -> torch.Tensor:
-        """This step's (1, 7) standard normal noise, correlated with the previous step's."""
-        fresh = torch.randn(1, N_ACTION_TOKENS, generator=self.generator)
+    def next_noise(self, step: int, width: int = N_ACTION_TOKENS) -> torch.Tensor:
+        """This step's (1, width) standard normal noise, correlated with the previous step's."""
+        fresh = torch.randn(1, width, generator=self.generator)
         rho = self.config.noise_correlation
         if step == 0 or self.noise is None or rho == 0.0:
             self.noise = fresh
@@ -73,17 +73,19 @@ class FlowDecoder(Decoder):
         started = context.clock()
         if context.step == 0:
             self.generator.manual_seed(self.config.seed)
-        noise = self.next_noise(context.step)
+        noise = self.next_noise(context.step, heads.config.action_width)
         with torch.inference_mode():
             condition = prefix_condition(prefix.hidden_last, prefix.pooled)
             head_start = context.clock()
             sample = heads.sample(condition, noise, student=self.student)
             head_ms = (context.clock() - head_start) * 1e3  # the sampler alone: its Euler steps
-        action = policy.tokenizer.denormalise(sample[0].numpy())
-        return model_free_result(
-            self.name, np.asarray(action, dtype=float), policy.tokenizer.encode(action),
+        chunk = np.asarray(policy.tokenizer.denormalise(sample[0].numpy().reshape(-1, N_ACTION_TOKENS)), dtype=float)
+        result = model_free_result(
+            self.name, chunk[0], policy.tokenizer.encode(chunk[0]),
             {"head": head_ms, "decode": (context.clock() - started) * 1e3},  # read last: the encoding is counted
         )
+        # A chunked head (horizon > 1) hands the controller every step of its chunk.
+        return replace(result, chunk=chunk) if len(chunk) > 1 else result
 
 
 class Flow2Decoder(FlowDecoder):

@@ -160,6 +160,7 @@ class DecodeResult:
     decoder: str = ""
     vision_fraction: float = 1.0  # share of image patches the local vision encoder recomputed
     mode: str = ""  # which path produced the action, for decoders with several (heisd: drafter/retrieval/skip)
+    chunk: np.ndarray | None = None  # (H, 7) a chunked head's actions for H steps, ``action`` the first
 
 
 def model_free_result(

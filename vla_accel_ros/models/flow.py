@@ -2,7 +2,8 @@
 
 The head reads the target's prefix state (the final-norm hidden state at BOS, which already
 predicts the first action token, and the mean over the prefix) and turns Gaussian noise into a
-7-D action in the tokenizer's normalised space ([-1, 1] between each dimension's q01 and q99) by
+7-D action (with ``horizon`` H > 1: a chunk of H actions for consecutive action steps, a chunked
+policy) in the tokenizer's normalised space ([-1, 1] between each dimension's q01 and q99) by
 integrating a learned velocity field from t = 0 (noise) to t = 1 (action).
 
 - teacher: trained by flow matching (x_t = (1 - t) x0 + t x1, target velocity x1 - x0), sampled
@@ -40,11 +41,17 @@ class FlowHeadConfig(JsonConfig):
     teacher_steps: int = 10
     student_steps: int = 2
     student_hidden: int = 0  # the student's MLP width; 0 = the teacher's
+    horizon: int = 1  # actions per sample: a chunk for this many consecutive action steps
+
+    @property
+    def action_width(self) -> int:
+        """The flow's sample width: ``horizon`` 7-D actions, flattened."""
+        return self.horizon * ACTION_DIM
 
     def __post_init__(self) -> None:
         if not isinstance(self.student_hidden, int) or self.student_hidden < 0:
             raise ValueError(f"FlowHeadConfig.student_hidden must be an int >= 0, got {self.student_hidden!r}")
-        for name in ("d_model", "hidden", "layers", "time_features", "teacher_steps", "student_steps"):
+        for name in ("d_model", "hidden", "layers", "time_features", "teacher_steps", "student_steps", "horizon"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"FlowHeadConfig.{name} must be a positive int, got {value!r}")
@@ -59,12 +66,12 @@ class VelocityField(nn.Module):
         super().__init__()
         self.config = config
         hidden = hidden or config.hidden
-        width = ACTION_DIM + config.time_features + 2 * config.d_model
+        width = config.action_width + config.time_features + 2 * config.d_model
         layers: list[nn.Module] = []
         for _ in range(config.layers):
             layers += [nn.Linear(width, hidden), nn.GELU()]
             width = hidden
-        layers.append(nn.Linear(width, ACTION_DIM))
+        layers.append(nn.Linear(width, config.action_width))
         self.net = nn.Sequential(*layers)
         half = config.time_features // 2
         self.register_buffer("frequencies", torch.exp(torch.arange(half) * (-math.log(1000.0) / half)), persistent=False)
@@ -75,7 +82,7 @@ class VelocityField(nn.Module):
         return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
-        """x (B, 7), t (B,), condition (B, 2d) -> velocity (B, 7)."""
+        """x (B, 7H), t (B,), condition (B, 2d) -> velocity (B, 7H)."""
         return self.net(torch.cat([x, self.time_features(t), condition], dim=-1))
 
     def _folded(self, steps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -86,7 +93,7 @@ class VelocityField(nn.Module):
         key = (steps, _version(first.weight), _version(first.bias))
         if not torch.is_grad_enabled() and self._folded_cache is not None and self._folded_cache[0] == key:
             return self._folded_cache[1]
-        a, tf = ACTION_DIM, self.config.time_features
+        a, tf = self.config.action_width, self.config.time_features
         times = torch.arange(steps, dtype=first.weight.dtype, device=first.weight.device) / steps
         folded = (first.weight[:, :a].T, first.weight[:, a + tf :].T,
                   F.linear(self.time_features(times), first.weight[:, a : a + tf], first.bias))
@@ -122,7 +129,7 @@ def euler_sample(field: VelocityField, condition: torch.Tensor, noise: torch.Ten
 
 def flow_matching_loss(field: VelocityField, condition: torch.Tensor, actions: torch.Tensor,
                        generator: torch.Generator) -> torch.Tensor:
-    """Rectified-flow loss for normalised actions (B, 7)."""
+    """Rectified-flow loss for normalised actions (B, 7H)."""
     noise = torch.randn(actions.shape, generator=generator).to(actions)
     t = torch.rand(actions.shape[0], generator=generator).to(actions)
     x_t = (1.0 - t[:, None]) * noise + t[:, None] * actions
@@ -139,7 +146,7 @@ class FlowHeads(nn.Module):
         self.student = VelocityField(config, config.student_hidden or config.hidden)
 
     def sample(self, condition: torch.Tensor, noise: torch.Tensor, student: bool) -> torch.Tensor:
-        """Normalised actions (B, 7) in [-1, 1] from the condition (B, 2d) and noise (B, 7)."""
+        """Normalised actions (B, 7H) in [-1, 1] from the condition (B, 2d) and noise (B, 7H)."""
         if student:
             return euler_sample(self.student, condition, noise, self.config.student_steps)
         return euler_sample(self.teacher, condition, noise, self.config.teacher_steps)

@@ -5,7 +5,7 @@ so every Python step between torch operators can delay a tick by up to a switch 
 policy (the ``PolicyRunner`` that :func:`~vla_accel_ros.runtime.builder.build_runner` makes of the
 node's ``RunnerConfig``: checkpoint, decoder, episode history) lives in a child interpreter; the
 node keeps a small feeder thread that does what ``InferenceWorker`` does (newest observation from
-``Controller.wait_observation``, action to ``Controller.on_action``) but hands the decoding over:
+``Controller.wait_observation``, actions to ``Controller.on_action_chunk``) but hands the decoding over:
 
 - image: written into a shared memory buffer (a Linux memfd passed to the child: it has no name,
   so nothing is left in /dev/shm when either side is killed);
@@ -319,7 +319,7 @@ class ProcessInferenceWorker(WorkerBase):
             return
         with self._lock:
             self._child_ms.append(float(reply["latency_ms"]))
-        report = StepReport(np.asarray(reply["action"], dtype=float), int(reply["accepted_len"]), int(reply["drafted"]),
+        report = StepReport(np.asarray(reply["actions"], dtype=float), int(reply["accepted_len"]), int(reply["drafted"]),
                             int(reply["target_passes"]), float(reply["vision_fraction"]))
         self._deliver(report, obs, latency_ms)
 
@@ -434,7 +434,7 @@ def _serve(conn: Connection, memfd: int, runner: PolicyRunner) -> None:
         except Exception as err:  # keep serving: the node falls back meanwhile
             _send(conn, {"op": "error", "message": f"{type(err).__name__}: {err}"})
             continue
-        _send(conn, {"op": "action", "action": report.action.tolist(), "latency_ms": (time.perf_counter() - t0) * 1e3,
+        _send(conn, {"op": "action", "actions": report.actions.tolist(), "latency_ms": (time.perf_counter() - t0) * 1e3,
                      "accepted_len": report.accepted_len, "drafted": report.drafted,
                      "target_passes": report.target_passes, "vision_fraction": report.vision_fraction})
 

@@ -38,10 +38,11 @@ def percentile(values: np.ndarray, q: float) -> float:
 
 @dataclass(frozen=True)
 class StepReport:
-    """What a worker hands to the controller and counts of one decoded action: the action and the
-    decoder's accounting of a :class:`~vla_accel_ros.decoding.protocol.DecodeResult`."""
+    """What a worker hands to the controller and counts of one decoded action: the actions (H, 7):
+    one, or a chunked policy's chunk) and the decoder's accounting of a
+    :class:`~vla_accel_ros.decoding.protocol.DecodeResult`."""
 
-    action: np.ndarray
+    actions: np.ndarray
     accepted_len: int  # draft tokens accepted
     drafted: int  # draft tokens proposed
     target_passes: int
@@ -49,7 +50,8 @@ class StepReport:
 
     @classmethod
     def of(cls, result: DecodeResult) -> StepReport:
-        return cls(np.asarray(result.action, dtype=float), int(result.accepted_len), int(result.drafted),
+        actions = result.action[None] if result.chunk is None else result.chunk
+        return cls(np.asarray(actions, dtype=float), int(result.accepted_len), int(result.drafted),
                    int(result.target_passes), float(result.vision_fraction))
 
 
@@ -109,7 +111,7 @@ class WorkerBase:
 
     def _deliver(self, report: StepReport, obs: Observation, latency_ms: float) -> None:
         """Hand the action of ``obs`` to the controller and count it."""
-        message = self.controller.on_action(report.action, obs.stamp, self.clock(), instruction=obs.instruction)
+        message = self.controller.on_action_chunk(report.actions, obs.stamp, self.clock(), instruction=obs.instruction)
         with self._lock:
             self.actions += 1
             self._latency_ms.append(latency_ms)

@@ -59,6 +59,7 @@ class FlowTrainConfig:
     hidden: int = 256
     layers: int = 3
     student_hidden: int = 0  # 0 = the teacher's width (the student then starts as the teacher)
+    horizon: int = 1  # actions per sample: > 1 makes a chunked policy (H consecutive action steps)
     teacher_from: str | None = None  # a checkpoint whose flow head's teacher is reused (no teacher training)
     seed: int = 0
     val_fraction: float = 0.1
@@ -67,7 +68,7 @@ class FlowTrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "distill_epochs", "batch_size", "hidden", "layers", "threads"):
+        for name in ("epochs", "distill_epochs", "batch_size", "hidden", "layers", "threads", "horizon"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.lr <= 0:
@@ -108,12 +109,15 @@ def train_heads(cfg: FlowTrainConfig, cond: torch.Tensor, actions: torch.Tensor,
         trained = load_flow_heads(cfg.teacher_from, cond.shape[1] // 2)
         if trained is None:
             raise ValueError(f"--teacher-from {cfg.teacher_from}: no flow head there (vla-accel train-flow)")
+        if trained.config.horizon != cfg.horizon:
+            raise ValueError(f"--teacher-from {cfg.teacher_from}: its head's horizon is {trained.config.horizon}, "
+                             f"not {cfg.horizon}")
         heads = FlowHeads(replace(trained.config, student_hidden=cfg.student_hidden))
         heads.teacher.load_state_dict(trained.teacher.state_dict())
         history = {"teacher": []}
     else:
         heads = FlowHeads(FlowHeadConfig(d_model=cond.shape[1] // 2, hidden=cfg.hidden, layers=cfg.layers,
-                                         student_hidden=cfg.student_hidden))
+                                         student_hidden=cfg.student_hidden, horizon=cfg.horizon))
         history = {"teacher": _optimise(
             heads.teacher, lambda idx: flow_matching_loss(heads.teacher, x[idx], y[idx], generator), len(x), cfg,
             cfg.epochs, cfg.lr, generator, "flow teacher")}
@@ -132,6 +136,19 @@ def train_heads(cfg: FlowTrainConfig, cond: torch.Tensor, actions: torch.Tensor,
     history["student"] = _optimise(heads.student, distillation_loss, len(x), cfg, cfg.distill_epochs,
                                    cfg.lr / 2 if same_width else cfg.lr, generator, "flow student (distil)")
     return heads.eval(), history
+
+
+def action_windows(actions: torch.Tensor, episode: torch.Tensor, horizon: int) -> torch.Tensor:
+    """(N, 7 * horizon): each step's action and the next ``horizon - 1`` of its episode, the
+    episode's last action repeated past its end (a chunked head's training targets)."""
+    n = len(actions)
+    steps = torch.arange(n)[:, None] + torch.arange(horizon)[None, :]  # (N, H)
+    last = torch.zeros(n, dtype=torch.long)  # the index of each step's episode's last step
+    for e in torch.unique(episode):
+        members = torch.nonzero(episode == e).flatten()
+        last[members] = int(members.max())
+    steps = torch.minimum(steps, last[:, None])
+    return actions[steps].reshape(n, -1)
 
 
 def evaluate_heads(heads: FlowHeads, cond: torch.Tensor, actions: torch.Tensor, seed: int) -> dict[str, float]:
@@ -170,6 +187,7 @@ def train_flow(cfg: FlowTrainConfig) -> dict[str, Any]:
     train_idx, val_idx = data.split(cfg.val_fraction)
     cond = prefix_features(policy, data.images, data.text, data.proprio, progress=cfg.progress)
     actions = torch.from_numpy(policy.tokenizer.normalise(data.actions.numpy())).to(torch.float32)
+    actions = action_windows(actions, data.episode, cfg.horizon)
     heads, history = train_heads(cfg, cond, actions, train_idx)
     metrics = evaluate_heads(heads, cond[val_idx], actions[val_idx], cfg.seed) if len(val_idx) else {}
     metrics["train_seconds"] = round(time.perf_counter() - start, 2)

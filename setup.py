@@ -20,7 +20,9 @@ setup(
         (f"share/{PACKAGE}", ["package.xml"]),
         share("launch", "*.launch.py"),
         share("config", "*.yaml"),
+        share("config/examples", "*.yaml"),
         share("urdf", "*.urdf"),
+        share("urdf", "*.xacro"),
         share("checkpoints/default"),
     ],
     # ROS 2 itself (rclpy, messages) comes from the distribution or requirements-ros.txt, never
@@ -48,6 +50,7 @@ setup(
             "vla-accel = vla_accel_ros.cli:main",
             "vla_accel_node = vla_accel_ros.ros.node:main",
             "sim_node = vla_accel_ros.ros.sim_node:main",
+            "vla_inference_node = vla_accel_ros.ros.inference_node:main",
         ],
     },
 )

@@ -91,9 +91,23 @@ def test_nodes_are_installed_executables_reading_the_default_parameter_file(name
 
 
 def test_package_xml_lists_what_the_launch_files_use_and_nothing_they_do_not():
+    """Every package a launch file starts a node of, includes a launch file of or loads a plugin
+    from is an exec_depend; robot_state_publisher is one exactly when a launch file starts it
+    (gazebo.launch.py does: gz_ros2_control and ros_gz_sim read its robot_description topic;
+    vla_accel.launch.py and sim.launch.py start only this package's nodes)."""
+    pytest.importorskip("xacro")  # gazebo.launch.py's nodes carry the expanded description
+    from vla_accel_ros.ros import gazebo_launch
+
     depends = {e.text for e in ET.parse(ROOT / "package.xml").getroot() if e.tag == "exec_depend"}
     assert {"launch", "launch_ros", "xacro", "lifecycle_msgs"} <= depends
-    assert "robot_state_publisher" not in depends
+    gazebo = gazebo_launch.gazebo_processes({a.name: a.default for a in gazebo_launch.gazebo_arguments()})
+    controllers = gazebo_launch.read_controllers(gazebo_launch.gazebo_files().controllers).values()
+    used = ({p.package for p in gazebo} | {gazebo_launch.GZ_SIM_LAUNCH[0], "gz_ros2_control"}
+            | {c.type.split("/")[0] for c in controllers})
+    for arguments, nodes in LAUNCH_FILES.values():
+        used |= {spec.node_kwargs()["package"] for spec in nodes({a.name: a.default for a in arguments()})}
+    assert used - {"vla_accel_ros"} <= depends, sorted(used - {"vla_accel_ros"} - depends)
+    assert ("robot_state_publisher" in depends) == ("robot_state_publisher" in used)
 
 
 # --- argument handling -------------------------------------------------------------------------------

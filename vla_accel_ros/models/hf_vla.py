@@ -15,7 +15,9 @@ the prompt, the image and the actions are made. The decoders see what they see o
 The LM head runs on the 256 action rows only (exact for those logits, and the full head's cost
 is the vocabulary's). Bin 255 (HF id ``vocab_size - 256``, OpenVLA's token of a value at q99) is
 a real output here, unlike our own policy's: it is scored and fed as itself and decodes as bin
-254, as in OpenVLA. There is no draft, contact or flow head (:meth:`HFTokenVLA.capabilities`).
+254, as in OpenVLA. A draft head is optional: an EAGLE-style head on the model's hidden states
+(:mod:`vla_accel_ros.models.hf_draft`, ``vla-accel train-draft``), loaded when its files lie beside
+the weights; there is no parallel draft, contact or flow head (:meth:`HFTokenVLA.capabilities`).
 
 Prefixes are immutable while the model's KV cache is mutated in place: every prefix made from one
 prefill shares one cache, and each use of a prefix first crops the cache back to its own length
@@ -38,7 +40,9 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.capabilities import PolicyCapabilities
 from vla_accel_ros.models.configuration import checkpoint_directory
+from vla_accel_ros.models.hf_draft import HFDraftHead, load_hf_draft
 from vla_accel_ros.models.tokenizer import N_BINS
+from vla_accel_ros.models.vla import BOS
 from vla_accel_ros.models.vla_spec import (
     CONFIG_FILE,
     ActionStatistics,
@@ -148,7 +152,8 @@ class HFTokenVLA:
     """A Hugging Face VLA whose actions are 7 tokens of its text vocabulary, as a
     :class:`vla_accel_ros.decoding.protocol.PolicyLike` (module docstring). Build one with
     :func:`load_hf_vla`; the constructor takes a loaded model, its text tokenizer, the spec and
-    the action tokenizer (``source`` names the model in error messages)."""
+    the action tokenizer (``source`` names the model in error messages). ``draft``: the optional
+    draft head (:meth:`attach_draft`)."""
 
     flow: Any = None  # no continuous action head
     parallel_draft: Any = None  # no parallel draft head
@@ -209,6 +214,12 @@ class HFTokenVLA:
         bias = getattr(head, "bias", None)
         self._head_bias = None if bias is None else bias.detach()[self._hf_ids].float()
         self._softcap = getattr(text_config, "final_logit_softcapping", None)
+        embeddings = model.get_input_embeddings()
+        if embeddings is None or embeddings.weight.shape[1] != int(text_config.hidden_size):
+            raise ValueError(f"{source}: {type(model).__name__} has no input embeddings of its hidden size")
+        # The input embeddings of our 256 bins, gathered once: what the draft head reads of a token.
+        self.action_embeddings = embeddings.weight.detach()[self._hf_ids].float()
+        self.draft: HFDraftHead | None = None
         mean = torch.tensor(spec.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
         std = torch.tensor(spec.image_std, dtype=torch.float32).view(1, 3, 1, 1)
         # (x / 255 - mean) / std as one multiply-add on 0..255 values
@@ -223,11 +234,28 @@ class HFTokenVLA:
     # --- what the policy offers ---------------------------------------------------------------
     def n_parameters(self) -> dict[str, int]:
         """Parameter counts by component, as ``Policy.n_parameters`` reports them."""
-        return {"target": sum(p.numel() for p in self.model.parameters())}
+        counts = {"target": sum(p.numel() for p in self.model.parameters())}
+        if self.draft is not None:
+            counts["draft"] = sum(p.numel() for p in self.draft.parameters())
+        return counts
 
     def capabilities(self) -> PolicyCapabilities:
-        """No draft, parallel draft, contact or flow head."""
-        return PolicyCapabilities()
+        """A draft head when one is attached; no parallel draft, contact or flow head."""
+        return PolicyCapabilities(draft_head=self.draft is not None)
+
+    def attach_draft(self, head: HFDraftHead | None) -> None:
+        """Draft with ``head`` (moved to the model's device), or with none; ValueError when it
+        was made for a model of another hidden size or text vocabulary."""
+        if head is not None:
+            config = head.config
+            if config.hidden_size != self.config.d_model:
+                raise ValueError(f"{self.source}: the draft head reads hidden states of size {config.hidden_size}, "
+                                 f"the model's are {self.config.d_model}")
+            if config.vocab_size != self.config.vocab_size:
+                raise ValueError(f"{self.source}: the draft head was made for a text vocabulary of "
+                                 f"{config.vocab_size} tokens, the model's has {self.config.vocab_size}")
+            head = head.to(self.device)
+        self.draft = head
 
     @property
     def n_action_tokens(self) -> int:
@@ -240,8 +268,22 @@ class HFTokenVLA:
     def draft_tokens(
         self, prefix: HFPrefix, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        raise ValueError(f"{self.source}: a Hugging Face VLA has no draft head (capabilities().draft_head "
-                         "is False); use a decoder that proposes without one (ar, kerv, world_aware)")
+        """Propose n tokens after the prefix with the draft head: (tokens (1, n), logits (1, n, 256)),
+        as ``Policy.draft_tokens``. ``last_token`` (1,) is the token the prefix consumed last; None
+        (or our BOS) means the start of the action. The first proposal is the LM head of
+        ``prefix.hidden_last``, the target's own token; the others come from the head
+        (:meth:`HFDraftHead.propose`). No target pass is run. ``noise``: the step's sampling noise
+        (7, 256), each proposal then the argmax of its logits plus its dimension's noise."""
+        if self.draft is None:
+            raise ValueError(f"{self.source}: this Hugging Face VLA has no draft head (capabilities().draft_head "
+                             "is False): train one (vla-accel train-draft), or use a decoder that proposes "
+                             "without one (ar, kerv, world_aware)")
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        self._check_last_token(prefix, last_token)
+        with torch.inference_mode():
+            return self.draft.propose(prefix.hidden_last, prefix.n_tokens, n, self.action_embeddings,
+                                      self.action_logits, noise)
 
     def draft_tokens_parallel(
         self, prefix: HFPrefix, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None
@@ -316,7 +358,7 @@ class HFTokenVLA:
             n = hidden.shape[1] - tokens.shape[1]
             prefix = HFPrefix(slot=slot, action_hidden=hidden[:, n - 1:], tokens=tokens,
                               pooled=hidden[:, :n].float().mean(dim=1), prefix_len=n)
-            return HFScoreOutput(self._logits(prefix.action_hidden), prefix)
+            return HFScoreOutput(self.action_logits(prefix.action_hidden), prefix)
 
     def score(self, prefix: HFPrefix, tokens: torch.Tensor) -> HFScoreOutput:
         """ONE forward over k new tokens (1, k) after the prefix; logits (1, k+1, 256)."""
@@ -324,7 +366,7 @@ class HFTokenVLA:
             tokens = self._check_tokens(tokens)
             k = tokens.shape[1]
             if k == 0:  # nothing to run: the prefix's last hidden state already predicts the next token
-                return HFScoreOutput(self._logits(prefix.action_hidden[:, -1:]), replace(prefix, base=prefix.n_tokens))
+                return HFScoreOutput(self.action_logits(prefix.action_hidden[:, -1:]), replace(prefix, base=prefix.n_tokens))
             slot, mine, new = prefix.slot, prefix.tokens[0].tolist(), tokens[0].tolist()
             # The cache holds the tokens of its latest use; keep what this prefix shares with them
             # and re-feed the rest of the prefix's own before the new ones.
@@ -338,7 +380,7 @@ class HFTokenVLA:
             extended = HFPrefix(slot=slot, action_hidden=torch.cat([prefix.action_hidden, hidden], dim=1),
                                 tokens=torch.cat([prefix.tokens, tokens], dim=1), pooled=prefix.pooled,
                                 prefix_len=prefix.prefix_len, base=prefix.n_tokens)
-            return HFScoreOutput(self._logits(extended.action_hidden[:, -(k + 1):]), extended)
+            return HFScoreOutput(self.action_logits(extended.action_hidden[:, -(k + 1):]), extended)
 
     def _prompt_pass(self, obs: Observation, tokens: torch.Tensor | None) -> tuple[torch.Tensor, _CacheSlot]:
         """Final hidden states (1, L [+ k], d) of the prompt [and the action tokens], and their cache."""
@@ -357,14 +399,30 @@ class HFTokenVLA:
             inputs["pixel_values"] = pixels
         return self.model.model(**inputs).last_hidden_state
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(1, n, 256) float32 logits of our bins from final hidden states (1, n, d)."""
+    def action_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., 256) float32 logits of our bins from final hidden states (..., d): the LM head's
+        action rows (exact for those logits; the draft head reads its predictions with it too)."""
         logits = hidden.float() @ self._head_weight.T
         if self._head_bias is not None:
             logits = logits + self._head_bias
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         return logits
+
+    @staticmethod
+    def _check_last_token(prefix: HFPrefix, last_token: torch.Tensor | None) -> None:
+        """``last_token`` must be the prefix's last consumed token (None or BOS at the start)."""
+        if last_token is None:
+            if prefix.n_tokens:
+                raise ValueError(f"last_token=None means the start of the action, but the prefix holds "
+                                 f"{prefix.n_tokens} tokens")
+            return
+        if tuple(last_token.shape) != (prefix.batch_size,):
+            raise ValueError(f"last_token must be (B={prefix.batch_size},), got {tuple(last_token.shape)}")
+        expected = prefix.tokens[:, -1].tolist() if prefix.n_tokens else [BOS] * prefix.batch_size
+        if last_token.tolist() != expected:
+            raise ValueError("last_token must be the token the prefix consumed last (BOS at the start of the "
+                             f"action): got {last_token.tolist()}, the prefix ends with {expected}")
 
     def _check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] != 1:
@@ -404,12 +462,14 @@ def check_weights(directory: Path) -> None:
 
 
 def load_hf_vla(path: Path | str, *, unnorm_key: str | None = None, device: str | None = None,
-                dtype: str | None = None) -> HFTokenVLA:
+                dtype: str | None = None, draft: bool = True) -> HFTokenVLA:
     """Load the Hugging Face VLA in ``path`` (``hf:/path`` or a path): its spec
     (:func:`vla_accel_ros.models.vla_spec.load_spec`), action statistics, text tokenizer and
     safetensors weights. ``unnorm_key``, ``device`` ("cpu", "cuda", ...) and ``dtype`` ("float32",
     "bfloat16", "float16") override the spec's when given (its defaults: the file's only key,
-    cpu, float32). Every problem is a ValueError naming the file or key at fault."""
+    cpu, float32). A draft head saved beside the weights (``draft_head.safetensors`` + ``.json``,
+    ``vla-accel train-draft``) is attached unless ``draft`` is False (a trainer replacing it).
+    Every problem is a ValueError naming the file or key at fault."""
     directory = checkpoint_directory(path)
     if not directory.is_dir():
         raise ValueError(f"{directory}: not a directory")
@@ -442,5 +502,11 @@ def load_hf_vla(path: Path | str, *, unnorm_key: str | None = None, device: str 
             directory, local_files_only=True, use_safetensors=True, dtype=TORCH_DTYPES[spec.dtype])
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise ValueError(f"{directory}: the model cannot be loaded as an image-text-to-text model ({error})") from None
-    return HFTokenVLA(model.to(torch_device), text_tokenizer, spec, tokenizer, source=str(directory),
-                      statistics=statistics)
+    policy = HFTokenVLA(model.to(torch_device), text_tokenizer, spec, tokenizer, source=str(directory),
+                        statistics=statistics)
+    if not draft:
+        return policy
+    ids = policy.action_ids
+    policy.attach_draft(load_hf_draft(directory, hidden_size=policy.config.d_model, vocab_size=policy.config.vocab_size,
+                                      action_ids=(int(ids[0]), int(ids[-1])), device=torch_device))
+    return policy

@@ -69,7 +69,9 @@ from vla_accel_ros.core.convert import (
     joint_state_to_arm,
     kinematics_difference,
 )
+from vla_accel_ros.core import remote_protocol
 from vla_accel_ros.core.input_errors import InputErrorCounts
+from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.robot_record import check_robot, read_robot_record, robot_in_use
@@ -78,6 +80,7 @@ from vla_accel_ros.ros.parameters import NodeConfig
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS, declare_config, run_node
 from vla_accel_ros.runtime.builder import build_controller, build_runner
 from vla_accel_ros.runtime.process_worker import ChildSpec, ProcessInferenceWorker
+from vla_accel_ros.runtime.remote_worker import RemoteInferenceWorker
 from vla_accel_ros.runtime.thread_worker import InferenceWorker
 
 if TYPE_CHECKING:  # the runner (and torch with it) loads only in thread mode
@@ -123,7 +126,7 @@ class VlaAccelNode(LifecycleNode):
         self.controller: Controller | None = None
         self.controller_joints: tuple[str, ...] = ()
         self.runner: PolicyRunner | None = None  # thread mode only; process mode keeps it in the child
-        self.worker: InferenceWorker | ProcessInferenceWorker | None = None
+        self.worker: InferenceWorker | ProcessInferenceWorker | RemoteInferenceWorker | None = None
         self.image_size = 0
         self._robot_warning = ""  # the checkpoint's robot differs, run with allow_unmatched_robot
         self._policy_warnings: list[str] = []  # the decoder's fallbacks for what the policy lacks
@@ -131,6 +134,8 @@ class VlaAccelNode(LifecycleNode):
         self._inputs: dict[str, Any] = {}  # topic -> subscription
         self._outputs: list[Any] = []
         self._pub_forward = self._pub_trajectory = self._pub_joint_command = self._pub_gripper = None
+        self._pub_remote_image = self._pub_remote_state = self._pub_remote_task = None
+        self._remote_task: str | None = None
         self._timer: Any = None  # the control tick, while active
         self._lifecycle = "unconfigured"
         self._joint_names: list[str] = []  # kept after cleanup for the run summary
@@ -254,7 +259,8 @@ class VlaAccelNode(LifecycleNode):
         cfg = self.cfg
         self.kin = self._load_kinematics()
         runner_config = cfg.runner_config()
-        if cfg.inference:  # first: a policy for another arm is the root cause of any mismatch below
+        if cfg.inference and cfg.inference_mode != "remote":  # remote: the inference node checks its robot
+            # first: a policy for another arm is the root cause of any mismatch below
             made_for = read_robot_record(runner_config.checkpoint_path)
             in_use = robot_in_use(self.kin.joint_names, self.kin.tcp_frame, action_dt_s=cfg.action_dt_s,
                                   image_size=cfg.image_size)
@@ -269,7 +275,11 @@ class VlaAccelNode(LifecycleNode):
         model_size = 0
         if cfg.inference:
             try:
-                if cfg.inference_mode == "process":  # started here: it reports the model's image size
+                if cfg.inference_mode == "remote":  # the inference node resizes to its model's size
+                    self.worker = RemoteInferenceWorker(self.controller, self._send_observation, self._now,
+                                                        lost_after_s=cfg.remote_lost_after_s,
+                                                        max_age_s=cfg.action_timeout_s)
+                elif cfg.inference_mode == "process":  # started here: it reports the model's image size
                     spec = ChildSpec(runner_config, self.kin.urdf_xml, self.kin.tcp_frame)
                     self.worker = ProcessInferenceWorker(self.controller, spec, self._now,
                                                          max_restarts=cfg.inference_restarts,
@@ -326,6 +336,9 @@ class VlaAccelNode(LifecycleNode):
             self._policy_warnings = list(self.worker.warnings)
         for warning in self._policy_warnings:
             self.get_logger().warn(warning)
+        if isinstance(self.worker, RemoteInferenceWorker):
+            self._connect_remote()
+            self.worker.start()
         if self.runner is not None:
             self.worker = InferenceWorker(self.controller, self.runner, self._now, torch_threads=cfg.torch_threads)
             self.worker.start()
@@ -366,6 +379,40 @@ class VlaAccelNode(LifecycleNode):
 
     def _now(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
+
+    # --- remote inference ---------------------------------------------------------------------
+    def _connect_remote(self) -> None:
+        """Observations out (best effort, depth 1), the task out (latched), actions in (reliable)."""
+        observation_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT,
+                                     history=HistoryPolicy.KEEP_LAST)
+        action_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+        if self._pub_remote_image is None:  # made once, as the subscriptions (see _configure)
+            self._pub_remote_image = self.create_publisher(Image, remote_protocol.IMAGE_TOPIC, observation_qos)
+            self._pub_remote_state = self.create_publisher(JointState, remote_protocol.STATE_TOPIC, observation_qos)
+            self._pub_remote_task = self.create_publisher(String, remote_protocol.INSTRUCTION_TOPIC, LATCHED_QOS)
+            self._inputs[remote_protocol.ACTION_TOPIC] = self.create_subscription(
+                JointState, remote_protocol.ACTION_TOPIC, self._on_remote_action, action_qos,
+                callback_group=self._io_group)
+        self._remote_task = None
+
+    def _send_observation(self, obs: Observation) -> None:
+        """Publish one observation for the inference node (the remote worker's thread)."""
+        assert self.kin is not None and self._pub_remote_state is not None
+        if obs.instruction != self._remote_task:
+            self._pub_remote_task.publish(String(data=obs.instruction))
+            self._remote_task = obs.instruction
+        self._pub_remote_image.publish(remote_protocol.image_message(obs))
+        self._pub_remote_state.publish(remote_protocol.state_message(obs, self.kin.joint_names))
+
+    def _on_remote_action(self, msg: JointState) -> None:
+        if not isinstance(self.worker, RemoteInferenceWorker):
+            return
+        try:
+            answer = remote_protocol.action_from(msg)
+        except ValueError as err:
+            self._reject(f"remote action rejected: {err}")
+            return
+        self.worker.on_remote_action(answer)
 
     # --- inputs -------------------------------------------------------------------------------
     def _reject(self, message: str) -> None:

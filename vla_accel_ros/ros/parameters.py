@@ -25,7 +25,7 @@ from vla_accel_ros.runtime.builder import RunnerConfig
 
 OUTPUT_FORMATS = ("forward_position", "joint_trajectory", "joint_state")
 EXECUTORS = ("single", "multi")
-INFERENCE_MODES = ("thread", "process")
+INFERENCE_MODES = ("thread", "process", "remote")
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,11 @@ class NodeConfig:
                                   "the control timer preempt inference sooner", range=(1e-5, 0.1))
     torch_threads: int = setting(1, "torch intra-op threads of the inference worker", range=(1, 256))
     inference_mode: str = setting("process", "Where the policy runs: thread (beside the control timer, sharing the "
-                             "Python interpreter) or process (a child process fed through shared memory; its "
-                             "Python never delays a tick)", choices=INFERENCE_MODES)
+                             "Python interpreter), process (a child process fed through shared memory; its "
+                             "Python never delays a tick) or remote (vla_inference_node, on another machine, "
+                             "over the ROS graph)", choices=INFERENCE_MODES)
+    remote_lost_after_s: float = setting(0.5, "remote mode: an observation unanswered this long is counted lost and "
+                                    "the next one is sent", range=(0.001, 60.0))
     realtime_priority: int = setting(20, "SCHED_FIFO priority (1-98) of the thread that spins the executor and so runs "
                                 "the control timer; 0 = normal scheduling. Other busy processes otherwise delay "
                                 "ticks by a scheduler slice (3-5 ms). Needs root, CAP_SYS_NICE or an rtprio limit; "
@@ -149,6 +152,38 @@ class NodeConfig:
             fallback_max_s=self.fallback_max_s,
             expect_actions=self.inference,  # without a policy there is no late action to stand in for
         )
+
+
+@dataclass(frozen=True)
+class InferenceNodeConfig:
+    """Parameters of ``vla_inference_node``: the policy of one or more robots, on a GPU host."""
+
+    robots: tuple[str, ...] = setting((), "Namespaces of the robots served (each one's control node runs with "
+                                      "inference_mode: remote there); empty = the node's own namespace, one robot")
+    checkpoint: str = setting("", "Policy checkpoint directory, or hf:DIR for a Hugging Face VLA; empty = the "
+                              "package's checkpoints/default")
+    unnorm_key: str = setting("", "hf:DIR only: the dataset of its dataset_statistics.json; empty = the only one")
+    decoder: str = setting("kerv", "Action decoder (see README, Decoders)", choices=DECODER_NAMES)
+    temperature: float = setting(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy",
+                                 range=(0.0, MAX_TEMPERATURE))
+    urdf_file: str = setting("", "URDF of the robots (the decoders' Kalman filter and IK); empty = the package's")
+    tcp_frame: str = setting("tcp", "URDF frame the policy's end-effector deltas refer to")
+    allow_unmatched_robot: bool = setting(False, "Run a checkpoint on a same-DOF arm it was not made for (WARN)")
+    action_dt_s: float = setting(0.05, "Duration of one policy action step", range=(0.001, 1.0))
+    control_period_s: float = setting(0.05, "The robots' control period: the time a decoder has for one action",
+                                      range=(0.001, 1.0))
+    torch_threads: int = setting(1, "torch intra-op threads", range=(1, 256))
+    stats_rate_hz: float = setting(1.0, "Rate of /diagnostics and ~/stats", range=(0.05, 50.0))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if len(set(self.robots)) != len(self.robots):
+            raise ConfigError(f"parameter 'robots' has duplicates: {list(self.robots)}")
+
+    def runner_config(self) -> RunnerConfig:
+        return RunnerConfig(checkpoint=self.checkpoint, decoder=self.decoder, temperature=self.temperature,
+                            action_dt_s=self.action_dt_s, period_s=self.control_period_s,
+                            torch_threads=self.torch_threads, unnorm_key=self.unnorm_key)
 
 
 @dataclass(frozen=True)

@@ -321,7 +321,7 @@ class ProcessInferenceWorker(WorkerBase):
             self._child_ms.append(float(reply["latency_ms"]))
         report = StepReport(np.asarray(reply["actions"], dtype=float), int(reply["accepted_len"]), int(reply["drafted"]),
                             int(reply["target_passes"]), float(reply["vision_fraction"]))
-        self._deliver(report, obs, latency_ms)
+        self._deliver(report, obs.stamp, obs.instruction, latency_ms)
 
     def _recover(self, dead: _Child | None) -> None:
         """Hold, reap the dead child, restart it (with a pause) unless the restarts are used up."""

@@ -109,9 +109,9 @@ class WorkerBase:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _deliver(self, report: StepReport, obs: Observation, latency_ms: float) -> None:
-        """Hand the action of ``obs`` to the controller and count it."""
-        message = self.controller.on_action_chunk(report.actions, obs.stamp, self.clock(), instruction=obs.instruction)
+    def _deliver(self, report: StepReport, obs_stamp: float, instruction: str, latency_ms: float) -> None:
+        """Hand the actions of the observation stamped ``obs_stamp`` to the controller and count them."""
+        message = self.controller.on_action_chunk(report.actions, obs_stamp, self.clock(), instruction=instruction)
         with self._lock:
             self.actions += 1
             self._latency_ms.append(latency_ms)
@@ -202,4 +202,4 @@ class InferenceWorker(WorkerBase):
             self._note_error(f"{type(err).__name__}: {err}")
             self._stop.wait(0.1)
             return
-        self._deliver(report, obs, (time.perf_counter() - t0) * 1e3)
+        self._deliver(report, obs.stamp, obs.instruction, (time.perf_counter() - t0) * 1e3)

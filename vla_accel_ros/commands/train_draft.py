@@ -1,0 +1,42 @@
+"""``vla-accel train-draft``: an EAGLE-style draft head on a Hugging Face VLA's hidden states, saved beside the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from vla_accel_ros.models.vla_spec import DTYPES
+from vla_accel_ros.training.common import config_from_args
+from vla_accel_ros.training.hf_draft import TEACHERS, HFDraftTrainConfig, train_hf_draft
+from vla_accel_ros.training.options import add_run_arguments
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = HFDraftTrainConfig(checkpoint="", data="")
+    parser.add_argument("--checkpoint", required=True,
+                        help="hf:DIR, a Hugging Face VLA (frozen); the head is written into DIR")
+    parser.add_argument("--data", required=True, help="demo directory with episode_*.npz (docs/data_layout.md)")
+    parser.add_argument("--device", default=d.device, help="where the model and the head run: cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", choices=DTYPES, default=d.dtype, help="the model's weights (default: vla_spec.json's)")
+    parser.add_argument("--unnorm-key", default=d.unnorm_key, help="dataset of the action statistics")
+    parser.add_argument("--teacher", choices=TEACHERS, default=d.teacher,
+                        help="tokens the target consumes while its hidden states are collected: the demo's "
+                             "(one pass a step) or its own greedy rollout (7 passes a step, for a target that "
+                             "often disagrees with the demos)")
+    parser.add_argument("--epochs", type=int, default=d.epochs)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
+    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    parser.add_argument("--feature-weight", type=float, default=d.feature_weight,
+                        help="weight of the hidden-state regression next to the token cross-entropy")
+    parser.add_argument("--width", type=int, default=d.width,
+                        help="the head's inner width (default: the model's hidden size, at most 1024)")
+    parser.add_argument("--blocks", type=int, default=d.blocks, help="residual MLP blocks of the head")
+    parser.add_argument("--include-failures", action="store_true", help="also train on failed episodes")
+    add_run_arguments(parser, d)
+
+
+def run(args: argparse.Namespace) -> int:
+    train_hf_draft(config_from_args(HFDraftTrainConfig, args))
+    return 0

@@ -1,0 +1,119 @@
+"""Remote inference over the ROS graph, in standard messages only (no custom interfaces).
+
+The control node (``inference_mode: remote``) publishes each observation it wants decoded, and the
+inference node (``vla_inference_node``) answers with the actions for it. Topic names are relative:
+both sides resolve them in the robot's namespace.
+
+- ``vla_inference/observation/image`` (sensor_msgs/Image, rgb8): the model image; ``header.stamp``
+  is the observation's stamp on the control node's clock.
+- ``vla_inference/observation/state`` (sensor_msgs/JointState): the arm joints by name, then
+  ``gripper`` (finger opening, m); the same stamp. The image and the state of one observation are
+  paired by that stamp.
+- ``vla_inference/instruction`` (std_msgs/String, latched): the task.
+- ``vla_inference/action`` (sensor_msgs/JointState): ``header.stamp`` echoes the observation's
+  stamp, so the control node judges freshness on its own clock whatever the hosts' clock offset.
+  Names ``a<k>/<dim>`` carry action k of the chunk (``a0/dx`` ... ``a0/gripper``; one action: k = 0
+  only); names ``stat/<key>`` carry the decode statistics (target passes, accepted tokens, drafted
+  tokens, decode milliseconds).
+
+QoS: observations best effort, depth 1 (a late image is worth nothing); actions reliable, depth 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from builtin_interfaces.msg import Time
+from sensor_msgs.msg import Image, JointState
+
+from vla_accel_ros.core.actions import ACTION_DIM, ACTION_NAMES
+from vla_accel_ros.core.observation import Observation
+
+IMAGE_TOPIC = "vla_inference/observation/image"
+STATE_TOPIC = "vla_inference/observation/state"
+INSTRUCTION_TOPIC = "vla_inference/instruction"
+ACTION_TOPIC = "vla_inference/action"
+GRIPPER_NAME = "gripper"
+STAT_PREFIX = "stat/"
+STAT_KEYS = ("target_passes", "accepted_len", "drafted", "decode_ms")
+
+
+def to_time(stamp: float) -> Time:
+    ns = int(round(stamp * 1e9))
+    return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+
+def from_time(time: Time) -> float:
+    return time.sec + time.nanosec * 1e-9
+
+
+def stamp_key(time: Time) -> tuple[int, int]:
+    """An exact key for pairing the two messages of one observation."""
+    return int(time.sec), int(time.nanosec)
+
+
+def image_message(obs: Observation) -> Image:
+    image = np.ascontiguousarray(obs.image, dtype=np.uint8)
+    h, w = image.shape[:2]
+    msg = Image(height=h, width=w, encoding="rgb8", step=3 * w, data=image.tobytes())
+    msg.header.stamp = to_time(obs.stamp)
+    return msg
+
+
+def state_message(obs: Observation, joint_names: tuple[str, ...] | list[str]) -> JointState:
+    msg = JointState(name=[*joint_names, GRIPPER_NAME],
+                     position=[*np.asarray(obs.joint_pos, dtype=float).tolist(), float(obs.gripper)])
+    msg.header.stamp = to_time(obs.stamp)
+    return msg
+
+
+def observation_from(image: np.ndarray, state: JointState, instruction: str,
+                     joint_names: tuple[str, ...] | list[str]) -> Observation:
+    """The observation of a state message (joints by name, then the gripper) and its image;
+    ValueError naming a missing joint."""
+    positions = dict(zip(state.name, state.position))
+    missing = [n for n in (*joint_names, GRIPPER_NAME) if n not in positions]
+    if missing:
+        raise ValueError(f"observation state lacks {missing} (has {list(state.name)})")
+    q = np.array([positions[n] for n in joint_names], dtype=float)
+    return Observation(image, instruction, q, float(positions[GRIPPER_NAME]), from_time(state.header.stamp))
+
+
+def action_message(actions: np.ndarray, stamp: Time, stats: dict[str, float]) -> JointState:
+    """The answer to the observation stamped ``stamp``: actions (H, 7) and the decode statistics."""
+    actions = np.asarray(actions, dtype=float).reshape(-1, ACTION_DIM)
+    names = [f"a{k}/{dim}" for k in range(len(actions)) for dim in ACTION_NAMES]
+    values = actions.reshape(-1).tolist()
+    for key in STAT_KEYS:
+        names.append(STAT_PREFIX + key)
+        values.append(float(stats.get(key, 0.0)))
+    msg = JointState(name=names, position=values)
+    msg.header.stamp = stamp
+    return msg
+
+
+@dataclass(frozen=True)
+class RemoteAction:
+    actions: np.ndarray  # (H, 7)
+    obs_stamp: float
+    stats: dict[str, float]
+
+
+def action_from(msg: JointState) -> RemoteAction:
+    """The actions of an action message; ValueError when it is not one (names out of order,
+    a dimension missing, values not finite)."""
+    values = dict(zip(msg.name, msg.position))
+    if len(values) != len(msg.position) or len(msg.name) != len(msg.position):
+        raise ValueError("action message: names and positions differ in number, or a name repeats")
+    horizon = sum(1 for n in msg.name if n.endswith(f"/{ACTION_NAMES[0]}") and n.startswith("a"))
+    if horizon == 0:
+        raise ValueError(f"action message has no action (names {list(msg.name)[:8]})")
+    try:
+        actions = np.array([[values[f"a{k}/{dim}"] for dim in ACTION_NAMES] for k in range(horizon)], dtype=float)
+    except KeyError as err:
+        raise ValueError(f"action message lacks {err.args[0]}") from None
+    if not np.all(np.isfinite(actions)):
+        raise ValueError("action message holds non-finite values")
+    stats = {k[len(STAT_PREFIX):]: float(v) for k, v in values.items() if k.startswith(STAT_PREFIX)}
+    return RemoteAction(actions, from_time(msg.header.stamp), stats)

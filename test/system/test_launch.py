@@ -21,6 +21,8 @@ from vla_accel_ros.ros import launch_args
 from vla_accel_ros.ros.launch_args import (
     check_params_file,
     exit_failure,
+    inference_arguments,
+    inference_nodes,
     node_options,
     node_overrides,
     sim_arguments,
@@ -28,14 +30,18 @@ from vla_accel_ros.ros.launch_args import (
     vla_accel_arguments,
     vla_accel_nodes,
 )
-from vla_accel_ros.ros.parameters import NodeConfig, SimBridgeConfig
+from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig, SimBridgeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_FILES = {"vla_accel.launch.py": (vla_accel_arguments, vla_accel_nodes),
-                "sim.launch.py": (sim_arguments, sim_nodes)}
-REQUIRED_ARGS = {"params_file", "namespace", "log_level", "control_rate_hz", "autostart", "checkpoint", "decoder",
-                 "temperature", "output", "use_sim_time"}
-CONFIGS = {"vla_accel_node": NodeConfig, "sim_node": SimBridgeConfig}
+                "sim.launch.py": (sim_arguments, sim_nodes),
+                "inference.launch.py": (inference_arguments, inference_nodes)}
+ROBOT_ARGS = {"params_file", "namespace", "log_level", "control_rate_hz", "autostart", "checkpoint", "decoder",
+              "temperature", "output", "use_sim_time"}
+REQUIRED_ARGS = {"vla_accel.launch.py": ROBOT_ARGS | {"inference_mode"}, "sim.launch.py": ROBOT_ARGS,
+                 "inference.launch.py": {"params_file", "namespace", "log_level", "robots", "checkpoint", "decoder",
+                                         "temperature"}}
+CONFIGS = {"vla_accel_node": NodeConfig, "sim_node": SimBridgeConfig, "vla_inference_node": InferenceNodeConfig}
 
 
 def _console_scripts() -> dict[str, str]:
@@ -59,7 +65,7 @@ def test_launch_files_hand_their_arguments_to_the_tested_functions(name):
 @pytest.mark.parametrize("name", sorted(LAUNCH_FILES))
 def test_arguments_are_documented_and_decoder_choices_are_exactly_the_decoders(name):
     arguments = {a.name: a for a in LAUNCH_FILES[name][0]()}
-    assert REQUIRED_ARGS <= set(arguments), REQUIRED_ARGS - set(arguments)
+    assert REQUIRED_ARGS[name] <= set(arguments), REQUIRED_ARGS[name] - set(arguments)
     for arg in arguments.values():
         assert len(arg.description) > 15, arg.name
         if arg.choices:
@@ -260,3 +266,15 @@ def test_launch_description_loads_with_launch_ros(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert isinstance(module.generate_launch_description(), LaunchDescription)
+
+
+def test_the_inference_host_serves_the_robots_it_is_given(tmp_path):
+    params = tmp_path / "gpu.yaml"
+    params.write_text("/**/vla_inference_node:\n  ros__parameters:\n    decoder: world_aware\n")
+    (spec,) = inference_nodes({"params_file": str(params), "robots": "left_arm, right_arm", "log_level": "warn"})
+    assert spec.executable == "vla_inference_node" and spec.parameters[1] == {"robots": ["left_arm", "right_arm"]}
+    cfg = from_params(InferenceNodeConfig, {**read_node_parameters(spec.parameters[0], spec.name),
+                                            **spec.parameters[1]})
+    assert cfg.decoder == "world_aware" and cfg.robots == ("left_arm", "right_arm")
+    (robot,) = vla_accel_nodes({"params_file": str(params), "inference_mode": "remote"})
+    assert robot.parameters[1] == {"inference_mode": "remote"}

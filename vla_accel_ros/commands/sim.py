@@ -9,7 +9,7 @@ import time
 
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE
 from vla_accel_ros.ros.launcher import NodeRefused, SimRunOptions, run_sim
-from vla_accel_ros.ros.parameters import OUTPUT_FORMATS
+from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="forward_position", choices=OUTPUT_FORMATS, help="command format")
     parser.add_argument("--executor", default="single", choices=("single", "multi"), help="node executor")
     parser.add_argument("--domain-id", type=int, default=0, help="ROS_DOMAIN_ID (0 = private, from the pid)")
-    parser.add_argument("--inference-mode", default="process", choices=("thread", "process"),
-                        help="run inference in a thread of the node or in a child process")
+    parser.add_argument("--inference-mode", default="process", choices=INFERENCE_MODES,
+                        help="run inference in a thread of the node, in a child process, or remote: in "
+                             "vla_inference_node over DDS")
+    parser.add_argument("--netns", action="store_true", help="remote mode: run vla_inference_node in a network "
+                        "namespace of its own, joined by a veth pair (needs root), as a second host would")
     parser.add_argument("--inference-python", default="", help="the interpreter of the node's inference process "
                         "(a virtual environment with this package installed; default: this one)")
     parser.add_argument("--realtime-priority", type=int, default=20,
@@ -40,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
                          temperature=args.temperature, out=args.out, seed=args.seed, checkpoint=args.checkpoint, unnorm_key=args.unnorm_key,
                          inference_python=args.inference_python,
                          duration_s=args.duration_s, output=args.output, executor=args.executor, domain_id=args.domain_id,
-                         inference_mode=args.inference_mode, realtime_priority=args.realtime_priority)
+                         inference_mode=args.inference_mode, netns=args.netns, realtime_priority=args.realtime_priority)
     started = time.monotonic()
     try:
         s = run_sim(opts)
@@ -52,4 +55,8 @@ def run(args: argparse.Namespace) -> int:
           f"{s['hold_ticks']} hold, {s['deadline_misses']} deadline misses), jitter p50 "
           f"{s['period_jitter_ms_p50']:.2f} ms p99 {s['period_jitter_ms_p99']:.2f} ms, peak RSS "
           f"{s['peak_rss_mb']:.0f} MB, {time.monotonic() - started:.0f} s -> {opts.out}/summary.json")
+    if opts.inference_mode == "remote":
+        print(f"sim: remote inference round trip p50 {s['inference_round_trip_ms_p50']:.1f} ms, p99 "
+              f"{s['inference_round_trip_ms_p99']:.1f} ms; {s['inference_lost']} lost, "
+              f"{s['inference_dropped_late']} late")
     return 0

@@ -49,8 +49,13 @@ def from_time(time: Time) -> float:
 
 
 def stamp_key(time: Time) -> tuple[int, int]:
-    """An exact key for pairing the two messages of one observation."""
+    """An exact key for pairing the messages of one observation (and its answer)."""
     return int(time.sec), int(time.nanosec)
+
+
+def observation_key(stamp: float) -> tuple[int, int]:
+    """The key of the observation stamped ``stamp`` as its messages carry it."""
+    return stamp_key(to_time(stamp))
 
 
 def image_message(obs: Observation) -> Image:
@@ -98,6 +103,7 @@ class RemoteAction:
     actions: np.ndarray  # (H, 7)
     obs_stamp: float
     stats: dict[str, float]
+    key: tuple[int, int]  # the exact stamp (``stamp_key``): a float seconds stamp loses nanoseconds
 
 
 def action_from(msg: JointState) -> RemoteAction:
@@ -116,4 +122,4 @@ def action_from(msg: JointState) -> RemoteAction:
     if not np.all(np.isfinite(actions)):
         raise ValueError("action message holds non-finite values")
     stats = {k[len(STAT_PREFIX):]: float(v) for k, v in values.items() if k.startswith(STAT_PREFIX)}
-    return RemoteAction(actions, from_time(msg.header.stamp), stats)
+    return RemoteAction(actions, from_time(msg.header.stamp), stats, stamp_key(msg.header.stamp))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vla_accel_ros.core.settings import ParamSpec, parameter_specs
-from vla_accel_ros.ros.parameters import NodeConfig, SimBridgeConfig
+from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig, SimBridgeConfig
 
 LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
 FROM_FILE = ""  # the default of every parameter argument: leave the parameter to params_file
@@ -137,7 +137,9 @@ def exit_failure(name: str, returncode: int | None) -> str:
 # The parameter arguments of each launch file (a launch argument of the same name for each).
 VLA_NODE_ARGUMENTS = ("control_rate_hz", "autostart", "checkpoint", "decoder", "temperature", "output", "controller",
                       "image_topic", "joint_states_topic", "urdf_file", "tcp_frame", "use_sim_time",
-                      "allow_unmatched_robot")
+                      "allow_unmatched_robot", "inference_mode")
+INFERENCE_NODE_ARGUMENTS = ("robots", "checkpoint", "unnorm_key", "decoder", "temperature", "urdf_file", "tcp_frame",
+                            "allow_unmatched_robot")
 SIM_NODE_ARGUMENTS = ("control_rate_hz", "autostart", "checkpoint", "decoder", "temperature", "output",
                       "use_sim_time")
 SIM_BRIDGE_ARGUMENTS = ("seed",)
@@ -227,3 +229,24 @@ def sim_nodes(given: Mapping[str, str]) -> list[NodeLaunch]:
     args = tuple(options["ros_arguments"])
     return [NodeLaunch("sim_node", "sim_node", options["namespace"], (params_file, bridge), args),
             NodeLaunch("vla_accel_node", "vla_accel_node", options["namespace"], (params_file, node), args)]
+
+
+def inference_arguments() -> list[LaunchArgument]:
+    """The arguments of inference.launch.py (the GPU host)."""
+    return [
+        LaunchArgument("params_file", _default_params_file("inference.yaml"), "ROS 2 parameter file of "
+                       "vla_inference_node (see config/inference.yaml); its values stand unless a launch argument "
+                       "below is given"),
+        namespace_argument(),
+        log_level_argument(),
+        *(parameter_argument(InferenceNodeConfig, name) for name in INFERENCE_NODE_ARGUMENTS),
+    ]
+
+
+def inference_nodes(given: Mapping[str, str]) -> list[NodeLaunch]:
+    """inference.launch.py's node: the policy, serving the robots in ``robots`` (a comma list)."""
+    params_file = check_params_file(given.get("params_file", ""))
+    overrides = node_overrides(InferenceNodeConfig, given, INFERENCE_NODE_ARGUMENTS)
+    options = node_options(given.get("namespace", ""), given.get("log_level", "info"))
+    return [NodeLaunch("vla_inference_node", "vla_inference_node", options["namespace"],
+                       (str(params_file), overrides), tuple(options["ros_arguments"]))]

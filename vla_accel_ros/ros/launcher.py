@@ -9,6 +9,7 @@ its statistics), and writes ``DIR/summary.json``, ``DIR/tick_jitter.png`` and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -29,7 +30,8 @@ from vla_accel_ros.models.configuration import (
     checkpoint_directory,
     is_hf_checkpoint,
 )
-from vla_accel_ros.ros.parameters import OUTPUT_FORMATS
+from vla_accel_ros.ros.netns import NetworkNamespace
+from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS
 
 READY_TIMEOUT_S = 90.0
 REFUSED_EXIT = 2  # a node executable's exit status when it refuses to start (rclpy_util.run_node)
@@ -60,6 +62,7 @@ class SimRunOptions:
     checkpoint: str = ""
     unnorm_key: str = ""
     inference_python: str = ""
+    netns: bool = False  # remote mode: the inference node in a network namespace of its own
     duration_s: float = 6.0  # = `vla-accel eval`'s 120 steps at 20 Hz, so success rates compare
     output: str = "forward_position"
     executor: str = "single"
@@ -82,6 +85,10 @@ class SimRunOptions:
             raise ValueError(f"--output must be one of {', '.join(OUTPUT_FORMATS)}, got {self.output}")
         if not 0 <= self.domain_id <= 232:
             raise ValueError(f"--domain-id must be in [0, 232], got {self.domain_id}")
+        if self.inference_mode not in INFERENCE_MODES:
+            raise ValueError(f"--inference-mode must be one of {', '.join(INFERENCE_MODES)}, got {self.inference_mode}")
+        if self.netns and self.inference_mode != "remote":
+            raise ValueError("--netns needs --inference-mode remote (it puts the inference node in a namespace)")
 
 
 
@@ -130,6 +137,8 @@ class _Monitor:
         self._cv = threading.Condition()
         self.node.create_subscription(String, "/sim_node/episode", self._on_episode, 10)
         self.node.create_subscription(String, "/vla_accel_node/stats", self._on_stats, 10)
+        self.inference_stats: dict[str, Any] = {}  # vla_inference_node's, in remote mode
+        self.node.create_subscription(String, "/vla_inference_node/stats", self._on_inference_stats, 10)
         from sensor_msgs.msg import JointState
 
         self.node.create_subscription(JointState, "/joint_states", self._on_joints, 10)
@@ -140,6 +149,11 @@ class _Monitor:
     def _on_episode(self, msg: Any) -> None:
         with self._cv:
             self.episodes.append(json.loads(msg.data))
+            self._cv.notify_all()
+
+    def _on_inference_stats(self, msg: Any) -> None:
+        with self._cv:
+            self.inference_stats = json.loads(msg.data)
             self._cv.notify_all()
 
     def _on_stats(self, msg: Any) -> None:
@@ -168,7 +182,6 @@ def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], 
 
     ``attach(domain_id)`` starts something else on the run's domain (the bag recorder) once the
     processes are launched; its ``close()`` is called before they are stopped."""
-    from tqdm import tqdm
 
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -192,6 +205,35 @@ def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], 
     if opts.inference_python:
         node_params["inference_python"] = opts.inference_python
     logs = [open(out / "sim_node.log", "w"), open(out / "vla_accel_node.log", "w")]
+    remote = None
+    with contextlib.ExitStack() as stack:
+        if opts.inference_mode == "remote":
+            host = stack.enter_context(NetworkNamespace(f"vla_accel_{domain}")) if opts.netns else None
+            env = dict(env, **host.peers_env()) if host is not None else env
+            log = stack.enter_context(open(out / "vla_inference_node.log", "w"))
+            remote = _start_inference_node(opts, node_params, env, host, log)
+            stack.callback(stop_process, remote)
+        return _run_episodes(opts, progress, attach, out, env, domain, stats_file, sim_params, node_params, logs,
+                             remote)
+
+
+def _start_inference_node(opts: SimRunOptions, node_params: dict[str, Any], env: dict[str, str],
+                          host: NetworkNamespace | None, log: Any) -> subprocess.Popen:
+    """The policy as vla_inference_node (in the namespace ``host`` when given) for the robot."""
+    params = {key: node_params[key] for key in ("decoder", "temperature", "checkpoint", "unnorm_key")
+              if key in node_params}
+    params["control_period_s"] = 1.0 / float(opts.control_rate_hz)
+    command = [sys.executable, "-m", "vla_accel_ros.ros.inference_node", *ros_args(params)]
+    node_env = dict(env, **host.peers_env(inside=True)) if host is not None else env
+    return subprocess.Popen(host.command(command) if host is not None else command, env=node_env, stdout=log,
+                            stderr=subprocess.STDOUT)
+
+
+def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], Any] | None, out: Path,
+                  env: dict[str, str], domain: int, stats_file: Path, sim_params: dict[str, Any],
+                  node_params: dict[str, Any], logs: list[Any], remote: subprocess.Popen | None) -> dict[str, Any]:
+    from tqdm import tqdm
+
     sim = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.sim_node", *ros_args(sim_params)],
                            env=env, stdout=logs[0], stderr=subprocess.STDOUT)
     node = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.node", *ros_args(node_params)],
@@ -201,8 +243,12 @@ def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], 
     attached = None
     try:
         attached = attach(domain) if attach is not None else None
-        ready = monitor.wait_for(lambda: bool(monitor.stats) and monitor.joint_states > 0 or
-                                 node.poll() is not None or sim.poll() is not None, READY_TIMEOUT_S)
+        ready = monitor.wait_for(lambda: bool(monitor.stats) and monitor.joint_states > 0 and
+                                 (remote is None or bool(monitor.inference_stats)) or
+                                 node.poll() is not None or sim.poll() is not None or
+                                 (remote is not None and remote.poll() is not None), READY_TIMEOUT_S)
+        if remote is not None and remote.poll() is not None:
+            raise RuntimeError(f"vla_inference_node exited (rc={remote.poll()}); see {out}/vla_inference_node.log")
         if node.poll() == REFUSED_EXIT:
             logs[1].flush()
             raise NodeRefused(refusal_reason(out / "vla_accel_node.log") or
@@ -243,7 +289,8 @@ def _summarise(opts: SimRunOptions, episodes: list[dict[str, Any]], node: dict[s
             "actions_received", "actions_used", "actions_expired", "guard_trips", "inputs_rejected",
             "period_jitter_ms_p50", "period_jitter_ms_p99", "period_jitter_ms_max", "rate_hz",
             "inference_latency_ms_p50", "inference_latency_ms_p99", "inference_acceptance",
-            "inference_target_passes_mean", "inference_errors")
+            "inference_target_passes_mean", "inference_errors", "inference_lost", "inference_dropped_late",
+            "inference_round_trip_ms_p50", "inference_round_trip_ms_p99")
     return {
         "episodes": len(episodes),
         "success_rate": float(np.mean([e["success"] for e in episodes])) if episodes else 0.0,

@@ -24,7 +24,7 @@ import numpy as np
 
 from vla_accel_ros.core.controller import Controller
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.core.remote_protocol import RemoteAction
+from vla_accel_ros.core.remote_protocol import RemoteAction, observation_key
 from vla_accel_ros.runtime.thread_worker import StepReport, WorkerBase, percentile
 
 
@@ -42,7 +42,8 @@ class RemoteInferenceWorker(WorkerBase):
         self.send = send
         self.lost_after_s = lost_after_s
         self.max_age_s = max_age_s
-        self._in_flight: dict[float, tuple[float, str]] = {}  # obs stamp -> (sent at, instruction)
+        # the observation's stamp key (exact) -> (its stamp, sent at, instruction)
+        self._in_flight: dict[tuple[int, int], tuple[float, float, str]] = {}
         self._age_ms: deque[float] = deque(maxlen=window)
         self.sent = self.lost = self.dropped_late = self.unmatched = 0
 
@@ -61,11 +62,11 @@ class RemoteInferenceWorker(WorkerBase):
         now = self.clock()
         with self._lock:
             # past 2 x max_age_s no answer can be used or even told late: the observation is lost
-            gone = [s for s, (sent, _) in self._in_flight.items() if now - sent > 2.0 * self.max_age_s]
-            for stamp in gone:
-                del self._in_flight[stamp]
+            gone = [k for k, (_, sent, _) in self._in_flight.items() if now - sent > 2.0 * self.max_age_s]
+            for key in gone:
+                del self._in_flight[key]
                 self.lost += 1
-            busy = any(now - sent <= self.lost_after_s for sent, _ in self._in_flight.values())
+            busy = any(now - sent <= self.lost_after_s for _, sent, _ in self._in_flight.values())
         if busy:
             self._stop.wait(0.002)
             return None
@@ -73,7 +74,7 @@ class RemoteInferenceWorker(WorkerBase):
 
     def _serve(self, _: Any, obs: Observation, t0: float) -> None:
         with self._lock:
-            self._in_flight[obs.stamp] = (self.clock(), obs.instruction)
+            self._in_flight[observation_key(obs.stamp)] = (obs.stamp, self.clock(), obs.instruction)
             self.sent += 1
         try:
             self.send(obs)
@@ -84,12 +85,12 @@ class RemoteInferenceWorker(WorkerBase):
         """An answer arrived (the node's subscription callback)."""
         now = self.clock()
         with self._lock:
-            flight = self._in_flight.pop(answer.obs_stamp, None)
+            flight = self._in_flight.pop(answer.key, None)
             if flight is None:
                 self.unmatched += 1
                 return
-        sent_at, instruction = flight
-        age = now - answer.obs_stamp
+        obs_stamp, sent_at, instruction = flight
+        age = now - obs_stamp
         if age > self.max_age_s:
             with self._lock:
                 self.dropped_late += 1
@@ -99,7 +100,7 @@ class RemoteInferenceWorker(WorkerBase):
                             int(stats.get("target_passes", 0)), 1.0)
         with self._lock:
             self._age_ms.append(age * 1e3)
-        self._deliver(report, answer.obs_stamp, instruction, (now - sent_at) * 1e3)
+        self._deliver(report, obs_stamp, instruction, (now - sent_at) * 1e3)
 
     def _counters(self) -> dict[str, Any]:
         out = super()._counters()

@@ -1,0 +1,48 @@
+"""Two hosts on one machine: the inference node in a network namespace of its own, over a veth
+pair, with DDS across it (``vla-accel sim --inference-mode remote --netns``). Needs root."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from vla_accel_ros.ros.netns import NetworkNamespace
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                reason="network namespaces need root and iproute2")
+
+
+def namespaces() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+
+
+def test_the_namespace_and_its_pair_exist_inside_the_block_only():
+    with NetworkNamespace("vla_accel_test_ns", index=241) as ns:
+        assert "vla_accel_test_ns" in namespaces()
+        ping = subprocess.run(ns.command(["ping", "-c", "1", "-W", "2", ns.host_ip]), capture_output=True,
+                              check=False) if shutil.which("ping") else None
+        assert ping is None or ping.returncode == 0
+        addresses = subprocess.run(ns.command(["ip", "-4", "addr"]), capture_output=True, text=True,
+                                   check=True).stdout
+        assert ns.ns_ip in addresses
+    assert "vla_accel_test_ns" not in namespaces()
+    links = subprocess.run(["ip", "link"], capture_output=True, text=True, check=True).stdout
+    assert ns.host_if not in links
+
+
+def test_episodes_run_with_the_policy_in_another_namespace(tmp_path, tiny_checkpoint):
+    from vla_accel_ros.ros.launcher import SimRunOptions, run_sim
+
+    out = tmp_path / "run"
+    opts = SimRunOptions(episodes=1, duration_s=2.0, inference_mode="remote", netns=True, out=str(out),
+                         checkpoint=str(tiny_checkpoint(tmp_path / "ckpt")), domain_id=211, decoder="kerv")
+    summary = run_sim(opts, progress=False)
+    assert summary["episodes"] == 1 and summary["inference_round_trip_ms_p50"] > 0
+    # every tick publishes once the first joint state is in (a tick or two may come before it)
+    assert summary["ticks_published"] >= summary["ticks"] - 2 and summary["policy_ticks"] > 0
+    assert json.loads((out / "summary.json").read_text())["inference_round_trip_ms_p99"] > 0
+    assert "vla_accel_211" not in namespaces()  # removed by the command itself

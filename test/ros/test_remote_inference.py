@@ -167,3 +167,39 @@ def test_lost_and_late_messages_cost_a_fallback_counted(dds_rig, ckpt):
         assert np.all(np.abs(np.diff(commands, axis=0)) <= KIN.limits.velocity * 0.05 + 1e-9)
     finally:
         rig.close()
+
+
+def test_one_inference_node_serves_two_robots_in_two_namespaces(dds_rig, ckpt):
+    rig = dds_rig(next(_domains), "robots")
+    params = {"inference": True, "inference_mode": "remote", "autostart": True, "instruction": "pick up the red cube",
+              "robot_description_timeout_s": 0.0, "stats_rate_hz": 10.0, "image_size": 64}
+    nodes = {ns: VlaAccelNode(context=rig.context, namespace=ns,
+                              parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
+             for ns in ("left", "right")}
+    server = VlaInferenceNode(context=rig.context, parameter_overrides=[
+        Parameter("robots", value=["left", "right"]), Parameter("checkpoint", value=str(ckpt)),
+        Parameter("decoder", value="world_aware")])
+    poses = {"left": Q, "right": Q + 0.2}
+    publishers = {ns: (rig.peer.create_publisher(JointState, f"/{ns}/joint_states", 10),
+                       rig.peer.create_publisher(Image, f"/{ns}/camera/image_raw", 10)) for ns in nodes}
+    image = Image(height=64, width=64, encoding="rgb8", step=192, data=np.full(64 * 64 * 3, 80, np.uint8).tobytes())
+
+    def feed() -> None:
+        k = 0
+        while not rig.stop.is_set():
+            for ns, (joints, camera) in publishers.items():
+                joints.publish(JointState(name=list(KIN.joint_names), position=poses[ns].tolist()))
+                if k % 5 == 0:
+                    camera.publish(image)
+            k += 1
+            rig.stop.wait(0.01)
+
+    rig.spin(nodes["left"], feed=feed, others=(nodes["right"], server))
+    try:
+        assert rig.wait(lambda: all(n.stats().get("policy_ticks", 0) >= 10 for n in nodes.values()), timeout=60.0)
+        served = server.stats()["robots"]
+        assert served["left"]["answered"] > 0 and served["right"]["answered"] > 0
+        for node in nodes.values():
+            assert node.stats()["inference_unmatched"] <= 2  # no answers meant for the other robot
+    finally:
+        rig.close()

@@ -69,6 +69,12 @@ class Prefix:
     def batch_size(self) -> int:
         return self.tokens.shape[0]
 
+    def select(self, i: int) -> Prefix:
+        """Batch row ``i`` alone (a batch of 1): one robot's prefix out of a fleet's batched prefill."""
+        row = slice(i, i + 1)
+        return Prefix(kv=tuple((k[row], v[row]) for k, v in self.kv), action_hidden=self.action_hidden[row],
+                      tokens=self.tokens[row], pooled=self.pooled[row], prefix_len=self.prefix_len, base=self.base)
+
     def truncate(self, m: int) -> Prefix:
         """Keep the prefix as it was before the latest extension plus its first m new tokens."""
         added = self.n_tokens - self.base

@@ -4,8 +4,10 @@ For each robot (``robots``: their namespaces), it subscribes to the observations
 control node publishes in ``inference_mode: remote`` and answers each with its actions, in the
 standard messages of ``core/remote_protocol.py``: observations best effort, depth 1; actions
 reliable, depth 1. Every robot has its own :class:`~vla_accel_ros.runtime.runner.PolicyRunner`
-(its Kalman filter, token history and sampling noise) over one shared policy. A daemon thread
-decodes the newest complete observation of each robot in turn; the subscriptions only store.
+(its Kalman filter, token history and sampling noise) over one shared policy, and a daemon thread
+decodes the newest complete observation of every robot that has one together, in rounds: one
+batched prefill (which also verifies the proposals of the decoders that verify inside it) per
+round (:class:`~vla_accel_ros.runtime.fleet.FleetRunner`). The subscriptions only store.
 
 ``/diagnostics`` and ``~/stats`` report, per robot, the observations answered and the decode
 latency.
@@ -38,6 +40,7 @@ from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.ros.parameters import InferenceNodeConfig
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS, declare_config, run_node
 from vla_accel_ros.runtime.builder import build_runner
+from vla_accel_ros.runtime.fleet import FleetRunner
 from vla_accel_ros.runtime.thread_worker import StepReport, percentile
 
 NODE_NAME = "vla_inference_node"
@@ -101,6 +104,7 @@ class VlaInferenceNode(Node):
         except (OSError, ValueError, KeyError) as err:
             raise ConfigError(f"cannot load policy checkpoint '{runner_config.checkpoint_source}' with decoder "
                               f"'{cfg.decoder}': {err}") from err
+        self.fleet = FleetRunner([r.runner for r in self.robots])
         self.image_size = self.robots[0].runner.image_size
         self._pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._pub_stats = self.create_publisher(String, "~/stats", 10)
@@ -148,31 +152,47 @@ class VlaInferenceNode(Node):
         while not self._stop.is_set():
             self._wake.wait(0.05)
             self._wake.clear()
-            for robot in self.robots:  # in turn: one robot's backlog never starves the others
-                with self._lock:
-                    pair = robot.complete()
-                    if pair is not None:
-                        robot.image = robot.state = None  # each observation is answered once
-                    instruction = robot.instruction
-                if pair is not None:
-                    self._answer(robot, *pair, instruction)
+            self._round()
 
-    def _answer(self, robot: Robot, image: Image, state: JointState, instruction: str) -> None:
+    def _round(self) -> None:
+        """Every robot with a complete observation, decoded together."""
         t0 = time.perf_counter()
+        ready: list[tuple[int, Robot, JointState, Any]] = []
+        with self._lock:
+            pending = []
+            for index, robot in enumerate(self.robots):
+                pair = robot.complete()
+                if pair is not None:
+                    robot.image = robot.state = None  # each observation is answered once
+                    pending.append((index, robot, pair, robot.instruction))
+        for index, robot, (image, state), instruction in pending:
+            try:
+                rgb = image_to_rgb(image, robot.runner.image_size)
+                ready.append((index, robot, state, remote_protocol.observation_from(rgb, state, instruction,
+                                                                                     self.kin.joint_names)))
+            except ValueError as err:  # a bad observation: that robot falls back, the others go on
+                self._failed(robot, err)
+        if not ready:
+            return
         try:
-            rgb = image_to_rgb(image, robot.runner.image_size)
-            obs = remote_protocol.observation_from(rgb, state, instruction, self.kin.joint_names)
-            report = StepReport.of(robot.runner(obs))
-        except Exception as err:  # a bad observation or a failing decoder: the robot falls back
-            robot.errors += 1
-            robot.last_error = f"{type(err).__name__}: {err}"
+            results = self.fleet.step([(index, obs) for index, _, _, obs in ready])
+        except Exception as err:  # a failing decoder: the robots fall back, the node keeps serving
+            for _, robot, _, _ in ready:
+                self._failed(robot, err)
             return
         decode_ms = (time.perf_counter() - t0) * 1e3
-        stats = {"target_passes": report.target_passes, "accepted_len": report.accepted_len,
-                 "drafted": report.drafted, "decode_ms": decode_ms}
-        robot.publisher.publish(remote_protocol.action_message(report.actions, state.header.stamp, stats))
-        robot.answered += 1
-        robot.latency_ms.append(decode_ms)
+        for (_, robot, state, _), result in zip(ready, results):
+            report = StepReport.of(result)
+            stats = {"target_passes": report.target_passes, "accepted_len": report.accepted_len,
+                     "drafted": report.drafted, "decode_ms": decode_ms}
+            robot.publisher.publish(remote_protocol.action_message(report.actions, state.header.stamp, stats))
+            robot.answered += 1
+            robot.latency_ms.append(decode_ms)
+
+    @staticmethod
+    def _failed(robot: Robot, err: Exception) -> None:
+        robot.errors += 1
+        robot.last_error = f"{type(err).__name__}: {err}"
 
     # --- reporting --------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

@@ -99,14 +99,22 @@ class PolicyRunner:
         """Decode one action for ``obs`` within one control period. ``target_clearance`` is the
         gripper-to-target distance (m) from a simulated scene for world-aware acceptance; None on a
         robot (the decoders then use the policy's contact head)."""
+        context = self.begin(obs, target_clearance=target_clearance)
+        return self.end(run_policy_step(self.policy, obs, self.decoder, context, self.vision))
+
+    def begin(self, obs: Observation, *, target_clearance: float | None = None) -> DecodeContext:
+        """The first half of a call: the episode's bookkeeping and this step's decode context (a
+        fleet decodes several robots' steps together between ``begin`` and ``end``)."""
         q = np.asarray(obs.joint_pos, dtype=float)
         if not self._episode_started and self._is_new_episode(obs.instruction, q):
             self.start_episode()
         self._episode_started = False
         self._last_instruction, self._last_q = obs.instruction, q
         self.history.observe_joints(q, obs.stamp)
-        context = self.history.context(time_left_s=self.period_s, target_clearance=target_clearance)
-        result = run_policy_step(self.policy, obs, self.decoder, context, self.vision)
+        return self.history.context(time_left_s=self.period_s, target_clearance=target_clearance)
+
+    def end(self, result: DecodeResult) -> DecodeResult:
+        """The second half: the step's result into the episode's history."""
         self.history.record(result)
         return result
 

@@ -1,0 +1,72 @@
+"""A fleet decodes several robots' steps in one batched pass per round, each robot's tokens those
+its own runner would give, its filter, history and noise its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.resources import default_urdf
+from vla_accel_ros.models import Policy, VLAConfig
+from vla_accel_ros.models.tokenizer import ActionTokenizer
+from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
+from vla_accel_ros.runtime.fleet import FleetRunner
+
+KIN = ArmKinematics(default_urdf())
+Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    config = VLAConfig(image_size=32, patch_size=16, d_model=32, n_heads=2, n_layers=2, vision_layers=1,
+                       max_text_len=16, local_channels=8, contact_hidden=8)
+    return Policy.create(config, ActionTokenizer(-np.full(7, 0.02), np.full(7, 0.02)), seed=5)
+
+
+def streams(n_robots: int, steps: int) -> list[list[Observation]]:
+    """Each robot its own images, arm moving slowly, and its own task."""
+    colours = ("red", "green", "blue")
+    out = []
+    for r in range(n_robots):
+        rng = np.random.default_rng(r)
+        q = Q_HOME + rng.normal(0, 0.05, 7)
+        out.append([Observation(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), f"pick up the {colours[r % 3]} cube",
+                                q + 0.01 * t, 0.04, 0.05 * t) for t in range(steps)])
+    return out
+
+
+@pytest.mark.parametrize("decoder, temperature", [("world_aware", 0.0), ("kerv", 0.5), ("ar", 0.0), ("sd", 0.0)])
+def test_a_fleet_gives_each_robot_what_its_own_runner_gives(policy, decoder, temperature):
+    config = RunnerConfig(decoder=decoder, temperature=temperature, vision=None)
+    data = streams(3, 6)
+    alone = [build_runner(config, KIN, policy=policy) for _ in data]
+    fleet = FleetRunner([build_runner(config, KIN, policy=policy) for _ in data])
+    for t in range(6):
+        together = fleet.step([(r, data[r][t]) for r in range(3)])
+        for r in range(3):
+            own = alone[r](data[r][t])
+            np.testing.assert_array_equal(together[r].tokens, own.tokens, err_msg=f"robot {r} step {t}")
+            assert together[r].target_passes == own.target_passes
+
+
+def test_only_some_robots_in_a_round_and_a_policy_without_batches(policy):
+    config = RunnerConfig(decoder="world_aware", temperature=0.0, vision=None)
+    fleet = FleetRunner([build_runner(config, KIN, policy=policy) for _ in range(3)])
+    data = streams(3, 2)
+    results = fleet.step([(2, data[2][0]), (0, data[0][0])])
+    assert len(results) == 2 and all(r.tokens.shape == (7,) for r in results)
+    with pytest.raises(ValueError, match="share one policy"):
+        FleetRunner([build_runner(config, KIN, policy=policy),
+                     build_runner(config, KIN, policy=Policy.create(policy.config, policy.tokenizer, seed=1))])
+
+
+def test_the_batched_prefill_rows_are_each_robots_own(policy):
+    data = streams(4, 1)
+    tensors = [policy.observation_tensors(s[0]) for s in data]
+    batch = policy.prefill_batch(*(torch.cat([t[k] for t in tensors]) for k in range(3)))
+    for r, one in enumerate(tensors):
+        alone = policy.prefill_batch(*one)
+        torch.testing.assert_close(batch.select(r).hidden_last, alone.hidden_last, atol=1e-5, rtol=1e-5)

@@ -14,6 +14,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demos": ("vla_accel_ros.commands.demos", "record scripted-expert demonstrations in the MuJoCo sim"),
     "sim": ("vla_accel_ros.commands.sim", "run the sim bridge and the VLA node over DDS for N episodes"),
+    "fleet-bench": ("vla_accel_ros.commands.fleet_bench",
+                    "N robots on one batched inference process against N separate processes"),
     "train": ("vla_accel_ros.commands.train", "train the policy (target VLA, draft head, contact head) on demonstrations"),
     "train-flow": ("vla_accel_ros.commands.train_flow", "train the continuous action head (10-step teacher, 2-step student)"),
     "train-parallel-draft": ("vla_accel_ros.commands.train_parallel_draft",

@@ -35,7 +35,7 @@ from vla_accel_ros.evaluation.episode import mode_summary
 from vla_accel_ros.models import Policy
 
 pytest.importorskip("faiss")
-from vla_accel_ros.decoding.retrieval import RetrievalStore  # noqa: E402
+from vla_accel_ros.decoding.retrieval import RetrievalStore
 from vla_accel_ros.runtime.runner import run_policy_step
 
 torch.set_num_threads(1)
@@ -331,3 +331,36 @@ def test_policy_runner_loads_the_checkpoints_store(tmp_path, tiny_checkpoint, ki
     results = [runner(o) for o in obs]
     assert [r.mode for r in results[:4]] == ["drafter"] * 4 and results[4].mode == "retrieval"
     assert all(r.tokens.shape == (7,) and np.all(np.isfinite(r.action)) for r in results)
+
+
+# --- the compact store on disk and the one the checkpoint ships -----------------------------------
+def test_float16_keys_halve_the_file_and_find_the_same_neighbours(policy: Policy, tmp_path,
+                                                                   observations: Observations) -> None:
+    store = make_store(policy, observations(8, seed=14))
+    full, half = store.save(tmp_path / "f32"), store.save(tmp_path / "f16", key_dtype="float16")
+    loaded = RetrievalStore.load(half, expect_dim=policy.config.d_model)
+    assert (loaded.key_dtype, RetrievalStore.load(full).key_dtype) == ("float16", "float32")
+    assert (half / "store.safetensors").stat().st_size < (full / "store.safetensors").stat().st_size
+    for key in store.keys:
+        assert loaded.query(key).indices[0] == store.query(key).indices[0]
+    np.testing.assert_array_equal(loaded.values, store.values)
+    assert loaded.save(tmp_path / "again").joinpath("store.json").read_text().count('"key_dtype": "float16"') == 1
+    with pytest.raises(ValueError, match="key_dtype"):
+        store.save(tmp_path / "bad", key_dtype="int8")
+
+
+def test_the_shipped_store_loads_and_matches_the_checkpoint() -> None:
+    from vla_accel_ros.core.resources import default_checkpoint
+    from vla_accel_ros.decoding.retrieval import default_store_dir, store_mismatch
+    from vla_accel_ros.models import load_checkpoint
+
+    ckpt = default_checkpoint()
+    directory = default_store_dir(ckpt)
+    assert sum(f.stat().st_size for f in directory.iterdir()) <= 3_000_000  # the compact store's budget
+    target = load_checkpoint(ckpt)
+    store = RetrievalStore.load(directory, expect_dim=target.config.d_model)
+    assert store.key_dtype == "float16" and store.horizon >= 3 and len(store) > 1000
+    assert store_mismatch(store, ckpt) is None  # built for these very weights
+    decoder = make_decoder("heisd")
+    decoder.attach_checkpoint_store(ckpt, target)
+    assert decoder.store is not None and decoder.boundary is not None  # calibrated from the demonstrations

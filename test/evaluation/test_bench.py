@@ -1,4 +1,4 @@
-"""Bench entry construction (the bench itself runs in the CLI, not in the test suite)."""
+"""Bench entry construction, its run order and rows (the bench itself runs in the CLI, not in the test suite)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,27 @@ import argparse
 
 import pytest
 
-from vla_accel_ros.commands.bench import parse_contact_bounds
+from vla_accel_ros.commands.bench import add_arguments, parse_contact_bounds
+from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.evaluation.bench import (
     AFTER_PREFILL_SUFFIX,
+    RATIO_KEYS,
     SEQUENTIAL_SUFFIX,
     SWEEP_R,
     TEMPERATURE_PREFIX,
+    BenchEntry,
     bench_entries,
+    bench_rows,
+    bench_schedule,
+    bench_store_options,
+    default_decoders,
     markdown_table,
     plot_pareto,
+    retrieval_note,
     row,
 )
+from vla_accel_ros.evaluation.episode import EpisodeRecord
 
 
 def test_sequential_draft_entries_only_for_parallel_draft_decoders() -> None:
@@ -136,3 +145,100 @@ def test_entries_keep_their_order_and_names() -> None:
         *plain, "kerv@r=[20,60]", "world_aware@r=[20,60]", "ar@T=0.5",
         "kerv@sequential", "world_aware@sequential", "deadline@sequential", "world_aware@after_prefill",
         *(f"{name}+iv" for name in plain)]
+
+
+# --- repeats: run order and the spread of the ratios ---------------------------------------------
+def test_repeats_run_every_decoder_once_per_round_seed_by_seed() -> None:
+    order = [(i, k, name) for i, k, name in bench_schedule(["ar", "sd", "kerv"], episodes=2, repeats=2)]
+    assert order == [(i, k, name) for i in range(2) for k in range(2) for name in ("ar", "sd", "kerv")]
+    assert order[:6] == [(0, 0, "ar"), (0, 0, "sd"), (0, 0, "kerv"), (0, 1, "ar"), (0, 1, "sd"), (0, 1, "kerv")]
+    assert [e for *_, e in bench_schedule(["ar", "sd"], episodes=3)] == ["ar", "sd"] * 3  # K = 1: as without repeats
+    for episodes, repeats in ((1, 0), (-1, 1)):
+        with pytest.raises(ValueError):
+            bench_schedule(["ar"], episodes, repeats)
+
+
+def test_repeats_flag_defaults_to_one_and_is_validated() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--out", "x"]).repeats == 1
+    assert parser.parse_args(["--out", "x", "--repeats", "3"]).repeats == 3
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--out", "x", "--repeats", bad])
+
+
+def record(decoder: str, total_ms: float, success: bool = True, steps: int = 4, modes: str = "") -> EpisodeRecord:
+    """A fake episode: ``steps`` actions of ``total_ms`` each (prefill half of it), one mode per letter of ``modes``."""
+    names = {"d": "drafter", "r": "retrieval", "s": "skip"}
+    mode_list = [names[c] for c in modes] if modes else [""] * steps
+    n = len(mode_list)
+    return EpisodeRecord(
+        seed=0, decoder=decoder, success=success, steps=n, min_clearance=1.0,
+        prefill_ms=[total_ms / 2] * n, decode_ms=[total_ms / 2] * n, total_ms=[total_ms] * n, wall_ms=[total_ms] * n,
+        target_passes=[1] * n, draft_passes=[1] * n, vision_fraction=[1.0] * n, accepted=[7] * n, drafted=[7] * n,
+        thresholds=[9.0] * n, modes=mode_list)
+
+
+def test_each_ratio_is_the_median_over_repeats_with_its_min_and_max() -> None:
+    entries = [BenchEntry("ar", "ar"), BenchEntry("sd", "sd")]
+    # three repeats of two episodes: ar at 10 ms throughout, sd at 5, 4 and 8 ms -> e2e 2.0, 2.5, 1.25
+    records = {"ar": [[record("ar", 10.0), record("ar", 10.0)] for _ in range(3)],
+               "sd": [[record("sd", t), record("sd", t, success=k != 1)] for k, t in enumerate((5.0, 4.0, 8.0))]}
+    main, sweep = bench_rows(records, entries)
+    assert sweep == {}
+    sd = main["sd"]
+    for key in ("speedup_vs_ar", "decode_speedup_vs_ar", "speedup_vs_ar_mean"):
+        assert (sd[key + "_min"], sd[key], sd[key + "_max"]) == pytest.approx((1.25, 2.0, 2.5))
+    assert sd["repeats"] == 3 and sd["episodes"] == 6  # everything else pools the repeats
+    assert sd["success_rate"] == pytest.approx(5 / 6)
+    assert sd["total_ms_p50"] == pytest.approx(5.0)  # the p50 of all 24 actions, not a median of medians
+    assert all(main["ar"][k] == 1.0 for k in ("speedup_vs_ar", "speedup_vs_ar_min", "speedup_vs_ar_max"))
+    cells = markdown_table(main).splitlines()[-1].split("|")
+    assert cells[-3].strip() == "2.00x [1.25–2.50]"  # e2e speed-up: median [min–max]
+
+
+def test_one_repeat_gives_min_and_max_equal_to_the_ratio_in_every_row() -> None:
+    entries = bench_entries(["ar", "sd", "kerv"], sweep=True)
+    records = {e.name: [[record(e.decoder, 10.0 if e.name == "ar" else 4.0)]] for e in entries}
+    main, sweep = bench_rows(records, entries)
+    assert set(main) == {"ar", "sd", "kerv"} and len(sweep) == 2 * len(SWEEP_R)
+    for r in (*main.values(), *sweep.values()):
+        present = [k for k in RATIO_KEYS if k in r]
+        assert {"speedup_vs_ar", "decode_speedup_vs_ar", "speedup_vs_ar_mean"} <= set(present)
+        for key in present:
+            assert r[key + "_min"] == r[key] == r[key + "_max"]
+    assert main["sd"]["speedup_vs_ar"] == pytest.approx(2.5)
+    assert "[" not in markdown_table(main)  # no spread to show with one repeat
+    with pytest.raises(ValueError, match="same number"):
+        bench_rows({"ar": [[record("ar", 1.0)]], "sd": [[record("sd", 1.0)], [record("sd", 1.0)]]},
+                   [BenchEntry("ar", "ar"), BenchEntry("sd", "sd")])
+
+
+def test_heisd_row_reports_its_verify_skip_share_and_both_speed_ups() -> None:
+    entries = [BenchEntry("ar", "ar"), BenchEntry("heisd", "heisd")]
+    records = {"ar": [[record("ar", 10.0)]] * 2, "heisd": [[record("heisd", 5.0, modes="drsssrdd")]] * 2}
+    main, _ = bench_rows(records, entries)
+    heisd = main["heisd"]
+    assert heisd["verify_skip_share"] == pytest.approx(3 / 8)
+    assert heisd["retrieval_mode_share"] == pytest.approx(2 / 5)
+    assert {"speedup_vs_ar", "speedup_vs_ar_mean", "speedup_vs_ar_min", "speedup_vs_ar_mean_max"} <= set(heisd)
+    note = retrieval_note(main)
+    assert note.startswith("heisd: verify-skip on 38% of actions") and "(p50 latency)" in note and "(mean latency)" in note
+    assert "[2.00–2.00]" in note and retrieval_note({"ar": main["ar"]}) == ""
+
+
+def test_plain_bench_includes_heisd_when_the_checkpoint_has_a_store(tmp_path) -> None:
+    pytest.importorskip("faiss")
+    from vla_accel_ros.models.load import load_policy
+
+    ckpt = default_checkpoint()
+    policy = load_policy(ckpt)
+    plain = argparse.Namespace(decoders=None, store=None)
+    decoders = default_decoders(policy)
+    assert "heisd" in decoders  # the shipped checkpoint has heisd's draft head
+    options = bench_store_options(plain, decoders, ckpt, policy)
+    assert options["store"].dim == policy.config.d_model
+    assert "heisd" in [e.name for e in bench_entries(decoders, sweep=False)]
+    storeless = default_decoders(policy)  # a checkpoint directory without retrieval_store/: heisd is left out
+    assert bench_store_options(plain, storeless, tmp_path, policy) == {} and "heisd" not in storeless

@@ -29,17 +29,19 @@ from vla_accel_ros.evaluation.bench import (
     SEQUENTIAL_SUFFIX,
     TEMPERATURE_PREFIX,
     bench_entries,
+    bench_rows,
+    bench_schedule,
     bench_store_options,
+    default_decoders,
     flow_head_decoders,
     markdown_table,
     parallel_draft_decoders,
-    plain_prefill_ms,
     plot_contact_bounds,
     plot_pareto,
     plot_temperature_sweep,
     plot_threshold_trace,
     prefill_verifying_decoders,
-    row,
+    retrieval_note,
     store_decoders,
     wa_comparison,
     wa_setup,
@@ -50,7 +52,6 @@ from vla_accel_ros.evaluation.episode import (
     checkpoint_megabytes,
     peak_rss_mb,
     run_episode,
-    summarize,
 )
 from vla_accel_ros.evaluation.options import (
     add_sampling_arguments,
@@ -73,6 +74,9 @@ from vla_accel_ros.sim.gl import check_rendering
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=50, help="episodes per decoder (same seeds for all)")
     parser.add_argument("--seed", type=int, default=EVAL_SEED_START, help="first seed (held out)")
+    parser.add_argument("--repeats", type=parse_repeats, default=1, metavar="K",
+                        help="run each seed K times per decoder, every decoder once per round; each speed-up in "
+                             "summary.json is the median over the K rounds with its _min and _max")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory, or hf:DIR for a Hugging "
                         "Face VLA with OpenVLA's action tokens (default: shipped)")
@@ -123,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt = args.checkpoint or default_checkpoint()
     policy = load_policy(ckpt, unnorm_key=args.unnorm_key)
     if args.decoders is None:  # every decoder the policy can serve (a Hugging Face VLA has no draft head)
-        decoders = [d for d in DECODERS if not policy_refusal(policy, d)]
+        decoders = default_decoders(policy)
     else:
         decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
     for name in decoders:
@@ -143,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
     sampling = sampling_config(args)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    records: dict[str, list[EpisodeRecord]] = {e.name: [] for e in entries}
+    # entry name -> one list of episode records per repeat
+    records: dict[str, list[list[EpisodeRecord]]] = {e.name: [[] for _ in range(args.repeats)] for e in entries}
     policies = {e.name: wa_policy if e.wa_prefill else policy for e in entries}
     with PickCubeEnv(SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)) as env:
         checkpoints = [ckpt] if wa_policy is None else [ckpt, args.wa_checkpoint]
@@ -161,25 +166,20 @@ def run(args: argparse.Namespace) -> int:
                                      **(store_options if capabilities_of(e.decoder).retrieval_store else {})))
             for e in entries
         }
-        bar = tqdm(total=args.episodes * len(entries), desc="bench", unit="ep")
-        for i in range(args.episodes):
-            for entry in entries:
-                records[entry.name].append(run_episode(env, runners[entry.name], args.seed + i))
-                bar.update(1)
-            bar.set_postfix({n: f"{np.mean([r.success for r in records[n]]):.0%}" for n in decoders[:4]})
+        schedule = bench_schedule(entries, args.episodes, args.repeats)
+        bar = tqdm(total=len(schedule), desc="bench", unit="ep")
+        for i, k, entry in schedule:
+            records[entry.name][k].append(run_episode(env, runners[entry.name], args.seed + i))
+            bar.update(1)
+            if entry is entries[-1]:
+                bar.set_postfix({n: f"{np.mean([r.success for rs in records[n] for r in rs]):.0%}" for n in decoders[:4]})
         bar.close()
 
-    summaries = {name: summarize(recs) for name, recs in records.items()}
-    baseline = summaries[BASELINE]
-    main_rows = {e.name: row(summaries[e.name], baseline, plain_prefill_ms(summaries, e)) for e in entries if e.sweep_r is None}
-    for e in entries:  # incremental rows: their prefill against the same decoder's full-vision prefill
-        if e.incremental_vision and e.decoder in main_rows:
-            main_rows[e.name]["prefill_speedup_vs_full"] = (
-                main_rows[e.decoder]["prefill_ms_p50"] / main_rows[e.name]["prefill_ms_p50"])
-    sweep_rows = {e.name: dict(row(summaries[e.name], baseline), sweep_r=e.sweep_r, decoder=e.decoder) for e in entries if e.sweep_r is not None}
+    main_rows, sweep_rows = bench_rows(records, entries)
     meta = {
         "seed": args.seed,
         "episodes": args.episodes,
+        "repeats": args.repeats,
         "checkpoint": str(ckpt),
         "checkpoint_mb": checkpoint_megabytes(ckpt),
         "peak_rss_mb": peak_rss_mb(),
@@ -205,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
     if incremental:
         table += "\n\nprefill speed-up over the same decoder with full vision: " + ", ".join(
             f"{name} {ratio:.2f}x" for name, ratio in incremental.items())
+    if note := retrieval_note(main_rows):
+        table += "\n\n" + note
     sweep_table = markdown_table(sweep_rows) if sweep_rows else ""
     (args.out / "table.md").write_text(table + ("\n\nr sweep:\n\n" + sweep_table if sweep_table else "") + "\n")
     if sweep_rows:
@@ -214,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         plot_temperature_sweep(swept, args.out / "temperature_sweep.png")
     if args.contact_bounds:
         plot_contact_bounds(main_rows, args.contact_bounds, args.out / "contact_bounds.png")
-    traced = {n: records[n][0] for n in THRESHOLD_TRACED if n in records}
+    traced = {n: records[n][0][0] for n in THRESHOLD_TRACED if n in records and records[n][0]}
     if traced:
         plot_threshold_trace(traced, args.out / "threshold_trace.png")
     print(table)
@@ -222,7 +224,8 @@ def run(args: argparse.Namespace) -> int:
         print("\nworld-aware prefill vs the same decoder alone:\n" + wa_table(comparison))
     if sweep_table:
         print("\nr sweep:\n" + sweep_table)
-    print(f"bench: {args.episodes} episodes x {len(entries)} decoder settings in {meta['wall_s']:.0f} s -> {args.out}")
+    print(f"bench: {args.episodes} episodes x {args.repeats} repeats x {len(entries)} decoder settings in "
+          f"{meta['wall_s']:.0f} s -> {args.out}")
     return 0
 
 
@@ -239,6 +242,16 @@ def parse_contact_bounds(text: str) -> tuple[tuple[int, int], ...]:
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"comma-separated R_MIN:R_MAX pairs with 0 <= R_MIN <= R_MAX: {err}") from err
     return pairs  # type: ignore[return-value]
+
+
+def parse_repeats(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"an integer >= 1, got {text!r}")
+    return value
 
 
 def parse_temperatures(text: str) -> tuple[float, ...]:

@@ -2,9 +2,17 @@
 
 Seeds are the outer loop and decoders the inner one, so machine noise hits every decoder alike;
 speed-ups are ratios of latencies measured in this one run, against the registry's ``BASELINE``
-(``ar``). Besides the named decoders, an r sweep of the registry's ``THRESHOLD_SWEPT`` decoders
-(``sd`` at a fixed r, ``kerv`` with r_max = r; each decoder's ``threshold_settings``) traces
-success against speed-up.
+(``ar``). With ``--repeats K`` each seed runs K times per decoder (:func:`bench_schedule`: for
+each seed, K rounds of every decoder in order), so drift within a seed hits all decoders alike
+too. Each ratio (``RATIO_KEYS``) is computed per repeat over that repeat's episodes; summary.json
+holds its median over the repeats under the plain key and the spread beside it (``speedup_vs_ar``,
+``speedup_vs_ar_min``, ``speedup_vs_ar_max``; likewise for the other ratios), also for K = 1
+(min = max = the value). Everything else in a row (success and NCF rates, accepted length, the
+latency percentiles, the mode shares) pools the episodes of all repeats; ``repeats`` is K.
+
+Besides the named decoders, an r sweep of the registry's ``THRESHOLD_SWEPT`` decoders (``sd`` at a
+fixed r, ``kerv`` with r_max = r; each decoder's ``threshold_settings``) traces success against
+speed-up.
 
 Which decoders get which extra rows is asked of the registry and the decoders' capabilities,
 never decided by name here: ``@sequential`` rows for those with ``parallel_draft``,
@@ -14,13 +22,17 @@ never decided by name here: ``@sequential`` rows for those with ``parallel_draft
 Outputs in DIR: ``summary.json`` (decoder name -> ``success_rate``, ``ncf_rate``, ``ncf_share``,
 ``mean_accepted_len``, ``target_passes_per_action``, ``decode_ms_p50``, ``total_ms_p50``,
 ``total_ms_p99``, ``wall_ms_p50`` (the wall time around the runner's call per action; None when the
-episode summary has none), ``speedup_vs_ar``, ``decode_speedup_vs_ar``, …), ``sweep.json``, ``table.md``,
+episode summary has none), ``speedup_vs_ar`` (ratio of p50 latencies), ``speedup_vs_ar_mean``
+(ratio of mean latencies: time per action), ``decode_speedup_vs_ar``, each with ``_min``/``_max``,
+``repeats``, …), ``sweep.json``, ``table.md`` (ratios as ``median [min–max]`` when K > 1),
 ``pareto.png`` (success vs speed-up over the sweep) and ``threshold_trace.png`` (r and acceptance
 per step of one episode). Incremental-vision rows (``DECODER+iv``, ``DECODER+ivkv``) also hold
 ``prefill_speedup_vs_full``: the same decoder's full-vision prefill p50 over theirs. The row of a
 decoder with a retrieval store (``heisd``) also holds ``retrieval_mode_share``,
 ``verify_skip_share``, ``retrieval_accept_rate`` and ``retrieval_query_ms_p50``; it needs a
-retrieval store (``--store``, default CHECKPOINT/retrieval_store, from ``vla-accel build-store``).
+retrieval store (``--store``, default CHECKPOINT/retrieval_store, from ``vla-accel build-store``; the
+shipped checkpoint has one, so a plain ``vla-accel bench`` runs heisd), and table.md says its
+verify-skip share and both speed-ups under the table (:func:`retrieval_note`).
 
 ``--contact-bounds R_MIN:R_MAX,...`` adds the registry's ``CONTACT_COMPARISON`` pair (``kerv`` and
 ``world_aware``) at each of those same r bounds (rows ``DECODER@r=[R_MIN,R_MAX]``) and ``contact_bounds.png``: at bounds loose enough for
@@ -35,9 +47,10 @@ success, NCF share, accepted length and the speed-up over X alone.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -47,6 +60,7 @@ from vla_accel_ros.decoding import (
     DECODERS,
     THRESHOLD_SWEPT,
     decoders_with,
+    policy_refusal,
     threshold_sweep,
 )
 from vla_accel_ros.decoding.retrieval import default_store_dir
@@ -55,7 +69,7 @@ from vla_accel_ros.decoding.wa_prefill import (
     WA_PREFILL_PREFIX,
     split_prefill,
 )
-from vla_accel_ros.evaluation.episode import EpisodeRecord
+from vla_accel_ros.evaluation.episode import EpisodeRecord, summarize
 from vla_accel_ros.evaluation.options import decoder_options
 from vla_accel_ros.models import Policy, load_checkpoint
 
@@ -68,7 +82,12 @@ DECODE_SPEEDUP_TARGET = 2.5
 E2E_SPEEDUP_TARGET = 1.5
 # The mode shares and store query time of a decoder with a retrieval store, copied into its row.
 RETRIEVAL_KEYS = ("retrieval_mode_share", "verify_skip_share", "retrieval_accept_rate", "retrieval_query_ms_p50")
+# The ratios of a row, each computed per repeat: the median goes under the key, the spread beside it.
+RATIO_KEYS = ("speedup_vs_ar", "decode_speedup_vs_ar", "speedup_vs_ar_mean", "prefill_speedup_vs_full")
 SWEEP_COLOURS = ("tab:orange", "tab:blue", "tab:purple", "tab:brown", "tab:olive")  # one per THRESHOLD_SWEPT decoder
+
+
+Entry = TypeVar("Entry")
 
 
 def parallel_draft_decoders() -> tuple[str, ...]:
@@ -79,6 +98,13 @@ def parallel_draft_decoders() -> tuple[str, ...]:
 def prefill_verifying_decoders() -> tuple[str, ...]:
     """The decoders that verify inside the prefill by default (``@after_prefill`` rows)."""
     return decoders_with(lambda capabilities: capabilities.verifies_in_prefill)
+
+
+def default_decoders(policy: Any) -> list[str]:
+    """The decoders a bench without ``--decoders`` runs: every registered one ``policy`` can serve
+    (a Hugging Face VLA has no draft head); :func:`bench_store_options` then drops the store
+    decoders when the checkpoint has no store."""
+    return [d for d in DECODERS if not policy_refusal(policy, d)]
 
 
 def flow_head_decoders() -> tuple[str, ...]:
@@ -194,8 +220,8 @@ def wa_comparison(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def wa_table(comparison: dict[str, dict[str, Any]]) -> str:
-    lines = ["| world-aware prefill | SR (base -> wa) | NCF share (base -> wa) | accepted len (base -> wa) | "
-             "decode speed-up vs base | e2e speed-up vs base |", "|" + "---|" * 6]
+    lines = [("| world-aware prefill | SR (base -> wa) | NCF share (base -> wa) | accepted len (base -> wa) | "
+              "decode speed-up vs base | e2e speed-up vs base |"), "|" + "---|" * 6]
     for name, c in comparison.items():
         lines.append(
             f"| {name} vs {c['base']} | {c['base_success_rate']:.0%} -> {c['success_rate']:.0%} | "
@@ -246,14 +272,80 @@ def row(summary: dict[str, Any], ar: dict[str, Any] | None, plain_prefill_ms: fl
     return out
 
 
+def bench_schedule(entries: Sequence[Entry], episodes: int, repeats: int = 1) -> list[tuple[int, int, Entry]]:
+    """The run order as (episode index, repeat, entry): seeds outermost; for each seed, ``repeats``
+    rounds that each run every entry once, in order (ar, d1, d2, ..., ar, d1, d2, ...)."""
+    if episodes < 0 or repeats < 1:
+        raise ValueError(f"episodes must be >= 0 and repeats >= 1, got {episodes} and {repeats}")
+    return [(i, k, entry) for i in range(episodes) for k in range(repeats) for entry in entries]
+
+
+def main_rows(summaries: dict[str, dict[str, Any]], entries: Sequence[BenchEntry]) -> dict[str, dict[str, Any]]:
+    """summary.json's rows (every entry outside the r sweep) from each entry's episode summary."""
+    baseline = summaries[BASELINE]
+    rows = {e.name: row(summaries[e.name], baseline, plain_prefill_ms(summaries, e)) for e in entries if e.sweep_r is None}
+    for e in entries:  # incremental rows: their prefill against the same decoder's full-vision prefill
+        if e.incremental_vision and e.decoder in rows:
+            rows[e.name]["prefill_speedup_vs_full"] = rows[e.decoder]["prefill_ms_p50"] / rows[e.name]["prefill_ms_p50"]
+    return rows
+
+
+def sweep_rows(summaries: dict[str, dict[str, Any]], entries: Sequence[BenchEntry]) -> dict[str, dict[str, Any]]:
+    """sweep.json's rows: the r-sweep entries, with their r and decoder."""
+    baseline = summaries[BASELINE]
+    return {e.name: dict(row(summaries[e.name], baseline), sweep_r=e.sweep_r, decoder=e.decoder)
+            for e in entries if e.sweep_r is not None}
+
+
+def with_spread(pooled: dict[str, dict[str, Any]], per_repeat: Sequence[dict[str, dict[str, Any]]]
+                ) -> dict[str, dict[str, Any]]:
+    """``pooled`` (rows over all repeats' episodes) with each ratio of ``RATIO_KEYS`` replaced by
+    its median over ``per_repeat`` (the same rows, one dict per repeat) and its min and max added
+    as ``KEY_min`` / ``KEY_max``; ``repeats`` is the number of repeats."""
+    out = {}
+    for name, pooled_row in pooled.items():
+        new = dict(pooled_row, repeats=len(per_repeat))
+        for key in RATIO_KEYS:
+            values = [rows[name][key] for rows in per_repeat if key in rows.get(name, {})]
+            if key not in pooled_row or not values:
+                continue
+            new[key] = float(np.median(values))
+            new[key + "_min"], new[key + "_max"] = float(np.min(values)), float(np.max(values))
+        out[name] = new
+    return out
+
+
+def bench_rows(records: dict[str, list[list[EpisodeRecord]]], entries: Sequence[BenchEntry]
+               ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """summary.json's and sweep.json's rows from ``records`` (entry name -> one list of episode
+    records per repeat): ratios per repeat (median, min, max), everything else pooled over all
+    repeats (:func:`with_spread`)."""
+    repeats = {len(per_repeat) for per_repeat in records.values()}
+    if len(repeats) != 1 or 0 in repeats:
+        raise ValueError(f"every entry needs the same number (>= 1) of repeats, got {sorted(repeats)}")
+    pooled = {name: summarize([r for recs in per_repeat for r in recs]) for name, per_repeat in records.items()}
+    by_repeat = [{name: summarize(per_repeat[k]) for name, per_repeat in records.items()} for k in range(repeats.pop())]
+    return (with_spread(main_rows(pooled, entries), [main_rows(s, entries) for s in by_repeat]),
+            with_spread(sweep_rows(pooled, entries), [sweep_rows(s, entries) for s in by_repeat]))
+
+
 def plain_prefill_ms(summaries: dict[str, dict[str, Any]], entry: BenchEntry) -> float | None:
     """The prefill p50 of the baseline with ``entry``'s vision (full, +iv or +ivkv) in this run."""
     reference = BASELINE + ("+ivkv" if entry.reuse_kv else "+iv" if entry.incremental_vision else "")
     return summaries[reference]["latency_ms"]["prefill_p50"] if reference in summaries else None
 
 
+def ratio_cell(r: dict[str, Any], key: str) -> str:
+    """A ratio as "1.52x", with its spread over the repeats, "1.52x [1.40–1.61]", when there were several."""
+    value = r.get(key, float("nan"))
+    if r.get("repeats", 1) > 1 and key + "_min" in r:
+        return f"{value:.2f}x [{r[key + '_min']:.2f}–{r[key + '_max']:.2f}]"
+    return f"{value:.2f}x"
+
+
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
-    """One line per row; ``wall ms p50`` is "-" for a row without ``wall_ms_p50``."""
+    """One line per row; ``wall ms p50`` is "-" for a row without ``wall_ms_p50``; the speed-ups
+    are ``median [min–max]`` over the repeats when the rows have several (:func:`ratio_cell`)."""
     header = "| decoder | SR | NCF rate | NCF share | accepted len | target passes/action | draft steps/action | prefill ms p50 | decode ms p50 | total ms p50 | total ms p99 | wall ms p50 | decode speed-up | e2e speed-up | e2e speed-up (mean) |"
     lines = [header, "|" + "---|" * 15]
     for name, r in rows.items():
@@ -262,8 +354,26 @@ def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
             f"| {name} | {r['success_rate']:.0%} | {r['ncf_rate']:.0%} | {r['ncf_share']:.0%} | {r['mean_accepted_len']:.2f} | "
             f"{r['target_passes_per_action']:.2f} | {r['draft_passes_per_action']:.2f} | {r['prefill_ms_p50']:.2f} | {r['decode_ms_p50']:.2f} | {r['total_ms_p50']:.2f} | "
             f"{r['total_ms_p99']:.2f} | {'-' if wall is None else f'{wall:.2f}'} | "
-            f"{r.get('decode_speedup_vs_ar', float('nan')):.2f}x | {r.get('speedup_vs_ar', float('nan')):.2f}x | {r.get('speedup_vs_ar_mean', float('nan')):.2f}x |"
+            f"{ratio_cell(r, 'decode_speedup_vs_ar')} | {ratio_cell(r, 'speedup_vs_ar')} | {ratio_cell(r, 'speedup_vs_ar_mean')} |"
         )
+    return "\n".join(lines)
+
+
+def retrieval_note(rows: dict[str, dict[str, Any]]) -> str:
+    """One line per row with a retrieval store (heisd): its verify-skip share, retrieval-mode share
+    and query time, and both end-to-end speed-ups (p50 latency, and mean latency, which counts the
+    near-free skipped steps that the median hides); "" without such rows."""
+    lines = []
+    for name, r in rows.items():
+        if "verify_skip_share" not in r:
+            continue
+        query = r.get("retrieval_query_ms_p50")
+        lines.append(
+            f"{name}: verify-skip on {r['verify_skip_share']:.0%} of actions, retrieval mode on "
+            f"{r['retrieval_mode_share']:.0%} of model steps (retrieved action accepted whole "
+            f"{r['retrieval_accept_rate']:.0%}, query p50 {'-' if query is None else f'{query:.3f} ms'}); "
+            f"e2e speed-up {ratio_cell(r, 'speedup_vs_ar')} (p50 latency), "
+            f"{ratio_cell(r, 'speedup_vs_ar_mean')} (mean latency)")
     return "\n".join(lines)
 
 

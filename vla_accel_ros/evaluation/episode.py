@@ -154,7 +154,8 @@ def mode_summary(modes: list[str], accepted: list[int], query_ms: list[float]) -
 
 
 def checkpoint_megabytes(path: Path | str) -> float:
-    return sum(f.stat().st_size for f in checkpoint_directory(path).glob("*") if f.is_file()) / 1e6
+    """What the checkpoint directory holds, in MB: every file under it, its retrieval store included."""
+    return sum(f.stat().st_size for f in checkpoint_directory(path).rglob("*") if f.is_file()) / 1e6
 
 
 def peak_rss_mb() -> float:

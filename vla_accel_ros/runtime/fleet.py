@@ -6,9 +6,11 @@ filter, token history, sampling noise and decoder state. :meth:`FleetRunner.step
 observation of each robot (of any subset) and:
 
 - asks each decoder for the proposal it would verify inside the prefill (``verifies_in_prefill``:
-  ``world_aware`` in free space): those robots share ONE batched prefill that verifies every
-  proposal, then each decoder finishes its action (``decode_scored``) with no pass of its own;
-- gives the others ONE batched prefill too, then each decodes on its own row of it;
+  ``world_aware`` in free space);
+- runs ONE batched prefill for all of them, with each proposal riding along with its robot's
+  prefix (a robot without one gets placeholder tokens, whose rows it never reads);
+- lets each decoder finish: with a proposal, ``decode_scored`` on its rows (no pass of its own);
+  without, ``decode`` on its row of the prefix alone (the prefill's rows before the tokens);
 - serves a decoder that skips steps (``heisd``) or a policy without batched passes (a Hugging
   Face VLA) one robot at a time, as a single runner would.
 
@@ -75,25 +77,20 @@ class FleetRunner:
                     if proposal is not None:
                         proposals[i] = proposal
             proposed_at = clock()
-            scored = [(i, obs) for i, obs in batch if i in proposals]
-            plain = [(i, obs) for i, obs in batch if i not in proposals]
-            if scored:
-                tensors = self._tensors([obs for _, obs in scored])
-                feed = torch.tensor([proposals[i][: N_ACTION_TOKENS - 1].tolist() for i, _ in scored], dtype=torch.long)
-                t0 = clock()
-                output = policy.prefill_batch_scored(*tensors, feed)
-                prefill_ms = (clock() - t0) * 1e3
-                for row, (i, _) in enumerate(scored):
-                    one = ScoreOutput(output.logits[row : row + 1], output.prefix.select(row))
-                    result = self.runners[i].decoder.decode_scored(policy, one, proposals[i], contexts[i])
+            placeholder = [0] * (N_ACTION_TOKENS - 1)  # rows no decoder reads: the prefix's come first
+            feed = torch.tensor([proposals[i][: N_ACTION_TOKENS - 1].tolist() if i in proposals else placeholder
+                                 for i, _ in batch], dtype=torch.long)
+            t0 = clock()
+            output = policy.prefill_batch_scored(*self._tensors([obs for _, obs in batch]), feed)
+            prefill_ms = (clock() - t0) * 1e3
+            for row, (i, _) in enumerate(batch):
+                decoder, prefix = self.runners[i].decoder, output.prefix.select(row)
+                if i in proposals:
+                    result = decoder.decode_scored(policy, ScoreOutput(output.logits[row : row + 1], prefix),
+                                                   proposals[i], contexts[i])
                     out[i] = self._timed(result, prefill_ms, (proposed_at - started) * 1e3, started)
-            if plain:
-                tensors = self._tensors([obs for _, obs in plain])
-                t0 = clock()
-                prefix = policy.prefill_batch(*tensors)
-                prefill_ms = (clock() - t0) * 1e3
-                for row, (i, _) in enumerate(plain):
-                    result = self.runners[i].decoder.decode(policy, prefix.select(row), contexts[i])
+                else:  # the prefix alone: the prefill's rows up to its end, as a plain prefill gives them
+                    result = decoder.decode(policy, prefix.truncate(0), contexts[i])
                     out[i] = self._timed(result, prefill_ms, 0.0, started)
         return out
 

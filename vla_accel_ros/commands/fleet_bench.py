@@ -1,0 +1,40 @@
+"""``vla-accel fleet-bench``: N robots on one batched inference process against N separate ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from vla_accel_ros.evaluation.fleet_bench import FleetBenchOptions, fleet_bench
+from vla_accel_ros.sim.gl import check_rendering
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = FleetBenchOptions()
+    parser.add_argument("--robots", default=",".join(map(str, d.robots)), help="fleet sizes, comma-separated")
+    parser.add_argument("--out", default=d.out, help="output directory (summary.json, fleet.png)")
+    parser.add_argument("--checkpoint", default=d.checkpoint, help="policy checkpoint (default: the shipped one)")
+    parser.add_argument("--decoder", default=d.decoder, help="every robot's decoder")
+    parser.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature, 0 = greedy")
+    parser.add_argument("--steps", type=int, default=d.steps, help="observations per robot")
+    parser.add_argument("--seed", type=int, default=d.seed, help="first robot's episode seed (then +1 each)")
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch threads of every process")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not check_rendering("fleet-bench"):
+        return 2
+    try:
+        robots = tuple(int(n) for n in args.robots.split(",") if n.strip())
+        opts = FleetBenchOptions(robots=robots, out=args.out, checkpoint=args.checkpoint, decoder=args.decoder,
+                                 temperature=args.temperature, steps=args.steps, seed=args.seed, threads=args.threads)
+    except ValueError as err:
+        raise SystemExit(f"fleet-bench: {err}") from None
+    summary = fleet_bench(opts)
+    print("| robots | actions/s (batched) | separate | ratio | latency p50 / p99 ms (batched) | separate p50 / p99 |")
+    print("|---|---|---|---|---|---|")
+    for r in summary["runs"]:
+        print(f"| {r['robots']} | {r['actions_per_s']:.0f} | {r['separate_actions_per_s']:.0f} | "
+              f"{r['speedup_vs_separate']:.2f}x | {r['latency_ms_p50']:.1f} / {r['latency_ms_p99']:.1f} | "
+              f"{r['separate_latency_ms_p50']:.1f} / {r['separate_latency_ms_p99']:.1f} |")
+    return 0

@@ -8,7 +8,12 @@ import sys
 import time
 
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE
-from vla_accel_ros.ros.launcher import NodeRefused, SimRunOptions, run_sim
+from vla_accel_ros.ros.launcher import (
+    NodeRefused,
+    SimRunOptions,
+    run_sim,
+    run_sim_decoders,
+)
 from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS
 
 
@@ -16,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=3, help="number of seeded episodes")
     parser.add_argument("--control-rate", type=float, default=20.0, help="node control rate (Hz)")
     parser.add_argument("--decoder", default="kerv", help="action decoder of the node")
+    parser.add_argument("--decoders", default="", help="comma-separated: run the node with each decoder on the same "
+                        "seeds (OUT/DECODER) and compare their live inference latency with the first's "
+                        "(OUT/decoders.json)")
     parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
                         help="the node's action-token sampling temperature (0 = greedy)")
     parser.add_argument("--out", default="outputs/sim", help="output directory")
@@ -45,6 +53,20 @@ def run(args: argparse.Namespace) -> int:
                          duration_s=args.duration_s, output=args.output, executor=args.executor, domain_id=args.domain_id,
                          inference_mode=args.inference_mode, netns=args.netns, realtime_priority=args.realtime_priority)
     started = time.monotonic()
+    if args.decoders:
+        try:
+            result = run_sim_decoders(opts, [d.strip() for d in args.decoders.split(",") if d.strip()])
+        except NodeRefused as err:
+            print(f"sim: error: {err}", file=sys.stderr, flush=True)
+            return 2
+        base = result["baseline"]
+        print(f"| decoder | success | inference ms p50 | p99 | target passes | latency vs {base} |")
+        print("|---|---|---|---|---|---|")
+        for row in result["decoders"]:
+            print(f"| {row['decoder']} | {row['success_rate']:.0%} | {row['inference_latency_ms_p50']:.2f} | "
+                  f"{row['inference_latency_ms_p99']:.2f} | {row['inference_target_passes_mean']:.2f} | "
+                  f"{row[f'latency_ratio_vs_{base}']:.2f} |")
+        return 0
     try:
         s = run_sim(opts)
     except NodeRefused as err:

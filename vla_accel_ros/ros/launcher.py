@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +344,25 @@ def _plot(node: dict[str, Any], rate_hz: float, out: Path) -> None:
     plt.close(fig)
 
 
+def run_sim_decoders(opts: SimRunOptions, decoders: list[str], progress: bool = True) -> dict[str, Any]:
+    """The node with each decoder in turn, on the same seeds (``opts.out/DECODER``): each one's
+    success and inference latency, and that latency's ratio to the first decoder's (``ar`` first
+    for ratios against it). Also written to ``opts.out/decoders.json``."""
+    if not decoders:
+        raise ValueError("--decoders names no decoder")
+    rows = []
+    for decoder in decoders:
+        summary = run_sim(replace(opts, decoder=decoder, out=str(Path(opts.out) / decoder)), progress=progress)
+        rows.append({"decoder": decoder, "success_rate": summary["success_rate"],
+                     "inference_latency_ms_p50": summary["inference_latency_ms_p50"],
+                     "inference_latency_ms_p99": summary["inference_latency_ms_p99"],
+                     "inference_target_passes_mean": summary["inference_target_passes_mean"],
+                     "fallback_ticks": summary["fallback_ticks"], "ticks": summary["ticks"]})
+    base = rows[0]["inference_latency_ms_p50"] or float("nan")
+    for row in rows:
+        latency = row["inference_latency_ms_p50"]
+        row[f"latency_ratio_vs_{rows[0]['decoder']}"] = latency / base if latency else float("nan")
+    result = {"decoders": rows, "baseline": rows[0]["decoder"], "options": asdict(opts)}
+    Path(opts.out).mkdir(parents=True, exist_ok=True)
+    (Path(opts.out) / "decoders.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result

@@ -18,13 +18,11 @@ from typing import Any
 from ament_index_python.packages import get_package_share_directory
 from launch.actions import (
     DeclareLaunchArgument,
-    EmitEvent,
     IncludeLaunchDescription,
     OpaqueFunction,
     RegisterEventHandler,
 )
 from launch.event_handlers import OnProcessExit
-from launch.events import Shutdown
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch_ros.actions import Node
 
@@ -35,17 +33,7 @@ from vla_accel_ros.ros.gazebo_launch import (
     gazebo_processes,
     gz_sim_arguments,
 )
-from vla_accel_ros.ros.launch_args import exit_failure
-
-
-def _on_exit_end_launch(name: str) -> Any:
-    def on_exit(event: Any, context: LaunchContext) -> list[Any]:
-        reason = exit_failure(name, event.returncode)
-        if reason:
-            raise RuntimeError(reason)  # launch logs it, shuts the rest down and exits non-zero
-        return [EmitEvent(event=Shutdown(reason=f"{name} exited"))]
-
-    return on_exit
+from vla_accel_ros.ros.launch_actions import end_launch_on_exit
 
 
 def _start(context: LaunchContext) -> list[Any]:
@@ -63,7 +51,7 @@ def _start(context: LaunchContext) -> list[Any]:
             actions.append(node)
         if process.ends_launch:
             actions.append(RegisterEventHandler(OnProcessExit(target_action=node,
-                                                              on_exit=_on_exit_end_launch(process.name))))
+                                                              on_exit=end_launch_on_exit(process.name))))
     return actions
 
 

@@ -8,7 +8,10 @@ import argparse
 from vla_accel_ros.models.vla_spec import DTYPES
 from vla_accel_ros.training.common import config_from_args
 from vla_accel_ros.training.hf_draft import TEACHERS, HFDraftTrainConfig, train_hf_draft
-from vla_accel_ros.training.options import add_run_arguments
+from vla_accel_ros.training.options import (
+    add_draft_optimiser_arguments,
+    add_run_arguments,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,13 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens the target consumes while its hidden states are collected: the demo's "
                              "(one pass a step) or its own greedy rollout (7 passes a step, for a target that "
                              "often disagrees with the demos)")
-    parser.add_argument("--epochs", type=int, default=d.epochs)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size)
-    parser.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
-    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    parser.add_argument("--feature-weight", type=float, default=d.feature_weight,
-                        help="weight of the hidden-state regression next to the token cross-entropy")
+    add_draft_optimiser_arguments(parser, d, "hidden-state")
     parser.add_argument("--width", type=int, default=d.width,
                         help="the head's inner width (default: the model's hidden size, at most 1024)")
     parser.add_argument("--blocks", type=int, default=d.blocks, help="residual MLP blocks of the head")

@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.training.common import config_from_args
-from vla_accel_ros.training.options import add_run_arguments
+from vla_accel_ros.training.options import (
+    add_draft_optimiser_arguments,
+    add_run_arguments,
+)
 from vla_accel_ros.training.parallel_draft import (
     ParallelDraftTrainConfig,
     train_parallel_draft,
@@ -20,13 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="write a copy of the checkpoint with the parallel draft head here (required unless --in-place)")
     parser.add_argument("--in-place", action="store_true", help="add the head to --checkpoint itself instead of --out")
-    parser.add_argument("--epochs", type=int, default=d.epochs)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size)
-    parser.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
-    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    parser.add_argument("--feature-weight", type=float, default=d.feature_weight,
-                        help="weight of the feature regression next to the token cross-entropy")
+    add_draft_optimiser_arguments(parser, d, "feature")
     parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
     add_run_arguments(parser, d)
 

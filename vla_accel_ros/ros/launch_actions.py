@@ -24,7 +24,8 @@ from launch import LaunchContext, LaunchDescription
 from vla_accel_ros.ros.launch_args import LaunchArgument, NodeLaunch, exit_failure
 
 
-def _end_launch_on_exit(name: str) -> Callable[[Any, LaunchContext], list[Any]]:
+def end_launch_on_exit(name: str) -> Callable[[Any, LaunchContext], list[Any]]:
+    """An OnProcessExit callback: node ``name`` exiting ends the launch (non-zero when it failed)."""
     def on_exit(event: Any, context: LaunchContext) -> list[Any]:
         reason = exit_failure(name, event.returncode)
         if reason:
@@ -44,7 +45,7 @@ def package_launch_description(arguments: list[LaunchArgument],
         for spec in nodes(context.launch_configurations):
             node = Node(**spec.node_kwargs())
             actions += [node, RegisterEventHandler(OnProcessExit(target_action=node,
-                                                                 on_exit=_end_launch_on_exit(spec.name)))]
+                                                                 on_exit=end_launch_on_exit(spec.name)))]
         return actions
 
     declared = [DeclareLaunchArgument(a.name, default_value=a.default, description=a.description,

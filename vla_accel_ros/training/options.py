@@ -1,5 +1,6 @@
 """Command-line options shared by the training commands (train, train-flow, train-parallel-draft,
-train-world): the data selection, the seed, the threads and the progress bars."""
+train-draft, train-world): the data selection, the seed, the threads and the progress bars, and
+the optimiser of the draft-head trainers."""
 
 from __future__ import annotations
 
@@ -15,3 +16,15 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: Any) -> None:
     parser.add_argument("--val-fraction", type=float, default=defaults.val_fraction, help="held-out share of episodes")
     parser.add_argument("--threads", type=int, default=defaults.threads, help="torch CPU threads")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+
+
+def add_draft_optimiser_arguments(parser: argparse.ArgumentParser, defaults: Any, feature: str) -> None:
+    """``--epochs``, ``--batch-size``, ``--lr``, ``--weight-decay``, ``--warmup-steps`` and
+    ``--feature-weight`` of a draft-head trainer (``feature``: what its feature regression fits)."""
+    parser.add_argument("--epochs", type=int, default=defaults.epochs)
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
+    parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
+    parser.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
+    parser.add_argument("--feature-weight", type=float, default=defaults.feature_weight,
+                        help=f"weight of the {feature} regression next to the token cross-entropy")

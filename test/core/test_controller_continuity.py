@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import vla_accel_ros.core.controller as controller_module
@@ -265,6 +265,8 @@ STEPS = st.builds(
 @given(steps=st.lists(STEPS, min_size=5, max_size=40), fallback_max_s=st.sampled_from([0.0, 0.1, 0.25, 1.0]),
        expect_actions=st.booleans())
 def test_any_joint_state_stream_gives_continuous_commands_within_limits(steps, fallback_max_s, expect_actions):
+    # a stream that never delivers a joint state gives no command at all, rightly: nothing to check
+    assume(any(step.kind not in ("gap", "stale") for step in steps))
     ctrl = Controller(KIN, ControllerConfig(period_s=PERIOD, fallback_max_s=fallback_max_s,
                                             expect_actions=expect_actions))
     ctrl.set_instruction("pick up the red cube")

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 
 from vla_accel_ros.ros.netns import NetworkNamespace
@@ -42,7 +43,10 @@ def test_episodes_run_with_the_policy_in_another_namespace(tmp_path, tiny_checkp
                          checkpoint=str(tiny_checkpoint(tmp_path / "ckpt")), domain_id=211, decoder="kerv")
     summary = run_sim(opts, progress=False)
     assert summary["episodes"] == 1 and summary["inference_round_trip_ms_p50"] > 0
-    # every tick publishes once the first joint state is in (a tick or two may come before it)
-    assert summary["ticks_published"] >= summary["ticks"] - 2 and summary["policy_ticks"] > 0
+    assert summary["policy_ticks"] > 0
+    # every tick publishes once the arm's state is known (ticks before the first joint state cannot)
+    commands = np.array(json.loads((out / "node_stats.json").read_text())["tick_log"]["command"], dtype=float)
+    published = np.all(np.isfinite(commands), axis=1)
+    assert published.any() and published[int(np.argmax(published)):].all()
     assert json.loads((out / "summary.json").read_text())["inference_round_trip_ms_p99"] > 0
     assert "vla_accel_211" not in namespaces()  # removed by the command itself

@@ -39,7 +39,7 @@ def test_episodes_run_with_the_policy_in_another_namespace(tmp_path, tiny_checkp
     from vla_accel_ros.ros.launcher import SimRunOptions, run_sim
 
     out = tmp_path / "run"
-    opts = SimRunOptions(episodes=1, duration_s=2.0, inference_mode="remote", netns=True, out=str(out),
+    opts = SimRunOptions(episodes=1, duration_s=4.0, inference_mode="remote", netns=True, out=str(out),
                          checkpoint=str(tiny_checkpoint(tmp_path / "ckpt")), domain_id=211, decoder="kerv")
     summary = run_sim(opts, progress=False)
     assert summary["episodes"] == 1 and summary["inference_round_trip_ms_p50"] > 0

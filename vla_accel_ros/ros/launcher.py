@@ -151,6 +151,14 @@ class _Monitor:
             self.episodes.append(json.loads(msg.data))
             self._cv.notify_all()
 
+    def inference_connected(self) -> bool:
+        """vla_inference_node is up and its endpoints are discovered from this side (across the
+        veth pair in --netns), so the first episode's observations reach it."""
+        from vla_accel_ros.core import remote_protocol
+
+        return (bool(self.inference_stats) and self.node.count_subscribers(f"/{remote_protocol.STATE_TOPIC}") >= 1
+                and self.node.count_publishers(f"/{remote_protocol.ACTION_TOPIC}") >= 1)
+
     def _on_inference_stats(self, msg: Any) -> None:
         with self._cv:
             self.inference_stats = json.loads(msg.data)
@@ -244,7 +252,7 @@ def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], A
     try:
         attached = attach(domain) if attach is not None else None
         ready = monitor.wait_for(lambda: bool(monitor.stats) and monitor.joint_states > 0 and
-                                 (remote is None or bool(monitor.inference_stats)) or
+                                 (remote is None or monitor.inference_connected()) or
                                  node.poll() is not None or sim.poll() is not None or
                                  (remote is not None and remote.poll() is not None), READY_TIMEOUT_S)
         if remote is not None and remote.poll() is not None:

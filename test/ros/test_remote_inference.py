@@ -45,6 +45,9 @@ def test_the_wire_format_round_trips_and_refuses_what_is_not_an_action():
                 JointState(name=[*msg.name], position=[float("nan")] * len(msg.name))):
         with pytest.raises(ValueError):
             remote_protocol.action_from(bad)
+    jpeg = remote_protocol.compressed_image_message(obs)
+    assert jpeg.format == "jpeg" and remote_protocol.stamp_key(jpeg.header.stamp) == remote_protocol.stamp_key(
+        state.header.stamp)
     with pytest.raises(ValueError, match="gripper"):
         remote_protocol.observation_from(obs.image, JointState(name=list(KIN.joint_names), position=Q.tolist()),
                                          "x", KIN.joint_names)
@@ -169,10 +172,12 @@ def test_lost_and_late_messages_cost_a_fallback_counted(dds_rig, ckpt):
         rig.close()
 
 
-def test_one_inference_node_serves_two_robots_in_two_namespaces(dds_rig, ckpt):
+@pytest.mark.parametrize("compressed", [False, True], ids=["raw", "jpeg"])
+def test_one_inference_node_serves_two_robots_in_two_namespaces(dds_rig, ckpt, compressed):
     rig = dds_rig(next(_domains), "robots")
     params = {"inference": True, "inference_mode": "remote", "autostart": True, "instruction": "pick up the red cube",
-              "robot_description_timeout_s": 0.0, "stats_rate_hz": 10.0, "image_size": 64}
+              "robot_description_timeout_s": 0.0, "stats_rate_hz": 10.0, "image_size": 64,
+              "remote_compressed_image": compressed}
     nodes = {ns: VlaAccelNode(context=rig.context, namespace=ns,
                               parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
              for ns in ("left", "right")}

@@ -5,7 +5,9 @@ inference node (``vla_inference_node``) answers with the actions for it. Topic n
 both sides resolve them in the robot's namespace.
 
 - ``vla_inference/observation/image`` (sensor_msgs/Image, rgb8): the model image; ``header.stamp``
-  is the observation's stamp on the control node's clock.
+  is the observation's stamp on the control node's clock. Or, with ``remote_compressed_image``,
+  ``vla_inference/observation/image/compressed`` (sensor_msgs/CompressedImage, JPEG): a tenth of
+  the bytes on a slow link, at the cost of JPEG's loss.
 - ``vla_inference/observation/state`` (sensor_msgs/JointState): the arm joints by name, then
   ``gripper`` (finger opening, m); the same stamp. The image and the state of one observation are
   paired by that stamp.
@@ -23,14 +25,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
 from builtin_interfaces.msg import Time
-from sensor_msgs.msg import Image, JointState
+from sensor_msgs.msg import CompressedImage, Image, JointState
 
 from vla_accel_ros.core.actions import ACTION_DIM, ACTION_NAMES
 from vla_accel_ros.core.observation import Observation
 
 IMAGE_TOPIC = "vla_inference/observation/image"
+COMPRESSED_IMAGE_TOPIC = "vla_inference/observation/image/compressed"
+JPEG_QUALITY = 90
 STATE_TOPIC = "vla_inference/observation/state"
 INSTRUCTION_TOPIC = "vla_inference/instruction"
 ACTION_TOPIC = "vla_inference/action"
@@ -62,6 +67,16 @@ def image_message(obs: Observation) -> Image:
     image = np.ascontiguousarray(obs.image, dtype=np.uint8)
     h, w = image.shape[:2]
     msg = Image(height=h, width=w, encoding="rgb8", step=3 * w, data=image.tobytes())
+    msg.header.stamp = to_time(obs.stamp)
+    return msg
+
+
+def compressed_image_message(obs: Observation, quality: int = JPEG_QUALITY) -> CompressedImage:
+    bgr = cv2.cvtColor(np.ascontiguousarray(obs.image, dtype=np.uint8), cv2.COLOR_RGB2BGR)
+    ok, data = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
+    if not ok:
+        raise ValueError(f"cannot JPEG-encode an image of shape {obs.image.shape}")
+    msg = CompressedImage(format="jpeg", data=data.tobytes())
     msg.header.stamp = to_time(obs.stamp)
     return msg
 

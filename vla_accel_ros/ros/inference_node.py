@@ -28,11 +28,11 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
-from sensor_msgs.msg import Image, JointState
+from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 
 from vla_accel_ros.core import remote_protocol
-from vla_accel_ros.core.convert import image_to_rgb
+from vla_accel_ros.core.convert import compressed_to_rgb, image_to_rgb
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.robot_record import check_robot, read_robot_record, robot_in_use
@@ -55,7 +55,7 @@ class Robot:
     name: str
     runner: Any
     publisher: Any
-    image: Image | None = None
+    image: Image | CompressedImage | None = None
     state: JointState | None = None
     instruction: str = ""
     answered: int = 0
@@ -63,7 +63,7 @@ class Robot:
     last_error: str = ""
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=1000))
 
-    def complete(self) -> tuple[Image, JointState] | None:
+    def complete(self) -> tuple[Image | CompressedImage, JointState] | None:
         """The image and state of one observation (equal stamps), once the task is known."""
         if self.image is None or self.state is None or not self.instruction:
             return None
@@ -123,7 +123,7 @@ class VlaInferenceNode(Node):
         robot = Robot(name, runner, self.create_publisher(JointState, self._topic(name, remote_protocol.ACTION_TOPIC),
                                                           ACTION_QOS))
 
-        def on_image(msg: Image) -> None:
+        def on_image(msg: Image | CompressedImage) -> None:
             with self._lock:
                 robot.image = msg
             self._wake.set()
@@ -138,6 +138,8 @@ class VlaInferenceNode(Node):
                 robot.instruction = msg.data
 
         self.create_subscription(Image, self._topic(name, remote_protocol.IMAGE_TOPIC), on_image, OBSERVATION_QOS)
+        self.create_subscription(CompressedImage, self._topic(name, remote_protocol.COMPRESSED_IMAGE_TOPIC), on_image,
+                                 OBSERVATION_QOS)
         self.create_subscription(JointState, self._topic(name, remote_protocol.STATE_TOPIC), on_state,
                                  OBSERVATION_QOS)
         self.create_subscription(String, self._topic(name, remote_protocol.INSTRUCTION_TOPIC), on_instruction,
@@ -167,7 +169,8 @@ class VlaInferenceNode(Node):
                     pending.append((index, robot, pair, robot.instruction))
         for index, robot, (image, state), instruction in pending:
             try:
-                rgb = image_to_rgb(image, robot.runner.image_size)
+                to_rgb = compressed_to_rgb if isinstance(image, CompressedImage) else image_to_rgb
+                rgb = to_rgb(image, robot.runner.image_size)
                 ready.append((index, robot, state, remote_protocol.observation_from(rgb, state, instruction,
                                                                                      self.kin.joint_names)))
             except ValueError as err:  # a bad observation: that robot falls back, the others go on

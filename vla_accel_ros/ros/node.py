@@ -61,6 +61,7 @@ from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import SetBool
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
+from vla_accel_ros.core import remote_protocol
 from vla_accel_ros.core.controller import Controller, TickResult
 from vla_accel_ros.core.convert import (
     compressed_to_rgb,
@@ -69,10 +70,9 @@ from vla_accel_ros.core.convert import (
     joint_state_to_arm,
     kinematics_difference,
 )
-from vla_accel_ros.core import remote_protocol
 from vla_accel_ros.core.input_errors import InputErrorCounts
-from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.robot_record import check_robot, read_robot_record, robot_in_use
 from vla_accel_ros.core.settings import ConfigError
@@ -387,7 +387,10 @@ class VlaAccelNode(LifecycleNode):
                                      history=HistoryPolicy.KEEP_LAST)
         action_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
         if self._pub_remote_image is None:  # made once, as the subscriptions (see _configure)
-            self._pub_remote_image = self.create_publisher(Image, remote_protocol.IMAGE_TOPIC, observation_qos)
+            self._pub_remote_image = (
+                self.create_publisher(CompressedImage, remote_protocol.COMPRESSED_IMAGE_TOPIC, observation_qos)
+                if self.cfg.remote_compressed_image
+                else self.create_publisher(Image, remote_protocol.IMAGE_TOPIC, observation_qos))
             self._pub_remote_state = self.create_publisher(JointState, remote_protocol.STATE_TOPIC, observation_qos)
             self._pub_remote_task = self.create_publisher(String, remote_protocol.INSTRUCTION_TOPIC, LATCHED_QOS)
             self._inputs[remote_protocol.ACTION_TOPIC] = self.create_subscription(
@@ -401,7 +404,8 @@ class VlaAccelNode(LifecycleNode):
         if obs.instruction != self._remote_task:
             self._pub_remote_task.publish(String(data=obs.instruction))
             self._remote_task = obs.instruction
-        self._pub_remote_image.publish(remote_protocol.image_message(obs))
+        self._pub_remote_image.publish(remote_protocol.compressed_image_message(obs) if self.cfg.remote_compressed_image
+                                       else remote_protocol.image_message(obs))
         self._pub_remote_state.publish(remote_protocol.state_message(obs, self.kin.joint_names))
 
     def _on_remote_action(self, msg: JointState) -> None:

@@ -92,6 +92,8 @@ class NodeConfig:
                              "Python interpreter), process (a child process fed through shared memory; its "
                              "Python never delays a tick) or remote (vla_inference_node, on another machine, "
                              "over the ROS graph)", choices=INFERENCE_MODES)
+    remote_compressed_image: bool = setting(False, "remote mode: send the observation image as JPEG "
+                                       "(CompressedImage), a tenth of the bytes on a slow link")
     remote_lost_after_s: float = setting(0.5, "remote mode: an observation unanswered this long is counted lost and "
                                     "the next one is sent", range=(0.001, 60.0))
     realtime_priority: int = setting(20, "SCHED_FIFO priority (1-98) of the thread that spins the executor and so runs "

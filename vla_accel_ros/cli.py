@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-flow": ("vla_accel_ros.commands.train_flow", "train the continuous action head (10-step teacher, 2-step student)"),
     "train-parallel-draft": ("vla_accel_ros.commands.train_parallel_draft",
                              "train a parallel draft head (all draft tokens in one light call) on a checkpoint"),
+    "train-hf": ("vla_accel_ros.commands.train_hf", "train a small Hugging Face VLA (Llava: SigLIP + Llama) in OpenVLA's layout"),
     "train-draft": ("vla_accel_ros.commands.train_draft", "train an EAGLE-style draft head on a Hugging Face VLA (hf:DIR)"),
     "train-world": ("vla_accel_ros.commands.train_world",
                     "world-aware prefill: frame autoencoder + next-frame bias, then fine-tune target and draft on it"),

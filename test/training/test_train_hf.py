@@ -1,0 +1,93 @@
+"""``vla-accel train-hf`` on three tiny demo episodes: one epoch writes a directory that
+``load_hf_vla`` runs (a decoded action in our action space), with OpenVLA's statistics layout, the
+robot record, the loss plot and the recorded command; every prompt word is one token."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vla_accel_ros.cli import main
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.robot_record import read_robot_record
+from vla_accel_ros.models.hf_vla import load_hf_vla
+from vla_accel_ros.models.vla_spec import OPENVLA_PROMPT
+from vla_accel_ros.sim.env import INSTRUCTION_TEMPLATE
+from vla_accel_ros.sim.scene import CUBE_COLORS
+from vla_accel_ros.training.hf_draft import greedy_rollout
+from vla_accel_ros.training.hf_vla import (
+    DATASET_KEY,
+    LOSS_PLOT,
+    STATISTICS_FILE,
+    TRAINING_FILE,
+    prompt_words,
+)
+
+torch.set_num_threads(1)
+SIZE, STEPS = 32, 6
+TINY = ["--vision-hidden", "32", "--vision-layers", "1", "--vision-heads", "2", "--hidden-size", "32",
+        "--layers", "1", "--heads", "2", "--kv-heads", "1", "--intermediate-size", "64"]
+
+
+def episodes(rng: np.random.Generator) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Three episodes of random 32-px frames and in-range actions (gripper open, then closed)."""
+    for _ in range(3):
+        images = rng.integers(0, 256, (STEPS, SIZE, SIZE, 3), dtype=np.uint8)
+        actions = np.concatenate([rng.uniform(-0.02, 0.02, (STEPS, 3)), np.zeros((STEPS, 3)),
+                                  (np.arange(STEPS) < STEPS // 2)[:, None]], axis=1).astype(np.float32)
+        yield images, actions
+
+
+@pytest.fixture(scope="module")
+def trained(demo_set: Callable[..., tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    demos, _ = demo_set("train_hf", episodes)
+    out = tmp_path_factory.mktemp("train_hf") / "model"
+    assert main(["train-hf", "--data", str(demos), "--out", str(out), "--epochs", "1", "--batch-size", "4",
+                 "--val-fraction", "0.34", "--threads", "1", "--no-progress", *TINY]) == 0
+    return out
+
+
+def test_output_loads_and_decodes_an_action(trained: Path) -> None:
+    policy = load_hf_vla(f"hf:{trained}")
+    assert policy.config.image_size == SIZE and policy.config.n_image_tokens == (SIZE // 16) ** 2
+    assert policy.action_ids[0] == policy.config.vocab_size - 1  # bin b = id vocab_size - 1 - b
+    obs = Observation(image=np.zeros((SIZE, SIZE, 3), np.uint8), joint_pos=np.zeros(7), gripper=0.04,
+                      instruction="pick up the red cube")
+    _, tokens = greedy_rollout(policy, obs)
+    action = policy.tokens_to_action(tokens)
+    assert action.shape == (7,) and np.all(np.isfinite(action)) and 0.0 <= action[6] <= 1.0
+    assert np.all(np.abs(action[:3]) <= 0.02 + 1e-6)  # within the training actions' q01..q99
+
+
+def test_statistics_have_openvla_layout(trained: Path) -> None:
+    statistics = json.loads((trained / STATISTICS_FILE).read_text())
+    assert list(statistics) == [DATASET_KEY]
+    entry = statistics[DATASET_KEY]
+    assert {"q01", "q99", "mask", "mean", "std", "min", "max"} <= set(entry["action"])
+    assert entry["action"]["mask"] == [True] * 6 + [False]
+    assert all(len(entry["action"][k]) == 7 for k in ("q01", "q99", "mean", "std"))
+    assert entry["num_trajectories"] == 2 and entry["num_transitions"] == 2 * STEPS  # the held-out episode excluded
+
+
+def test_side_files(trained: Path) -> None:
+    robot = read_robot_record(trained)
+    assert robot is not None and robot.dof == 7 and robot.image_size == SIZE
+    assert (trained / LOSS_PLOT).stat().st_size > 0
+    record = json.loads((trained / TRAINING_FILE).read_text())
+    assert record["command"].startswith("vla-accel train-hf --data ")
+    assert 0.0 <= record["metrics"]["val_token_acc"] <= 1.0
+    assert not list(trained.glob("*.bin"))  # safetensors only
+
+
+def test_every_prompt_word_is_one_token(trained: Path) -> None:
+    policy = load_hf_vla(f"hf:{trained}")
+    for color in CUBE_COLORS:
+        prompt = OPENVLA_PROMPT.format(instruction=INSTRUCTION_TEMPLATE.format(color=color))
+        ids = policy.text_tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        assert len(ids) == len(prompt.split()) + 1  # the words and the newline
+    assert "green" in prompt_words()

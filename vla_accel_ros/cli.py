@@ -14,6 +14,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demos": ("vla_accel_ros.commands.demos", "record scripted-expert demonstrations in the MuJoCo sim"),
     "sim": ("vla_accel_ros.commands.sim", "run the sim bridge and the VLA node over DDS for N episodes"),
+    "hf-cost": ("vla_accel_ros.commands.hf_cost",
+                "time a Hugging Face VLA's passes at OpenVLA's shape, and the speed-ups they imply"),
     "fleet-bench": ("vla_accel_ros.commands.fleet_bench",
                     "N robots on one batched inference process against N separate processes"),
     "train": ("vla_accel_ros.commands.train", "train the policy (target VLA, draft head, contact head) on demonstrations"),

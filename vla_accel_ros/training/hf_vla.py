@@ -197,7 +197,7 @@ def build_hf_vla(path: Path, cfg: HFTrainConfig, image_size: int) -> Path:
     text = LlamaConfig(vocab_size=-(-len(tokenizer) // 8) * 8, hidden_size=cfg.hidden_size,
                        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.layers,
                        num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-                       max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+                       max_position_embeddings=max(256, 2 * (image_size // cfg.patch_size) ** 2), bos_token_id=1, eos_token_id=2,
                        pad_token_id=tokenizer.pad_token_id)
     tower = {"image_size": image_size, "patch_size": cfg.patch_size, "hidden_size": cfg.vision_hidden,
              "intermediate_size": 4 * cfg.vision_hidden, "num_hidden_layers": cfg.vision_layers,

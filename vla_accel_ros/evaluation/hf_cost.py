@@ -1,0 +1,115 @@
+"""``vla-accel hf-cost``: what the passes of a Hugging Face VLA at (toward) OpenVLA's shape cost on
+this machine, and the end-to-end speed-up each decoder's pass counts imply there.
+
+A random-weight Llava (a small SigLIP tower, 256 image tokens at 224 px / patch 14; a Llama of
+``hidden`` width and ``layers`` layers, 32000 text ids) runs through :class:`HFTokenVLA`, the policy
+the decoders drive, on one thread. Timed, median of ``repeats``: the prefill; a 1-token step (what
+``ar`` takes 7 of); a 6-token verify pass (what ``kerv`` takes one of: 7 rows, the proposal's last
+token is not fed); the prefill with 6 proposed tokens verified inside it (``world_aware`` in free
+space). A decoder's implied time per action = prefill + passes x the pass it makes; its speed-up
+is ``ar``'s time over it. The pass counts are the bench's (README), given as ``--passes``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vla_accel_ros.core.observation import Observation
+
+# target passes per action measured by the bench (README, 10 episodes x 2 repeats)
+BENCH_PASSES = {"ar": 7.0, "sd": 1.24, "kerv_released": 1.15, "kerv": 1.00, "deadline": 1.17}
+IN_PREFILL = ("world_aware",)  # verified inside the prefill in free space (72% of its actions)
+
+
+@dataclass(frozen=True)
+class CostOptions:
+    hidden: int = 1024
+    layers: int = 8
+    image_size: int = 224
+    patch_size: int = 14
+    repeats: int = 10
+    threads: int = 1
+    out: str = "outputs/hf_cost"
+
+    def __post_init__(self) -> None:
+        if self.hidden % 64 or self.layers < 1 or self.repeats < 1:
+            raise ValueError("hidden must be a multiple of 64, layers and repeats positive")
+
+
+def _median_ms(run: Callable[[], Any], repeats: int) -> float:
+    run()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def build_model(opts: CostOptions, directory: Path) -> Any:
+    """The random-weight VLA at ``opts``'s shape, saved and loaded as ``hf:directory``."""
+    from vla_accel_ros.models.hf_vla import load_hf_vla
+    from vla_accel_ros.training.hf_vla import (
+        HFTrainConfig,
+        build_hf_vla,
+        write_side_files,
+    )
+
+    cfg = HFTrainConfig(data="", out=str(directory), vision="siglip", patch_size=opts.patch_size, vision_hidden=96,
+                        vision_layers=2, vision_heads=4, hidden_size=opts.hidden, layers=opts.layers,
+                        heads=opts.hidden // 64, kv_heads=opts.hidden // 64, intermediate_size=int(opts.hidden * 2.6875),
+                        text_vocab=32000)
+    build_hf_vla(directory, cfg, opts.image_size)
+    stats = {"q01": [-0.01] * 6 + [0.0], "q99": [0.01] * 6 + [1.0], "mask": [True] * 6 + [False]}
+    write_side_files(directory, {"sim": {"action": stats}}, opts.image_size)
+    return load_hf_vla(directory)
+
+
+def measure(opts: CostOptions) -> dict[str, Any]:
+    torch.set_num_threads(opts.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = build_model(opts, Path(tmp) / "vla")
+    rng = np.random.default_rng(0)
+    obs = Observation(rng.integers(0, 256, (opts.image_size, opts.image_size, 3), dtype=np.uint8),
+                      "pick up the red cube", np.zeros(7), 0.04, 0.0)
+    one, six = torch.tensor([[3]]), torch.tensor([[3, 4, 5, 6, 7, 8]])
+    with torch.inference_mode():
+        prefix = policy.prefill(obs)
+        costs = {
+            "prefill_ms": _median_ms(lambda: policy.prefill(obs), opts.repeats),
+            "step_1_token_ms": _median_ms(lambda: policy.score(prefix, one), opts.repeats),
+            "verify_6_tokens_ms": _median_ms(lambda: policy.score(prefix, six), opts.repeats),
+            "prefill_verifying_6_ms": _median_ms(lambda: policy.prefill_scored(obs, six), opts.repeats),
+        }
+    prefix_tokens = int(prefix.prefix_len)
+    n_params = sum(p.numel() for p in policy.model.parameters())
+    ar_ms = costs["prefill_ms"] + BENCH_PASSES["ar"] * costs["step_1_token_ms"]
+    rows = []
+    for name, passes in BENCH_PASSES.items():
+        per_pass = costs["step_1_token_ms"] if name == "ar" else costs["verify_6_tokens_ms"]
+        total = costs["prefill_ms"] + passes * per_pass
+        rows.append({"decoder": name, "target_passes": passes, "implied_ms": total, "implied_speedup": ar_ms / total})
+    for name in IN_PREFILL:
+        total = costs["prefill_verifying_6_ms"]
+        rows.append({"decoder": name, "target_passes": 1.0, "implied_ms": total, "implied_speedup": ar_ms / total,
+                     "note": "every action verified inside the prefill (free space)"})
+    return {"options": asdict(opts), "parameters": n_params, "prefix_tokens": prefix_tokens, **costs,
+            "decoders": rows}
+
+
+def hf_cost(opts: CostOptions) -> dict[str, Any]:
+    result = measure(opts)
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result

@@ -222,3 +222,12 @@ def check_robot(made_for: RobotRecord | None, in_use: RobotRecord, *, allow_unma
         raise RobotMismatch(f"the robot differs from the one {source} was made for ({'; '.join(differences)}). "
                             f"{both}. Set allow_unmatched_robot to true to run it anyway")
     return f"robot differs from the checkpoint's ({'; '.join(differences)}); running with allow_unmatched_robot"
+
+
+def check_checkpoint_robot(checkpoint: Path | str, joint_names: tuple[str, ...] | list[str], tcp_frame: str, *,
+                           action_dt_s: float = 0.0, image_size: int = 0, allow_unmatched: bool = False) -> str:
+    """:func:`check_robot` of the record in the checkpoint directory ``checkpoint`` against the arm
+    in use (its joints and TCP frame, the policy step and the image size fed to the model)."""
+    in_use = robot_in_use(joint_names, tcp_frame, action_dt_s=action_dt_s, image_size=image_size)
+    return check_robot(read_robot_record(checkpoint), in_use, allow_unmatched=allow_unmatched,
+                       source=f"checkpoint '{checkpoint}'")

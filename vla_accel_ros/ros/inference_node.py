@@ -35,7 +35,7 @@ from vla_accel_ros.core import remote_protocol
 from vla_accel_ros.core.convert import compressed_to_rgb, image_to_rgb
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
-from vla_accel_ros.core.robot_record import check_robot, read_robot_record, robot_in_use
+from vla_accel_ros.core.robot_record import check_checkpoint_robot
 from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.ros.parameters import InferenceNodeConfig
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS, declare_config, run_node
@@ -85,10 +85,9 @@ class VlaInferenceNode(Node):
         except ValueError as err:
             raise ConfigError(f"bad URDF {cfg.urdf_file or default_urdf()}: {err}") from err
         runner_config = cfg.runner_config()
-        in_use = robot_in_use(self.kin.joint_names, self.kin.tcp_frame, action_dt_s=cfg.action_dt_s)
-        self.robot_warning = check_robot(read_robot_record(runner_config.checkpoint_path), in_use,
-                                         allow_unmatched=cfg.allow_unmatched_robot,
-                                         source=f"checkpoint '{runner_config.checkpoint_path}'")
+        self.robot_warning = check_checkpoint_robot(runner_config.checkpoint_path, self.kin.joint_names,
+                                                    self.kin.tcp_frame, action_dt_s=cfg.action_dt_s,
+                                                    allow_unmatched=cfg.allow_unmatched_robot)
         if self.robot_warning:
             self.get_logger().warn(self.robot_warning)
         names = list(cfg.robots) or [""]

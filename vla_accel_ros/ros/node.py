@@ -74,7 +74,7 @@ from vla_accel_ros.core.input_errors import InputErrorCounts
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.resources import default_urdf
-from vla_accel_ros.core.robot_record import check_robot, read_robot_record, robot_in_use
+from vla_accel_ros.core.robot_record import check_checkpoint_robot
 from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.ros.parameters import NodeConfig
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS, declare_config, run_node
@@ -261,11 +261,9 @@ class VlaAccelNode(LifecycleNode):
         runner_config = cfg.runner_config()
         if cfg.inference and cfg.inference_mode != "remote":  # remote: the inference node checks its robot
             # first: a policy for another arm is the root cause of any mismatch below
-            made_for = read_robot_record(runner_config.checkpoint_path)
-            in_use = robot_in_use(self.kin.joint_names, self.kin.tcp_frame, action_dt_s=cfg.action_dt_s,
-                                  image_size=cfg.image_size)
-            self._robot_warning = check_robot(made_for, in_use, allow_unmatched=cfg.allow_unmatched_robot,
-                                              source=f"checkpoint '{runner_config.checkpoint_path}'")
+            self._robot_warning = check_checkpoint_robot(
+                runner_config.checkpoint_path, self.kin.joint_names, self.kin.tcp_frame, action_dt_s=cfg.action_dt_s,
+                image_size=cfg.image_size, allow_unmatched=cfg.allow_unmatched_robot)
             if self._robot_warning:
                 self.get_logger().warn(self._robot_warning)
         self.controller_joints = controller_joint_order(self.kin, cfg.controller_joints)

@@ -74,11 +74,7 @@ class LockstepCore:
         is ``robot_warning``)."""
         from vla_accel_ros.core.convert import controller_joint_order
         from vla_accel_ros.core.kinematics import ArmKinematics
-        from vla_accel_ros.core.robot_record import (
-            check_robot,
-            read_robot_record,
-            robot_in_use,
-        )
+        from vla_accel_ros.core.robot_record import check_checkpoint_robot
         from vla_accel_ros.runtime.builder import build_controller, build_runner
 
         self.cfg = cfg
@@ -91,10 +87,9 @@ class LockstepCore:
         self.controller_joints = controller_joint_order(self.kin, cfg.controller_joints)
         runner_config = replace(cfg.runner_config(), torch_threads=1)  # one thread: bit-identical runs
         checkpoint = runner_config.checkpoint_path
-        in_use = robot_in_use(self.kin.joint_names, self.kin.tcp_frame, action_dt_s=cfg.action_dt_s,
-                              image_size=cfg.image_size)
-        self.robot_warning = check_robot(read_robot_record(checkpoint), in_use,
-                                         allow_unmatched=cfg.allow_unmatched_robot, source=f"checkpoint '{checkpoint}'")
+        self.robot_warning = check_checkpoint_robot(checkpoint, self.kin.joint_names, self.kin.tcp_frame,
+                                                    action_dt_s=cfg.action_dt_s, image_size=cfg.image_size,
+                                                    allow_unmatched=cfg.allow_unmatched_robot)
         self.controller = build_controller(cfg.controller_config(), self.kin, enabled=True,
                                            instruction=cfg.instruction)
         try:

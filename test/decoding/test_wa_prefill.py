@@ -79,8 +79,8 @@ def test_bench_and_eval_run_wa_rows(tmp_path) -> None:
     policy.world = WorldPrefill.for_target(policy.config)
     wa = save_checkpoint(policy, tmp_path / "wa", {"test": "zero bias"})
     out = tmp_path / "bench"
-    assert main(["bench", "--episodes", "1", "--max-steps", "5", "--decoders", "wa_prefill+sd", "--no-sweep",
-                 "--wa-checkpoint", str(wa), "--out", str(out)]) == 0
+    assert main(["bench", "--episodes", "1", "--max-steps", "5", "--decoders", "wa_prefill+sd", "--sweep-r", "9",
+                 "--sweep-decoders", "sd", "--wa-checkpoint", str(wa), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary) == {"ar", "sd", "wa_prefill+sd"}  # the base X is added for the comparison
     assert set(summary["wa_prefill+sd"]) == set(summary["sd"])
@@ -89,6 +89,11 @@ def test_bench_and_eval_run_wa_rows(tmp_path) -> None:
     comparison = json.loads((out / "wa_comparison.json").read_text())
     assert comparison["wa_prefill+sd"]["base"] == "sd" and comparison["wa_prefill+sd"]["speedup_vs_base"] > 0
     assert json.loads((out / "meta.json").read_text())["wa_checkpoint_mb"] <= 15
+    # the relaxation sweep: wa_prefill+sd follows sd's sweep and is compared at the same r
+    assert set(json.loads((out / "sweep.json").read_text())) == {"sd@r=9", "wa_prefill+sd@r=9"}
+    assert comparison["wa_prefill+sd@r=9"]["base"] == "sd@r=9"
+    assert set(json.loads((out / "matched_success.json").read_text())) == {"sd", "wa_prefill+sd"}
+    assert (out / "wa_relaxation.png").is_file()
 
     with pytest.raises(SystemExit, match="wa-checkpoint"):
         main(["bench", "--episodes", "1", "--decoders", "wa_prefill+sd", "--out", str(tmp_path / "b2")])

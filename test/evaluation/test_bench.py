@@ -6,7 +6,12 @@ import argparse
 
 import pytest
 
-from vla_accel_ros.commands.bench import add_arguments, parse_contact_bounds
+from vla_accel_ros.commands.bench import (
+    add_arguments,
+    parse_contact_bounds,
+    parse_sweep_decoders,
+    parse_sweep_r,
+)
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.evaluation.bench import (
@@ -22,6 +27,8 @@ from vla_accel_ros.evaluation.bench import (
     bench_store_options,
     default_decoders,
     markdown_table,
+    matched_success,
+    matched_success_table,
     plot_pareto,
     retrieval_note,
     row,
@@ -135,6 +142,45 @@ def test_sweep_entries_trace_sd_and_kerv_over_r() -> None:
             (f"kerv@r={r}", "kerv", (("r_min", max(1, r // 3)), ("r_max", r)), r))]
 
 
+def test_sweep_r_and_decoders_choose_the_sweep_and_a_listed_wa_prefill_follows_it() -> None:
+    entries = bench_entries(["ar", "sd", "kerv", "wa_prefill+sd", "wa_prefill+kerv"], sweep=True, sweep_r=(9, 40),
+                            sweep_decoders=("sd",), contact_bounds=((40, 100),))
+    extra = [(e.name, e.decoder, e.settings, e.wa_prefill) for e in entries if e.sweep_r is not None or e.bounds]
+    assert extra == [
+        ("kerv@r=[40,100]", "kerv", (("r_min", 40), ("r_max", 100)), False),
+        ("world_aware@r=[40,100]", "world_aware", (("r_min", 40), ("r_max", 100)), False),
+        ("wa_prefill+kerv@r=[40,100]", "kerv", (("r_min", 40), ("r_max", 100)), True),
+        ("sd@r=9", "sd", (("r", 9),), False), ("wa_prefill+sd@r=9", "sd", (("r", 9),), True),
+        ("sd@r=40", "sd", (("r", 40),), False), ("wa_prefill+sd@r=40", "sd", (("r", 40),), True)]
+
+
+def test_matched_success_takes_the_fastest_setting_within_two_points_of_ar() -> None:
+    def r(success: float, speedup: float) -> dict[str, float]:
+        return {"success_rate": success, "speedup_vs_ar": speedup, "ncf_rate": 1 - success, "mean_accepted_len": 3.0}
+
+    rows = {"ar": r(0.90, 1.0), "sd": r(0.90, 1.1), "sd@r=20": r(0.88, 1.3), "sd@r=40": r(0.86, 1.6),
+            "wa_prefill+sd@r=40": r(0.90, 1.5), "kerv@r=[40,100]": r(0.5, 2.0), "ar@T=0.5": r(1.0, 3.0)}
+    matched = matched_success(rows)
+    assert set(matched) == {"sd", "wa_prefill+sd", "kerv"}  # temperature rows are not a setting
+    assert matched["sd"]["setting"] == "sd@r=20" and matched["sd"]["settings_tried"] == 3
+    assert matched["wa_prefill+sd"]["setting"] == "wa_prefill+sd@r=40"
+    assert matched["kerv"] is None
+    assert "none within 2 points" in matched_success_table(matched, 0.9)
+
+
+@pytest.mark.parametrize("text", ["", "0,9", "a", "9,-1"])
+def test_sweep_r_rejects_bad_lists(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_sweep_r(text)
+    assert parse_sweep_r("9, 20,40") == (9, 20, 40)
+
+
+def test_sweep_decoders_must_be_swept_decoders() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="among"):
+        parse_sweep_decoders("sd,world_aware")
+    assert parse_sweep_decoders("kerv") == ("kerv",)
+
+
 def test_entries_keep_their_order_and_names() -> None:
     names = [e.name for e in bench_entries(
         ["ar", "sd", "kerv", "world_aware", "deadline", "heisd", "flow2", "wa_prefill+kerv"], sweep=False,
@@ -142,7 +188,7 @@ def test_entries_keep_their_order_and_names() -> None:
         after_prefill=True)]
     plain = ["ar", "sd", "kerv", "world_aware", "deadline", "heisd", "flow2", "wa_prefill+kerv"]
     assert names == [
-        *plain, "kerv@r=[20,60]", "world_aware@r=[20,60]", "ar@T=0.5",
+        *plain, "kerv@r=[20,60]", "world_aware@r=[20,60]", "wa_prefill+kerv@r=[20,60]", "ar@T=0.5",
         "kerv@sequential", "world_aware@sequential", "deadline@sequential", "world_aware@after_prefill",
         *(f"{name}+iv" for name in plain)]
 

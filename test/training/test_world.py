@@ -77,3 +77,19 @@ def test_cli_and_config() -> None:
         WorldTrainConfig(checkpoint="b", data="d", out="o", ae_epochs=-1)
     with pytest.raises(ValueError, match="max_episodes"):
         WorldTrainConfig(checkpoint="b", data="d", out="o", max_episodes=0)
+
+
+def test_scene_weight_trains_a_probe_on_the_bias_and_reports_it(setup, tmp_path: Path) -> None:
+    data, base = setup
+    common = {"checkpoint": str(base), "data": str(data), "ae_epochs": 1, "bias_epochs": 2, "finetune_epochs": 0,
+              "draft_epochs": 0, "batch_size": 16, "latent_channels": 4, "width": 8, "hidden": 16, "head_hidden": 16,
+              "progress": False, "threads": 1}
+    plain = train_world(WorldTrainConfig(out=str(tmp_path / "plain"), **common))
+    scene = train_world(WorldTrainConfig(out=str(tmp_path / "scene"), scene_weight=1.0, **common))
+    assert "scene_val_contact_acc" not in plain
+    assert 0.0 <= scene["scene_val_contact_acc"] <= 1.0 and 0.5 <= scene["scene_val_contact_base_rate"] <= 1.0
+    assert scene["bias_rms"] != plain["bias_rms"]  # the probe's loss reaches the bias
+    meta = json.loads((tmp_path / "scene" / WORLD_META_FILE).read_text())
+    assert "scene probe" in meta["recipe"]["bias_objective"] and meta["recipe"]["scene_weight"] == 1.0
+    with pytest.raises(ValueError, match="scene_weight"):
+        WorldTrainConfig(checkpoint="b", data="d", out="o", scene_weight=-1.0)

@@ -27,6 +27,7 @@ from vla_accel_ros.decoding.wa_prefill import WA_DEFAULT_BASES, WA_PREFILL_PREFI
 from vla_accel_ros.evaluation.bench import (
     AFTER_PREFILL_SUFFIX,
     SEQUENTIAL_SUFFIX,
+    SWEEP_R,
     TEMPERATURE_PREFIX,
     bench_entries,
     bench_rows,
@@ -35,11 +36,14 @@ from vla_accel_ros.evaluation.bench import (
     default_decoders,
     flow_head_decoders,
     markdown_table,
+    matched_success,
+    matched_success_table,
     parallel_draft_decoders,
     plot_contact_bounds,
     plot_pareto,
     plot_temperature_sweep,
     plot_threshold_trace,
+    plot_wa_relaxation,
     prefill_verifying_decoders,
     retrieval_note,
     store_decoders,
@@ -86,6 +90,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated decoder names (default: all; {'/'.join(flow_head_decoders())} when "
                              "the checkpoint has a flow head)")
     parser.add_argument("--no-sweep", action="store_true", help=f"skip the r sweep of {' and '.join(THRESHOLD_SWEPT)}")
+    parser.add_argument("--sweep-r", type=parse_sweep_r, default=SWEEP_R, metavar="R1,R2,...",
+                        help=f"the r values of the sweep (default: {','.join(map(str, SWEEP_R))}); a listed "
+                             f"{WA_PREFILL_PREFIX}X of a swept X is swept too")
+    parser.add_argument("--sweep-decoders", type=parse_sweep_decoders, default=THRESHOLD_SWEPT, metavar="D1,D2",
+                        help=f"which of {', '.join(THRESHOLD_SWEPT)} the r sweep runs (default: all)")
     parser.add_argument("--max-steps", type=int, default=120)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--store", type=Path, default=None,
@@ -143,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
     entries = bench_entries(decoders, sweep=not args.no_sweep, incremental_vision=args.incremental_vision,
                             reuse_kv=args.reuse_kv, sequential_draft=args.sequential_draft,
                             temperatures=args.temperature_sweep, contact_bounds=args.contact_bounds,
-                            after_prefill=args.after_prefill)
+                            after_prefill=args.after_prefill, sweep_r=args.sweep_r,
+                            sweep_decoders=args.sweep_decoders)
     sampling = sampling_config(args)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -187,11 +197,15 @@ def run(args: argparse.Namespace) -> int:
         "threads": args.threads,
         "temperature": sampling.temperature,
     }
-    comparison = wa_comparison(main_rows)
+    every_row = {**main_rows, **sweep_rows}
+    comparison = wa_comparison(every_row)
+    matched = matched_success(every_row)
+    (args.out / "matched_success.json").write_text(json.dumps(matched, indent=2))
     if wa_policy is not None:
         meta.update(wa_checkpoint=str(args.wa_checkpoint), wa_checkpoint_mb=checkpoint_megabytes(args.wa_checkpoint))
         (args.out / "wa_comparison.json").write_text(json.dumps(comparison, indent=2))
         (args.out / "wa_comparison.md").write_text(wa_table(comparison) + "\n")
+        plot_wa_relaxation(comparison, every_row, args.out / "wa_relaxation.png")
     (args.out / "summary.json").write_text(json.dumps(main_rows, indent=2))
     (args.out / "sweep.json").write_text(json.dumps(sweep_rows, indent=2))
     (args.out / "meta.json").write_text(json.dumps(meta, indent=2))
@@ -207,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
             f"{name} {ratio:.2f}x" for name, ratio in incremental.items())
     if note := retrieval_note(main_rows):
         table += "\n\n" + note
+    table += "\n\n" + matched_success_table(matched, main_rows[BASELINE]["success_rate"])
     sweep_table = markdown_table(sweep_rows) if sweep_rows else ""
     (args.out / "table.md").write_text(table + ("\n\nr sweep:\n\n" + sweep_table if sweep_table else "") + "\n")
     if sweep_rows:
@@ -242,6 +257,24 @@ def parse_contact_bounds(text: str) -> tuple[tuple[int, int], ...]:
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"comma-separated R_MIN:R_MAX pairs with 0 <= R_MIN <= R_MAX: {err}") from err
     return pairs  # type: ignore[return-value]
+
+
+def parse_sweep_r(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+def parse_sweep_decoders(text: str) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    unknown = [n for n in names if n not in THRESHOLD_SWEPT]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"comma-separated names among {', '.join(THRESHOLD_SWEPT)}, got {text!r}")
+    return names
 
 
 def parse_repeats(text: str) -> int:

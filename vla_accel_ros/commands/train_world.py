@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latent-l2", type=float, default=d.latent_l2,
                         help="penalty on the autoencoder latent's mean square")
     parser.add_argument("--bias-l2", type=float, default=d.bias_l2, help="penalty on the bias's mean square")
+    parser.add_argument("--scene-weight", type=float, default=d.scene_weight,
+                        help="weight of a scene probe's loss on the bias: near contact, and where the named cube "
+                             "and the TCP are, read from the bias alone (0 = next-frame prediction only)")
     add_run_arguments(parser, d)
 
 

@@ -136,11 +136,15 @@ def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = F
                   reuse_kv: bool = False, sequential_draft: bool = False,
                   temperatures: tuple[float, ...] = (),
                   contact_bounds: tuple[tuple[int, int], ...] = (),
-                  after_prefill: bool = False) -> list[BenchEntry]:
+                  after_prefill: bool = False, sweep_r: tuple[int, ...] = SWEEP_R,
+                  sweep_decoders: tuple[str, ...] = THRESHOLD_SWEPT) -> list[BenchEntry]:
     entries = [BenchEntry(name, name) for name in decoders]
+    # A listed wa_prefill+X also runs at every looser setting X gets: the relaxation sweep of WA-SpecDec.
+    wa_bases = [name[len(WA_PREFILL_PREFIX):] for name in decoders if name.startswith(WA_PREFILL_PREFIX)]
     # the contact comparison at the same (loose) r bounds: what contact awareness does to NCF
+    bounded = [*CONTACT_COMPARISON, *(WA_PREFILL_PREFIX + b for b in wa_bases if b in CONTACT_COMPARISON)]
     entries += [BenchEntry(bounds_name(name, lo, hi), name, (("r_min", lo), ("r_max", hi)), bounds=(lo, hi))
-                for lo, hi in contact_bounds for name in CONTACT_COMPARISON]
+                for lo, hi in contact_bounds for name in bounded]
     # the baseline again at each temperature (ar@T=...): what sampling does to success, on the same episodes
     entries += [BenchEntry(f"{BASELINE}{TEMPERATURE_PREFIX}{t:g}", BASELINE, temperature=t) for t in temperatures]
     if sequential_draft:  # the parallel-draft decoders again, drafting with the sequential head
@@ -156,9 +160,11 @@ def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = F
     if reuse_kv:  # and again, also reusing the keys/values of unchanged prefix tokens
         entries += [BenchEntry(f"{name}+ivkv", name, incremental_vision=True, reuse_kv=True) for name in decoders]
     if sweep:
-        for r in SWEEP_R:
-            for name in DECODERS:
-                settings = threshold_sweep(name, r)
+        swept = [name for name in DECODERS if name in sweep_decoders]
+        swept += [WA_PREFILL_PREFIX + b for b in wa_bases if b in swept]
+        for r in sweep_r:
+            for name in swept:
+                settings = threshold_sweep(name.removeprefix(WA_PREFILL_PREFIX), r)
                 if settings is not None:
                     entries.append(BenchEntry(f"{name}@r={r}", name, tuple(settings.items()), r))
     # "wa_prefill+X" entries run decoder X with the world-aware policy
@@ -197,8 +203,9 @@ def wa_setup(args: argparse.Namespace, decoders: list[str], policy: Policy) -> P
 
 
 def wa_comparison(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each ``wa_prefill+X`` row against X: success, NCF share and the speed-up of the world-aware
-    prefill over X alone (X's end-to-end latency / its own), all from this one run."""
+    """Each ``wa_prefill+X`` row against X (``wa_prefill+X@r=…`` against ``X@r=…``): success, NCF
+    share and the speed-up of the world-aware prefill over X alone (X's end-to-end latency / its
+    own), all from this one run."""
     out = {}
     for name, wa in rows.items():
         base = rows.get(name[len(WA_PREFILL_PREFIX):]) if name.startswith(WA_PREFILL_PREFIX) else None
@@ -228,6 +235,46 @@ def wa_table(comparison: dict[str, dict[str, Any]]) -> str:
             f"{c['base_ncf_share']:.0%} -> {c['ncf_share']:.0%} | {c['base_mean_accepted_len']:.2f} -> "
             f"{c['mean_accepted_len']:.2f} | {c['decode_speedup_vs_base']:.2f}x | {c['speedup_vs_base']:.2f}x |"
         )
+    return "\n".join(lines)
+
+
+def setting_family(name: str) -> str:
+    """The decoder family of a row name: ``'wa_prefill+sd@r=40'`` -> ``'wa_prefill+sd'``."""
+    return name.split("@", 1)[0]
+
+
+def matched_success(rows: dict[str, dict[str, Any]], tolerance: float = 0.02) -> dict[str, dict[str, Any] | None]:
+    """For each decoder family among ``rows`` (a decoder at its default and every swept or bounded
+    setting), the fastest setting (``speedup_vs_ar``) whose success is within ``tolerance`` of
+    ``BASELINE``'s; None when no setting of the family gets there. Temperature rows are left out:
+    they change the baseline's sampling, not a threshold."""
+    target = rows[BASELINE]["success_rate"] - tolerance - 1e-9
+    families: dict[str, list[str]] = {}
+    for name in rows:
+        if name != BASELINE and TEMPERATURE_PREFIX not in name:
+            families.setdefault(setting_family(name), []).append(name)
+    out: dict[str, dict[str, Any] | None] = {}
+    for family, names in families.items():
+        ok = [n for n in names if rows[n]["success_rate"] >= target and "speedup_vs_ar" in rows[n]]
+        best = max(ok, key=lambda n: rows[n]["speedup_vs_ar"], default=None)
+        out[family] = None if best is None else {
+            "setting": best, "settings_tried": len(names), "success_rate": rows[best]["success_rate"],
+            "ncf_rate": rows[best]["ncf_rate"], "mean_accepted_len": rows[best]["mean_accepted_len"],
+            **{k: rows[best][k] for k in ("speedup_vs_ar", "speedup_vs_ar_min", "speedup_vs_ar_max", "repeats")
+               if k in rows[best]},
+        }
+    return out
+
+
+def matched_success_table(matched: dict[str, dict[str, Any] | None], baseline_success: float) -> str:
+    lines = [f"fastest setting within 2 points of {BASELINE} ({baseline_success:.0%} success):", "",
+             "| family | setting | SR | NCF rate | accepted len | e2e speed-up vs ar |", "|" + "---|" * 6]
+    for family, m in matched.items():
+        if m is None:
+            lines.append(f"| {family} | none within 2 points | | | | |")
+        else:
+            lines.append(f"| {family} | {m['setting']} | {m['success_rate']:.0%} | {m['ncf_rate']:.0%} | "
+                         f"{m['mean_accepted_len']:.2f} | {ratio_cell(m, 'speedup_vs_ar')} |")
     return "\n".join(lines)
 
 
@@ -455,6 +502,32 @@ def plot_threshold_trace(records: dict[str, EpisodeRecord], out: Path) -> None:
     ax_a.set_ylabel("accepted draft tokens")
     ax_a.set_xlabel(f"control step (seed {next(iter(records.values())).seed})")
     ax_r.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_wa_relaxation(comparison: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]], out: Path) -> None:
+    """Success and end-to-end speed-up vs ar of each ``wa_prefill+X`` setting beside X at the same
+    setting: does the world-aware prefill keep success as the relaxation loosens?"""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(comparison)
+    x = np.arange(len(names))
+    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 0.9 * len(names) + 3), 4.2))
+    for ax, key, title in ((axes[0], "success_rate", "success rate"), (axes[1], "speedup_vs_ar", "e2e speed-up vs ar")):
+        base = [rows[comparison[n]["base"]].get(key, np.nan) for n in names]
+        wa = [rows[n].get(key, np.nan) for n in names]
+        ax.bar(x - 0.2, base, width=0.4, label="X alone")
+        ax.bar(x + 0.2, wa, width=0.4, label="wa_prefill+X")
+        ax.set_xticks(x, [comparison[n]["base"] for n in names], rotation=45, ha="right", fontsize=7)
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylim(0, 1.05)
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

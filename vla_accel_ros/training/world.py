@@ -4,7 +4,9 @@ Three phases on one in-memory copy of the demonstrations (see :mod:`vla_accel_ro
 
 a. the frame autoencoder, by L2 reconstruction of the demo frames; then it is frozen;
 b. the world-bias module, by dense next-frame prediction on the frozen latents of consecutive
-   frames of the same episode (the latents are computed once, so this phase costs seconds);
+   frames of the same episode (the latents are computed once, so this phase costs seconds); with
+   ``--scene-weight``, a scene probe must also read from the bias alone whether the step is near
+   contact and where the named cube and the TCP are (:class:`SceneProbe`, not saved);
 c. the base checkpoint's target, then its draft and contact heads, fine-tuned with the bias added
    to the patch tokens (the same training functions as ``vla-accel train --init``), so the target
    and the draft both work from the world-aware prefill.
@@ -32,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 from tqdm import tqdm
 
 from vla_accel_ros.models.checkpoint import load_checkpoint, save_checkpoint
@@ -49,7 +53,7 @@ from vla_accel_ros.training.common import (
     plot_loss_panels,
     seed_everything,
 )
-from vla_accel_ros.training.data import load_demos
+from vla_accel_ros.training.data import AUX_SCALE_M, load_demos
 from vla_accel_ros.training.target import TrainConfig, Trainer, plot_losses
 
 CHECKPOINT_LIMIT_MB = 15.0
@@ -73,6 +77,7 @@ class WorldTrainConfig:
     head_hidden: int = 64
     latent_l2: float = 1e-3  # keeps the autoencoder's latent near unit scale
     bias_l2: float = 1e-3  # keeps the bias (the perturbation of the target's tokens) small
+    scene_weight: float = 0.0  # weight of the scene probe's loss on the bias (contact, cube and TCP); 0 = off
     seed: int = 0
     max_episodes: int | None = None
     val_fraction: float = 0.1
@@ -84,8 +89,9 @@ class WorldTrainConfig:
             self, positive=("batch_size", "latent_channels", "width", "hidden", "head_hidden", "threads"),
             non_negative=("ae_epochs", "bias_epochs", "finetune_epochs", "draft_epochs"), rates=("lr", "finetune_lr"),
         )
-        if self.bias_l2 < 0 or self.latent_l2 < 0:
-            raise ValueError(f"bias_l2 and latent_l2 must be >= 0, got {self.bias_l2}, {self.latent_l2}")
+        if self.bias_l2 < 0 or self.latent_l2 < 0 or self.scene_weight < 0:
+            raise ValueError(f"bias_l2, latent_l2 and scene_weight must be >= 0, got {self.bias_l2}, "
+                             f"{self.latent_l2}, {self.scene_weight}")
         check_data_selection(self)
 
     def command(self) -> str:
@@ -153,17 +159,79 @@ def next_frame_pairs(episode: torch.Tensor, keep: torch.Tensor | None = None) ->
 
 
 # --- phase (b): the world bias ----------------------------------------------------------------
+class SceneProbe(nn.Module):
+    """Training aid of phase (b), never saved: from the bias alone (attention-pooled over the
+    patches), whether the step is near contact and where the named cube and the TCP are (the
+    demos' auxiliary targets: cube minus TCP, and TCP). Its loss makes the bias carry what predicts
+    contact and clearance, on top of the next frame."""
+
+    def __init__(self, d_model: int, aux_dim: int) -> None:
+        super().__init__()
+        self.score = nn.Linear(d_model, 1)
+        self.out = nn.Linear(d_model, 1 + aux_dim)
+
+    def forward(self, bias: torch.Tensor) -> torch.Tensor:
+        """Bias (B, P, d) -> (B, 1 + aux_dim): the near-contact logit, then the positions."""
+        weights = torch.softmax(self.score(bias), dim=1)
+        return self.out((weights * bias).sum(1))
+
+    def loss(self, bias: torch.Tensor, contact: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+        """BCE on the near-contact label plus smooth L1 on the known positions."""
+        pred = self(bias)
+        loss = F.binary_cross_entropy_with_logits(pred[:, 0], contact.float())
+        known = torch.isfinite(aux)
+        if known.any():
+            loss = loss + F.smooth_l1_loss(pred[:, 1:][known], aux[known])
+        return loss
+
+
+@dataclass
+class SceneTargets:
+    """What the scene probe reads: per-frame near-contact labels and auxiliary positions, its
+    weight in the bias loss, and the probe itself."""
+
+    probe: SceneProbe
+    contact: torch.Tensor
+    aux: torch.Tensor
+    weight: float
+
+
 def train_bias(bias: WorldBias, latents: torch.Tensor, pairs: tuple[torch.Tensor, torch.Tensor], epochs: int,
                lr: float, batch_size: int, bias_l2: float, generator: torch.Generator,
-               progress: bool = True) -> list[float]:
-    """Dense next-frame prediction: bias + per-cell head from z_t predict z_{t+1}."""
+               progress: bool = True, scene: SceneTargets | None = None) -> list[float]:
+    """Dense next-frame prediction: bias + per-cell head from z_t predict z_{t+1}; with ``scene``,
+    plus its weight times the scene probe's loss on the same bias."""
     now, nxt = pairs
+    params = list(bias.parameters()) + (list(scene.probe.parameters()) if scene else [])
+
+    def batch_loss(idx: torch.Tensor) -> torch.Tensor:
+        frames = now[idx]
+        loss, w = bias.next_frame_loss(latents[frames], latents[nxt[idx]], bias_l2)
+        if scene is not None:
+            loss = loss + scene.weight * scene.probe.loss(w, scene.contact[frames], scene.aux[frames])
+        return loss
+
     bias.train().requires_grad_(True)
-    history = _optimise(list(bias.parameters()),
-                        lambda idx: bias.next_frame_loss(latents[now[idx]], latents[nxt[idx]], bias_l2)[0],
-                        len(now), epochs, lr, batch_size, generator, "world bias", progress)
+    history = _optimise(params, batch_loss, len(now), epochs, lr, batch_size, generator, "world bias", progress)
     bias.eval().requires_grad_(False)
     return history
+
+
+@torch.no_grad()
+def scene_metrics(bias: WorldBias, latents: torch.Tensor, frames: torch.Tensor, scene: SceneTargets) -> dict[str, float]:
+    """Held-out read-out of the scene probe from the bias: near-contact accuracy, and the mean
+    absolute error of the cube-from-TCP position in centimetres."""
+    if len(frames) == 0:
+        return {}
+    pred = scene.probe(bias(latents[frames]))
+    contact = scene.contact[frames].float()
+    out = {"scene_val_contact_acc": float(((pred[:, 0] > 0).float() == contact).float().mean()),
+           "scene_val_contact_base_rate": float(torch.maximum(contact.mean(), 1 - contact.mean()))}
+    aux = scene.aux[frames][:, :3]
+    known = torch.isfinite(aux)
+    if known.any():
+        out["scene_val_cube_from_tcp_mae_cm"] = float((pred[:, 1:4][known] - aux[known]).abs().mean()) * AUX_SCALE_M * 100
+    return out
 
 
 @torch.no_grad()
@@ -227,9 +295,17 @@ def train_world(cfg: WorldTrainConfig) -> dict[str, Any]:
     metrics: dict[str, Any] = reconstruction_metrics(world.autoencoder, data.images[val_idx])
     # (b) world bias on the frozen latents of consecutive frames
     latents = encode_frames(world.autoencoder, data.images, progress=cfg.progress)
+    scene = None
+    if cfg.scene_weight > 0:
+        scene = SceneTargets(SceneProbe(policy.config.d_model, data.aux.shape[1]), data.near_contact, data.aux,
+                             cfg.scene_weight)
     history["bias"] = train_bias(world.bias, latents, next_frame_pairs(data.episode, train_idx), cfg.bias_epochs,
-                                 cfg.lr, max(cfg.batch_size, 256), cfg.bias_l2, generator, cfg.progress)  # tiny inputs: big batches
-    metrics.update(next_frame_metrics(world.bias, latents, next_frame_pairs(data.episode, val_idx)))
+                                 cfg.lr, max(cfg.batch_size, 256), cfg.bias_l2, generator, cfg.progress,
+                                 scene)  # tiny inputs: big batches
+    held_out_pairs = next_frame_pairs(data.episode, val_idx)
+    metrics.update(next_frame_metrics(world.bias, latents, held_out_pairs))
+    if scene is not None:
+        metrics.update(scene_metrics(world.bias, latents, held_out_pairs[0], scene))
     sample = (val_idx if len(val_idx) else train_idx)[:256]
     rms = token_rms(policy, data.images[sample], data.text[sample])
     metrics["patch_token_rms"] = rms
@@ -256,7 +332,9 @@ def train_world(cfg: WorldTrainConfig) -> dict[str, Any]:
     recipe = {
         **component_recipe(cfg, data, len(train_idx), len(val_idx), unit="frames"),
         "autoencoder": "plain convolutional autoencoder, L2 reconstruction + latent_l2, frozen after phase (a)",
-        "bias_objective": "next-frame latent MSE (per-cell head on [bias, latent]) + bias_l2 * mean(bias^2)",
+        "bias_objective": "next-frame latent MSE (per-cell head on [bias, latent]) + bias_l2 * mean(bias^2)"
+                          + (" + scene_weight * scene probe (near-contact BCE + cube/TCP smooth L1 from the pooled bias)"
+                             if cfg.scene_weight > 0 else ""),
         "optimizer": "AdamW, linear warm-up + cosine to 10%",
         "command": cfg.command(),
     }

@@ -1,10 +1,12 @@
-"""hf-cost at a tiny shape: every pass timed, and the implied speed-ups follow from the costs."""
+"""hf-cost at a tiny shape: every pass timed, the implied speed-ups follow from the costs, and the
+incremental prefill is timed against the full one over sim frames."""
 
 from __future__ import annotations
 
 import pytest
 
 from vla_accel_ros.evaluation.hf_cost import BENCH_PASSES, CostOptions, hf_cost
+from vla_accel_ros.models.configuration import VisionReuseConfig
 
 
 def test_costs_and_implied_speedups(tmp_path):
@@ -18,3 +20,19 @@ def test_costs_and_implied_speedups(tmp_path):
     kerv = result["prefill_ms"] + BENCH_PASSES["kerv"] * result["verify_6_tokens_ms"]
     assert rows["kerv"]["implied_ms"] == pytest.approx(kerv)
     assert (tmp_path / "summary.json").is_file()
+
+
+def test_full_and_incremental_prefill_over_sim_frames(tmp_path):
+    pytest.importorskip("transformers")
+    opts = CostOptions(hidden=64, layers=1, image_size=56, patch_size=14, repeats=1, out=str(tmp_path),
+                       incremental=True, frames=4)
+    inc = hf_cost(opts)["incremental"]
+    assert inc["frames"] == 4 and inc["refreshes"] == 1  # the first frame only
+    assert 0 < inc["recomputed_fraction_mean"] < 1  # the first frame all, the others what the arm's motion changed
+    assert inc["prefill_full_ms_mean"] > 0 and inc["prefill_incremental_ms_mean"] > 0
+    assert inc["incremental_prefill_speedup"] == pytest.approx(inc["prefill_full_ms_mean"] / inc["prefill_incremental_ms_mean"])
+
+
+def test_the_incremental_timing_needs_reused_keys_and_values():
+    with pytest.raises(ValueError, match="reuse_kv"):
+        CostOptions(incremental=True, vision=VisionReuseConfig())

@@ -68,7 +68,7 @@ def single_steps(policy: HFTokenVLA, prefix: Any, tokens: torch.Tensor) -> torch
 # --- what the policy is -----------------------------------------------------------------------
 def test_a_policy_without_heads(policy: HFTokenVLA) -> None:
     assert isinstance(policy, PolicyLike)
-    assert policy.capabilities() == PolicyCapabilities()
+    assert policy.capabilities() == PolicyCapabilities(own_incremental_prefill=True)
     assert (policy.config.d_model, policy.config.image_size, policy.image_size) == (32, 32, 32)
     assert (policy.n_action_tokens, policy.config.n_action_tokens, policy.config.n_image_tokens) == (7, 7, 16)
     assert policy.flow is None and policy.parallel_draft is None

@@ -164,18 +164,21 @@ def run(args: argparse.Namespace) -> int:
         checkpoints = [ckpt] if wa_policy is None else [ckpt, args.wa_checkpoint]
         if not checkpoints_fit_robot("bench", checkpoints, sim_robot(env), args.allow_unmatched_robot):
             return 2
-        runners = {
-            e.name: build_runner(
-                RunnerConfig(decoder=e.decoder,
-                             temperature=sampling.temperature if e.temperature is None else e.temperature,
-                             vision=vision_config(args, e.reuse_kv) if e.incremental_vision else None,
-                             action_dt_s=env.control_dt, period_s=env.control_dt, max_steps=args.max_steps,
-                             torch_threads=args.threads),
-                env.kin, policy=policies[e.name],
-                decoder=make_decoder(e.decoder, **dict(e.settings),
-                                     **(store_options if capabilities_of(e.decoder).retrieval_store else {})))
-            for e in entries
-        }
+        try:  # a setting this policy refuses (e.g. +iv on a Hugging Face VLA) ends the run with its reason
+            runners = {
+                e.name: build_runner(
+                    RunnerConfig(decoder=e.decoder,
+                                 temperature=sampling.temperature if e.temperature is None else e.temperature,
+                                 vision=vision_config(args, e.reuse_kv) if e.incremental_vision else None,
+                                 action_dt_s=env.control_dt, period_s=env.control_dt, max_steps=args.max_steps,
+                                 torch_threads=args.threads),
+                    env.kin, policy=policies[e.name],
+                    decoder=make_decoder(e.decoder, **dict(e.settings),
+                                         **(store_options if capabilities_of(e.decoder).retrieval_store else {})))
+                for e in entries
+            }
+        except ValueError as err:
+            raise SystemExit(f"{ckpt}: {err}") from err
         schedule = bench_schedule(entries, args.episodes, args.repeats)
         bar = tqdm(total=len(schedule), desc="bench", unit="ep")
         for i, k, entry in schedule:

@@ -96,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
                                 vision=vision_config(args) if args.vision != "full" else None,
                                 action_dt_s=env.control_dt, period_s=env.control_dt, max_steps=args.max_steps,
                                 torch_threads=args.threads)
-        runner = build_runner(settings, env.kin, policy=policy, decoder=decoder)
+        try:
+            runner = build_runner(settings, env.kin, policy=policy, decoder=decoder)
+        except ValueError as err:  # a setting this policy refuses (e.g. --vision incremental on a Hugging Face VLA)
+            raise SystemExit(f"{ckpt}: {err}") from err
         bar = tqdm(range(args.episodes), desc=f"eval {args.decoder}", unit="ep")
         for i in bar:
             records.append(run_episode(env, runner, args.seed + i))

@@ -1,5 +1,6 @@
 """``vla-accel hf-cost``: the passes of a Hugging Face VLA at (toward) OpenVLA's shape, timed here,
-and the speed-ups the decoders' pass counts imply at that shape.
+and the speed-ups the decoders' pass counts imply at that shape; with ``--incremental``, the full and
+the incremental prefill over the frames of a simulated pick.
 """
 
 from __future__ import annotations
@@ -7,6 +8,9 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.evaluation.hf_cost import CostOptions, hf_cost
+from vla_accel_ros.evaluation.options import add_vision_reuse_arguments
+from vla_accel_ros.models.configuration import VisionReuseConfig
+from vla_accel_ros.sim.gl import check_rendering
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,11 +22,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=d.repeats, help="timed runs per pass (median)")
     parser.add_argument("--threads", type=int, default=d.threads, help="torch threads")
     parser.add_argument("--out", default=d.out, help="output directory (summary.json)")
+    parser.add_argument("--incremental", action="store_true",
+                        help="also time the full and the incremental prefill (reused keys/values of unchanged image "
+                             "tokens) frame by frame over a scripted pick in the sim (needs MuJoCo rendering)")
+    parser.add_argument("--frames", type=int, default=d.frames, help="--incremental: sim frames (the pick's first N)")
+    add_vision_reuse_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    opts = CostOptions(hidden=args.hidden, layers=args.layers, image_size=args.image_size, patch_size=args.patch_size,
-                       repeats=args.repeats, threads=args.threads, out=args.out)
+    if args.incremental and not check_rendering("hf-cost"):  # no GL: one line saying what to set, before any work
+        return 2
+    try:
+        vision = VisionReuseConfig(args.vision_threshold, args.vision_refresh, args.vision_max_drift, reuse_kv=True)
+        opts = CostOptions(hidden=args.hidden, layers=args.layers, image_size=args.image_size,
+                           patch_size=args.patch_size, repeats=args.repeats, threads=args.threads, out=args.out,
+                           incremental=args.incremental, frames=args.frames, vision=vision)
+    except ValueError as err:
+        raise SystemExit(f"hf-cost: {err}") from err
     r = hf_cost(opts)
     print(f"{r['parameters'] / 1e6:.0f} M parameters, {r['prefix_tokens']}-token prefix: prefill {r['prefill_ms']:.0f} ms, "
           f"1-token step {r['step_1_token_ms']:.1f} ms, 6-token verify {r['verify_6_tokens_ms']:.1f} ms, "
@@ -31,4 +47,12 @@ def run(args: argparse.Namespace) -> int:
     print("|---|---|---|---|")
     for row in r["decoders"]:
         print(f"| {row['decoder']} | {row['target_passes']:.2f} | {row['implied_ms']:.0f} | {row['implied_speedup']:.2f}x |")
+    if "incremental" in r:
+        i = r["incremental"]
+        print(f"incremental prefill over {i['frames']} sim frames at {args.image_size} px (threshold "
+              f"{vision.threshold:g}, refresh every {vision.refresh_steps}): full "
+              f"{i['prefill_full_ms_mean']:.1f} ms, incremental {i['prefill_incremental_ms_mean']:.1f} ms per frame "
+              f"(mean; p50 {i['prefill_full_ms_p50']:.1f} vs {i['prefill_incremental_ms_p50']:.1f}): "
+              f"{i['incremental_prefill_speedup']:.2f}x, {i['recomputed_fraction_mean']:.0%} of the image tokens "
+              f"recomputed, {i['refreshes']} full refreshes")
     return 0

@@ -8,6 +8,13 @@ the decoders drive, on one thread. Timed, median of ``repeats``: the prefill; a 
 token is not fed); the prefill with 6 proposed tokens verified inside it (``world_aware`` in free
 space). A decoder's implied time per action = prefill + passes x the pass it makes; its speed-up
 is ``ar``'s time over it. The pass counts are the bench's (README), given as ``--passes``.
+
+With ``incremental``, the prefill is also timed over the first ``frames`` camera frames of a
+scripted-expert pick in the sim at ``image_size`` px, frame by frame, in full and incremental
+(:class:`~vla_accel_ros.models.hf_incremental.HFIncrementalPrefill`, reused keys/values of the
+unchanged image tokens, with ``vision``'s settings); the two alternate per frame, so that machine
+noise hits both alike. Reported: the mean and median ms per frame of each, the ratio of the means
+(time per frame), the mean fraction of image tokens recomputed and the number of full refreshes.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,7 @@ import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.models.configuration import VisionReuseConfig
 
 # target passes per action measured by the bench (README, 10 episodes x 2 repeats)
 BENCH_PASSES = {"ar": 7.0, "sd": 1.24, "kerv_released": 1.15, "kerv": 1.00, "deadline": 1.17}
@@ -40,10 +48,18 @@ class CostOptions:
     repeats: int = 10
     threads: int = 1
     out: str = "outputs/hf_cost"
+    incremental: bool = False  # also time the incremental prefill over sim frames
+    frames: int = 60
+    vision: VisionReuseConfig = field(default_factory=lambda: VisionReuseConfig(reuse_kv=True))
 
     def __post_init__(self) -> None:
         if self.hidden % 64 or self.layers < 1 or self.repeats < 1:
             raise ValueError("hidden must be a multiple of 64, layers and repeats positive")
+        if self.frames < 2:
+            raise ValueError("frames must be >= 2 (the first is a full prefill either way)")
+        if not self.vision.reuse_kv:
+            raise ValueError("a Hugging Face VLA's incremental prefill reuses keys/values: "
+                             "vision.reuse_kv must be true")
 
 
 def _median_ms(run: Callable[[], Any], repeats: int) -> float:
@@ -75,6 +91,53 @@ def build_model(opts: CostOptions, directory: Path) -> Any:
     return load_hf_vla(directory)
 
 
+def expert_frames(image_size: int, n: int) -> list[Observation]:
+    """The first ``n`` observations (fewer if it ends sooner) of a scripted-expert pick at
+    ``image_size`` px, on the first held-out seed: what the camera sees while the arm moves."""
+    from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
+    from vla_accel_ros.sim.expert import ScriptedExpert
+
+    with PickCubeEnv(SimConfig(image_size=image_size, max_steps=n)) as env:
+        expert = ScriptedExpert(env)
+        obs = env.reset(EVAL_SEED_START)
+        frames = [obs]
+        while len(frames) < n and not env.done:
+            obs, _ = env.step(expert.act(obs))
+            frames.append(obs)
+    return frames
+
+
+def measure_incremental(policy: Any, frames: list[Observation], config: VisionReuseConfig) -> dict[str, Any]:
+    """Full against incremental prefill over ``frames`` in order (module docstring)."""
+    from vla_accel_ros.models.hf_incremental import HFIncrementalPrefill
+
+    incremental = HFIncrementalPrefill(policy, config)
+    full_ms, incremental_ms, fractions, refreshes = [], [], [], 0
+    with torch.inference_mode():
+        policy.prefill(frames[0])  # warm-up
+        for obs in frames:
+            t0 = time.perf_counter()
+            policy.prefill(obs)
+            t1 = time.perf_counter()
+            incremental.prefill(obs)
+            t2 = time.perf_counter()
+            full_ms.append((t1 - t0) * 1e3)
+            incremental_ms.append((t2 - t1) * 1e3)
+            assert incremental.last is not None
+            fractions.append(incremental.last.fraction)
+            refreshes += incremental.last.refreshed
+    return {
+        "frames": len(frames),
+        "prefill_full_ms_mean": statistics.fmean(full_ms),
+        "prefill_full_ms_p50": statistics.median(full_ms),
+        "prefill_incremental_ms_mean": statistics.fmean(incremental_ms),
+        "prefill_incremental_ms_p50": statistics.median(incremental_ms),
+        "incremental_prefill_speedup": statistics.fmean(full_ms) / statistics.fmean(incremental_ms),
+        "recomputed_fraction_mean": statistics.fmean(fractions),
+        "refreshes": refreshes,
+    }
+
+
 def measure(opts: CostOptions) -> dict[str, Any]:
     torch.set_num_threads(opts.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,8 +166,11 @@ def measure(opts: CostOptions) -> dict[str, Any]:
         total = costs["prefill_verifying_6_ms"]
         rows.append({"decoder": name, "target_passes": 1.0, "implied_ms": total, "implied_speedup": ar_ms / total,
                      "note": "every action verified inside the prefill (free space)"})
-    return {"options": asdict(opts), "parameters": n_params, "prefix_tokens": prefix_tokens, **costs,
-            "decoders": rows}
+    result = {"options": asdict(opts), "parameters": n_params, "prefix_tokens": prefix_tokens, **costs,
+              "decoders": rows}
+    if opts.incremental:
+        result["incremental"] = measure_incremental(policy, expert_frames(opts.image_size, opts.frames), opts.vision)
+    return result
 
 
 def hf_cost(opts: CostOptions) -> dict[str, Any]:

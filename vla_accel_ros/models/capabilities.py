@@ -16,12 +16,15 @@ class PolicyCapabilities:
     """draft_head: ``draft_tokens`` (a light EAGLE-style head on the target's hidden states).
     parallel_draft_head: ``draft_tokens_parallel`` (every token of the action in one pass).
     contact_head: ``contact_probability`` (how near the gripper is to contact).
-    flow_head: ``flow`` (the continuous action head)."""
+    flow_head: ``flow`` (the continuous action head).
+    own_incremental_prefill: ``incremental_prefill(config)`` (the policy reuses unchanged image
+    tokens its own way; without it, :mod:`vla_accel_ros.models.incremental_vision` does)."""
 
     draft_head: bool = False
     parallel_draft_head: bool = False
     contact_head: bool = False
     flow_head: bool = False
+    own_incremental_prefill: bool = False
 
     def missing(self) -> list[str]:
         return [name for name, present in vars(self).items() if not present]

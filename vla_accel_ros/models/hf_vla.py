@@ -18,6 +18,8 @@ a real output here, unlike our own policy's: it is scored and fed as itself and 
 254, as in OpenVLA. A draft head is optional: an EAGLE-style head on the model's hidden states
 (:mod:`vla_accel_ros.models.hf_draft`, ``vla-accel train-draft``), loaded when its files lie beside
 the weights; there is no parallel draft, contact or flow head (:meth:`HFTokenVLA.capabilities`).
+:meth:`HFTokenVLA.incremental_prefill` gives the VLA-Cache-style prefill that reuses the keys and
+values of unchanged image tokens between frames (:mod:`vla_accel_ros.models.hf_incremental`).
 
 Prefixes are immutable while the model's KV cache is mutated in place: every prefix made from one
 prefill shares one cache, and each use of a prefix first crops the cache back to its own length
@@ -57,6 +59,9 @@ from vla_accel_ros.models.vla_spec import (
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from vla_accel_ros.models.configuration import VisionReuseConfig
+    from vla_accel_ros.models.hf_incremental import HFIncrementalPrefill
+
 N_ACTION_TOKENS = 7
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -80,7 +85,7 @@ class HFVLAConfig:
     n_action_tokens: int = N_ACTION_TOKENS
 
 
-class _CacheSlot:
+class CacheSlot:
     """The one KV cache that a prefill and every prefix made from it share, and the action tokens
     it holds after the observation prefix (those of its latest use)."""
 
@@ -99,7 +104,7 @@ class HFPrefix:
     of the observation prefix's hidden states, prefix_len its positions, base the tokens consumed
     before the latest extension (``truncate`` counts from there). ``slot`` is the shared cache."""
 
-    slot: _CacheSlot
+    slot: CacheSlot
     action_hidden: torch.Tensor
     tokens: torch.Tensor
     pooled: torch.Tensor
@@ -240,8 +245,17 @@ class HFTokenVLA:
         return counts
 
     def capabilities(self) -> PolicyCapabilities:
-        """A draft head when one is attached; no parallel draft, contact or flow head."""
-        return PolicyCapabilities(draft_head=self.draft is not None)
+        """A draft head when one is attached; no parallel draft, contact or flow head; its own
+        incremental prefill (:mod:`vla_accel_ros.models.hf_incremental`)."""
+        return PolicyCapabilities(draft_head=self.draft is not None, own_incremental_prefill=True)
+
+    def incremental_prefill(self, config: VisionReuseConfig) -> HFIncrementalPrefill:
+        """This VLA's own incremental prefill: what serves a runner's ``vision`` settings in place of
+        the package policy's incremental vision encoder (reused keys/values only: ``config.reuse_kv``
+        must be true; :mod:`vla_accel_ros.models.hf_incremental`)."""
+        from vla_accel_ros.models.hf_incremental import HFIncrementalPrefill
+
+        return HFIncrementalPrefill(self, config)
 
     def attach_draft(self, head: HFDraftHead | None) -> None:
         """Draft with ``head`` (moved to the model's device), or with none; ValueError when it
@@ -328,6 +342,15 @@ class HFTokenVLA:
     def pixel_values(self, image: np.ndarray) -> torch.Tensor:
         """(1, 3, S, S) model input of one RGB uint8 image (H, W, 3): resized to the spec's size,
         scaled to [0, 1] and normalised with its mean/std."""
+        return self.normalised_pixels(self.resized_image(image))
+
+    def normalised_pixels(self, resized: torch.Tensor) -> torch.Tensor:
+        """The model input (1, 3, S, S) of a :meth:`resized_image`."""
+        return (resized * self._pixel_scale + self._pixel_shift).to(self.device, self.dtype)
+
+    def resized_image(self, image: np.ndarray) -> torch.Tensor:
+        """(1, 3, S, S) float32 on the 0..255 scale, on the CPU: one RGB uint8 image (H, W, 3)
+        resized to the spec's size, before normalisation."""
         if not (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3
                 and image.shape[2] == 3 and image.shape[0] > 0 and image.shape[1] > 0):
             shape, dtype = getattr(image, "shape", None), getattr(image, "dtype", type(image).__name__)
@@ -339,13 +362,13 @@ class HFTokenVLA:
             x = torch.nn.functional.interpolate(x, size=(size, size), mode=mode, antialias=mode != "nearest",
                                                 **({} if mode == "nearest" else {"align_corners": False}))
             x = x.clamp_(0.0, 255.0)  # bicubic overshoots; a uint8 resize would saturate
-        return (x * self._pixel_scale + self._pixel_shift).to(self.device, self.dtype)
+        return x
 
     # --- passes -------------------------------------------------------------------------------
     def prefill(self, obs: Observation) -> HFPrefix:
         """ONE forward over one observation's prompt (the image in place of its image tokens)."""
         with torch.inference_mode():
-            hidden, slot = self._prompt_pass(obs, None)
+            hidden, slot = self.prompt_pass(obs, None)
             return HFPrefix(slot=slot, action_hidden=hidden[:, -1:], tokens=self._no_tokens(),
                             pooled=hidden.float().mean(dim=1), prefix_len=hidden.shape[1])
 
@@ -353,8 +376,8 @@ class HFTokenVLA:
         """``score(prefill(obs), tokens)`` in ONE pass: the k action tokens (1, k) ride along with
         the prompt (causal, so the prompt's rows are the prefill's)."""
         with torch.inference_mode():
-            tokens = self._check_tokens(tokens)
-            hidden, slot = self._prompt_pass(obs, tokens)
+            tokens = self.check_tokens(tokens)
+            hidden, slot = self.prompt_pass(obs, tokens)
             n = hidden.shape[1] - tokens.shape[1]
             prefix = HFPrefix(slot=slot, action_hidden=hidden[:, n - 1:], tokens=tokens,
                               pooled=hidden[:, :n].float().mean(dim=1), prefix_len=n)
@@ -363,7 +386,7 @@ class HFTokenVLA:
     def score(self, prefix: HFPrefix, tokens: torch.Tensor) -> HFScoreOutput:
         """ONE forward over k new tokens (1, k) after the prefix; logits (1, k+1, 256)."""
         with torch.inference_mode():
-            tokens = self._check_tokens(tokens)
+            tokens = self.check_tokens(tokens)
             k = tokens.shape[1]
             if k == 0:  # nothing to run: the prefix's last hidden state already predicts the next token
                 return HFScoreOutput(self.action_logits(prefix.action_hidden[:, -1:]), replace(prefix, base=prefix.n_tokens))
@@ -382,15 +405,45 @@ class HFTokenVLA:
                                 prefix_len=prefix.prefix_len, base=prefix.n_tokens)
             return HFScoreOutput(self.action_logits(extended.action_hidden[:, -(k + 1):]), extended)
 
-    def _prompt_pass(self, obs: Observation, tokens: torch.Tensor | None) -> tuple[torch.Tensor, _CacheSlot]:
-        """Final hidden states (1, L [+ k], d) of the prompt [and the action tokens], and their cache."""
+    def prompt_pass(self, obs: Observation, tokens: torch.Tensor | None) -> tuple[torch.Tensor, CacheSlot]:
+        """Final hidden states (1, L [+ k], d) of the prompt [and the checked action tokens (1, k)],
+        and their cache: the forward that :meth:`prefill` and :meth:`prefill_scored` run."""
         pixels = self.pixel_values(obs.image)
         ids = self.prompt_ids(obs.instruction)
         if tokens is not None and tokens.shape[1]:
-            ids = torch.cat([ids, self._hf_ids[tokens.to(self.device)]], dim=1)
-        cache = self._cache_type(config=self.model.config.get_text_config())
+            ids = torch.cat([ids, self.hf_action_ids(tokens)], dim=1)
+        cache = self.new_cache()
         hidden = self._forward(ids, pixels, cache)
-        return hidden, _CacheSlot(cache, [] if tokens is None else tokens[0].tolist())
+        return hidden, CacheSlot(cache, [] if tokens is None else tokens[0].tolist())
+
+    def new_cache(self) -> Any:
+        """An empty KV cache for the text model."""
+        return self._cache_type(config=self.model.config.get_text_config())
+
+    def hf_action_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The HF ids (1, k) of our action tokens (1, k)."""
+        return self._hf_ids[tokens.to(self.device)]
+
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings (1, n, d) of text ids (1, n)."""
+        return self.model.get_input_embeddings()(ids)
+
+    def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(1, n_image_tokens, d): what the model puts in place of the image tokens for the model
+        input ``pixels`` (1, 3, S, S): the vision tower, feature selection and projector."""
+        out = self.model.get_image_features(pixel_values=pixels)
+        features = getattr(out, "pooler_output", out)
+        if isinstance(features, (list, tuple)):  # one (n, d) per image
+            features = torch.stack(list(features))
+        return features
+
+    def forward_embeddings(self, embeddings: torch.Tensor, cache: Any, position_ids: torch.Tensor,
+                           attention_mask: torch.Tensor) -> torch.Tensor:
+        """The model's base over input embeddings (1, q, d) at ``position_ids`` (1, q), after the
+        cache's rows, under a 4D additive ``attention_mask`` (1, 1, q, cached + q) that replaces
+        the causal one: final hidden states (1, q, d)."""
+        return self.model.model(inputs_embeds=embeddings, position_ids=position_ids, attention_mask=attention_mask,
+                                cache=cache, use_cache=True).last_hidden_state
 
     def _forward(self, ids: torch.Tensor, pixels: torch.Tensor | None, cache: Any) -> torch.Tensor:
         """The model's base (everything but the LM head) over ``ids`` after the cache's positions."""
@@ -424,7 +477,8 @@ class HFTokenVLA:
             raise ValueError("last_token must be the token the prefix consumed last (BOS at the start of the "
                              f"action): got {last_token.tolist()}, the prefix ends with {expected}")
 
-    def _check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+    def check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens`` on the model's device; ValueError unless they are (1, k) int64 bins."""
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] != 1:
             raise ValueError(f"tokens must be a (1, k) tensor, got {tuple(getattr(tokens, 'shape', ()))}")
         if tokens.dtype != torch.long:
@@ -441,11 +495,7 @@ class HFTokenVLA:
         image; their number depends on the tower, the feature layer and the selection strategy)."""
         blank = torch.zeros(1, 3, self.spec.image_size, self.spec.image_size, device=self.device, dtype=self.dtype)
         with torch.inference_mode():
-            out = self.model.get_image_features(pixel_values=blank)
-        features = getattr(out, "pooler_output", out)
-        if isinstance(features, (list, tuple)):
-            features = features[0]
-        return int(features.shape[-2])
+            return int(self.image_features(blank).shape[-2])
 
 
 # --- loading ----------------------------------------------------------------------------------

@@ -24,11 +24,16 @@ patches contribute only their keys and values: their outputs there would feed no
 pooled feature (contact head, retrieval key), which keeps them from the last full computation.
 Proprioception and BOS come last in the prefix, so a new joint state with an unchanged image gives
 exactly the full prefill.
+
+A policy that declares its own incremental prefill (``own_incremental_prefill`` among its
+capabilities, served by ``policy.incremental_prefill(config)``: a Hugging Face VLA,
+:mod:`vla_accel_ros.models.hf_incremental`) serves the frames through it instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,6 +41,10 @@ from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.models.policy import Policy, Prefix, ScoreOutput
 from vla_accel_ros.models.vla import KeysValues
+
+if TYPE_CHECKING:
+    from vla_accel_ros.models.hf_incremental import HFIncrementalPrefill
+    from vla_accel_ros.models.hf_vla import HFPrefix, HFScoreOutput
 
 
 @dataclass(frozen=True)
@@ -59,10 +68,14 @@ class IncrementalVisionEncoder:
     def __init__(self, policy: Policy, config: VisionReuseConfig | None = None) -> None:
         self.policy = policy
         self.config = config or VisionReuseConfig()
+        own = policy.capabilities().own_incremental_prefill
+        self._own: HFIncrementalPrefill | None = policy.incremental_prefill(self.config) if own else None
         self.reset()
 
     def reset(self) -> None:
         """Forget the cache: the next frame is encoded in full."""
+        if self._own is not None:
+            self._own.reset()
         self._reference: torch.Tensor | None = None  # (H, W, 3) float: the pixels behind each cached patch
         self._local: torch.Tensor | None = None  # (1, P, W) cached local encodings
         self._text: torch.Tensor | None = None
@@ -72,8 +85,12 @@ class IncrementalVisionEncoder:
         self._since_refresh = 0
         self.last: ReuseStats | None = None
 
-    def prefill(self, obs: Observation) -> Prefix:
+    def prefill(self, obs: Observation) -> Prefix | HFPrefix:
         """The policy's prefix for one observation, reusing what the previous frames computed."""
+        if self._own is not None:
+            prefix = self._own.prefill(obs)
+            self.last = self._own.last
+            return prefix
         policy = self.policy
         images, text, proprio = policy.observation_tensors(obs)
         with torch.inference_mode():
@@ -82,10 +99,14 @@ class IncrementalVisionEncoder:
                 return policy.prefill_batch(images, text, proprio, local)
             return self._reuse_kv(local, text, proprio, None).prefix
 
-    def prefill_scored(self, obs: Observation, tokens: torch.Tensor) -> ScoreOutput:
+    def prefill_scored(self, obs: Observation, tokens: torch.Tensor) -> ScoreOutput | HFScoreOutput:
         """``Policy.prefill_scored`` of one observation: action tokens (1, k) verified in the same
         pass, here the incremental one (with ``reuse_kv``, they ride along with the recomputed
         tokens)."""
+        if self._own is not None:
+            scored = self._own.prefill_scored(obs, tokens)
+            self.last = self._own.last
+            return scored
         policy = self.policy
         images, text, proprio = policy.observation_tensors(obs)
         with torch.inference_mode():

@@ -1,0 +1,253 @@
+"""The incremental prefill of a Hugging Face VLA (models/hf_incremental.py) on tiny random Llava models
+(the ``tiny_hf_vla`` fixture): exact where it must be, what it recomputes, its refreshes, rollback
+after it, and the runner driving it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.resources import default_urdf
+from vla_accel_ros.models.configuration import VisionReuseConfig
+from vla_accel_ros.models.hf_incremental import HFIncrementalPrefill
+from vla_accel_ros.models.hf_vla import HFPrefix, HFTokenVLA, load_hf_vla
+from vla_accel_ros.models.incremental_vision import IncrementalVisionEncoder
+from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
+
+torch.set_num_threads(1)
+INSTRUCTION = "pick up the red cube"
+TOKENS = torch.tensor([[3, 100, 200, 254, 0, 17, 128]])
+ATOL = 1e-5
+N_PATCHES = 16  # 32 px images, 8 px patches
+KV = VisionReuseConfig(reuse_kv=True)  # threshold 8, refresh every 20 frames, max drift 2
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_hf_vla: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> HFTokenVLA:
+    return load_hf_vla(tiny_hf_vla(tmp_path_factory.mktemp("hf_incremental") / "tiny"))
+
+
+def image(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+
+
+def observation(pixels: np.ndarray, instruction: str = INSTRUCTION) -> Observation:
+    return Observation(image=pixels, instruction=instruction, joint_pos=np.zeros(7), gripper=0.04)
+
+
+def with_inverted_patch(pixels: np.ndarray, patch: int) -> np.ndarray:
+    """A copy with the pixels of one 8x8 patch (row-major) inverted."""
+    row, column = divmod(patch, 4)
+    changed = pixels.copy()
+    block = changed[8 * row : 8 * row + 8, 8 * column : 8 * column + 8]
+    block[:] = 255 - block
+    return changed
+
+
+def assert_same_prefix(policy: HFTokenVLA, got: HFPrefix, want: HFPrefix) -> None:
+    """The same last hidden state and pooled feature, and ``score`` after them gives the same logits."""
+    assert got.prefix_len == want.prefix_len == got.slot.cache.get_seq_length()
+    torch.testing.assert_close(got.action_hidden, want.action_hidden, rtol=0, atol=ATOL)
+    torch.testing.assert_close(got.pooled, want.pooled, rtol=0, atol=ATOL)
+    torch.testing.assert_close(policy.score(got, TOKENS).logits, policy.score(want, TOKENS).logits, rtol=0, atol=ATOL)
+
+
+# --- exact where it must be -------------------------------------------------------------------
+@pytest.mark.parametrize("vision", ["clip", "siglip"])
+def test_every_patch_dynamic_equals_the_full_prefill(tiny_hf_vla: Callable[..., Path], tmp_path: Path,
+                                                     vision: str) -> None:
+    policy = load_hf_vla(tiny_hf_vla(tmp_path / vision, vision=vision))
+    incremental = HFIncrementalPrefill(policy, KV)
+    incremental.prefill(observation(image(0)))
+    assert incremental.last is not None and incremental.last.reason == "first frame"
+    new = observation(image(1))  # every patch changes
+    prefix = incremental.prefill(new)
+    assert not incremental.last.refreshed and incremental.last.recomputed == N_PATCHES
+    assert_same_prefix(policy, prefix, policy.prefill(new))
+
+
+def test_threshold_zero_recomputes_every_image_token_on_any_change(policy: HFTokenVLA) -> None:
+    incremental = HFIncrementalPrefill(policy, VisionReuseConfig(threshold=0.0, max_drift=255.0, reuse_kv=True))
+    pixels = image(2)
+    incremental.prefill(observation(pixels))
+    for step in range(3):
+        pixels = pixels.copy()
+        pixels[5 * step, 3, 0] ^= 1  # one value of one patch, by one level
+        obs = observation(pixels)
+        prefix = incremental.prefill(obs)
+        assert incremental.last is not None and not incremental.last.refreshed
+        assert incremental.last.recomputed == N_PATCHES  # the tower is bidirectional: every feature moved
+        assert_same_prefix(policy, prefix, policy.prefill(obs))
+    same = incremental.prefill(observation(pixels.copy()))
+    assert incremental.last.recomputed == 0
+    assert_same_prefix(policy, same, policy.prefill(observation(pixels)))
+
+
+def test_an_unchanged_frame_recomputes_only_the_text_without_the_tower(policy: HFTokenVLA) -> None:
+    incremental = HFIncrementalPrefill(policy, KV)
+    obs = observation(image(3))
+    incremental.prefill(obs)
+    calls: list[int] = []
+    hook = policy.model.model.vision_tower.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        prefix = incremental.prefill(observation(image(3)))
+    finally:
+        hook.remove()
+    assert incremental.last is not None and (incremental.last.recomputed, incremental.last.fraction) == (0, 0.0)
+    assert incremental.recomputed_tokens.tolist() == [] and calls == []
+    assert_same_prefix(policy, prefix, policy.prefill(obs))
+
+
+def test_the_last_patch_changed_equals_the_model_over_reused_and_new_features(policy: HFTokenVLA) -> None:
+    """Only the last image token changed: every static image token precedes it, so its cached keys
+    and values are exactly those of the model run on the old features there and the new one last."""
+    old, new = image(4), with_inverted_patch(image(4), N_PATCHES - 1)
+    incremental = HFIncrementalPrefill(policy, KV)
+    incremental.prefill(observation(old))
+    prefix = incremental.prefill(observation(new))
+    assert incremental.recomputed_tokens.tolist() == [N_PATCHES - 1]
+    ids = policy.prompt_ids(INSTRUCTION)
+    with torch.inference_mode():
+        features = policy.image_features(policy.pixel_values(old))
+        features[:, -1] = policy.image_features(policy.pixel_values(new))[:, -1]
+        embeddings = policy.embed_ids(ids)
+        embeddings[:, 1 : 1 + N_PATCHES] = features
+        hidden = policy.model.model(inputs_embeds=embeddings).last_hidden_state
+    torch.testing.assert_close(prefix.action_hidden, hidden[:, -1:], rtol=0, atol=ATOL)
+
+
+def test_one_changed_patch_recomputes_exactly_its_token(policy: HFTokenVLA) -> None:
+    incremental = HFIncrementalPrefill(policy, KV)
+    pixels = image(5)
+    incremental.prefill(observation(pixels))
+    changed = with_inverted_patch(pixels, 6)
+    prefix = incremental.prefill(observation(changed))
+    assert incremental.last is not None and not incremental.last.refreshed
+    assert incremental.recomputed_tokens.tolist() == [6] and incremental.last.fraction == 1 / N_PATCHES
+    assert prefix.prefix_len == policy.prompt_ids(INSTRUCTION).shape[1] == prefix.slot.cache.get_seq_length()
+    assert torch.isfinite(policy.score(prefix, TOKENS).logits).all()
+    # The same frame again reuses the reordered cache of that pass: the same prefix, exactly.
+    again = incremental.prefill(observation(changed.copy()))
+    assert incremental.last.recomputed == 0
+    assert_same_prefix(policy, again, prefix)
+
+
+def test_a_changed_instruction_the_timer_and_drift_refresh_everything(policy: HFTokenVLA) -> None:
+    incremental = HFIncrementalPrefill(policy, VisionReuseConfig(refresh_steps=3, max_drift=1.0, reuse_kv=True))
+    pixels = image(6)
+    incremental.prefill(observation(pixels))
+    other = observation(pixels, "pick up the blue cube")
+    prefix = incremental.prefill(other)
+    assert incremental.last is not None and incremental.last.refreshed
+    assert (incremental.last.reason, incremental.last.fraction) == ("instruction changed", 1.0)
+    assert_same_prefix(policy, prefix, policy.prefill(other))
+    for _ in range(2):  # a full prefill every 3 frames
+        incremental.prefill(other)
+        assert not incremental.last.refreshed
+    incremental.prefill(other)
+    assert incremental.last.reason == "timer"
+    noisy = np.clip(pixels.astype(int) + 3, 0, 255).astype(np.uint8)  # under the threshold everywhere
+    incremental.prefill(observation(noisy, "pick up the blue cube"))
+    assert incremental.last.reason == "drift"
+    incremental.reset()
+    incremental.prefill(other)
+    assert incremental.last.reason == "first frame"
+
+
+# --- rollback and scoring after an incremental prefill ----------------------------------------
+def incremental_prefix(policy: HFTokenVLA, seed: int) -> tuple[HFIncrementalPrefill, Observation, HFPrefix]:
+    """An incremental prefill after a frame with one changed patch."""
+    incremental = HFIncrementalPrefill(policy, KV)
+    pixels = image(seed)
+    incremental.prefill(observation(pixels))
+    obs = observation(with_inverted_patch(pixels, 9))
+    return incremental, obs, incremental.prefill(obs)
+
+
+@pytest.mark.parametrize(("m", "more"), [(0, [5, 6]), (3, [9]), (7, [])])
+def test_truncate_then_score_after_an_incremental_prefill(policy: HFTokenVLA, m: int, more: list[int]) -> None:
+    _, _, prefix = incremental_prefix(policy, 7)
+    whole = policy.score(prefix, TOKENS)
+    steps = [policy.score(prefix, TOKENS[:, :0]).logits[:, 0]]
+    step = prefix
+    for i in range(TOKENS.shape[1]):  # one token at a time: the same logits
+        out = policy.score(step, TOKENS[:, i : i + 1])
+        step = out.prefix
+        steps.append(out.logits[:, 1])
+    torch.testing.assert_close(whole.logits, torch.stack(steps, dim=1), rtol=0, atol=ATOL)
+    again = policy.score(whole.prefix.truncate(m), torch.tensor([more], dtype=torch.long))
+    direct = policy.score(prefix, torch.tensor([TOKENS[0, :m].tolist() + more], dtype=torch.long))
+    torch.testing.assert_close(again.logits, direct.logits[:, m:], rtol=0, atol=ATOL)
+
+
+def test_prefill_scored_equals_the_incremental_prefill_then_score(policy: HFTokenVLA) -> None:
+    pixels = image(8)
+    frames = [observation(pixels), observation(with_inverted_patch(pixels, 9))]
+    apart_by, scored_by = HFIncrementalPrefill(policy, KV), HFIncrementalPrefill(policy, KV)
+    for obs in frames:
+        prefix = apart_by.prefill(obs)
+    scored_by.prefill(frames[0])
+    scored = scored_by.prefill_scored(frames[1], TOKENS[:, :6])
+    assert scored_by.last is not None and scored_by.last.recomputed == 1
+    apart = policy.score(prefix, TOKENS[:, :6])
+    torch.testing.assert_close(scored.logits, apart.logits, rtol=0, atol=ATOL)
+    torch.testing.assert_close(scored.prefix.pooled, prefix.pooled, rtol=0, atol=ATOL)
+    assert scored.prefix.prefix_len == prefix.prefix_len and scored.prefix.tokens.tolist() == TOKENS[:, :6].tolist()
+    on = policy.score(scored.prefix.truncate(2), torch.tensor([[7, 8]]))
+    off = policy.score(apart.prefix.truncate(2), torch.tensor([[7, 8]]))
+    torch.testing.assert_close(on.logits, off.logits, rtol=0, atol=ATOL)
+
+
+# --- how it is selected -----------------------------------------------------------------------
+def test_reuse_of_tower_outputs_alone_is_refused(policy: HFTokenVLA) -> None:
+    with pytest.raises(ValueError, match="only with reused keys/values.*bidirectional"):
+        HFIncrementalPrefill(policy, VisionReuseConfig())
+    with pytest.raises(ValueError, match="only with reused keys/values"):
+        IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=False))
+
+
+def test_the_incremental_vision_encoder_serves_an_hf_policy_through_its_own_prefill(policy: HFTokenVLA) -> None:
+    encoder = IncrementalVisionEncoder(policy, KV)
+    pixels = image(9)
+    encoder.prefill(observation(pixels))
+    assert encoder.last is not None and encoder.last.refreshed
+    prefix = encoder.prefill(observation(pixels.copy()))
+    assert isinstance(prefix, HFPrefix) and encoder.last.recomputed == 0
+    scored = encoder.prefill_scored(observation(with_inverted_patch(pixels, 2)), TOKENS[:, :6])
+    assert encoder.last.recomputed == 1 and scored.logits.shape == (1, 7, 256)
+    encoder.reset()
+    encoder.prefill(observation(pixels))
+    assert encoder.last.reason == "first frame"
+
+
+@pytest.mark.parametrize("decoder", ["ar", "kerv", "world_aware"])
+def test_a_runner_decodes_an_hf_policy_with_reused_keys_and_values(policy: HFTokenVLA, decoder: str) -> None:
+    runner = build_runner(RunnerConfig(decoder=decoder, temperature=0.0, vision=KV), ArmKinematics(default_urdf()),
+                          policy=policy)
+    pixels = image(10)
+    fractions = []
+    for step in range(5):
+        if step == 3:
+            pixels = with_inverted_patch(pixels, 5)
+        obs = Observation(image=pixels, instruction=INSTRUCTION, joint_pos=np.full(7, 0.01 * step), gripper=0.04,
+                          stamp=0.05 * step)
+        result = runner(obs)
+        assert result.tokens.shape == (7,) and np.isfinite(result.action).all()
+        fractions.append(result.vision_fraction)
+    assert fractions == [1.0, 0.0, 0.0, 1 / N_PATCHES, 0.0]
+
+
+def test_eval_refuses_per_patch_vision_on_an_hf_policy_in_one_line(tiny_hf_vla: Callable[..., Path],
+                                                                    tmp_path: Path) -> None:
+    from vla_accel_ros.cli import main
+
+    directory = tiny_hf_vla(tmp_path / "hf")
+    with pytest.raises(SystemExit, match="reuse_kv"):
+        main(["eval", "--checkpoint", f"hf:{directory}", "--vision", "incremental", "--episodes", "1",
+              "--max-steps", "2", "--allow-unmatched-robot", "--out", str(tmp_path / "eval")])

@@ -1,0 +1,250 @@
+"""Incremental prefill of a Hugging Face VLA (:class:`~vla_accel_ros.models.hf_vla.HFTokenVLA`), in the
+style of VLA-Cache: between frames, the keys and values of the image tokens whose patches did not
+change are reused in every layer of the language model.
+
+Per frame the vision tower and projector run on the whole image (beside the language model they
+cost little at a real VLA's shape). An image token is *dynamic* when the mean absolute difference
+(0..255 scale) of its patch's pixels from the reference pixels that produced its cached keys and
+values exceeds ``threshold``; the refresh rules are incremental vision's
+(:mod:`vla_accel_ros.models.incremental_vision`): a full prefill on the first frame, when the
+instruction changes, every ``refresh_steps`` frames, and when the mean sub-threshold change of the
+cached patches exceeds ``max_drift``.
+
+The language model then runs only on the dynamic image tokens, the text after the image and, for
+``prefill_scored``, the action tokens, each at its true position (RoPE), over a cache pre-filled
+with every layer's keys and values of the other prefix tokens (BOS and the static image tokens,
+whose keys carry their positions already). A 4D additive mask makes each recomputed token attend
+by true position: to the cached and the recomputed tokens at or before its own. The cache then
+holds the whole prefix, its rows ordered otherwise than the positions, which attention over rotated
+keys does not see: ``HFTokenVLA.score`` appends action tokens after the prefix and crops them off as
+after a full prefill.
+
+A static token's keys and values are those of the frame that last computed them. In truth they
+move a little when an earlier token changes, and as the tower is bidirectional every image feature
+moves a little with any patch; the refresh rules bound that error, and a static token's final
+hidden state (in ``pooled``) is likewise kept from its last computation. When every image token is
+dynamic the result is the full prefill's up to float rounding, and so it is with ``threshold`` 0:
+then any change recomputes every image token, since only an identical image gives identical
+features. An identical image recomputes only the text.
+
+Only the reuse of keys and values is offered (``VisionReuseConfig.reuse_kv``): reusing the tower's
+outputs per patch, as the package policy's ``reuse_kv=False`` mode does with its per-patch encoder,
+would be neither exact (the tower is bidirectional) nor a saving (the language model's cost
+dominates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.models.configuration import VisionReuseConfig
+from vla_accel_ros.models.hf_vla import CacheSlot, HFPrefix, HFScoreOutput
+from vla_accel_ros.models.incremental_vision import ReuseStats
+
+if TYPE_CHECKING:
+    from vla_accel_ros.models.hf_vla import HFTokenVLA
+
+# The attention implementations that take the 4D additive mask as given (flash attention takes none).
+MASKED_ATTENTION = ("eager", "sdpa")
+
+
+@dataclass(frozen=True, eq=False)
+class _PrefixState:
+    """What a frame leaves for the next: ``cache``, whose first L rows hold the prefix's keys and
+    values in every layer (later rows are action tokens that ``score`` appends and crops),
+    ``row_positions`` (L,) the true position of each of those rows, and ``hidden`` (1, L, d) the
+    prefix's final hidden states by position."""
+
+    cache: Any
+    row_positions: torch.Tensor
+    hidden: torch.Tensor
+
+    def rows_of(self, positions: torch.Tensor) -> torch.Tensor:
+        """The cache rows that hold ``positions``."""
+        row_of_position = torch.empty_like(self.row_positions)
+        row_of_position[self.row_positions] = torch.arange(len(self.row_positions), device=self.row_positions.device)
+        return row_of_position[positions]
+
+
+class HFIncrementalPrefill:
+    """``prefill`` and ``prefill_scored`` of one :class:`HFTokenVLA` over a stream of frames (batch 1),
+    recomputing only the tokens that the image's changes reach (module docstring).
+
+    ``last`` is the last frame's :class:`ReuseStats` (image tokens recomputed of ``n_image_tokens``);
+    :attr:`recomputed_tokens` says which. ValueError at construction when ``config.reuse_kv`` is
+    false, or when the model is not one this prefill can run: one image token per patch of the
+    tower's grid, every text layer full attention, an attention implementation that takes a 4D mask.
+    """
+
+    def __init__(self, policy: HFTokenVLA, config: VisionReuseConfig) -> None:
+        if not config.reuse_kv:
+            raise ValueError(f"{policy.source}: a Hugging Face VLA runs incremental vision only with reused "
+                             "keys/values (reuse_kv, --vision incremental_kv, bench --reuse-kv): its vision tower is "
+                             "bidirectional, so reusing the tower's outputs per patch is not exact, and the tower is "
+                             "not where the prefill's time goes")
+        model_config = policy.model.config
+        text_config = model_config.get_text_config()
+        patch = int(getattr(getattr(model_config, "vision_config", None), "patch_size", 0) or 0)
+        size, n_tokens = policy.config.image_size, policy.config.n_image_tokens
+        if patch <= 0 or size % patch or (size // patch) ** 2 != n_tokens:
+            raise ValueError(f"{policy.source}: incremental prefill maps each image token to one patch, but the model "
+                             f"makes {n_tokens} image tokens from a {size} px image with {patch} px patches")
+        attention = text_config._attn_implementation
+        if attention not in MASKED_ATTENTION:
+            raise ValueError(f"{policy.source}: incremental prefill needs {' or '.join(MASKED_ATTENTION)} attention "
+                             f"(it passes its own 4D mask), the model uses {attention!r}")
+        layer_types = getattr(text_config, "layer_types", None) or ()
+        if getattr(text_config, "sliding_window", None) is not None or any(t != "full_attention" for t in layer_types):
+            raise ValueError(f"{policy.source}: incremental prefill needs full attention in every text layer")
+        self.policy = policy
+        self.config = config
+        self.patch_size = patch
+        self.grid = size // patch  # patches per side, row-major as the tower's patch embedding flattens them
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the cache: the next frame is a full prefill."""
+        self._reference: torch.Tensor | None = None  # (1, 3, S, S): the pixels behind each cached token
+        self._instruction: str | None = None
+        self._state: _PrefixState | None = None
+        self._image_positions = torch.zeros(0, dtype=torch.long)  # prompt positions of the image tokens
+        self._text_positions = torch.zeros(0, dtype=torch.long)  # non-image positions from the first image token on
+        self._dynamic = torch.zeros(0, dtype=torch.long)
+        self._since_refresh = 0
+        self.last: ReuseStats | None = None
+
+    @property
+    def recomputed_tokens(self) -> torch.Tensor:
+        """Indices among the image tokens (row-major patches) of those the last frame recomputed."""
+        return self._dynamic
+
+    def prefill(self, obs: Observation) -> HFPrefix:
+        """``HFTokenVLA.prefill`` of one observation, reusing what the previous frames computed."""
+        with torch.inference_mode():
+            return self._prefix(*self._frame(obs, None), None)
+
+    def prefill_scored(self, obs: Observation, tokens: torch.Tensor) -> HFScoreOutput:
+        """``HFTokenVLA.prefill_scored``: the action tokens (1, k) ride along with the recomputed ones."""
+        with torch.inference_mode():
+            tokens = self.policy.check_tokens(tokens)
+            slot, action_hidden = self._frame(obs, tokens)
+            prefix = self._prefix(slot, action_hidden, tokens)
+            return HFScoreOutput(self.policy.action_logits(prefix.action_hidden), prefix)
+
+    # --- one frame ----------------------------------------------------------------------------
+    def _frame(self, obs: Observation, tokens: torch.Tensor | None) -> tuple[CacheSlot, torch.Tensor]:
+        """This frame's pass: the shared cache and the action tokens' final hidden states (1, k, d)."""
+        policy = self.policy
+        ids = policy.prompt_ids(obs.instruction)
+        resized = policy.resized_image(obs.image).contiguous()  # viewed patch by patch below
+        dynamic = self._dynamic_tokens(resized, obs.instruction)
+        if dynamic is None:
+            return self._full(obs, ids, tokens)
+        return self._recompute(ids, resized, dynamic.to(policy.device), tokens)
+
+    def _full(self, obs: Observation, ids: torch.Tensor, tokens: torch.Tensor | None) -> tuple[CacheSlot, torch.Tensor]:
+        """The full prefill, kept as the state later frames reuse."""
+        device, length = self.policy.device, ids.shape[1]
+        hidden, slot = self.policy.prompt_pass(obs, tokens)
+        is_image = ids[0] == self.policy.image_token_id
+        positions = torch.arange(length, device=device)
+        self._image_positions = positions[is_image]
+        self._text_positions = positions[~is_image & (positions >= self._image_positions[0])]
+        self._state = _PrefixState(slot.cache, positions, hidden[:, :length])
+        return slot, hidden[:, length:]
+
+    def _recompute(self, ids: torch.Tensor, resized: torch.Tensor, dynamic: torch.Tensor,
+                   tokens: torch.Tensor | None) -> tuple[CacheSlot, torch.Tensor]:
+        """The text model over the dynamic image tokens, the text after the image and the action
+        tokens, attending to the cached keys and values of the others."""
+        policy, state = self.policy, self._state
+        assert state is not None
+        device, length = policy.device, ids.shape[1]
+        recomputed = torch.cat([self._image_positions[dynamic], self._text_positions])
+        inputs = [policy.embed_ids(ids[:, self._text_positions])]
+        if len(dynamic):
+            features = policy.image_features(policy.normalised_pixels(resized))
+            inputs.insert(0, features[:, dynamic].to(inputs[0].dtype))
+        positions = recomputed
+        if tokens is not None and tokens.shape[1]:
+            inputs.append(policy.embed_ids(policy.hf_action_ids(tokens)))
+            positions = torch.cat([recomputed, torch.arange(length, length + tokens.shape[1], device=device)])
+        reused = torch.ones(length, dtype=torch.bool, device=device)
+        reused[recomputed] = False
+        static = torch.nonzero(reused).squeeze(1)
+        cache = policy.new_cache()
+        rows = state.rows_of(static)
+        for index, layer in enumerate(state.cache.layers):
+            cache.update(layer.keys.index_select(-2, rows), layer.values.index_select(-2, rows), index)
+        # Each recomputed token sees every key at or before its true position, cached or recomputed.
+        key_positions = torch.cat([static, positions])
+        blocked = key_positions[None, :] > positions[:, None]
+        mask = torch.zeros(blocked.shape, dtype=policy.dtype, device=device).masked_fill_(
+            blocked, torch.finfo(policy.dtype).min)
+        hidden = policy.forward_embeddings(torch.cat(inputs, dim=1), cache, positions[None], mask[None, None])
+        n_prefix = len(recomputed)
+        self._state = _PrefixState(cache, torch.cat([static, recomputed]),
+                                   state.hidden.index_copy(1, recomputed, hidden[:, :n_prefix]))
+        return CacheSlot(cache, [] if tokens is None else tokens[0].tolist()), hidden[:, n_prefix:]
+
+    def _prefix(self, slot: CacheSlot, action_hidden: torch.Tensor, tokens: torch.Tensor | None) -> HFPrefix:
+        """The prefix this frame made: the prompt's last hidden state, then the action tokens' (1, k, d)."""
+        assert self._state is not None
+        hidden = self._state.hidden
+        if tokens is None:
+            tokens = torch.empty(1, 0, dtype=torch.long, device=self.policy.device)
+        return HFPrefix(slot=slot, action_hidden=torch.cat([hidden[:, -1:], action_hidden], dim=1), tokens=tokens,
+                        pooled=hidden.float().mean(dim=1), prefix_len=hidden.shape[1])
+
+    # --- which tokens changed -----------------------------------------------------------------
+    def _dynamic_tokens(self, resized: torch.Tensor, instruction: str) -> torch.Tensor | None:
+        """The image tokens (row-major patches) this frame recomputes; None for a full prefill.
+        Updates the reference pixels and ``last``."""
+        n_tokens = self.policy.config.n_image_tokens
+        reason = self._refresh_reason(instruction)
+        if not reason:
+            assert self._reference is not None
+            change = self._per_patch(resized - self._reference).abs_().sum(dim=(0, 2, 4)).flatten()  # (P,)
+            n_values = resized.numel() // n_tokens
+            # thresholds scaled to sums rather than sums divided down to means
+            is_dynamic = change > self.config.threshold * n_values
+            if self.config.threshold == 0 and bool(is_dynamic.any()):
+                is_dynamic[:] = True  # exact: with a bidirectional tower any change moves every feature
+            dynamic = torch.nonzero(is_dynamic).squeeze(1)
+            n_static = n_tokens - len(dynamic)
+            static_change = float(change.masked_fill(is_dynamic, 0).sum())
+            if n_static and static_change > self.config.max_drift * n_values * n_static:
+                reason = "drift"
+        if reason:
+            self._reference, self._instruction = resized, instruction
+            self._dynamic = torch.arange(n_tokens)
+            self._since_refresh = 1
+            self.last = ReuseStats(n_tokens, n_tokens, True, reason)
+            return None
+        if len(dynamic):  # the dynamic patches' pixels become their reference
+            grid = is_dynamic.view(1, self.grid, 1, self.grid, 1)
+            fresh = torch.where(grid, self._per_patch(resized), self._per_patch(self._reference))
+            self._reference = fresh.view_as(resized)
+        self._dynamic = dynamic
+        self._since_refresh += 1
+        self.last = ReuseStats(len(dynamic), n_tokens, False)
+        return dynamic
+
+    def _per_patch(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(1, 3, S, S) -> a view (channel, patch row, row in patch, patch column, column in patch)."""
+        g, p = self.grid, self.patch_size
+        return pixels.view(3, g, p, g, p)
+
+    def _refresh_reason(self, instruction: str) -> str:
+        """Why this frame must be a full prefill ('' when the cache may serve it)."""
+        if self._state is None or self._reference is None:
+            return "first frame"
+        if instruction != self._instruction:
+            return "instruction changed"
+        if self._since_refresh >= self.config.refresh_steps:
+            return "timer"
+        return ""

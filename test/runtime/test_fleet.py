@@ -13,7 +13,7 @@ from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.models import Policy, VLAConfig
 from vla_accel_ros.models.tokenizer import ActionTokenizer
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
-from vla_accel_ros.runtime.fleet import FleetRunner
+from vla_accel_ros.runtime.fleet import STAGES, FleetRunner, RoundPolicy
 
 KIN = ArmKinematics(default_urdf())
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
@@ -50,6 +50,40 @@ def test_a_fleet_gives_each_robot_what_its_own_runner_gives(policy, decoder, tem
             own = alone[r](data[r][t])
             np.testing.assert_array_equal(together[r].tokens, own.tokens, err_msg=f"robot {r} step {t}")
             assert together[r].target_passes == own.target_passes
+
+
+def test_a_round_times_its_stages(policy):
+    config = RunnerConfig(decoder="world_aware", temperature=0.0, vision=None)
+    fleet = FleetRunner([build_runner(config, KIN, policy=policy) for _ in range(2)])
+    data = streams(2, 3)
+    for t in range(3):
+        fleet.step([(r, data[r][t]) for r in range(2)])
+    stages = fleet.last_stages
+    assert set(stages) == set(STAGES) and all(v >= 0.0 for v in stages.values())
+    assert stages["batched_pass"] > 0.0 and stages["alone"] == 0.0  # no robot was served on its own
+
+
+def test_the_contact_head_runs_once_a_round_for_all_robots(policy, monkeypatch):
+    config = RunnerConfig(decoder="world_aware", temperature=0.0, vision=None)
+    fleet = FleetRunner([build_runner(config, KIN, policy=policy) for _ in range(3)])
+    data = streams(3, 4)
+    batches = []
+    contact_logits = policy.contact_logits
+    monkeypatch.setattr(policy, "contact_logits", lambda prefix: batches.append(prefix.batch_size) or contact_logits(prefix))
+    for t in range(4):
+        fleet.step([(r, data[r][t]) for r in range(3)])
+    assert batches == [3] * 4  # no scene clearance: every robot reads it, every round, in one call
+
+
+def test_a_round_policy_is_the_policy_but_for_its_rows_contact(policy):
+    data = streams(2, 1)
+    batch = policy.prefill_batch(*(torch.cat(t) for t in zip(*(policy.observation_tensors(s[0]) for s in data))))
+    shared = RoundPolicy(policy, batch)
+    row = shared.row(batch.select(1), 1)
+    other = batch.select(0)  # not recorded: the policy's own call
+    assert shared.tokenizer is policy.tokenizer and shared.n_action_tokens == policy.n_action_tokens
+    assert shared.contact_probability(row) == pytest.approx(policy.contact_probability(row), abs=1e-6)
+    assert shared.contact_probability(other) == policy.contact_probability(other)
 
 
 def test_only_some_robots_in_a_round_and_a_policy_without_batches(policy):

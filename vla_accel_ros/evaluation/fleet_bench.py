@@ -5,13 +5,17 @@ Each robot gets its own stream of observations, recorded once from the scripted 
 (its own seed), so both set-ups decode exactly the same inputs, open loop. For each N:
 
 - fleet: one process, a :class:`~vla_accel_ros.runtime.fleet.FleetRunner` over N runners; every
-  round decodes one observation of each robot; a robot's latency is its round's time;
+  round decodes one observation of each robot; a robot's latency is its round's time. Its torch
+  threads are ``server_threads`` (0: ``threads``), at every N, N = 1 included;
 - separate: N processes started together, each one runner over its robot's stream (what N
-  single-robot inference nodes on one host would be); latency per step.
+  single-robot inference nodes on one host would be), ``threads`` torch threads each; latency per step.
 
 Aggregate actions per second = N x steps / wall time. ``summary.json``:
 ``{"runs": [{"robots", "actions_per_s", "latency_ms_p50", "latency_ms_p99",
-"separate_actions_per_s", "separate_latency_ms_p50", "separate_latency_ms_p99"}, ...]}``.
+"separate_actions_per_s", "separate_latency_ms_p50", "separate_latency_ms_p99", "speedup_vs_separate",
+"latency_p99_vs_one", "stage_ms", "server_threads", "separate_threads"}, ...]}``: ``latency_p99_vs_one``
+is the fleet's p99 over its p99 at N = 1 (when 1 is among the sizes), ``stage_ms`` the mean ms of
+each stage of a round (:data:`~vla_accel_ros.runtime.fleet.STAGES`).
 Run as ``python -m vla_accel_ros.evaluation.fleet_bench WORKER.json`` only by the benchmark itself
 (a separate process's worker).
 """
@@ -43,13 +47,21 @@ class FleetBenchOptions:
     temperature: float = 0.0
     steps: int = 40  # observations per robot
     seed: int = EVAL_SEED_START
-    threads: int = 1
+    threads: int = 1  # torch threads of each separate process (and of the fleet, unless server_threads)
+    server_threads: int = 0  # torch threads of the fleet's process; 0 = threads
 
     def __post_init__(self) -> None:
         if not self.robots or any(n < 1 for n in self.robots):
             raise ValueError(f"--robots must be positive counts, got {self.robots}")
         if self.steps < 2:
             raise ValueError(f"--steps must be >= 2, got {self.steps}")
+        if self.threads < 1 or self.server_threads < 0:
+            raise ValueError(f"--threads must be >= 1 and --server-threads >= 0, got {self.threads}, "
+                             f"{self.server_threads}")
+
+    @property
+    def fleet_threads(self) -> int:
+        return self.server_threads or self.threads
 
 
 def record_streams(n: int, steps: int, seed: int, image_size: int) -> list[list[Observation]]:
@@ -89,33 +101,40 @@ def load_stream(path: Path, robot: int) -> list[Observation]:
     return [Observation(images[t], instruction, joints[t], float(gripper[t]), float(stamp[t])) for t in range(len(images))]
 
 
-def _runners(opts: FleetBenchOptions, n: int, policy: Any) -> list[Any]:
+def _runners(opts: FleetBenchOptions, n: int, policy: Any, threads: int) -> list[Any]:
     from vla_accel_ros.core.kinematics import ArmKinematics
     from vla_accel_ros.core.resources import default_urdf
     from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 
     kin = ArmKinematics(default_urdf())
     config = RunnerConfig(checkpoint=opts.checkpoint, decoder=opts.decoder, temperature=opts.temperature,
-                          vision=None, torch_threads=opts.threads)
+                          vision=None, torch_threads=threads)
     return [build_runner(config, kin, policy=policy) for _ in range(n)]
 
 
-def fleet_run(opts: FleetBenchOptions, policy: Any, streams: list[list[Observation]]) -> dict[str, float]:
-    """One process, one batched round per step of every robot."""
-    from vla_accel_ros.runtime.fleet import FleetRunner
+def fleet_run(opts: FleetBenchOptions, policy: Any, streams: list[list[Observation]]) -> dict[str, Any]:
+    """One process (``fleet_threads`` torch threads), one batched round per step of every robot."""
+    import torch
 
-    fleet = FleetRunner(_runners(opts, len(streams), policy))
-    fleet.step([(r, s[0]) for r, s in enumerate(streams)])  # warm-up round (not timed)
-    rounds = []
-    started = time.perf_counter()
-    for t in range(1, opts.steps):
-        t0 = time.perf_counter()
-        fleet.step([(r, s[t]) for r, s in enumerate(streams)])
-        rounds.append((time.perf_counter() - t0) * 1e3)
-    wall = time.perf_counter() - started
+    from vla_accel_ros.runtime.fleet import STAGES, FleetRunner
+
+    fleet = FleetRunner(_runners(opts, len(streams), policy, opts.fleet_threads))  # sets the threads
+    try:
+        fleet.step([(r, s[0]) for r, s in enumerate(streams)])  # warm-up round (not timed)
+        rounds, stages = [], []
+        started = time.perf_counter()
+        for t in range(1, opts.steps):
+            t0 = time.perf_counter()
+            fleet.step([(r, s[t]) for r, s in enumerate(streams)])
+            rounds.append((time.perf_counter() - t0) * 1e3)
+            stages.append(fleet.last_stages)
+        wall = time.perf_counter() - started
+    finally:
+        torch.set_num_threads(opts.threads)
     actions = len(streams) * (opts.steps - 1)
     return {"actions_per_s": actions / wall, "latency_ms_p50": float(np.percentile(rounds, 50)),
-            "latency_ms_p99": float(np.percentile(rounds, 99))}
+            "latency_ms_p99": float(np.percentile(rounds, 99)),
+            "stage_ms": {k: float(np.mean([s[k] for s in stages])) for k in STAGES}}
 
 
 def separate_run(opts: FleetBenchOptions, n: int, streams_path: Path, out: Path) -> dict[str, float]:
@@ -147,7 +166,7 @@ def _separate_worker(spec_path: str) -> int:
     opts = FleetBenchOptions(**{**spec["options"], "robots": tuple(spec["options"]["robots"])})
     torch.set_num_threads(opts.threads)
     policy = load_policy(opts.checkpoint or default_checkpoint())
-    (runner,) = _runners(opts, 1, policy)
+    (runner,) = _runners(opts, 1, policy, opts.threads)
     stream = load_stream(Path(spec["streams"]), spec["robot"])
     runner(stream[0])  # warm-up (not timed)
     latencies = []
@@ -178,7 +197,11 @@ def fleet_bench(opts: FleetBenchOptions, progress: bool = True) -> dict[str, Any
     for n in tqdm(opts.robots, desc="fleet sizes", disable=not progress):
         run = {"robots": n, **fleet_run(opts, policy, streams[:n]), **separate_run(opts, n, streams_path, out)}
         run["speedup_vs_separate"] = run["actions_per_s"] / run["separate_actions_per_s"]
+        run.update(server_threads=opts.fleet_threads, separate_threads=opts.threads)
         runs.append(run)
+    one = next((r for r in runs if r["robots"] == 1), None)
+    for run in runs:
+        run["latency_p99_vs_one"] = run["latency_ms_p99"] / one["latency_ms_p99"] if one else None
     summary = {"runs": runs, "options": {**asdict(opts), "robots": list(opts.robots)}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_fleet(runs, out / "fleet.png")

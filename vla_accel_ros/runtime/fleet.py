@@ -10,12 +10,15 @@ observation of each robot (of any subset) and:
 - runs ONE batched prefill for all of them, with each proposal riding along with its robot's
   prefix (a robot without one gets placeholder tokens, whose rows it never reads);
 - lets each decoder finish: with a proposal, ``decode_scored`` on its rows (no pass of its own);
-  without, ``decode`` on its row of the prefix alone (the prefill's rows before the tokens);
+  without, ``decode`` on its row of the prefix alone (the prefill's rows before the tokens), which
+  runs that robot's draft and verify passes on its own; the contact head the decoders read on
+  their rows runs once for the whole batch (:class:`RoundPolicy`);
 - serves a decoder that skips steps (``heisd``) or a policy without batched passes (a Hugging
   Face VLA) one robot at a time, as a single runner would.
 
 Batching changes what a step costs, never what it computes: each robot's rows see only its own
 prefix (the batch dimension is independent), so its tokens are those its own runner would give.
+:attr:`FleetRunner.last_stages` times the latest round's stages (:data:`STAGES`).
 """
 
 from __future__ import annotations
@@ -23,13 +26,51 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
+import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.decoding.protocol import N_ACTION_TOKENS, DecodeResult
-from vla_accel_ros.models.policy import Policy, ScoreOutput
+from vla_accel_ros.decoding.protocol import N_ACTION_TOKENS, DecodeContext, DecodeResult
+from vla_accel_ros.models.policy import Policy, Prefix, ScoreOutput
 from vla_accel_ros.runtime.runner import PolicyRunner, run_policy_step
+
+# A round's stages, in order: each robot's bookkeeping before the model (``begin``: its filter and
+# decode context), the proposals for the prefill to verify, the observations into batched tensors,
+# the ONE batched pass, each decoder finishing its action after it (with any pass of its own), and
+# each robot's history (``end``). Robots served one at a time count whole under ``alone``.
+STAGES = ("begin", "propose", "tensors", "batched_pass", "finish", "end", "alone")
+
+
+class RoundPolicy:
+    """The fleet's policy as the decoders of one round see it: every call and attribute is the
+    policy's, except ``contact_probability`` of this round's row prefixes (those passed through
+    :meth:`row`), which the first such call computes for every row of the batch in ONE contact-head
+    call (a ``world_aware`` robot asks once a step without the scene: one head call per robot
+    otherwise, each costing about what the batched one does)."""
+
+    def __init__(self, policy: Policy, batch: Prefix) -> None:
+        self._policy = policy
+        self._batch = batch
+        self._rows: dict[int, tuple[Prefix, int]] = {}  # id -> (the row prefix, kept alive so its id stays its own; row)
+        self._probabilities: list[float] | None = None
+
+    def row(self, prefix: Prefix, index: int) -> Prefix:
+        """``prefix`` (batch row ``index`` of the round's prefill, as decoded), recorded as that row."""
+        self._rows[id(prefix)] = (prefix, index)
+        return prefix
+
+    def contact_probability(self, prefix: Prefix) -> float:
+        known = self._rows.get(id(prefix))
+        if known is None:
+            return self._policy.contact_probability(prefix)
+        if self._probabilities is None:
+            self._probabilities = torch.sigmoid(self._policy.contact_logits(self._batch)).tolist()
+        return self._probabilities[known[1]]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
 
 
 class FleetRunner:
@@ -47,56 +88,86 @@ class FleetRunner:
         self.runners = list(runners)
         self.policy = policy
         self.batched = isinstance(policy, Policy)  # the package's VLA has batched passes
+        self.last_stages: dict[str, float] = dict.fromkeys(STAGES, 0.0)  # ms, the latest round
 
     def step(self, observations: Sequence[tuple[int, Observation]]) -> list[DecodeResult]:
         """One observation of each listed robot (index into ``runners``) -> their results, in order."""
-        results: dict[int, DecodeResult] = {}
+        clock = time.perf_counter
+        stages = dict.fromkeys(STAGES, 0.0)
+        t0 = clock()
         contexts = {i: self.runners[i].begin(obs) for i, obs in observations}
-        together: list[tuple[int, Observation]] = []
+        stages["begin"] = (clock() - t0) * 1e3
+        results: dict[int, DecodeResult] = {}
+        together: list[tuple[int, Observation, bool]] = []
         for i, obs in observations:
             runner = self.runners[i]
-            if not self.batched or runner.decoder.capabilities().skips_steps:
+            capabilities = runner.decoder.capabilities()  # once per robot and round: a dataclass each call
+            if not self.batched or capabilities.skips_steps:
+                t1 = clock()
                 results[i] = run_policy_step(self.policy, obs, runner.decoder, contexts[i])
+                stages["alone"] += (clock() - t1) * 1e3
             else:
-                together.append((i, obs))
+                together.append((i, obs, capabilities.verifies_in_prefill))
         if together:
-            results.update(self._batched(together, contexts))
-        return [self.runners[i].end(results[i]) for i, _ in observations]
+            results.update(self._batched(together, contexts, stages))
+        t2 = clock()
+        out = [self.runners[i].end(results[i]) for i, _ in observations]
+        stages["end"] = (clock() - t2) * 1e3
+        self.last_stages = stages
+        return out
 
-    def _batched(self, batch: list[tuple[int, Observation]], contexts: dict) -> dict[int, DecodeResult]:
+    def _batched(self, batch: list[tuple[int, Observation, bool]], contexts: dict[int, DecodeContext],
+                 stages: dict[str, float]) -> dict[int, DecodeResult]:
         policy: Policy = self.policy  # type: ignore[assignment]
         out: dict[int, DecodeResult] = {}
         clock = time.perf_counter
         with torch.inference_mode():
             started = clock()
-            proposals = {}
-            for i, _ in batch:
-                decoder = self.runners[i].decoder
-                if decoder.capabilities().verifies_in_prefill:
-                    proposal = decoder.prefill_proposal(policy, contexts[i])
-                    if proposal is not None:
-                        proposals[i] = proposal
+            proposals = [self.runners[i].decoder.prefill_proposal(policy, contexts[i]) if verifies else None
+                         for i, _, verifies in batch]
             proposed_at = clock()
-            placeholder = [0] * (N_ACTION_TOKENS - 1)  # rows no decoder reads: the prefix's come first
-            feed = torch.tensor([proposals[i][: N_ACTION_TOKENS - 1].tolist() if i in proposals else placeholder
-                                 for i, _ in batch], dtype=torch.long)
+            # The rows of a robot without a proposal hold zeros (placeholders no decoder reads: the
+            # prefix's rows come first); the last proposed token is not fed (it would predict an 8th).
+            feed = np.zeros((len(batch), N_ACTION_TOKENS - 1), dtype=np.int64)
+            for row, proposal in enumerate(proposals):
+                if proposal is not None:
+                    feed[row] = proposal[: N_ACTION_TOKENS - 1]
+            tensors = self._tensors([obs for _, obs, _ in batch])
             t0 = clock()
-            output = policy.prefill_batch_scored(*self._tensors([obs for _, obs in batch]), feed)
-            prefill_ms = (clock() - t0) * 1e3
-            for row, (i, _) in enumerate(batch):
-                decoder, prefix = self.runners[i].decoder, output.prefix.select(row)
-                if i in proposals:
-                    result = decoder.decode_scored(policy, ScoreOutput(output.logits[row : row + 1], prefix),
-                                                   proposals[i], contexts[i])
+            output = policy.prefill_batch_scored(*tensors, torch.from_numpy(feed))
+            t1 = clock()
+            prefill_ms = (t1 - t0) * 1e3
+            shared = RoundPolicy(policy, output.prefix)
+            for row, ((i, _, _), proposal, (logits, prefix)) in enumerate(zip(batch, proposals, self._rows(output),
+                                                                              strict=True)):
+                decoder = self.runners[i].decoder
+                if proposal is not None:
+                    scored = ScoreOutput(logits, shared.row(prefix, row))
+                    result = decoder.decode_scored(shared, scored, proposal, contexts[i])  # type: ignore[arg-type]
                     out[i] = self._timed(result, prefill_ms, (proposed_at - started) * 1e3, started)
                 else:  # the prefix alone: the prefill's rows up to its end, as a plain prefill gives them
-                    result = decoder.decode(policy, prefix.truncate(0), contexts[i])
+                    result = decoder.decode(shared, shared.row(prefix.truncate(0), row), contexts[i])  # type: ignore[arg-type]
                     out[i] = self._timed(result, prefill_ms, 0.0, started)
+            stages.update(propose=(proposed_at - started) * 1e3, tensors=(t0 - proposed_at) * 1e3,
+                          batched_pass=prefill_ms, finish=(clock() - t1) * 1e3)
         return out
 
     def _tensors(self, observations: list[Observation]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batched inputs of ``Policy.prefill_batch``; each observation is checked (and its
+        instruction's ids cached) by ``Policy.observation_tensors``. One robot: its own tensors."""
         parts = [self.policy.observation_tensors(obs) for obs in observations]
+        if len(parts) == 1:
+            return parts[0]
         return tuple(torch.cat([p[k] for p in parts]) for k in range(3))  # type: ignore[return-value]
+
+    @staticmethod
+    def _rows(output: ScoreOutput) -> list[tuple[torch.Tensor, Prefix]]:
+        """Each batch row's (logits (1, k+1, 256), prefix); a batch of one is its own row, with no
+        slicing of its cache."""
+        prefix = output.prefix
+        if prefix.batch_size == 1:
+            return [(output.logits, prefix)]
+        return [(output.logits[row : row + 1], prefix.select(row)) for row in range(prefix.batch_size)]
 
     @staticmethod
     def _timed(result: DecodeResult, prefill_ms: float, proposal_ms: float, started: float) -> DecodeResult:

@@ -74,7 +74,8 @@ class DeadlineDecoder(KervDecoder):
         self.parallel = False  # whether the current policy drafts with its parallel head
 
     def capabilities(self) -> DecoderCapabilities:
-        return replace(super().capabilities(), draft_head=True)  # it drafts what the deadline allows
+        # it drafts what the deadline allows, and decodes in several rounds: no split around one verify pass
+        return replace(super().capabilities(), draft_head=True, split_verify=False)
 
     def _average(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.config.ema) * old + self.config.ema * new

@@ -32,6 +32,12 @@ the acceptance test and the KF fill. The price: no draft head (it reads the pref
 0 is a cheap token too, which the target may reject; the bonus and the KF fill then take over as
 usual. Still exactly one verify pass per action, never a second round.
 
+Decoding after the prefill is split around its one verify pass (``split_verify``):
+:meth:`KervDecoder.propose_after_prefill` does everything before it (the proposal, the draft head
+included), :meth:`KervDecoder.finish_verified` everything after it (acceptance, the running rates,
+the KF fill), and ``decode`` runs the pass in between. A fleet makes that pass itself: one batched
+``score`` verifies the proposals of all its robots that decode after the prefill.
+
 The KF prediction is the TCP delta between the filtered joint configuration and its
 constant-acceleration extrapolation one control period ahead (clamped to URDF limits); the gripper
 is its last commanded value. Before the filter has converged (fewer than 3 measurements) or when
@@ -56,6 +62,7 @@ from vla_accel_ros.decoding.protocol import (
     Decoder,
     DecoderCapabilities,
     DecodeResult,
+    PendingVerify,
     PolicyLike,
 )
 from vla_accel_ros.decoding.speculation import PassLedger, accepted_length, token_list
@@ -202,7 +209,8 @@ class KervDecoder(Decoder):
         self._proposed: tuple[tuple[np.ndarray, np.ndarray] | None, float] | None = None
 
     def capabilities(self) -> DecoderCapabilities:
-        return DecoderCapabilities(verifies_in_prefill=self.config.prefill_verify, parallel_draft=self.config.parallel_draft)
+        return DecoderCapabilities(verifies_in_prefill=self.config.prefill_verify, parallel_draft=self.config.parallel_draft,
+                                   split_verify=True)
 
     @classmethod
     def threshold_settings(cls, r: int) -> dict[str, Any]:
@@ -337,25 +345,6 @@ class KervDecoder(Decoder):
             mode=mode,
         )
 
-    def decode_without_draft_head(self, policy: PolicyLike, prefix: Any, context: DecodeContext,
-                                  completion: tuple[np.ndarray, np.ndarray] | None, hold: np.ndarray | None,
-                                  started: float) -> DecodeResult:
-        """A policy without a draft head (a Hugging Face VLA): the cheap sources propose all 7
-        tokens (:meth:`model_free_proposal`) and one pass verifies them. An episode's first step
-        has no previous action to propose from: it decodes token by token, as ``ar`` does."""
-        if hold is None:
-            return replace(ARDecoder().decode(policy, prefix, context), decoder=self.name, mode="first_step_ar")
-        ledger = PassLedger(policy, context.clock, context.token_noise)
-        proposal = self.model_free_proposal(completion, context)
-        with torch.inference_mode():
-            r = self.threshold(policy, prefix, context)
-            argmax, _ = ledger.score(prefix, proposal[: N_ACTION_TOKENS - 1].tolist())
-        n_acc = accepted_length(proposal, argmax, r)
-        if completion is not None:
-            self.update_kf_acceptance(completion[0], argmax, n_acc + 1, r)
-        update_rate(self.hold_acceptance, hold, argmax, n_acc + 1, r, self.config.kf_rate_weight)
-        return self._finish(ledger, proposal, argmax, n_acc, r, policy, context, completion, started)
-
     def threshold(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
         signals = kinematic_signals(context, self.tcp_positions)
         if signals is None:
@@ -363,6 +352,21 @@ class KervDecoder(Decoder):
         return float(kinematic_threshold(signals, self.config.r_min, self.config.r_max))
 
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
+        """:meth:`propose_after_prefill`, its verify pass, :meth:`finish_verified`."""
+        pending = self.propose_after_prefill(policy, prefix, context)
+        if isinstance(pending, DecodeResult):
+            return pending
+        with torch.inference_mode():
+            t0 = context.clock()
+            scored = policy.score(prefix, torch.tensor([pending.tokens.tolist()], dtype=torch.long))
+            verify_s = context.clock() - t0
+        return self.finish_verified(policy, pending, scored, context, verify_s)
+
+    def propose_after_prefill(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> PendingVerify | DecodeResult:
+        """The step up to its verify pass: the cheap sources' record cleared at an episode's start,
+        the KF completion, the hold, the threshold and the proposal (the draft head's call
+        included). A policy without a draft head at an episode's first step decodes token by token
+        (``ar``): that step comes back finished."""
         started = context.clock()
         ledger = PassLedger(policy, context.clock, context.token_noise)
         if context.step == 0:  # a new episode: the cheap sources' record starts over
@@ -371,24 +375,57 @@ class KervDecoder(Decoder):
         completion = kf_completion_tokens(policy, context)
         hold = context.token_history[-1] if len(context.token_history) else None
         if not policy.capabilities().draft_head:
-            return self.decode_without_draft_head(policy, prefix, context, completion, hold, started)
-        if hold is not None and not self.hold_allowed(policy, prefix, context):
-            hold = None
-        parallel = self.uses_parallel_draft(policy)
-        cheap_tokens, cheap_mask = self.cheap_proposal(completion, hold, parallel)
-        n_draft = requested_length(cheap_mask)
-        with torch.inference_mode():
-            r = self.threshold(policy, prefix, context)
-            drafted = ledger.draft(prefix, n_draft, parallel=parallel)
+            if hold is None:
+                return replace(ARDecoder().decode(policy, prefix, context), decoder=self.name, mode="first_step_ar")
+            proposal = self.model_free_proposal(completion, context)
+            with torch.inference_mode():
+                r = self.threshold(policy, prefix, context)
+        else:
+            if hold is not None and not self.hold_allowed(policy, prefix, context):
+                hold = None
+            parallel = self.uses_parallel_draft(policy)
+            cheap_tokens, cheap_mask = self.cheap_proposal(completion, hold, parallel)
+            n_draft = requested_length(cheap_mask)
+            with torch.inference_mode():
+                r = self.threshold(policy, prefix, context)
+                drafted = ledger.draft(prefix, n_draft, parallel=parallel)
             proposal = np.where(cheap_mask, cheap_tokens, np.concatenate([drafted, cheap_tokens[n_draft:]]))
-            # the last token's own output would predict an 8th token: it is not fed
-            argmax, _ = ledger.score(prefix, proposal[: N_ACTION_TOKENS - 1].tolist())
-        n_acc = accepted_length(proposal, argmax, r)
-        if completion is not None:
-            self.update_kf_acceptance(completion[0], argmax, n_acc + 1, r)
-        if hold is not None:
-            update_rate(self.hold_acceptance, hold, argmax, n_acc + 1, r, self.config.kf_rate_weight)
-        return self._finish(ledger, proposal, argmax, n_acc, r, policy, context, completion, started)
+        # the noise of the verified positions starts at the prefix's end (as ``PassLedger.score``)
+        first = prefix.n_tokens if context.token_noise is not None else 0
+        step = _KervStep(started, ledger, completion, hold, proposal, r, first)
+        return PendingVerify(np.ascontiguousarray(proposal[: N_ACTION_TOKENS - 1], dtype=np.int64), step)
+
+    def finish_verified(self, policy: PolicyLike, pending: PendingVerify, scored: Any, context: DecodeContext,
+                        verify_s: float = 0.0) -> DecodeResult:
+        """The action from the verify pass ``scored`` of :meth:`propose_after_prefill`'s proposal:
+        the accepted prefix, the target's token at the first rejection and the KF's tokens after
+        it; the cheap sources' running rates measured on it. One target pass, ``verify_s`` long."""
+        step: _KervStep = pending.state
+        ledger = step.ledger
+        ledger.target_passes += 1
+        ledger.last_verify_s = verify_s
+        ledger.verify_s += verify_s
+        argmax = pick_tokens(scored.logits[0], context.token_noise, step.first_position).cpu().numpy()
+        n_acc = accepted_length(step.proposal, argmax, step.r)
+        if step.completion is not None:
+            self.update_kf_acceptance(step.completion[0], argmax, n_acc + 1, step.r)
+        if step.hold is not None:
+            update_rate(self.hold_acceptance, step.hold, argmax, n_acc + 1, step.r, self.config.kf_rate_weight)
+        return self._finish(ledger, step.proposal, argmax, n_acc, step.r, policy, context, step.completion,
+                            step.started)
+
+
+@dataclass(frozen=True, eq=False)
+class _KervStep:
+    """What :meth:`KervDecoder.propose_after_prefill` leaves for ``finish_verified``."""
+
+    started: float  # on the context clock
+    ledger: PassLedger
+    completion: tuple[np.ndarray, np.ndarray] | None
+    hold: np.ndarray | None  # the previous action's tokens, where they may draft
+    proposal: np.ndarray  # (7,)
+    r: float
+    first_position: int  # the action dimension of the first verified position
 
 
 def update_rate(rate: np.ndarray, proposed: np.ndarray, argmax: np.ndarray, n_valid: int, r: float,

@@ -188,6 +188,9 @@ class DecoderCapabilities:
     draft_head: needs the policy's draft head (``draft_tokens``); refused at start-up without one.
     contact_head: reads the policy's contact head where the scene gives no clearance; without
         one, the kinematics alone set the threshold (a warning says so).
+    split_verify: ``decode`` is ``propose_after_prefill``, ONE target pass over the tokens it
+        returns, then ``finish_verified``; a runner may make that pass itself (a fleet: one batched
+        ``score`` for the verify passes of several robots).
     """
 
     flow_head: bool = False
@@ -198,6 +201,20 @@ class DecoderCapabilities:
     parallel_draft: bool = False
     draft_head: bool = False
     contact_head: bool = False
+    split_verify: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class PendingVerify:
+    """A step decoded up to its one verify pass (``Decoder.propose_after_prefill``).
+
+    tokens: (N_ACTION_TOKENS - 1,) int64, to score after the prefix the step was given (the
+        proposal's first 6: the last one's output would predict an 8th token).
+    state: the decoder's own record of the step, for its ``finish_verified``.
+    """
+
+    tokens: np.ndarray
+    state: Any = None
 
 
 class Decoder:
@@ -253,6 +270,18 @@ class Decoder:
     def decode_scored(self, policy: PolicyLike, scored: Any, proposal: np.ndarray, context: DecodeContext) -> DecodeResult:
         """With ``verifies_in_prefill``: finish the action the prefill verified."""
         raise NotImplementedError(f"decoder '{self.name}' does not verify inside the prefill")
+
+    def propose_after_prefill(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> PendingVerify | DecodeResult:
+        """With ``split_verify``: ``decode`` up to its verify pass, or the finished result of a step
+        that needs no such pass (then nothing is left to verify)."""
+        raise NotImplementedError(f"decoder '{self.name}' does not split its verify pass")
+
+    def finish_verified(self, policy: PolicyLike, pending: PendingVerify, scored: Any, context: DecodeContext,
+                        verify_s: float = 0.0) -> DecodeResult:
+        """With ``split_verify``: the action of ``pending`` from its verify pass, ``scored`` (a
+        batch of one: ``Policy.score`` of ``pending.tokens`` after the step's prefix), which took
+        ``verify_s`` seconds."""
+        raise NotImplementedError(f"decoder '{self.name}' does not split its verify pass")
 
 
 

@@ -11,7 +11,9 @@ In free space (contact looseness from ``prefill_min_looseness``, by default wher
 action drafts too) the cheap sources' proposal is verified inside the prefill (``prefill_verify``, :mod:`kerv`): the action costs 6 more rows of the
 prefill and no pass after it. That decision comes before the prefill, so without the scene it
 reads the contact head of the episode's previous step (one control period old; none at the first
-step, which decodes after the prefill). Decoding is otherwise exactly :class:`KervDecoder`.
+step, which decodes after the prefill). Decoding is otherwise exactly :class:`KervDecoder`'s,
+including its split around the verify pass after the prefill (``split_verify``), where the
+contact head is read in ``propose_after_prefill``.
 """
 
 from __future__ import annotations

@@ -75,6 +75,22 @@ class Prefix:
         return Prefix(kv=tuple((k[row], v[row]) for k, v in self.kv), action_hidden=self.action_hidden[row],
                       tokens=self.tokens[row], pooled=self.pooled[row], prefix_len=self.prefix_len, base=self.base)
 
+    def select_rows(self, rows: list[int]) -> Prefix:
+        """Batch rows ``rows``, in that order, as a batch of their own (some robots of a fleet's
+        batched prefill); consecutive rows are views of this prefix's tensors, others copies."""
+        if rows and rows == list(range(rows[0], rows[0] + len(rows))):
+            span = slice(rows[0], rows[0] + len(rows))
+
+            def pick(t: torch.Tensor) -> torch.Tensor:
+                return t[span]
+        else:
+            index = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)
+
+            def pick(t: torch.Tensor) -> torch.Tensor:
+                return t.index_select(0, index)
+        return Prefix(kv=tuple((pick(k), pick(v)) for k, v in self.kv), action_hidden=pick(self.action_hidden),
+                      tokens=pick(self.tokens), pooled=pick(self.pooled), prefix_len=self.prefix_len, base=self.base)
+
     def truncate(self, m: int) -> Prefix:
         """Keep the prefix as it was before the latest extension plus its first m new tokens."""
         added = self.n_tokens - self.base

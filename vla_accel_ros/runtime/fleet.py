@@ -1,4 +1,4 @@
-"""Several robots on one policy: their steps decoded together, one batched pass per round.
+"""Several robots on one policy: their steps decoded together, two batched passes per round.
 
 A :class:`FleetRunner` holds one :class:`~vla_accel_ros.runtime.runner.PolicyRunner` per robot over
 one shared :class:`~vla_accel_ros.models.policy.Policy`, so every robot keeps its own Kalman
@@ -8,16 +8,21 @@ observation of each robot (of any subset) and:
 - asks each decoder for the proposal it would verify inside the prefill (``verifies_in_prefill``:
   ``world_aware`` in free space);
 - runs ONE batched prefill for all of them, with each proposal riding along with its robot's
-  prefix (a robot without one gets placeholder tokens, whose rows it never reads);
-- lets each decoder finish: with a proposal, ``decode_scored`` on its rows (no pass of its own);
-  without, ``decode`` on its row of the prefix alone (the prefill's rows before the tokens), which
-  runs that robot's draft and verify passes on its own; the contact head the decoders read on
-  their rows runs once for the whole batch (:class:`RoundPolicy`);
+  prefix (a robot without one gets placeholder tokens, whose rows it never reads); a decoder with
+  a proposal then finishes with ``decode_scored`` on its rows (no pass of its own);
+- on its row of the prefix alone (the prefill's rows before the tokens), lets each other decoder
+  either make its proposal (``split_verify``: ``kerv``; ``world_aware`` near contact and at an
+  episode's first step) with ``propose_after_prefill``, its draft head call still its own, or
+  ``decode`` with its own draft and verify passes (``ar``, ``sd``, ``deadline``); the contact head
+  the decoders read on their rows runs once for the whole batch (:class:`RoundPolicy`);
+- verifies all those proposals in ONE batched ``Policy.score`` over their prefix rows, whose time
+  is each such robot's verify time, then each robot's ``finish_verified`` reads its own row of it;
 - serves a decoder that skips steps (``heisd``) or a policy without batched passes (a Hugging
   Face VLA) one robot at a time, as a single runner would.
 
 Batching changes what a step costs, never what it computes: each robot's rows see only its own
-prefix (the batch dimension is independent), so its tokens are those its own runner would give.
+prefix (the batch dimension is independent) and its own sampling noise (drawn per robot, episode
+and step), so its tokens are those its own runner would give.
 :attr:`FleetRunner.last_stages` times the latest round's stages (:data:`STAGES`).
 """
 
@@ -32,15 +37,23 @@ import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.decoding.protocol import N_ACTION_TOKENS, DecodeContext, DecodeResult
+from vla_accel_ros.decoding.protocol import (
+    N_ACTION_TOKENS,
+    DecodeContext,
+    DecoderCapabilities,
+    DecodeResult,
+    PendingVerify,
+)
 from vla_accel_ros.models.policy import Policy, Prefix, ScoreOutput
 from vla_accel_ros.runtime.runner import PolicyRunner, run_policy_step
 
 # A round's stages, in order: each robot's bookkeeping before the model (``begin``: its filter and
 # decode context), the proposals for the prefill to verify, the observations into batched tensors,
-# the ONE batched pass, each decoder finishing its action after it (with any pass of its own), and
-# each robot's history (``end``). Robots served one at a time count whole under ``alone``.
-STAGES = ("begin", "propose", "tensors", "batched_pass", "finish", "end", "alone")
+# the ONE batched prefill (``batched_pass``), the ONE batched verify pass after it
+# (``batched_verify``, 0 when no robot needs one), each decoder's own work after the prefill
+# (``finish``: proposals and draft heads, finishing, the passes of decoders that verify on their
+# own), and each robot's history (``end``). Robots served one at a time count whole under ``alone``.
+STAGES = ("begin", "propose", "tensors", "batched_pass", "batched_verify", "finish", "end", "alone")
 
 
 class RoundPolicy:
@@ -98,7 +111,7 @@ class FleetRunner:
         contexts = {i: self.runners[i].begin(obs) for i, obs in observations}
         stages["begin"] = (clock() - t0) * 1e3
         results: dict[int, DecodeResult] = {}
-        together: list[tuple[int, Observation, bool]] = []
+        together: list[tuple[int, Observation, DecoderCapabilities]] = []
         for i, obs in observations:
             runner = self.runners[i]
             capabilities = runner.decoder.capabilities()  # once per robot and round: a dataclass each call
@@ -107,7 +120,7 @@ class FleetRunner:
                 results[i] = run_policy_step(self.policy, obs, runner.decoder, contexts[i])
                 stages["alone"] += (clock() - t1) * 1e3
             else:
-                together.append((i, obs, capabilities.verifies_in_prefill))
+                together.append((i, obs, capabilities))
         if together:
             results.update(self._batched(together, contexts, stages))
         t2 = clock()
@@ -116,15 +129,15 @@ class FleetRunner:
         self.last_stages = stages
         return out
 
-    def _batched(self, batch: list[tuple[int, Observation, bool]], contexts: dict[int, DecodeContext],
+    def _batched(self, batch: list[tuple[int, Observation, DecoderCapabilities]], contexts: dict[int, DecodeContext],
                  stages: dict[str, float]) -> dict[int, DecodeResult]:
         policy: Policy = self.policy  # type: ignore[assignment]
         out: dict[int, DecodeResult] = {}
         clock = time.perf_counter
         with torch.inference_mode():
             started = clock()
-            proposals = [self.runners[i].decoder.prefill_proposal(policy, contexts[i]) if verifies else None
-                         for i, _, verifies in batch]
+            proposals = [self.runners[i].decoder.prefill_proposal(policy, contexts[i])
+                         if capabilities.verifies_in_prefill else None for i, _, capabilities in batch]
             proposed_at = clock()
             # The rows of a robot without a proposal hold zeros (placeholders no decoder reads: the
             # prefix's rows come first); the last proposed token is not fed (it would predict an 8th).
@@ -138,18 +151,40 @@ class FleetRunner:
             t1 = clock()
             prefill_ms = (t1 - t0) * 1e3
             shared = RoundPolicy(policy, output.prefix)
-            for row, ((i, _, _), proposal, (logits, prefix)) in enumerate(zip(batch, proposals, self._rows(output),
-                                                                              strict=True)):
+            waiting: list[tuple[int, int, PendingVerify]] = []  # (row, robot, its step up to the verify pass)
+            for row, ((i, _, capabilities), proposal, (logits, prefix)) in enumerate(
+                    zip(batch, proposals, self._rows(output), strict=True)):
                 decoder = self.runners[i].decoder
                 if proposal is not None:
                     scored = ScoreOutput(logits, shared.row(prefix, row))
                     result = decoder.decode_scored(shared, scored, proposal, contexts[i])  # type: ignore[arg-type]
                     out[i] = self._timed(result, prefill_ms, (proposed_at - started) * 1e3, started)
-                else:  # the prefix alone: the prefill's rows up to its end, as a plain prefill gives them
-                    result = decoder.decode(shared, shared.row(prefix.truncate(0), row), contexts[i])  # type: ignore[arg-type]
+                    continue
+                # the prefix alone: the prefill's rows up to its end, as a plain prefill gives them
+                alone = shared.row(prefix.truncate(0), row)
+                if capabilities.split_verify:
+                    step = decoder.propose_after_prefill(shared, alone, contexts[i])  # type: ignore[arg-type]
+                    if isinstance(step, PendingVerify):
+                        waiting.append((row, i, step))
+                        continue
+                    result = step  # finished without a verify pass to share
+                else:
+                    result = decoder.decode(shared, alone, contexts[i])  # type: ignore[arg-type]
+                out[i] = self._timed(result, prefill_ms, 0.0, started)
+            verify_ms = 0.0
+            if waiting:
+                t2 = clock()
+                verified = policy.score(output.prefix.truncate(0).select_rows([row for row, _, _ in waiting]),
+                                        torch.from_numpy(np.stack([step.tokens for _, _, step in waiting])))
+                verify_s = clock() - t2
+                verify_ms = verify_s * 1e3
+                for (_, i, step), scored in zip(waiting, self._rows(verified), strict=True):
+                    result = self.runners[i].decoder.finish_verified(shared, step, ScoreOutput(*scored), contexts[i],  # type: ignore[arg-type]
+                                                                     verify_s)
                     out[i] = self._timed(result, prefill_ms, 0.0, started)
             stages.update(propose=(proposed_at - started) * 1e3, tensors=(t0 - proposed_at) * 1e3,
-                          batched_pass=prefill_ms, finish=(clock() - t1) * 1e3)
+                          batched_pass=prefill_ms, batched_verify=verify_ms,
+                          finish=(clock() - t1) * 1e3 - verify_ms)
         return out
 
     def _tensors(self, observations: list[Observation]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -27,12 +27,14 @@ def hf_dir(tmp_path_factory, tiny_hf_vla):
     return tiny_hf_vla(tmp_path_factory.mktemp("hf") / "tiny_openvla")
 
 
-@pytest.mark.parametrize("mode, decoder", [("thread", "kerv"), ("process", "world_aware")])
-def test_the_node_runs_a_hugging_face_vla_and_every_tick_publishes(dds_rig, hf_dir, mode, decoder):
+@pytest.mark.parametrize("mode, decoder, reuse_kv", [("thread", "kerv", False), ("process", "world_aware", False),
+                                                     ("thread", "kerv", True)])
+def test_the_node_runs_a_hugging_face_vla_and_every_tick_publishes(dds_rig, hf_dir, mode, decoder, reuse_kv):
     rig = dds_rig(next(_domains), "robot")
     params = {"inference": True, "inference_mode": mode, "checkpoint": f"hf:{hf_dir}", "decoder": decoder,
               "autostart": True, "instruction": "pick up the red cube", "robot_description_timeout_s": 0.0,
-              "stats_rate_hz": 10.0, "realtime_priority": 0, "inference_restarts": 0}
+              "stats_rate_hz": 10.0, "realtime_priority": 0, "inference_restarts": 0,
+              "vision_reuse": reuse_kv, "vision_reuse_kv": reuse_kv}  # the incremental prefill of an HF VLA
     node = VlaAccelNode(context=rig.context, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
     commands: list = []
     diagnostics: list = []
@@ -44,10 +46,12 @@ def test_the_node_runs_a_hugging_face_vla_and_every_tick_publishes(dds_rig, hf_d
 
     def feed() -> None:
         k = 0
+        pixels = rng.integers(0, 255, (48, 48, 3), dtype=np.uint8)
         while not rig.stop.is_set():
             joints.publish(JointState(name=list(KIN.joint_names), position=Q.tolist()))
             if k % 5 == 0:
-                pixels = rng.integers(0, 255, (48, 48, 3), dtype=np.uint8)
+                if not reuse_kv:  # with reuse, a still scene: the same frame again and again
+                    pixels = rng.integers(0, 255, (48, 48, 3), dtype=np.uint8)
                 camera.publish(Image(height=48, width=48, encoding="rgb8", step=144, data=pixels.tobytes()))
             k += 1
             rig.stop.wait(0.01)
@@ -67,5 +71,7 @@ def test_the_node_runs_a_hugging_face_vla_and_every_tick_publishes(dds_rig, hf_d
         assert "does not record the robot" in messages  # an HF directory without a robot entry
         if decoder == "world_aware":
             assert "no contact head" in messages
+        # a repeated frame reuses every image token's keys and values
+        assert (after["inference_vision_recomputed_mean"] < 1.0) == reuse_kv, after
     finally:
         rig.close()

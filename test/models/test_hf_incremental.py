@@ -251,3 +251,20 @@ def test_eval_refuses_per_patch_vision_on_an_hf_policy_in_one_line(tiny_hf_vla: 
     with pytest.raises(SystemExit, match="reuse_kv"):
         main(["eval", "--checkpoint", f"hf:{directory}", "--vision", "incremental", "--episodes", "1",
               "--max-steps", "2", "--allow-unmatched-robot", "--out", str(tmp_path / "eval")])
+
+
+def test_a_prompt_that_puts_the_image_after_the_instruction(tiny_hf_vla: Callable[..., Path], tmp_path: Path) -> None:
+    directory = tiny_hf_vla(tmp_path / "text_first")
+    (directory / "vla_spec.json").write_text('{"prompt": "In: {instruction}?{image}\\nOut:"}')
+    policy = load_hf_vla(directory)
+    ids = policy.prompt_ids(INSTRUCTION)[0]
+    is_image = (ids == policy.image_token_id).nonzero().squeeze(1)
+    assert len(is_image) == N_PATCHES and 1 < int(is_image[0]) and int(is_image[-1]) < len(ids) - 1
+    assert bool((is_image.diff() == 1).all())  # one block, with text before and after it
+    incremental = HFIncrementalPrefill(policy, KV)
+    incremental.prefill(observation(image(0)))
+    new = observation(image(1))  # every patch changes: the text before the image stays cached
+    assert_same_prefix(policy, incremental.prefill(new), policy.prefill(new))
+    one = observation(with_inverted_patch(image(1), 5))
+    incremental.prefill(one)
+    assert incremental.last.recomputed == 1

@@ -41,7 +41,7 @@ def statistics(*keys: str, dim: int = 7) -> dict[str, Any]:
 def test_defaults_are_openvla() -> None:
     spec = VLASpec()
     assert spec.prompt == OPENVLA_PROMPT
-    assert spec.format_prompt("Pick up the Cube") == "In: What action should the robot take to pick up the cube?\nOut:"
+    assert spec.format_prompt("Pick up the Cube") == ("", "In: What action should the robot take to pick up the cube?\nOut:")
     assert spec.resolved_appended_ids(32000) == (29871,)
     assert spec.resolved_appended_ids(384) == ()  # a vocabulary without id 29871
     ids = spec.action_ids(32000)
@@ -252,3 +252,10 @@ def test_a_robot_entry_is_the_robot_record_and_not_a_spec_setting(tmp_path, tiny
     (directory / "vla_spec.json").write_text(json.dumps({"robot": {"dof": 7}}))
     with pytest.raises(ValueError, match="vla_spec.json"):
         read_robot_record(directory)
+
+
+def test_an_image_field_places_the_image_tokens() -> None:
+    spec = VLASpec(prompt="In: {instruction}?{image}\nOut:")
+    assert spec.format_prompt("Pick up the Cube") == ("In: pick up the cube?", "\nOut:")
+    with pytest.raises(ValueError, match="at most one"):
+        VLASpec(prompt="{image}{instruction}{image}")

@@ -23,6 +23,7 @@ from vla_accel_ros.training.hf_draft import greedy_rollout
 from vla_accel_ros.training.hf_vla import (
     DATASET_KEY,
     LOSS_PLOT,
+    PROMPT_LAYOUTS,
     STATISTICS_FILE,
     TRAINING_FILE,
     prompt_words,
@@ -91,3 +92,20 @@ def test_every_prompt_word_is_one_token(trained: Path) -> None:
         ids = policy.text_tokenizer(prompt, add_special_tokens=False)["input_ids"]
         assert len(ids) == len(prompt.split()) + 1  # the words and the newline
     assert "green" in prompt_words()
+
+
+def test_instruction_first_layout_is_written_and_kept_by_a_fine_tune(
+        demo_set: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
+    demos, _ = demo_set("train_hf", episodes)
+    out, tuned = tmp_path / "text_first", tmp_path / "tuned"
+    common = ["--epochs", "1", "--batch-size", "4", "--threads", "1", "--no-progress", *TINY]
+    assert main(["train-hf", "--data", str(demos), "--out", str(out), "--prompt-layout", "instruction_first",
+                 *common]) == 0
+    spec = json.loads((out / "vla_spec.json").read_text())
+    assert spec["prompt"] == PROMPT_LAYOUTS["instruction_first"] and "robot" in spec
+    policy = load_hf_vla(f"hf:{out}")
+    ids = policy.prompt_ids(INSTRUCTION_TEMPLATE.format(color="red"))[0]
+    first_image = int((ids == policy.image_token_id).nonzero()[0])
+    assert first_image > 5  # BOS and the instruction come before the image
+    assert main(["train-hf", "--data", str(demos), "--out", str(tuned), "--init", f"hf:{out}", *common]) == 0
+    assert json.loads((tuned / "vla_spec.json").read_text())["prompt"] == spec["prompt"]

@@ -6,7 +6,12 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.training.common import config_from_args
-from vla_accel_ros.training.hf_vla import VISIONS, HFTrainConfig, train_hf_vla
+from vla_accel_ros.training.hf_vla import (
+    PROMPT_LAYOUTS,
+    VISIONS,
+    HFTrainConfig,
+    train_hf_vla,
+)
 from vla_accel_ros.training.options import add_run_arguments
 
 
@@ -27,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weight of the auxiliary cube/TCP position regression (a training-only probe)")
     parser.add_argument("--include-failures", action="store_true", help="also train on failed episodes")
     parser.add_argument("--vision", choices=VISIONS, default=d.vision, help="vision tower")
+    parser.add_argument("--prompt-layout", choices=tuple(PROMPT_LAYOUTS), default=d.prompt_layout,
+                        help="image_first: OpenVLA's prompt; instruction_first: the image tokens after the "
+                             "instruction, so each attends to it (written to vla_spec.json)")
     parser.add_argument("--patch-size", type=int, default=d.patch_size)
     parser.add_argument("--vision-hidden", type=int, default=d.vision_hidden)
     parser.add_argument("--vision-layers", type=int, default=d.vision_layers)

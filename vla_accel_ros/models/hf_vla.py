@@ -319,17 +319,18 @@ class HFTokenVLA:
 
     # --- inputs -------------------------------------------------------------------------------
     def prompt_ids(self, instruction: str) -> torch.Tensor:
-        """(1, L) ids of one instruction's prompt: BOS, the image tokens, the prompt text, the
-        appended ids. ValueError when the prompt and an action do not fit in the context."""
+        """(1, L) ids of one instruction's prompt: BOS, the prompt text before the image (none in
+        OpenVLA's layout), the image tokens, the prompt text after it, the appended ids. ValueError when the prompt and an action do not fit in the context."""
         cached = self._prompt_cache
         if cached is not None and cached[0] == instruction:
             return cached[1]
-        text = self.text_tokenizer(self.spec.format_prompt(instruction), add_special_tokens=False)["input_ids"]
-        text = list(text)
+        before, after = self.spec.format_prompt(instruction)
+        head = list(self.text_tokenizer(before, add_special_tokens=False)["input_ids"]) if before else []
+        text = list(self.text_tokenizer(after, add_special_tokens=False)["input_ids"])
         appended = list(self.appended_ids)
         if appended and text[-len(appended):] != appended:
             text += appended
-        ids = [self.bos_id] + [self.image_token_id] * self.config.n_image_tokens + text
+        ids = [self.bos_id] + head + [self.image_token_id] * self.config.n_image_tokens + text
         limit = self.config.max_position_embeddings
         if limit is not None and len(ids) + N_ACTION_TOKENS > limit:
             raise ValueError(f"instruction too long: its prompt takes {len(ids)} positions and the action "

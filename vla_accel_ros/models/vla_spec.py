@@ -4,8 +4,9 @@ it runs (:class:`VLASpec`), and the action tokenizer that decodes its tokens (:c
 
 The defaults are OpenVLA's:
 
-- prompt ``In: What action should the robot take to {instruction}?\\nOut:`` (instruction lower-cased),
-  then id 29871 (Llama's "▁") appended when the text vocabulary holds it;
+- prompt ``In: What action should the robot take to {instruction}?\\nOut:`` (instruction lower-cased)
+  after BOS and the image tokens (an ``{image}`` field in a prompt places them elsewhere), then id
+  29871 (Llama's "▁") appended when the text vocabulary holds it;
 - the action ids are the top 256 of the TEXT vocabulary (``tokenizer.vocab_size``, not the padded
   embedding size): our bin b (0..255) is id ``vocab_size - 1 - b``;
 - ``dataset_statistics.json`` beside the weights, ``{key: {"action": {"q01", "q99", "mask"}, ...}}``
@@ -38,6 +39,7 @@ from vla_accel_ros.models.tokenizer import (
 )
 
 OPENVLA_PROMPT = "In: What action should the robot take to {instruction}?\nOut:"
+IMAGE_FIELD = "{image}"  # where a prompt template puts the image tokens (default: first)
 OPENVLA_APPENDED_ID = 29871  # Llama-2's "▁": OpenVLA appends it when the prompt does not end with it
 SPEC_FILE = "vla_spec.json"
 STATISTICS_FILE = "dataset_statistics.json"
@@ -67,7 +69,10 @@ _PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's codes in pr
 class VLASpec:
     """Everything :class:`vla_accel_ros.models.hf_vla.HFTokenVLA` reads besides the weights.
 
-    prompt: template with one ``{instruction}`` field; lowercase_instruction: lower-case it first.
+    prompt: template with one ``{instruction}`` field and at most one ``{image}`` field, where the
+        image tokens go (without one they come first, after BOS: OpenVLA's layout; a template that
+        puts the image after the instruction lets every image token attend to it);
+        lowercase_instruction: lower-case the instruction first.
     appended_ids: ids after the prompt (unless it already ends with them); None = OpenVLA's rule,
         (29871,) when the text vocabulary holds id 29871, else none.
     action_id_first / action_id_step: our bin b is HF id ``first + step * b``; first None =
@@ -98,8 +103,10 @@ class VLASpec:
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str) or self.prompt.count("{instruction}") != 1:
             raise ValueError(f"prompt must be a string with one '{{instruction}}' field, got {self.prompt!r}")
+        if self.prompt.count(IMAGE_FIELD) > 1:
+            raise ValueError(f"prompt may hold at most one '{IMAGE_FIELD}' field, got {self.prompt!r}")
         try:
-            self.prompt.format(instruction="")
+            self.prompt.format(instruction="", image="")
         except (KeyError, IndexError, ValueError) as error:
             raise ValueError(f"prompt {self.prompt!r} is not a valid template ({error!r}); "
                              "write a literal brace as '{{' or '}}'") from None
@@ -131,9 +138,12 @@ class VLASpec:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
         _check_type("device", self.device, str)
 
-    def format_prompt(self, instruction: str) -> str:
-        """The prompt text of one instruction (no BOS, no image tokens, no appended ids)."""
-        return self.prompt.format(instruction=instruction.lower() if self.lowercase_instruction else instruction)
+    def format_prompt(self, instruction: str) -> tuple[str, str]:
+        """The prompt text of one instruction before and after the image tokens (no BOS, no image
+        tokens, no appended ids); the first is empty in OpenVLA's layout (image first)."""
+        text = instruction.lower() if self.lowercase_instruction else instruction
+        before, _, after = self.prompt.rpartition(IMAGE_FIELD)
+        return before.format(instruction=text, image=""), after.format(instruction=text, image="")
 
     def resolved_appended_ids(self, vocab_size: int) -> tuple[int, ...]:
         """The ids appended after the prompt for a text vocabulary of ``vocab_size`` tokens."""

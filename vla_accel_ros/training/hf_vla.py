@@ -7,6 +7,11 @@ is one token), and ``LlavaProcessor``. The text vocabulary's top 256 ids are res
 action ids (bin b = id ``vocab_size - 1 - b``, :mod:`vla_accel_ros.models.vla_spec`). The
 directory loads with :func:`vla_accel_ros.models.hf_vla.load_hf_vla` (``hf:DIR``).
 
+``--prompt-layout instruction_first`` writes a prompt whose ``{image}`` field puts the image tokens
+after the instruction (``vla_spec.json``), so every image token attends to the instruction: the
+grounding the built-in policy gets from its FiLM-conditioned encoder. A fine-tune (``--init``) keeps
+the model's layout.
+
 Recipe (that of ``vla-accel train`` where it applies): teacher-forced cross-entropy over the 256
 action rows of the LM head on the 7 action positions only (the prompt is not a target), plus the
 built-in policy's auxiliary regression of where the named cube is from the gripper and where the
@@ -71,6 +76,9 @@ LOSS_PLOT = "loss_curves.png"
 GRIPPER = ACTION_DIM - 1
 UNUSED_TEXT_LEN = 1  # the prompt is tokenised from the instruction text; DemoDataset's byte ids are not read
 VISIONS = ("siglip", "clip")
+# Where the image tokens go: OpenVLA's (first, so no image token sees the instruction) or after the
+# instruction (every image token attends to it, as the built-in policy's FiLM-conditioned encoder does).
+PROMPT_LAYOUTS = {"image_first": OPENVLA_PROMPT, "instruction_first": OPENVLA_PROMPT.replace("?\n", "?{image}\n")}
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 # Every character a prompt may hold (the space is "▁"); other characters become <unk>.
 BASE_CHARS = "▁abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789?:.,'-!\n"
@@ -103,6 +111,7 @@ class HFTrainConfig:
     kv_heads: int = 2
     intermediate_size: int = 384
     text_vocab: int = 448  # ids below the added <image>/<pad>; the top 256 are the action ids
+    prompt_layout: str = "image_first"  # one of PROMPT_LAYOUTS; with --init, the model's own is kept
     init: str | None = None  # hf:DIR to fine-tune instead of a fresh model
     dagger_rounds: int = 0
     dagger_episodes: int = 100  # episodes recorded per DAgger round
@@ -123,6 +132,8 @@ class HFTrainConfig:
                                             "dagger_rounds", "dagger_epochs"),
                               rates=("lr", "dagger_lr"))
         check_data_selection(self)
+        if self.prompt_layout not in PROMPT_LAYOUTS:
+            raise ValueError(f"prompt_layout must be one of {', '.join(PROMPT_LAYOUTS)}, got {self.prompt_layout!r}")
         if self.vision not in VISIONS:
             raise ValueError(f"vision must be one of {', '.join(VISIONS)}, got {self.vision!r}")
         if self.hidden_size % self.heads or self.heads % self.kv_heads:
@@ -239,10 +250,14 @@ def action_statistics(data: DemoDataset, idx: torch.Tensor) -> dict[str, Any]:
                           "num_trajectories": episodes}}
 
 
-def write_side_files(out: Path, statistics: dict[str, Any], image_size: int) -> None:
-    """The statistics and the spec's robot record (the package arm the demos were recorded on)."""
+def write_side_files(out: Path, statistics: dict[str, Any], image_size: int, prompt: str = OPENVLA_PROMPT) -> None:
+    """The statistics and the spec: the robot record (the package arm the demos were recorded on)
+    and the prompt template when it is not OpenVLA's."""
     (out / STATISTICS_FILE).write_text(json.dumps(statistics, indent=2))
-    (out / SPEC_FILE).write_text(json.dumps({"robot": demo_robot(image_size).to_json()}, indent=2))
+    spec: dict[str, Any] = {"robot": demo_robot(image_size).to_json()}
+    if prompt != OPENVLA_PROMPT:
+        spec["prompt"] = prompt
+    (out / SPEC_FILE).write_text(json.dumps(spec, indent=2))
 
 
 # --- training -----------------------------------------------------------------------------------
@@ -399,17 +414,20 @@ def train_hf_vla(cfg: HFTrainConfig) -> dict[str, Any]:
     data = load_demos(cfg.data, UNUSED_TEXT_LEN, cfg.max_episodes, not cfg.include_failures, cfg.progress)
     train_idx, _ = data.split(cfg.val_fraction)
     earlier: dict[str, Any] | None = None  # the --init model's own training record: the full chain
+    prompt = PROMPT_LAYOUTS[cfg.prompt_layout]
     if cfg.init is not None:
         source = Path(cfg.init.removeprefix("hf:"))
         if source.resolve() != out.resolve():
             shutil.copytree(source, out, dirs_exist_ok=True)
         statistics = json.loads((out / STATISTICS_FILE).read_text())  # keep the bins the model learnt
+        if (out / SPEC_FILE).is_file():  # and the layout it learnt
+            prompt = json.loads((out / SPEC_FILE).read_text()).get("prompt", OPENVLA_PROMPT)
         if (out / TRAINING_FILE).is_file():
             earlier = json.loads((out / TRAINING_FILE).read_text())
     else:
         build_hf_vla(out, cfg, data.image_size)
         statistics = action_statistics(data, train_idx)
-    write_side_files(out, statistics, data.image_size)
+    write_side_files(out, statistics, data.image_size, prompt)
     policy = load_hf_vla(out, draft=False)
     trainer = HFTrainer(cfg, policy, data, episode_instructions(cfg.data, data))
     trainer.fit(cfg.epochs, cfg.lr)

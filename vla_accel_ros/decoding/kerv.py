@@ -390,9 +390,7 @@ class KervDecoder(Decoder):
                 r = self.threshold(policy, prefix, context)
                 drafted = ledger.draft(prefix, n_draft, parallel=parallel)
             proposal = np.where(cheap_mask, cheap_tokens, np.concatenate([drafted, cheap_tokens[n_draft:]]))
-        # the noise of the verified positions starts at the prefix's end (as ``PassLedger.score``)
-        first = prefix.n_tokens if context.token_noise is not None else 0
-        step = _KervStep(started, ledger, completion, hold, proposal, r, first)
+        step = _KervStep(started, ledger, prefix, completion, hold, proposal, r)
         return PendingVerify(np.ascontiguousarray(proposal[: N_ACTION_TOKENS - 1], dtype=np.int64), step)
 
     def finish_verified(self, policy: PolicyLike, pending: PendingVerify, scored: Any, context: DecodeContext,
@@ -402,10 +400,7 @@ class KervDecoder(Decoder):
         it; the cheap sources' running rates measured on it. One target pass, ``verify_s`` long."""
         step: _KervStep = pending.state
         ledger = step.ledger
-        ledger.target_passes += 1
-        ledger.last_verify_s = verify_s
-        ledger.verify_s += verify_s
-        argmax = pick_tokens(scored.logits[0], context.token_noise, step.first_position).cpu().numpy()
+        argmax = ledger.record_pass(step.prefix, scored, verify_s)
         n_acc = accepted_length(step.proposal, argmax, step.r)
         if step.completion is not None:
             self.update_kf_acceptance(step.completion[0], argmax, n_acc + 1, step.r)
@@ -421,11 +416,11 @@ class _KervStep:
 
     started: float  # on the context clock
     ledger: PassLedger
+    prefix: Any  # the prefix the proposal is verified after
     completion: tuple[np.ndarray, np.ndarray] | None
     hold: np.ndarray | None  # the previous action's tokens, where they may draft
     proposal: np.ndarray  # (7,)
     r: float
-    first_position: int  # the action dimension of the first verified position
 
 
 def update_rate(rate: np.ndarray, proposed: np.ndarray, argmax: np.ndarray, n_valid: int, r: float,

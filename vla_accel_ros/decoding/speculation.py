@@ -112,11 +112,17 @@ class PassLedger:
         feed = torch.tensor([[int(t) for t in tokens]], dtype=torch.long)  # (1, k), k = 0 too
         t0 = self.clock()
         out = self.policy.score(prefix, feed)
-        self.last_verify_s = self.clock() - t0
-        self.verify_s += self.last_verify_s
+        return self.record_pass(prefix, out, self.clock() - t0), out.prefix
+
+    def record_pass(self, prefix: Any, scored: Any, seconds: float) -> np.ndarray:
+        """Count one target pass over ``prefix`` that took ``seconds`` (made here, or by a caller
+        that batched it with others) and pick its token (k+1,) at each position from ``scored``,
+        a batch of one: the noise of its positions starts at the prefix's end."""
+        self.last_verify_s = seconds
+        self.verify_s += seconds
         self.target_passes += 1
         first = prefix.n_tokens if self.noise is not None else 0
-        return pick_tokens(out.logits[0], self.noise, first).cpu().numpy(), out.prefix
+        return pick_tokens(scored.logits[0], self.noise, first).cpu().numpy()
 
     def result(
         self,

@@ -11,7 +11,7 @@ is ``ar``'s time over it. The pass counts are the bench's (README), given as ``-
 
 With ``incremental``, the prefill is also timed over the first ``frames`` camera frames of a
 scripted-expert pick in the sim at ``image_size`` px, frame by frame, in full and incremental
-(:class:`~vla_accel_ros.models.hf_incremental.HFIncrementalPrefill`, reused keys/values of the
+(the policy's ``incremental_prefill``, reused keys/values of the
 unchanged image tokens, with ``vision``'s settings); the two alternate per frame, so that machine
 noise hits both alike. Reported: the mean and median ms per frame of each, the ratio of the means
 (time per frame), the mean fraction of image tokens recomputed and the number of full refreshes.
@@ -109,9 +109,7 @@ def expert_frames(image_size: int, n: int) -> list[Observation]:
 
 def measure_incremental(policy: Any, frames: list[Observation], config: VisionReuseConfig) -> dict[str, Any]:
     """Full against incremental prefill over ``frames`` in order (module docstring)."""
-    from vla_accel_ros.models.hf_incremental import HFIncrementalPrefill
-
-    incremental = HFIncrementalPrefill(policy, config)
+    incremental = policy.incremental_prefill(config)
     full_ms, incremental_ms, fractions, refreshes = [], [], [], 0
     with torch.inference_mode():
         policy.prefill(frames[0])  # warm-up

@@ -33,6 +33,7 @@ class RemoteInferenceWorker(WorkerBase):
     controller's clock (ROS time in the node)."""
 
     log_prefix = "remote inference"
+    thread_name = "vla_remote_inference"
 
     def __init__(self, controller: Controller, send: Callable[[Observation], None], clock: Callable[[], float], *,
                  lost_after_s: float = 0.5, max_age_s: float = 0.5, window: int = 1000) -> None:
@@ -46,16 +47,6 @@ class RemoteInferenceWorker(WorkerBase):
         self._in_flight: dict[tuple[int, int], tuple[float, float, str]] = {}
         self._age_ms: deque[float] = deque(maxlen=window)
         self.sent = self.lost = self.dropped_late = self.unmatched = 0
-
-    def start(self) -> None:
-        self._start_thread("vla_remote_inference")
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop_thread(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     def _acquire(self) -> Any:
         """True when an observation may be sent: none awaited younger than ``lost_after_s``."""

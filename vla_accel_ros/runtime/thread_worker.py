@@ -56,12 +56,13 @@ class StepReport:
 
 
 class WorkerBase:
-    """What both inference workers share: the daemon thread that serves the newest observation of
+    """What the inference workers share: the daemon thread that serves the newest observation of
     ``controller``, the action hand-over and the counters behind ``stats()``. Subclasses implement
     ``_acquire`` (what decodes, or None to skip this pass of the loop) and ``_serve`` (decode one
-    observation)."""
+    observation). ``start``, ``stop`` and ``alive`` run that thread, named ``thread_name``."""
 
     log_prefix = "inference failed"
+    thread_name = "vla_inference"
     _log = log
 
     def __init__(self, controller: Controller, clock: Callable[[], float], window: int) -> None:
@@ -97,6 +98,16 @@ class WorkerBase:
                 continue
             seq, obs = got
             self._serve(decoder, obs, time.perf_counter())
+
+    def start(self) -> None:
+        self._start_thread(self.thread_name)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop_thread(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def _start_thread(self, name: str) -> None:
         if self._thread is not None:
@@ -172,16 +183,6 @@ class InferenceWorker(WorkerBase):
         super().__init__(controller, clock, window)
         self.runner = runner
         self.torch_threads = torch_threads
-
-    def start(self) -> None:
-        self._start_thread("vla_inference")
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop_thread(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
         try:

@@ -320,7 +320,8 @@ class HFTokenVLA:
     # --- inputs -------------------------------------------------------------------------------
     def prompt_ids(self, instruction: str) -> torch.Tensor:
         """(1, L) ids of one instruction's prompt: BOS, the prompt text before the image (none in
-        OpenVLA's layout), the image tokens, the prompt text after it, the appended ids. ValueError when the prompt and an action do not fit in the context."""
+        OpenVLA's layout), the image tokens, the prompt text after it, the appended ids.
+        ValueError when the prompt and an action do not fit in the context."""
         cached = self._prompt_cache
         if cached is not None and cached[0] == instruction:
             return cached[1]

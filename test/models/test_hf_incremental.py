@@ -4,6 +4,7 @@ after it, and the runner driving it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -268,3 +269,22 @@ def test_a_prompt_that_puts_the_image_after_the_instruction(tiny_hf_vla: Callabl
     one = observation(with_inverted_patch(image(1), 5))
     incremental.prefill(one)
     assert incremental.last.recomputed == 1
+
+
+def test_a_proprio_prompt_recomputes_the_proprio_tokens_with_the_text(tiny_hf_vla: Callable[..., Path],
+                                                                       tmp_path: Path) -> None:
+    directory = tiny_hf_vla(tmp_path / "proprio")
+    table = json.loads((directory / "dataset_statistics.json").read_text())
+    table["tiny_dataset"]["proprio"] = {"q01": [-1.0] * 7 + [0.0], "q99": [1.0] * 7 + [0.04]}
+    (directory / "dataset_statistics.json").write_text(json.dumps(table))
+    (directory / "vla_spec.json").write_text(json.dumps({"prompt": "In: {instruction}?{image}{proprio}\nOut:"}))
+    policy = load_hf_vla(directory)
+    incremental = HFIncrementalPrefill(policy, KV)
+    pixels = image(7)
+    incremental.prefill(observation(pixels))
+    for step in (1, 2):  # the arm moves, the image stays: exact, with no image token recomputed
+        obs = Observation(image=pixels, instruction=INSTRUCTION, joint_pos=np.full(7, 0.3 * step), gripper=0.01 * step)
+        prefix = incremental.prefill(obs)
+        assert not incremental.last.refreshed and incremental.last.recomputed == 0
+        assert_same_prefix(policy, prefix, policy.prefill(obs))
+        assert not torch.equal(prefix.action_hidden, policy.prefill(observation(pixels)).action_hidden)

@@ -327,3 +327,44 @@ def test_an_hf_path_a_siglip_tower_and_bfloat16_weights(tiny_hf_vla: Callable[..
     assert half.model.dtype == torch.bfloat16
     result = run_policy_step(half, observation(), ARDecoder(), DecodeContext())
     assert result.tokens.shape == (7,) and np.isfinite(result.action).all()
+
+
+# --- proprioception in the prompt ----------------------------------------------------------------
+PROPRIO_PROMPT = "In: {instruction}?{image}{proprio}\nOut:"
+
+
+def proprio_variant(vla_dir: Path, tmp_path: Path) -> HFTokenVLA:
+    """The tiny VLA with the joints and gripper in its prompt (8 proprio values: 7 joints, gripper)."""
+    table = json.loads((vla_dir / "dataset_statistics.json").read_text())
+    table["tiny_dataset"]["proprio"] = {"q01": [-1.0] * 7 + [0.0], "q99": [1.0] * 7 + [0.04]}
+    return load_hf_vla(variant(vla_dir, tmp_path, spec={"prompt": PROPRIO_PROMPT}, statistics=table))
+
+
+def test_the_proprio_tokens_are_the_action_ids_of_their_bins(vla_dir: Path, tmp_path: Path) -> None:
+    policy = proprio_variant(vla_dir, tmp_path)
+    joints = np.array([-1.0, -0.5, 0.0, 0.5, 1.0, 2.0, -2.0])
+    ids = policy.prompt_ids(INSTRUCTION, np.append(joints, 0.04))[0].tolist()
+    n = policy.config.n_image_tokens
+    before = policy.text_tokenizer(f"In: {INSTRUCTION}?", add_special_tokens=False)["input_ids"]
+    after = policy.text_tokenizer("\nOut:", add_special_tokens=False)["input_ids"]
+    start = 1 + len(before) + n
+    assert ids[: start] == [policy.bos_id, *before] + [policy.image_token_id] * n
+    bins = [0, 63, 127, 191, 254, 254, 0, 254]
+    assert ids[start : start + 8] == policy.action_ids[bins].tolist() and ids[start + 8 :] == list(after)
+    obs = Observation(image=observation().image, instruction=INSTRUCTION, joint_pos=joints, gripper=0.0)
+    moved = Observation(image=obs.image, instruction=INSTRUCTION, joint_pos=joints, gripper=0.04)
+    assert policy.prefill(obs).prefix_len == len(ids)
+    assert not torch.equal(policy.prefill(obs).action_hidden, policy.prefill(moved).action_hidden)
+
+
+def test_a_proprio_prompt_needs_the_proprio_and_its_statistics(vla_dir: Path, tmp_path: Path) -> None:
+    policy = proprio_variant(vla_dir, tmp_path / "with")
+    with pytest.raises(ValueError, match="give the joints and the gripper"):
+        policy.prompt_ids(INSTRUCTION)
+    with pytest.raises(ValueError, match="reads 8 proprioception values"):
+        policy.prefill(Observation(image=observation().image, instruction=INSTRUCTION, joint_pos=np.zeros(6),
+                                   gripper=0.0))
+    table = json.loads((vla_dir / "dataset_statistics.json").read_text())
+    del table["tiny_dataset"]["proprio"]
+    with pytest.raises(ValueError, match="no proprio q01/q99 to bin it with"):
+        load_hf_vla(variant(vla_dir, tmp_path / "without", spec={"prompt": PROPRIO_PROMPT}, statistics=table))

@@ -41,7 +41,7 @@ def statistics(*keys: str, dim: int = 7) -> dict[str, Any]:
 def test_defaults_are_openvla() -> None:
     spec = VLASpec()
     assert spec.prompt == OPENVLA_PROMPT
-    assert spec.format_prompt("Pick up the Cube") == ("", "In: What action should the robot take to pick up the cube?\nOut:")
+    assert spec.format_prompt("Pick up the Cube") == ("", "In: What action should the robot take to pick up the cube?\nOut:", "")
     assert spec.resolved_appended_ids(32000) == (29871,)
     assert spec.resolved_appended_ids(384) == ()  # a vocabulary without id 29871
     ids = spec.action_ids(32000)
@@ -256,6 +256,61 @@ def test_a_robot_entry_is_the_robot_record_and_not_a_spec_setting(tmp_path, tiny
 
 def test_an_image_field_places_the_image_tokens() -> None:
     spec = VLASpec(prompt="In: {instruction}?{image}\nOut:")
-    assert spec.format_prompt("Pick up the Cube") == ("In: pick up the cube?", "\nOut:")
+    assert spec.format_prompt("Pick up the Cube") == ("In: pick up the cube?", "\nOut:", "")
     with pytest.raises(ValueError, match="at most one"):
         VLASpec(prompt="{image}{instruction}{image}")
+
+
+# --- proprioception in the prompt ----------------------------------------------------------------
+PROPRIO_PROMPT = "In: {instruction}?{image}{proprio}\nOut:"
+
+
+def test_a_proprio_field_splits_the_text_after_the_image() -> None:
+    spec = VLASpec(prompt=PROPRIO_PROMPT)
+    assert spec.reads_proprio and not VLASpec().reads_proprio
+    assert spec.format_prompt("Pick up the Cube") == ("In: pick up the cube?", "", "\nOut:")
+    assert VLASpec(prompt="{instruction}:{proprio}.").format_prompt("x") == ("", "x:", ".")  # image first
+
+
+@pytest.mark.parametrize(("prompt", "message"), [
+    ("{proprio}{instruction}{image}", "must come after its '{image}' field"),
+    ("{instruction}{proprio}{proprio}", "at most one '{proprio}' field"),
+])
+def test_bad_proprio_fields_are_refused(prompt: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        VLASpec(prompt=prompt)
+
+
+def test_proprio_bins_are_the_action_binning_on_the_proprio_quantiles(tmp_path: Path) -> None:
+    table = statistics("a")
+    table["a"]["proprio"] = {"q01": [-1.0, 0.0, 2.0], "q99": [1.0, 0.04, 2.0]}  # a constant last axis
+    write(tmp_path, "dataset_statistics.json", table)
+    stats = load_action_statistics(tmp_path, VLASpec())
+    np.testing.assert_array_equal(stats.proprio_q99, [1.0, 0.04, 2.0])
+    spec = VLASpec(prompt=PROPRIO_PROMPT)
+    np.testing.assert_array_equal(spec.proprio_bins(np.array([-5.0, 0.02, 7.0]), stats), [0, 127, 127])
+    np.testing.assert_array_equal(spec.proprio_bins(np.array([1.0, 0.04, 2.0]), stats), [254, 254, 127])
+    with pytest.raises(ValueError, match="reads 3 proprioception values.*got 2"):
+        spec.proprio_bins(np.zeros(2), stats)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        spec.proprio_bins(np.array([0.0, np.nan, 0.0]), stats)
+
+
+@pytest.mark.parametrize(("proprio", "message"), [
+    ({"q01": [0.0, 1.0], "q99": [1.0]}, "proprio q01/q99 of shapes \\(2,\\) and \\(1,\\)"),
+    ({"q01": [0.0, "a"], "q99": [1.0, 2.0]}, "malformed proprio statistics"),
+])
+def test_bad_proprio_statistics_are_refused(tmp_path: Path, proprio: dict[str, Any], message: str) -> None:
+    table = statistics("a")
+    table["a"]["proprio"] = proprio
+    write(tmp_path, "dataset_statistics.json", table)
+    with pytest.raises(ValueError, match=message):
+        load_action_statistics(tmp_path, VLASpec())
+
+
+def test_statistics_without_proprio_quantiles_cannot_bin_it(tmp_path: Path) -> None:
+    write(tmp_path, "dataset_statistics.json", statistics("a"))
+    stats = load_action_statistics(tmp_path, VLASpec())
+    assert stats.proprio_q01 is None
+    with pytest.raises(ValueError, match="no proprio q01/q99"):
+        VLASpec(prompt=PROPRIO_PROMPT).proprio_bins(np.zeros(8), stats)

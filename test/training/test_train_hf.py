@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +20,17 @@ from vla_accel_ros.models.hf_vla import load_hf_vla
 from vla_accel_ros.models.vla_spec import OPENVLA_PROMPT
 from vla_accel_ros.sim.env import INSTRUCTION_TEMPLATE
 from vla_accel_ros.sim.scene import CUBE_COLORS
-from vla_accel_ros.training.hf_draft import greedy_rollout
+from vla_accel_ros.training.data import load_demos
+from vla_accel_ros.training.hf_draft import episode_instructions, greedy_rollout
 from vla_accel_ros.training.hf_vla import (
     DATASET_KEY,
     LOSS_PLOT,
     PROMPT_LAYOUTS,
     STATISTICS_FILE,
     TRAINING_FILE,
+    UNUSED_TEXT_LEN,
+    HFTrainConfig,
+    HFTrainer,
     prompt_words,
 )
 
@@ -109,3 +114,38 @@ def test_instruction_first_layout_is_written_and_kept_by_a_fine_tune(
     assert first_image > 5  # BOS and the instruction come before the image
     assert main(["train-hf", "--data", str(demos), "--out", str(tuned), "--init", f"hf:{out}", *common]) == 0
     assert json.loads((tuned / "vla_spec.json").read_text())["prompt"] == spec["prompt"]
+
+
+def test_proprio_layout_reads_the_arm_state_and_keypoints_add_a_loss(
+        demo_set: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
+    demos, _ = demo_set("train_hf", episodes)
+    out = tmp_path / "proprio"
+    assert main(["train-hf", "--data", str(demos), "--out", str(out), "--prompt-layout", "instruction_first+proprio",
+                 "--keypoint-weight", "1.0", "--epochs", "1", "--batch-size", "4", "--threads", "1", "--no-progress",
+                 *TINY]) == 0
+    assert json.loads((out / "vla_spec.json").read_text())["prompt"] == PROMPT_LAYOUTS["instruction_first+proprio"]
+    policy = load_hf_vla(f"hf:{out}")
+    instruction = INSTRUCTION_TEMPLATE.format(color="red")
+    still, moved = (policy.prompt_ids(instruction, np.append(np.full(7, q), 0.04))[0] for q in (0.0, 0.5))
+    assert len(still) == len(policy.prompt_ids(instruction, np.zeros(8))[0])
+    assert (still != moved).sum() == 7  # one token per joint; the gripper's stays
+    image = np.zeros((SIZE, SIZE, 3), np.uint8)
+    action = policy.tokens_to_action(greedy_rollout(policy, Observation(
+        image=image, instruction=instruction, joint_pos=np.zeros(7), gripper=0.04))[1])
+    assert action.shape == (7,) and np.all(np.isfinite(action))
+
+    data = load_demos(demos, UNUSED_TEXT_LEN, None, True, False)
+    seen = replace(data, keypoint_targets=torch.full_like(data.keypoint_targets, 0.5))  # the sim's labels
+    instructions = episode_instructions(demos, data)
+    trainers = [HFTrainer(HFTrainConfig(data=str(demos), out=str(out), keypoint_weight=w, progress=False), policy, seen,
+                          instructions) for w in (0.0, 1.0)]
+    idx = torch.arange(4)
+    without, _, _ = trainers[0].loss(idx, augment=False)
+    trainers[1].keypoint_head.load_state_dict(trainers[0].keypoint_head.state_dict())
+    with_keypoints, _, _ = trainers[1].loss(idx, augment=False)
+    assert with_keypoints > without
+    with_keypoints.backward()
+    assert trainers[1].keypoint_head.weight.grad is not None and trainers[1].keypoint_head.weight.grad.abs().sum() > 0
+    states = torch.randn(2, policy.config.n_image_tokens, policy.config.d_model)
+    where = trainers[1].keypoint_positions(states)
+    assert where.shape == (2, 2, 2) and bool((where.abs() <= 1.0).all())

@@ -30,11 +30,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--augment-shift", type=int, default=d.augment_shift, help="max random image shift, px")
     parser.add_argument("--aux-weight", type=float, default=d.aux_weight,
                         help="weight of the auxiliary cube/TCP position regression (a training-only probe)")
+    parser.add_argument("--keypoint-weight", type=float, default=d.keypoint_weight,
+                        help="weight of the image tokens' keypoint loss: where the camera sees the named cube "
+                             "and the TCP (a training-only head; 0 = off)")
     parser.add_argument("--include-failures", action="store_true", help="also train on failed episodes")
     parser.add_argument("--vision", choices=VISIONS, default=d.vision, help="vision tower")
     parser.add_argument("--prompt-layout", choices=tuple(PROMPT_LAYOUTS), default=d.prompt_layout,
                         help="image_first: OpenVLA's prompt; instruction_first: the image tokens after the "
-                             "instruction, so each attends to it (written to vla_spec.json)")
+                             "instruction, so each attends to it; instruction_first+proprio: and the joints and "
+                             "gripper as binned tokens after the image (written to vla_spec.json)")
     parser.add_argument("--patch-size", type=int, default=d.patch_size)
     parser.add_argument("--vision-hidden", type=int, default=d.vision_hidden)
     parser.add_argument("--vision-layers", type=int, default=d.vision_layers)

@@ -139,7 +139,7 @@ class HFIncrementalPrefill:
     def _frame(self, obs: Observation, tokens: torch.Tensor | None) -> tuple[CacheSlot, torch.Tensor]:
         """This frame's pass: the shared cache and the action tokens' final hidden states (1, k, d)."""
         policy = self.policy
-        ids = policy.prompt_ids(obs.instruction)
+        ids = policy.prompt_ids(obs.instruction, obs.proprio)
         resized = policy.resized_image(obs.image).contiguous()  # viewed patch by patch below
         dynamic = self._dynamic_tokens(resized, obs.instruction)
         if dynamic is None:

@@ -174,6 +174,9 @@ class HFTokenVLA:
         self.tokenizer = tokenizer
         self.source = source
         self.statistics = statistics
+        if spec.reads_proprio and (statistics is None or statistics.proprio_q01 is None):
+            raise ValueError(f"{source}: the prompt reads the proprioception ('{{proprio}}'), but the statistics "
+                             "have no proprio q01/q99 to bin it with")
         self._cache_type = DynamicCache
         config = model.config
         text_config = config.get_text_config()
@@ -229,7 +232,7 @@ class HFTokenVLA:
         std = torch.tensor(spec.image_std, dtype=torch.float32).view(1, 3, 1, 1)
         # (x / 255 - mean) / std as one multiply-add on 0..255 values
         self._pixel_scale, self._pixel_shift = 1.0 / (255.0 * std), -mean / std
-        self._prompt_cache: tuple[str, torch.Tensor] | None = None
+        self._prompt_cache: tuple[str, tuple[torch.Tensor, torch.Tensor]] | None = None
         max_positions = getattr(text_config, "max_position_embeddings", None)
         self.config = HFVLAConfig(d_model=int(text_config.hidden_size), image_size=spec.image_size,
                                   vocab_size=vocab_size, n_image_tokens=self._count_image_tokens(),
@@ -318,28 +321,50 @@ class HFTokenVLA:
         return self.tokenizer.decode(tokens)
 
     # --- inputs -------------------------------------------------------------------------------
-    def prompt_ids(self, instruction: str) -> torch.Tensor:
+    def prompt_ids(self, instruction: str, proprio: np.ndarray | None = None) -> torch.Tensor:
         """(1, L) ids of one instruction's prompt: BOS, the prompt text before the image (none in
-        OpenVLA's layout), the image tokens, the prompt text after it, the appended ids.
-        ValueError when the prompt and an action do not fit in the context."""
+        OpenVLA's layout), the image tokens, the prompt text after it with the proprioception
+        tokens (joints then gripper, ``proprio``) where the prompt has a ``{proprio}`` field, the
+        appended ids. ValueError when the prompt and an action do not fit in the context, or the
+        prompt reads the proprioception and ``proprio`` is missing or bad."""
         cached = self._prompt_cache
-        if cached is not None and cached[0] == instruction:
-            return cached[1]
-        before, after = self.spec.format_prompt(instruction)
-        head = list(self.text_tokenizer(before, add_special_tokens=False)["input_ids"]) if before else []
-        text = list(self.text_tokenizer(after, add_special_tokens=False)["input_ids"])
+        if cached is None or cached[0] != instruction:
+            cached = (instruction, self._prompt_parts(instruction))
+            self._prompt_cache = cached
+        head, tail = cached[1]
+        if not self.spec.reads_proprio:
+            return head
+        if proprio is None:
+            raise ValueError(f"{self.source}: the prompt reads the proprioception (its '{{proprio}}' field); "
+                             "give the joints and the gripper")
+        assert self.statistics is not None  # load_hf_vla checks a proprio prompt has them
+        bins = self.spec.proprio_bins(proprio, self.statistics)
+        return torch.cat([head, self._hf_ids[torch.from_numpy(bins).to(self.device)][None], tail], dim=1)
+
+    def _prompt_parts(self, instruction: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ids (1, n) of one instruction's prompt before and after its proprioception tokens
+        (the whole prompt and nothing without a ``{proprio}`` field)."""
+        before, middle, after = self.spec.format_prompt(instruction)
+        encode = self.text_tokenizer
+        head = list(encode(before, add_special_tokens=False)["input_ids"]) if before else []
+        text = list(encode(middle, add_special_tokens=False)["input_ids"]) if middle else []
+        tail = list(encode(after, add_special_tokens=False)["input_ids"]) if after else []
         appended = list(self.appended_ids)
-        if appended and text[-len(appended):] != appended:
-            text += appended
+        if not self.spec.reads_proprio:
+            text, tail = text + tail, []
+            if appended and text[-len(appended):] != appended:
+                text += appended
+        elif appended and tail[-len(appended):] != appended:
+            tail += appended
         ids = [self.bos_id] + head + [self.image_token_id] * self.config.n_image_tokens + text
+        n_proprio = 0 if self.statistics is None or self.statistics.proprio_q01 is None else self.statistics.proprio_q01.size
         limit = self.config.max_position_embeddings
-        if limit is not None and len(ids) + N_ACTION_TOKENS > limit:
-            raise ValueError(f"instruction too long: its prompt takes {len(ids)} positions and the action "
-                             f"{N_ACTION_TOKENS} more, beyond max_position_embeddings={limit} "
+        if limit is not None and len(ids) + n_proprio + len(tail) + N_ACTION_TOKENS > limit:
+            raise ValueError(f"instruction too long: its prompt takes {len(ids) + n_proprio + len(tail)} positions and "
+                             f"the action {N_ACTION_TOKENS} more, beyond max_position_embeddings={limit} "
                              f"({self.source}/{CONFIG_FILE}): {instruction[:80]!r}")
-        tensor = torch.tensor([ids], dtype=torch.long, device=self.device)
-        self._prompt_cache = (instruction, tensor)
-        return tensor
+        return (torch.tensor([ids], dtype=torch.long, device=self.device),
+                torch.tensor([tail], dtype=torch.long, device=self.device))
 
     def pixel_values(self, image: np.ndarray) -> torch.Tensor:
         """(1, 3, S, S) model input of one RGB uint8 image (H, W, 3): resized to the spec's size,
@@ -411,7 +436,7 @@ class HFTokenVLA:
         """Final hidden states (1, L [+ k], d) of the prompt [and the checked action tokens (1, k)],
         and their cache: the forward that :meth:`prefill` and :meth:`prefill_scored` run."""
         pixels = self.pixel_values(obs.image)
-        ids = self.prompt_ids(obs.instruction)
+        ids = self.prompt_ids(obs.instruction, obs.proprio)
         if tokens is not None and tokens.shape[1]:
             ids = torch.cat([ids, self.hf_action_ids(tokens)], dim=1)
         cache = self.new_cache()

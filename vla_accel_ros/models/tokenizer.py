@@ -26,6 +26,15 @@ TEXT_PAD = 256
 _MIN_HALF_RANGE = 1e-4
 
 
+_EDGES = np.linspace(-1.0, 1.0, N_BINS)
+
+
+def digitise(normalised: np.ndarray) -> np.ndarray:
+    """Bins (...) int64 in [0, 255) of values normalised to [-1, 1] (OpenVLA's binning)."""
+    # digitize gives 1..256 on [-1, 1]; the top edge (exactly +1) folds into the last bin.
+    return np.clip(np.digitize(normalised, _EDGES) - 1, 0, N_CENTRES - 1).astype(np.int64)
+
+
 class ActionTokenizer:
     """Maps continuous 7-D actions to token ids in [0, 255) and back."""
 
@@ -79,9 +88,7 @@ class ActionTokenizer:
             raise ValueError(f"actions must end in dimension {ACTION_DIM}, got shape {values.shape}")
         if not np.all(np.isfinite(values)):
             raise ValueError("actions contain NaN or inf")
-        # digitize gives 1..256 on [-1, 1]; the top edge (exactly +1) folds into the last bin.
-        tokens = np.digitize(self.normalise(values), self.edges) - 1
-        return np.clip(tokens, 0, N_CENTRES - 1).astype(np.int64)
+        return digitise(self.normalise(values))
 
     def decode(self, tokens: np.ndarray) -> np.ndarray:
         """Actions (..., 7) float64 at the bin centres of tokens (..., 7); id 255 decodes as 254."""

@@ -5,7 +5,8 @@ it runs (:class:`VLASpec`), and the action tokenizer that decodes its tokens (:c
 The defaults are OpenVLA's:
 
 - prompt ``In: What action should the robot take to {instruction}?\\nOut:`` (instruction lower-cased)
-  after BOS and the image tokens (an ``{image}`` field in a prompt places them elsewhere), then id
+  after BOS and the image tokens (an ``{image}`` field in a prompt places them elsewhere; a
+  ``{proprio}`` field after the image adds the joints and gripper as binned tokens), then id
   29871 (Llama's "▁") appended when the text vocabulary holds it;
 - the action ids are the top 256 of the TEXT vocabulary (``tokenizer.vocab_size``, not the padded
   embedding size): our bin b (0..255) is id ``vocab_size - 1 - b``;
@@ -36,10 +37,14 @@ from vla_accel_ros.models.tokenizer import (
     N_BINS,
     N_CENTRES,
     ActionTokenizer,
+    digitise,
 )
 
 OPENVLA_PROMPT = "In: What action should the robot take to {instruction}?\nOut:"
 IMAGE_FIELD = "{image}"  # where a prompt template puts the image tokens (default: first)
+# Where a prompt template puts the proprioception tokens (default: none, as in OpenVLA): one token
+# per joint and one for the gripper, each the action id of its bin on the dataset's proprio q01/q99.
+PROPRIO_FIELD = "{proprio}"
 OPENVLA_APPENDED_ID = 29871  # Llama-2's "▁": OpenVLA appends it when the prompt does not end with it
 SPEC_FILE = "vla_spec.json"
 STATISTICS_FILE = "dataset_statistics.json"
@@ -71,7 +76,10 @@ class VLASpec:
 
     prompt: template with one ``{instruction}`` field and at most one ``{image}`` field, where the
         image tokens go (without one they come first, after BOS: OpenVLA's layout; a template that
-        puts the image after the instruction lets every image token attend to it);
+        puts the image after the instruction lets every image token attend to it), and at most one
+        ``{proprio}`` field after the image (so a prefill that reuses image rows recomputes it
+        with the text): the joints and the gripper, each binned on the statistics' proprio
+        q01/q99 and written as that bin's action id;
         lowercase_instruction: lower-case the instruction first.
     appended_ids: ids after the prompt (unless it already ends with them); None = OpenVLA's rule,
         (29871,) when the text vocabulary holds id 29871, else none.
@@ -103,10 +111,14 @@ class VLASpec:
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str) or self.prompt.count("{instruction}") != 1:
             raise ValueError(f"prompt must be a string with one '{{instruction}}' field, got {self.prompt!r}")
-        if self.prompt.count(IMAGE_FIELD) > 1:
-            raise ValueError(f"prompt may hold at most one '{IMAGE_FIELD}' field, got {self.prompt!r}")
+        for field in (IMAGE_FIELD, PROPRIO_FIELD):
+            if self.prompt.count(field) > 1:
+                raise ValueError(f"prompt may hold at most one '{field}' field, got {self.prompt!r}")
+        if self.reads_proprio and self.prompt.find(PROPRIO_FIELD) < self.prompt.find(IMAGE_FIELD):
+            raise ValueError(f"the prompt's '{PROPRIO_FIELD}' field must come after its '{IMAGE_FIELD}' field, "
+                             f"got {self.prompt!r}")
         try:
-            self.prompt.format(instruction="", image="")
+            self.prompt.format(instruction="", image="", proprio="")
         except (KeyError, IndexError, ValueError) as error:
             raise ValueError(f"prompt {self.prompt!r} is not a valid template ({error!r}); "
                              "write a literal brace as '{{' or '}}'") from None
@@ -138,12 +150,37 @@ class VLASpec:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
         _check_type("device", self.device, str)
 
-    def format_prompt(self, instruction: str) -> tuple[str, str]:
-        """The prompt text of one instruction before and after the image tokens (no BOS, no image
-        tokens, no appended ids); the first is empty in OpenVLA's layout (image first)."""
+    @property
+    def reads_proprio(self) -> bool:
+        """Whether the prompt holds the proprioception tokens."""
+        return PROPRIO_FIELD in self.prompt
+
+    def format_prompt(self, instruction: str) -> tuple[str, str, str]:
+        """The prompt text of one instruction before the image tokens, between them and the
+        proprioception tokens, and after those (no BOS, no image or proprioception tokens, no
+        appended ids); the first is empty in OpenVLA's layout (image first), the last without a
+        ``{proprio}`` field."""
         text = instruction.lower() if self.lowercase_instruction else instruction
         before, _, after = self.prompt.rpartition(IMAGE_FIELD)
-        return before.format(instruction=text, image=""), after.format(instruction=text, image="")
+        middle, _, tail = after.partition(PROPRIO_FIELD)
+        return tuple(part.format(instruction=text, image="", proprio="") for part in (before, middle, tail))  # type: ignore[return-value]
+
+    def proprio_bins(self, proprio: np.ndarray, statistics: ActionStatistics) -> np.ndarray:
+        """Our bins (n,) int64 of one proprioception vector (joints then gripper): normalised to
+        [-1, 1] by the statistics' proprio q01/q99, clipped, and digitised as the actions are.
+        ValueError when the statistics have none, or the vector is not finite or of their size."""
+        if statistics.proprio_q01 is None or statistics.proprio_q99 is None:
+            raise ValueError(f"{statistics.source}: dataset '{statistics.key}' has no proprio q01/q99, which the "
+                             f"prompt's '{PROPRIO_FIELD}' field needs")
+        values = np.asarray(proprio, dtype=np.float64).reshape(-1)
+        low, high = statistics.proprio_q01, statistics.proprio_q99
+        if values.shape != low.shape:
+            raise ValueError(f"the policy reads {low.size} proprioception values (joints then gripper), got {values.size}")
+        if not np.all(np.isfinite(values)):
+            raise ValueError("the proprioception (joint positions, gripper) holds NaN or inf")
+        span = high - low
+        normalised = np.clip(2.0 * (values - low) / np.where(span > 0, span, 1.0) - 1.0, -1.0, 1.0)
+        return digitise(np.where(span > 0, normalised, 0.0))
 
     def resolved_appended_ids(self, vocab_size: int) -> tuple[int, ...]:
         """The ids appended after the prompt for a text vocabulary of ``vocab_size`` tokens."""
@@ -251,13 +288,16 @@ def with_overrides(spec: VLASpec, **changes: Any) -> VLASpec:
 # --- action statistics ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ActionStatistics:
-    """The action statistics of one dataset: q01/q99/mask (7,) and where they came from."""
+    """The action statistics of one dataset: q01/q99/mask (7,), where they came from, and the
+    proprioception's q01/q99 (n,) when the file has them (None otherwise)."""
 
     key: str
     q01: np.ndarray
     q99: np.ndarray
     mask: np.ndarray
     source: Path
+    proprio_q01: np.ndarray | None = None
+    proprio_q99: np.ndarray | None = None
 
 
 def load_action_statistics(directory: Path | str, spec: VLASpec) -> ActionStatistics:
@@ -297,7 +337,25 @@ def load_action_statistics(directory: Path | str, spec: VLASpec) -> ActionStatis
         if value.shape != (ACTION_DIM,):
             raise ValueError(f"{path}: dataset '{key}' has action {name} of shape {value.shape}; "
                              f"this policy's actions are {ACTION_DIM}-D")
-    return ActionStatistics(key=key, q01=q01, q99=q99, mask=mask, source=path)
+    proprio = _proprio_quantiles(table[key].get("proprio"), path, key)
+    return ActionStatistics(key=key, q01=q01, q99=q99, mask=mask, source=path,
+                            proprio_q01=None if proprio is None else proprio[0],
+                            proprio_q99=None if proprio is None else proprio[1])
+
+
+def _proprio_quantiles(entry: Any, path: Path, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The proprio q01/q99 of a dataset's entry (None without them); ValueError when malformed."""
+    if not isinstance(entry, dict) or "q01" not in entry or "q99" not in entry:
+        return None
+    try:
+        q01 = np.asarray(entry["q01"], dtype=np.float64)
+        q99 = np.asarray(entry["q99"], dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: dataset '{key}' has malformed proprio statistics ({error})") from None
+    if q01.ndim != 1 or q01.shape != q99.shape or not q01.size or not np.all(np.isfinite(q01) & np.isfinite(q99)):
+        raise ValueError(f"{path}: dataset '{key}' has proprio q01/q99 of shapes {q01.shape} and {q99.shape}; "
+                         "they must be finite vectors of one length")
+    return q01, q99
 
 
 # --- the action tokenizer ---------------------------------------------------------------------

@@ -27,6 +27,8 @@ from vla_accel_ros.models.tokenizer import N_BINS
 from vla_accel_ros.sim.env import SimConfig
 from vla_accel_ros.training.data import DemoDataset
 
+KEYPOINT_LOSS_SCALE = 10.0  # keypoints live in [-1, 1]: x10 puts the smooth-L1 knee at ~3 px of 128
+
 
 # --- helpers shared by the training commands (train, train-world) ---------------------------------
 def check_hyperparameters(cfg: Any, positive: Sequence[str], non_negative: Sequence[str], rates: Sequence[str]) -> None:

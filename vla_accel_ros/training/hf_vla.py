@@ -9,14 +9,20 @@ directory loads with :func:`vla_accel_ros.models.hf_vla.load_hf_vla` (``hf:DIR``
 
 ``--prompt-layout instruction_first`` writes a prompt whose ``{image}`` field puts the image tokens
 after the instruction (``vla_spec.json``), so every image token attends to the instruction: the
-grounding the built-in policy gets from its FiLM-conditioned encoder. A fine-tune (``--init``) keeps
-the model's layout.
+grounding the built-in policy gets from its FiLM-conditioned encoder. ``instruction_first+proprio``
+also gives the model the arm's state, as the built-in policy has it: the joints and the gripper
+opening as one binned token each after the image (``{proprio}``, binned on the training data's
+proprio q01/q99 in ``dataset_statistics.json``). A fine-tune (``--init``) keeps the model's layout.
 
 Recipe (that of ``vla-accel train`` where it applies): teacher-forced cross-entropy over the 256
 action rows of the LM head on the 7 action positions only (the prompt is not a target), plus the
 built-in policy's auxiliary regression of where the named cube is from the gripper and where the
 gripper is, read by a linear probe from the hidden state that predicts the first action token (the
-probe grounds the instruction's colour in the image; it is a training aid and is not saved).
+probe grounds the instruction's colour in the image; it is a training aid and is not saved), and
+with ``--keypoint-weight`` the built-in policy's keypoint loss on the image tokens: a linear head on
+each image token's final hidden state gives, per keypoint (the named cube, the TCP), a log-mass
+and an offset within its patch; the softmax-weighted mean over the patches is regressed onto where
+the front camera sees that point (also a training aid, not saved).
 AdamW, linear warm-up then cosine to 10%, gradient clipping at 1, optional image-shift
 augmentation. The last episodes are held out (``--val-fraction``): their teacher-forced loss and
 token accuracy are measured after every epoch.
@@ -55,6 +61,7 @@ from vla_accel_ros.models.vla_spec import OPENVLA_PROMPT
 from vla_accel_ros.sim.env import INSTRUCTION_TEMPLATE, SimConfig
 from vla_accel_ros.sim.scene import CUBE_COLORS
 from vla_accel_ros.training.common import (
+    KEYPOINT_LOSS_SCALE,
     check_data_selection,
     check_hyperparameters,
     command_line,
@@ -78,7 +85,10 @@ UNUSED_TEXT_LEN = 1  # the prompt is tokenised from the instruction text; DemoDa
 VISIONS = ("siglip", "clip")
 # Where the image tokens go: OpenVLA's (first, so no image token sees the instruction) or after the
 # instruction (every image token attends to it, as the built-in policy's FiLM-conditioned encoder does).
-PROMPT_LAYOUTS = {"image_first": OPENVLA_PROMPT, "instruction_first": OPENVLA_PROMPT.replace("?\n", "?{image}\n")}
+# "+proprio" adds the joints and the gripper as binned tokens after the image (vla_spec.PROPRIO_FIELD):
+# the arm's own state, which the built-in policy reads too.
+PROMPT_LAYOUTS = {"image_first": OPENVLA_PROMPT, "instruction_first": OPENVLA_PROMPT.replace("?\n", "?{image}\n"),
+                  "instruction_first+proprio": OPENVLA_PROMPT.replace("?\n", "?{image}{proprio}\n")}
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 # Every character a prompt may hold (the space is "▁"); other characters become <unk>.
 BASE_CHARS = "▁abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789?:.,'-!\n"
@@ -96,6 +106,7 @@ class HFTrainConfig:
     grad_clip: float = 1.0
     augment_shift: int = 0  # max random image shift in pixels (0 = off)
     aux_weight: float = 1.0  # weight of the auxiliary cube/TCP position loss (0 = off)
+    keypoint_weight: float = 0.0  # weight of the image tokens' cube/TCP keypoint loss (0 = off)
     seed: int = 0
     max_episodes: int | None = None
     val_fraction: float = 0.1
@@ -129,7 +140,7 @@ class HFTrainConfig:
                                               "vision_hidden", "hidden_size", "heads", "kv_heads",
                                               "intermediate_size", "dagger_episodes"),
                               non_negative=("epochs", "warmup_steps", "augment_shift", "vision_layers", "layers",
-                                            "dagger_rounds", "dagger_epochs"),
+                                            "dagger_rounds", "dagger_epochs", "aux_weight", "keypoint_weight"),
                               rates=("lr", "dagger_lr"))
         check_data_selection(self)
         if self.prompt_layout not in PROMPT_LAYOUTS:
@@ -273,9 +284,15 @@ class HFTrainer:
         if policy.config.image_size != data.image_size:
             raise ValueError(f"the model takes {policy.config.image_size} px images, the demos are {data.image_size} px")
         self.tokens = torch.from_numpy(policy.tokenizer.encode(data.actions.numpy().astype(np.float64)))
-        # One prompt per episode; its ids are the inference prompt's exactly (policy.prompt_ids).
-        prompts = [policy.prompt_ids(text)[0] for text in instructions]
-        self.prompt_of = [prompts[int(e)] for e in data.episode]
+        # The prompt of every step; its ids are the inference prompt's exactly (policy.prompt_ids):
+        # one per episode, or per step when the prompt holds the proprioception.
+        if policy.spec.reads_proprio:
+            proprio = data.proprio.numpy()
+            self.prompt_of = [policy.prompt_ids(instructions[int(e)], proprio[i])[0]
+                              for i, e in enumerate(data.episode.tolist())]
+        else:
+            prompts = [policy.prompt_ids(text)[0] for text in instructions]
+            self.prompt_of = [prompts[int(e)] for e in data.episode]
         self.hf_ids = torch.from_numpy(policy.action_ids)
         mean = torch.tensor(policy.spec.image_mean).view(1, 3, 1, 1)
         std = torch.tensor(policy.spec.image_std).view(1, 3, 1, 1)
@@ -284,6 +301,14 @@ class HFTrainer:
         # training aid only (not saved): where the named cube and the TCP are, from the state that
         # predicts the first action token
         self.aux_head = torch.nn.Linear(d, data.aux.shape[1])
+        # training aid only: per image token, each keypoint's (named cube, TCP) log-mass and offset
+        # within the patch; their softmax-weighted mean is where the camera sees it
+        self.keypoint_head = torch.nn.Linear(d, 3 * data.keypoint_targets.shape[1])
+        grid = math.isqrt(policy.config.n_image_tokens)
+        centres = (torch.arange(grid, dtype=torch.float32) + 0.5) * (2.0 / grid) - 1.0
+        rows, cols = torch.meshgrid(centres, centres, indexing="ij")
+        self.patch_centres = torch.stack([cols.flatten(), rows.flatten()], dim=-1)  # (P, 2): x, y
+        self.half_patch = 1.0 / grid
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.history: dict[str, list[float]] = {"loss": [], "ce": [], "val_loss": [], "val_step": []}
 
@@ -297,15 +322,17 @@ class HFTrainer:
         for length, members in groups.items():
             sel = torch.tensor(members)
             images = self.data.images[sel]
+            keypoints = self.data.keypoint_targets[sel]
             if augment and self.cfg.augment_shift:
-                images, _ = random_shift(images, self.cfg.augment_shift, self.generator)
+                images, moved = random_shift(images, self.cfg.augment_shift, self.generator)
+                keypoints = keypoints + (moved * (2.0 / images.shape[1]))[:, None, :]  # labels move with the image
             pixels = images.permute(0, 3, 1, 2).float() * self.pixel_scale + self.pixel_shift
             tokens = self.tokens[sel]
             prompt = torch.stack([self.prompt_of[i] for i in members])
             # the first 6 action tokens are inputs; the 7th is only a target
             ids = torch.cat([prompt, self.hf_ids[tokens[:, :-1]]], dim=1)
-            hidden = self.model.model(input_ids=ids, pixel_values=pixels).last_hidden_state
-            hidden = hidden[:, length - 1:]  # (B, 7, d): the states that predict each action token
+            states = self.model.model(input_ids=ids, pixel_values=pixels).last_hidden_state
+            hidden = states[:, length - 1:]  # (B, 7, d): the states that predict each action token
             head = self.model.get_output_embeddings()
             logits = hidden @ head.weight[self.hf_ids].T
             if getattr(head, "bias", None) is not None:
@@ -316,6 +343,11 @@ class HFTrainer:
             known = torch.isfinite(aux)
             if self.cfg.aux_weight > 0 and known.any():
                 total = total + self.cfg.aux_weight * F.smooth_l1_loss(self.aux_head(hidden[:, 0])[known], aux[known])
+            known = torch.isfinite(keypoints)
+            if self.cfg.keypoint_weight > 0 and known.any():
+                image_states = states[:, :length][:, prompt[0] == self.policy.image_token_id]
+                got = self.keypoint_positions(image_states)[known] * KEYPOINT_LOSS_SCALE
+                total = total + self.cfg.keypoint_weight * F.smooth_l1_loss(got, keypoints[known] * KEYPOINT_LOSS_SCALE)
             weight = len(members) / len(idx)
             losses.append(total * weight)
             ces.append(ce * weight)
@@ -324,12 +356,21 @@ class HFTrainer:
         pred = torch.cat(preds)[torch.argsort(torch.tensor(order))]  # back to sorted-index order
         return torch.stack(losses).sum(), torch.stack(ces).sum(), pred
 
+    def keypoint_positions(self, image_states: torch.Tensor) -> torch.Tensor:
+        """(B, K, 2) image positions (x, y in [-1, 1]) of the K keypoints from the final hidden
+        states (B, P, d) of the image tokens."""
+        b, p, _ = image_states.shape
+        out = self.keypoint_head(image_states).view(b, p, -1, 3)
+        weights = out[..., 0].softmax(dim=1).unsqueeze(-1)  # (B, P, K, 1) over the patches
+        where = self.patch_centres[None, :, None, :] + torch.tanh(out[..., 1:]) * self.half_patch
+        return (weights * where).sum(dim=1)
+
     def fit(self, epochs: int, lr: float, label: str = "target") -> None:
         """``epochs`` shuffled passes over the training steps with AdamW and the cosine schedule."""
         cfg = self.cfg
         if epochs == 0:
             return
-        params = [*self.model.parameters(), *self.aux_head.parameters()]
+        params = [*self.model.parameters(), *self.aux_head.parameters(), *self.keypoint_head.parameters()]
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
         total = epochs * math.ceil(len(self.train_idx) / cfg.batch_size)
         warmup = min(cfg.warmup_steps, total // 5)
@@ -444,7 +485,7 @@ def train_hf_vla(cfg: HFTrainConfig) -> dict[str, Any]:
         data, instructions = merge_demos(cfg, dagger_dirs)
         fresh = HFTrainer(cfg, policy, data, instructions)
         fresh.history = trainer.history
-        fresh.aux_head = trainer.aux_head
+        fresh.aux_head, fresh.keypoint_head = trainer.aux_head, trainer.keypoint_head
         trainer = fresh
         trainer.fit(cfg.dagger_epochs, cfg.dagger_lr, label=f"dagger {r + 1}")
     metrics = trainer.validate() if len(trainer.val_idx) else {"val_samples": 0}

@@ -27,6 +27,7 @@ from vla_accel_ros.models.policy import Policy
 from vla_accel_ros.models.tokenizer import N_BINS, ActionTokenizer
 from vla_accel_ros.models.vla import VLAConfig
 from vla_accel_ros.training.common import (
+    KEYPOINT_LOSS_SCALE,
     check_data_selection,
     check_hyperparameters,
     command_line,
@@ -42,7 +43,6 @@ from vla_accel_ros.training.common import (
 from vla_accel_ros.training.data import AUX_SCALE_M, DemoDataset, load_demos
 
 ACCEPT_RADII = (0, 2, 9)
-KEYPOINT_LOSS_SCALE = 10.0  # keypoints live in [-1, 1]: x10 puts the smooth-L1 knee at ~3 px of 128
 
 
 @dataclass(frozen=True)

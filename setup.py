@@ -25,6 +25,7 @@ setup(
         share("urdf", "*.xacro"),
         share("checkpoints/default"),
         share("checkpoints/default/retrieval_store"),
+        share("checkpoints/hf_small"),
     ],
     # ROS 2 itself (rclpy, messages) comes from the distribution or requirements-ros.txt, never
     # from here, so that a colcon build on Jazzy/Kilted is not disturbed.

@@ -26,13 +26,13 @@ TEXT_PAD = 256
 _MIN_HALF_RANGE = 1e-4
 
 
-_EDGES = np.linspace(-1.0, 1.0, N_BINS)
+BIN_EDGES = np.linspace(-1.0, 1.0, N_BINS)  # OpenVLA's bin edges on [-1, 1]; never written to
 
 
 def digitise(normalised: np.ndarray) -> np.ndarray:
     """Bins (...) int64 in [0, 255) of values normalised to [-1, 1] (OpenVLA's binning)."""
     # digitize gives 1..256 on [-1, 1]; the top edge (exactly +1) folds into the last bin.
-    return np.clip(np.digitize(normalised, _EDGES) - 1, 0, N_CENTRES - 1).astype(np.int64)
+    return np.clip(np.digitize(normalised, BIN_EDGES) - 1, 0, N_CENTRES - 1).astype(np.int64)
 
 
 class ActionTokenizer:
@@ -50,7 +50,7 @@ class ActionTokenizer:
             raise ValueError(f"q99 must be greater than q01 in every dimension; not so in dims {bad}")
         self.q01 = q01
         self.q99 = q99
-        self.edges = np.linspace(-1.0, 1.0, N_BINS)
+        self.edges = BIN_EDGES
         self.centres = (self.edges[:-1] + self.edges[1:]) / 2.0
         # (255, 7): the action value of every token id in every dimension, by the same arithmetic
         # as ``denormalise`` (so ``decode`` is one lookup, bit for bit the same)

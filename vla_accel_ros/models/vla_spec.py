@@ -36,6 +36,7 @@ from vla_accel_ros.models.tokenizer import (
     ACTION_DIM,
     N_BINS,
     N_CENTRES,
+    BIN_EDGES,
     ActionTokenizer,
     digitise,
 )
@@ -399,7 +400,7 @@ class OpenVLAActionTokenizer(ActionTokenizer):
         if gripper not in GRIPPER_CONVENTIONS:
             raise ValueError(f"gripper must be one of {list(GRIPPER_CONVENTIONS)}, got {gripper!r}")
         self.q01, self.q99, self.mask, self.gripper = q01, q99, mask, gripper
-        self.edges = np.linspace(-1.0, 1.0, N_BINS)
+        self.edges = BIN_EDGES
         self.centres = (self.edges[:-1] + self.edges[1:]) / 2.0
         self._token_values = self.denormalise(np.repeat(self.centres[:, None], ACTION_DIM, axis=1))
         self._dims = np.arange(ACTION_DIM)

@@ -343,11 +343,12 @@ class HFTrainer:
             known = torch.isfinite(aux)
             if self.cfg.aux_weight > 0 and known.any():
                 total = total + self.cfg.aux_weight * F.smooth_l1_loss(self.aux_head(hidden[:, 0])[known], aux[known])
-            known = torch.isfinite(keypoints)
-            if self.cfg.keypoint_weight > 0 and known.any():
+            labelled = torch.isfinite(keypoints)
+            if self.cfg.keypoint_weight > 0 and labelled.any():
                 image_states = states[:, :length][:, prompt[0] == self.policy.image_token_id]
-                got = self.keypoint_positions(image_states)[known] * KEYPOINT_LOSS_SCALE
-                total = total + self.cfg.keypoint_weight * F.smooth_l1_loss(got, keypoints[known] * KEYPOINT_LOSS_SCALE)
+                got = self.keypoint_positions(image_states)[labelled] * KEYPOINT_LOSS_SCALE
+                want = keypoints[labelled] * KEYPOINT_LOSS_SCALE
+                total = total + self.cfg.keypoint_weight * F.smooth_l1_loss(got, want)
             weight = len(members) / len(idx)
             losses.append(total * weight)
             ces.append(ce * weight)

@@ -17,7 +17,7 @@ from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding import DecodeContext, make_decoder
-from vla_accel_ros.decoding.kerv import TcpPositions, kf_completion_tokens, update_rate
+from vla_accel_ros.decoding.kerv import TcpPositions, checked_fill, kf_completion_tokens, update_rate
 from vla_accel_ros.decoding.protocol import PREFILL_VERIFIED
 from vla_accel_ros.models import ParallelDraftHead, Policy
 from vla_accel_ros.models.incremental_vision import (
@@ -325,6 +325,57 @@ def test_verifying_inside_the_prefill_equals_verifying_the_same_proposal_after_i
             assert fused.tokens[n] == target[n]  # the bonus
             completion = kf_completion_tokens(policy, context)
             np.testing.assert_array_equal(fused.tokens[n + 1 :], completion[0][n + 1 :])  # the KF's fill
+
+
+def test_checked_fill_keeps_the_tokens_within_r_of_the_targets_picks_and_takes_the_picks_elsewhere() -> None:
+    tokens = np.array([10, 20, 30, 40, 50, 60, 70])
+    target = np.array([99, 99, 33, 90, 50, 64, 0])
+    checked, kept = checked_fill(tokens, target, 2, r=4)
+    np.testing.assert_array_equal(checked, [10, 20, 30, 90, 50, 60, 0])  # 40 and 70 give way; nothing before 2 moves
+    assert kept == 3
+    assert checked_fill(tokens, target, 7, r=0)[1] == 0  # nothing after the last position
+
+
+@pytest.mark.parametrize("prefill_verify", [False, True])
+def test_the_checked_fill_replaces_kf_tokens_far_from_the_targets_picks_in_the_same_pass(
+    policy: Policy, kin: ArmKinematics, observations: Observations, prefill_verify: bool
+) -> None:
+    """With ``fill_check`` the action is the unchecked one except where a KF token lies more than r
+    from the target's pick of the same pass, which then takes its place; still one target pass."""
+    held = np.array([120, 110, 130, 127, 127, 127, 200])
+    checked_any = False
+    for obs in observations(6, seed=12):
+        noise = torch.distributions.Gumbel(0.0, 0.5).sample((7, 256))
+        context = prefill_verify_context(kin, held, token_noise=noise)
+        results, targets = [], []
+        for fill_check in (False, True):
+            decoder = make_decoder("kerv", prefill_verify=prefill_verify, r_min=2, r_max=2, fill_check=fill_check)
+            counting = PassCountingPolicy(policy)
+            if prefill_verify:
+                proposal = decoder.prefill_proposal(counting, context)
+                scored = counting.prefill_scored(obs, torch.tensor([proposal[:6].tolist()]))
+                results.append(decoder.decode_scored(counting, scored, proposal, context))
+            else:
+                results.append(run_policy_step(counting, obs, decoder, context))
+            assert results[-1].target_passes == 1
+        plain, checked = results
+        assert plain.accepted_len == checked.accepted_len
+        n = plain.accepted_len
+        np.testing.assert_array_equal(plain.tokens[: n + 1], checked.tokens[: n + 1])  # prefix and bonus agree
+        changed = np.flatnonzero(plain.tokens != checked.tokens)
+        assert np.all(changed > n)
+        assert np.all(np.abs(plain.tokens[changed] - checked.tokens[changed]) > 2)  # only KF tokens beyond r move
+        assert checked.kf_filled <= plain.kf_filled
+        checked_any |= len(changed) > 0
+    assert checked_any  # the check did change some fill on these observations
+
+
+def test_kerv_and_world_aware_declare_the_fill_check() -> None:
+    from vla_accel_ros.decoding import capabilities_of, decoders_with
+    from vla_accel_ros.models.configuration import FILL_CHECK_DECODERS
+
+    assert decoders_with(lambda c: c.fill_check) == FILL_CHECK_DECODERS == ("kerv", "world_aware")
+    assert not capabilities_of("sd").fill_check and make_decoder("kerv").config.fill_check is False
 
 
 def test_world_aware_verifies_inside_the_prefill_in_free_space_only(

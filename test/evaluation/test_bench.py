@@ -16,6 +16,7 @@ from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.evaluation.bench import (
     AFTER_PREFILL_SUFFIX,
+    FILL_CHECK_SUFFIX,
     RATIO_KEYS,
     SEQUENTIAL_SUFFIX,
     SWEEP_R,
@@ -44,6 +45,19 @@ def test_sequential_draft_entries_only_for_parallel_draft_decoders() -> None:
         decoder = make_decoder(entry.decoder, **dict(entry.settings))
         assert decoder.config.parallel_draft is False
     assert make_decoder("kerv").config.parallel_draft is True
+
+
+def test_fill_check_entries_for_the_kalman_fill_decoders_and_their_incremental_rows() -> None:
+    entries = bench_entries(["ar", "sd", "kerv", "world_aware", "deadline"], sweep=False, fill_check=True,
+                            reuse_kv=True)
+    names = [e.name for e in entries]
+    assert names[:7] == ["ar", "sd", "kerv", "world_aware", "deadline", f"kerv{FILL_CHECK_SUFFIX}",
+                         f"world_aware{FILL_CHECK_SUFFIX}"]
+    assert f"world_aware{FILL_CHECK_SUFFIX}+ivkv" in names and f"kerv{FILL_CHECK_SUFFIX}+ivkv" in names
+    for entry in entries:
+        decoder = make_decoder(entry.decoder, **dict(entry.settings))
+        assert getattr(getattr(decoder, "config", None), "fill_check", False) is (FILL_CHECK_SUFFIX in entry.name)
+    assert not any(FILL_CHECK_SUFFIX in e.name for e in bench_entries(["ar", "kerv"], sweep=False))
 
 
 def test_no_sequential_entries_by_default() -> None:

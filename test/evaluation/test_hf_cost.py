@@ -12,7 +12,7 @@ from vla_accel_ros.models.configuration import VisionReuseConfig
 def test_costs_and_implied_speedups(tmp_path):
     pytest.importorskip("transformers")
     result = hf_cost(CostOptions(hidden=64, layers=1, image_size=56, patch_size=14, repeats=1, out=str(tmp_path)))
-    for key in ("prefill_ms", "step_1_token_ms", "verify_6_tokens_ms", "prefill_verifying_6_ms"):
+    for key in ("prefill_ms", "step_1_token_ms", "verify_6_tokens_ms", "prefill_verifying_6_ms", "vision_ms"):
         assert result[key] > 0, key
     assert result["prefix_tokens"] > 16  # BOS, 16 image tokens, the prompt
     rows = {r["decoder"]: r for r in result["decoders"]}
@@ -31,6 +31,17 @@ def test_full_and_incremental_prefill_over_sim_frames(tmp_path):
     assert 0 < inc["recomputed_fraction_mean"] < 1  # the first frame all, the others what the arm's motion changed
     assert inc["prefill_full_ms_mean"] > 0 and inc["prefill_incremental_ms_mean"] > 0
     assert inc["incremental_prefill_speedup"] == pytest.approx(inc["prefill_full_ms_mean"] / inc["prefill_incremental_ms_mean"])
+
+
+def test_a_checkpoint_is_timed_at_its_own_size_under_the_feature_rule(tmp_path, tiny_hf_vla):
+    directory = tiny_hf_vla(tmp_path / "tiny")
+    opts = CostOptions(repeats=1, out=str(tmp_path / "out"), checkpoint=f"hf:{directory}", incremental=True, frames=3,
+                       vision=VisionReuseConfig(reuse_kv=True, feature_threshold=0.1))
+    result = hf_cost(opts)
+    assert result["parameters"] < 1_000_000 and result["prefix_tokens"] > 16  # the tiny model, not a built one
+    inc = result["incremental"]
+    assert inc["frames"] == 3 and inc["refreshes"] == 1
+    assert inc["incremental_prefill_speedup_p50"] == pytest.approx(inc["prefill_full_ms_p50"] / inc["prefill_incremental_ms_p50"])
 
 
 def test_the_incremental_timing_needs_reused_keys_and_values():

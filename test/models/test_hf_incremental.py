@@ -26,7 +26,8 @@ INSTRUCTION = "pick up the red cube"
 TOKENS = torch.tensor([[3, 100, 200, 254, 0, 17, 128]])
 ATOL = 1e-5
 N_PATCHES = 16  # 32 px images, 8 px patches
-KV = VisionReuseConfig(reuse_kv=True)  # threshold 8, refresh every 20 frames, max drift 2
+# the pixel rule: threshold 8, refresh every 20 frames, max drift 2
+KV = VisionReuseConfig(reuse_kv=True, feature_threshold=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,8 @@ def test_every_patch_dynamic_equals_the_full_prefill(tiny_hf_vla: Callable[..., 
 
 
 def test_threshold_zero_recomputes_every_image_token_on_any_change(policy: HFTokenVLA) -> None:
-    incremental = HFIncrementalPrefill(policy, VisionReuseConfig(threshold=0.0, max_drift=255.0, reuse_kv=True))
+    incremental = HFIncrementalPrefill(policy, VisionReuseConfig(threshold=0.0, max_drift=255.0, reuse_kv=True,
+                                                                       feature_threshold=0.0))
     pixels = image(2)
     incremental.prefill(observation(pixels))
     for step in range(3):
@@ -140,7 +142,8 @@ def test_one_changed_patch_recomputes_exactly_its_token(policy: HFTokenVLA) -> N
 
 
 def test_a_changed_instruction_the_timer_and_drift_refresh_everything(policy: HFTokenVLA) -> None:
-    incremental = HFIncrementalPrefill(policy, VisionReuseConfig(refresh_steps=3, max_drift=1.0, reuse_kv=True))
+    incremental = HFIncrementalPrefill(policy, VisionReuseConfig(refresh_steps=3, max_drift=1.0, reuse_kv=True,
+                                                                      feature_threshold=0.0))
     pixels = image(6)
     incremental.prefill(observation(pixels))
     other = observation(pixels, "pick up the blue cube")
@@ -159,6 +162,92 @@ def test_a_changed_instruction_the_timer_and_drift_refresh_everything(policy: HF
     incremental.reset()
     incremental.prefill(other)
     assert incremental.last.reason == "first frame"
+
+
+# --- the feature rule ---------------------------------------------------------------------------
+FEATURES = VisionReuseConfig(reuse_kv=True, feature_threshold=0.05)
+
+
+def relative_feature_change(policy: HFTokenVLA, old: np.ndarray, new: np.ndarray) -> torch.Tensor:
+    """(P,) |f_new - f_old| / |f_old| per image token."""
+    with torch.inference_mode():
+        f_old = policy.image_features(policy.pixel_values(old))[0]
+        f_new = policy.image_features(policy.pixel_values(new))[0]
+    return (f_new - f_old).norm(dim=-1) / f_old.norm(dim=-1)
+
+
+def test_the_feature_rule_recomputes_the_tokens_whose_features_moved(policy: HFTokenVLA) -> None:
+    """The tower is bidirectional, so one inverted patch moves the features of other patches too:
+    the feature rule recomputes exactly the tokens whose features moved past the threshold, with the
+    tower run once per frame."""
+    old, new = image(11), with_inverted_patch(image(11), 6)
+    change = relative_feature_change(policy, old, new)
+    moved = torch.nonzero(change > FEATURES.feature_threshold).squeeze(1).tolist()
+    assert 6 in moved and 1 < len(moved) < N_PATCHES  # more than the patch itself, not every token
+    incremental = HFIncrementalPrefill(policy, FEATURES)
+    incremental.prefill(observation(old))
+    calls: list[int] = []
+    hook = policy.model.model.vision_tower.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        prefix = incremental.prefill(observation(new))
+    finally:
+        hook.remove()
+    assert incremental.recomputed_tokens.tolist() == moved and calls == [1]
+    assert incremental.last is not None and not incremental.last.refreshed
+    assert torch.isfinite(policy.score(prefix, TOKENS).logits).all()
+
+
+def test_the_feature_rule_compares_with_the_features_behind_the_cache(policy: HFTokenVLA) -> None:
+    """A token left static keeps its reference: small changes add up until it is recomputed, and
+    the same frame again recomputes nothing and gives the same prefix."""
+    incremental = HFIncrementalPrefill(policy, FEATURES)
+    pixels = image(12)
+    incremental.prefill(observation(pixels))
+    again = incremental.prefill(observation(pixels.copy()))
+    assert incremental.last is not None and incremental.last.recomputed == 0
+    assert_same_prefix(policy, again, policy.prefill(observation(pixels)))
+    step = np.clip(pixels.astype(int) + 2, 0, 255).astype(np.uint8)
+    first = relative_feature_change(policy, pixels, step)
+    incremental.prefill(observation(step))
+    assert incremental.last.recomputed == int((first > FEATURES.feature_threshold).sum())
+    static = first <= FEATURES.feature_threshold
+    further = np.clip(pixels.astype(int) + 4, 0, 255).astype(np.uint8)
+    incremental.prefill(observation(further))
+    # judged against the first frame's features, not the previous frame's
+    want = static & (relative_feature_change(policy, pixels, further) > FEATURES.feature_threshold)
+    assert set(torch.nonzero(want).squeeze(1).tolist()) <= set(incremental.recomputed_tokens.tolist())
+
+
+def test_the_feature_rule_with_every_token_moved_equals_the_full_prefill(policy: HFTokenVLA) -> None:
+    incremental = HFIncrementalPrefill(policy, FEATURES)
+    first = incremental.prefill(observation(image(13)))
+    assert incremental.last is not None and incremental.last.reason == "first frame"
+    assert_same_prefix(policy, first, policy.prefill(observation(image(13))))  # its full prefill reuses the features
+    new = observation(image(14))
+    prefix = incremental.prefill(new)
+    assert incremental.last.recomputed == N_PATCHES
+    assert_same_prefix(policy, prefix, policy.prefill(new))
+    scored = incremental.prefill_scored(observation(image(15)), TOKENS[:, :6])
+    torch.testing.assert_close(scored.logits, policy.prefill_scored(observation(image(15)), TOKENS[:, :6]).logits,
+                               rtol=0, atol=ATOL)
+
+
+def test_the_feature_rule_is_the_default_and_the_package_policy_judges_by_pixels() -> None:
+    from vla_accel_ros.core.resources import default_checkpoint
+    from vla_accel_ros.models import load_checkpoint
+
+    assert VisionReuseConfig().feature_threshold == 0.15
+    package_policy = load_checkpoint(default_checkpoint())
+    size, patch = package_policy.config.image_size, package_policy.config.patch_size
+    encoder = IncrementalVisionEncoder(package_policy, VisionReuseConfig(reuse_kv=True))
+    pixels = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    encoder.prefill(observation(pixels))
+    moved = pixels.copy()
+    moved[:patch, :patch] = 255 - moved[:patch, :patch]  # one of its patches
+    encoder.prefill(observation(moved))
+    assert encoder.last is not None and encoder.last.recomputed == 1
+    with pytest.raises(ValueError, match="feature_threshold must be >= 0"):
+        VisionReuseConfig(feature_threshold=-0.1)
 
 
 # --- rollback and scoring after an incremental prefill ----------------------------------------

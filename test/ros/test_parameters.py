@@ -23,9 +23,10 @@ from vla_accel_ros.core.settings import (
     to_params,
 )
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.ros.parameters import NodeConfig, SimBridgeConfig
+from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig, SimBridgeConfig
 
-VISION_PARAMETERS = ["vision_reuse", "vision_threshold", "vision_refresh_steps", "vision_max_drift", "vision_reuse_kv"]
+VISION_PARAMETERS = ["vision_reuse", "vision_threshold", "vision_refresh_steps", "vision_max_drift", "vision_reuse_kv",
+                     "vision_feature_threshold"]
 
 
 @pytest.mark.parametrize("cls", [NodeConfig, SimBridgeConfig, ControllerConfig])
@@ -126,6 +127,15 @@ def test_shipped_parameter_files_are_valid(file, node, cls):
     from_params(cls, params)
 
 
+def test_kf_fill_check_is_a_parameter_for_the_kalman_fill_decoders_only():
+    for cls in (NodeConfig, InferenceNodeConfig):
+        specs = {s.name: s for s in parameter_specs(cls)}
+        assert (specs["kf_fill_check"].kind, specs["kf_fill_check"].default) == (bool, False)
+        assert from_params(cls, {"decoder": "world_aware", "kf_fill_check": True}).runner_config().kf_fill_check
+        with pytest.raises(ConfigError, match="kf_fill_check.*kerv, world_aware.*'sd'"):
+            from_params(cls, {"decoder": "sd", "kf_fill_check": True})
+
+
 def test_bad_yaml_file_is_reported(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("a: [1, 2\n")
@@ -153,7 +163,7 @@ def test_vision_parameters_are_flat_on_ros_and_nested_in_the_config():
     specs = {s.name: s for s in parameter_specs(NodeConfig)}
     assert {name: (specs[name].kind, specs[name].default) for name in VISION_PARAMETERS} == {
         "vision_reuse": (bool, False), "vision_threshold": (float, 8.0), "vision_refresh_steps": (int, 20),
-        "vision_max_drift": (float, 2.0), "vision_reuse_kv": (bool, False)}
+        "vision_max_drift": (float, 2.0), "vision_reuse_kv": (bool, False), "vision_feature_threshold": (float, 0.15)}
     assert specs["vision_threshold"].range == (0.0, 255.0) and specs["vision_refresh_steps"].range == (1, 100000)
     cfg = from_params(NodeConfig, {"vision_reuse": True, "vision_threshold": 4, "vision_reuse_kv": True})
     assert cfg.vision == VisionReuseConfig(threshold=4.0, refresh_steps=20, max_drift=2.0, reuse_kv=True, enabled=True)
@@ -161,7 +171,7 @@ def test_vision_parameters_are_flat_on_ros_and_nested_in_the_config():
     params = to_params(cfg)
     assert {k: params[k] for k in VISION_PARAMETERS} == {"vision_reuse": True, "vision_threshold": 4.0,
                                                          "vision_refresh_steps": 20, "vision_max_drift": 2.0,
-                                                         "vision_reuse_kv": True}
+                                                         "vision_reuse_kv": True, "vision_feature_threshold": 0.15}
     assert "vision" not in params and from_params(NodeConfig, params) == cfg
     assert NodeConfig().vision.enabled is False  # the node encodes every patch unless told otherwise
 

@@ -93,6 +93,21 @@ def test_build_runner_with_a_loaded_policy_and_a_configured_decoder(checkpoint):
         build_runner(RunnerConfig(decoder="greedy"), KIN, policy=policy)
 
 
+def test_kf_fill_check_reaches_the_decoder_and_is_refused_for_one_without_a_kalman_fill(checkpoint):
+    from vla_accel_ros.models import load_checkpoint
+
+    policy = load_checkpoint(checkpoint)
+    for name in ("kerv", "world_aware"):
+        runner = build_runner(RunnerConfig(decoder=name, kf_fill_check=True), KIN, policy=policy)
+        assert runner.decoder.config.fill_check is True
+    loaded = build_runner(RunnerConfig(str(checkpoint), "kerv", kf_fill_check=True), KIN)
+    assert loaded.decoder.config.fill_check is True
+    assert build_runner(RunnerConfig(decoder="kerv"), KIN, policy=policy).decoder.config.fill_check is False
+    for name in ("ar", "sd", "deadline"):
+        with pytest.raises(ValueError, match=f"kf_fill_check.*kerv, world_aware.*'{name}'"):
+            build_runner(RunnerConfig(decoder=name, kf_fill_check=True), KIN, policy=policy)
+
+
 def test_build_controller_sets_enable_and_the_first_instruction():
     held = build_controller(ControllerConfig(period_s=0.02), KIN)
     assert not held.enabled and held.instruction == ""

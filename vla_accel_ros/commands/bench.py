@@ -26,6 +26,7 @@ from vla_accel_ros.decoding import (
 from vla_accel_ros.decoding.wa_prefill import WA_DEFAULT_BASES, WA_PREFILL_PREFIX
 from vla_accel_ros.evaluation.bench import (
     AFTER_PREFILL_SUFFIX,
+    FILL_CHECK_SUFFIX,
     SEQUENTIAL_SUFFIX,
     SWEEP_R,
     TEMPERATURE_PREFIX,
@@ -34,6 +35,7 @@ from vla_accel_ros.evaluation.bench import (
     bench_schedule,
     bench_store_options,
     default_decoders,
+    fill_check_decoders,
     flow_head_decoders,
     markdown_table,
     matched_success,
@@ -124,6 +126,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"also run {', '.join(prefill_verifying_decoders())} verifying after the prefill on every step "
                              f"(entries named DECODER{AFTER_PREFILL_SUFFIX}), next to their default of verifying the "
                              "proposal inside the prefill in free space")
+    parser.add_argument("--fill-check", action="store_true",
+                        help=f"also run {', '.join(fill_check_decoders())} checking the Kalman filter's fill of a "
+                             f"rejected suffix against the target's own picks from the same verify pass (entries "
+                             f"named DECODER{FILL_CHECK_SUFFIX}, and DECODER{FILL_CHECK_SUFFIX}+ivkv with --reuse-kv)")
     add_vision_arguments(parser)
     add_sampling_arguments(parser)
     add_robot_arguments(parser)
@@ -153,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
                             reuse_kv=args.reuse_kv, sequential_draft=args.sequential_draft,
                             temperatures=args.temperature_sweep, contact_bounds=args.contact_bounds,
                             after_prefill=args.after_prefill, sweep_r=args.sweep_r,
-                            sweep_decoders=args.sweep_decoders)
+                            sweep_decoders=args.sweep_decoders, fill_check=args.fill_check)
     sampling = sampling_config(args)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

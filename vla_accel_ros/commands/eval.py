@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"decoding method: {', '.join(DECODERS)}, or {WA_PREFILL_PREFIX}<one of them> "
                              "(that decoder on the world-aware prefill, see --wa-checkpoint)")
     add_episode_arguments(parser)
+    parser.add_argument("--kf-fill-check", action="store_true",
+                        help=f"{', '.join(decoders_with(lambda c: c.fill_check))}: check the Kalman filter's fill of a "
+                             "rejected suffix against the target's own picks from the same verify pass")
     parser.add_argument("--store", type=Path, default=None,
                         help=f"{', '.join(decoders_with(lambda c: c.retrieval_store))}: retrieval store directory (default: "
                              "CHECKPOINT/retrieval_store; see vla-accel build-store)")
@@ -84,7 +87,13 @@ def run(args: argparse.Namespace) -> int:
     if capabilities_of(base_decoder).flow_head and policy.flow is None:
         raise SystemExit(f"{ckpt} has no continuous action head for --decoder {args.decoder}: run vla-accel train-flow")
     sampling = sampling_config(args)
-    decoder = make_decoder(base_decoder, **decoder_options(base_decoder, args.store, args.checkpoint or default_checkpoint(), policy, ckpt))
+    settings = decoder_options(base_decoder, args.store, args.checkpoint or default_checkpoint(), policy, ckpt)
+    if args.kf_fill_check:
+        if not capabilities_of(base_decoder).fill_check:
+            raise SystemExit(f"--kf-fill-check is for {', '.join(decoders_with(lambda c: c.fill_check))}, "
+                             f"not {args.decoder}")
+        settings["fill_check"] = True
+    decoder = make_decoder(base_decoder, **settings)
     args.out.mkdir(parents=True, exist_ok=True)
     sim_config = SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)
     records = []

@@ -22,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=d.repeats, help="timed runs per pass (median)")
     parser.add_argument("--threads", type=int, default=d.threads, help="torch threads")
     parser.add_argument("--out", default=d.out, help="output directory (summary.json)")
+    parser.add_argument("--checkpoint", default=d.checkpoint, help="hf:DIR: time this Hugging Face VLA at its own "
+                        "image size instead of a random one at the shape above")
     parser.add_argument("--incremental", action="store_true",
                         help="also time the full and the incremental prefill (reused keys/values of unchanged image "
                              "tokens) frame by frame over a scripted pick in the sim (needs MuJoCo rendering)")
@@ -33,26 +35,30 @@ def run(args: argparse.Namespace) -> int:
     if args.incremental and not check_rendering("hf-cost"):  # no GL: one line saying what to set, before any work
         return 2
     try:
-        vision = VisionReuseConfig(args.vision_threshold, args.vision_refresh, args.vision_max_drift, reuse_kv=True)
+        vision = VisionReuseConfig(args.vision_threshold, args.vision_refresh, args.vision_max_drift, reuse_kv=True,
+                                   feature_threshold=args.vision_feature_threshold)
         opts = CostOptions(hidden=args.hidden, layers=args.layers, image_size=args.image_size,
                            patch_size=args.patch_size, repeats=args.repeats, threads=args.threads, out=args.out,
+                           checkpoint=args.checkpoint,
                            incremental=args.incremental, frames=args.frames, vision=vision)
     except ValueError as err:
         raise SystemExit(f"hf-cost: {err}") from err
     r = hf_cost(opts)
     print(f"{r['parameters'] / 1e6:.0f} M parameters, {r['prefix_tokens']}-token prefix: prefill {r['prefill_ms']:.0f} ms, "
           f"1-token step {r['step_1_token_ms']:.1f} ms, 6-token verify {r['verify_6_tokens_ms']:.1f} ms, "
-          f"prefill verifying 6 {r['prefill_verifying_6_ms']:.0f} ms")
+          f"prefill verifying 6 {r['prefill_verifying_6_ms']:.0f} ms; vision tower and projector {r['vision_ms']:.1f} ms")
     print("| decoder | target passes / action | implied ms / action | implied e2e speed-up |")
     print("|---|---|---|---|")
     for row in r["decoders"]:
         print(f"| {row['decoder']} | {row['target_passes']:.2f} | {row['implied_ms']:.0f} | {row['implied_speedup']:.2f}x |")
     if "incremental" in r:
         i = r["incremental"]
-        print(f"incremental prefill over {i['frames']} sim frames at {args.image_size} px (threshold "
-              f"{vision.threshold:g}, refresh every {vision.refresh_steps}): full "
+        rule = (f"feature threshold {vision.feature_threshold:g}" if vision.feature_threshold > 0
+                else f"threshold {vision.threshold:g}")
+        print(f"incremental prefill over {i['frames']} sim frames ({rule}, refresh every {vision.refresh_steps}): full "
               f"{i['prefill_full_ms_mean']:.1f} ms, incremental {i['prefill_incremental_ms_mean']:.1f} ms per frame "
               f"(mean; p50 {i['prefill_full_ms_p50']:.1f} vs {i['prefill_incremental_ms_p50']:.1f}): "
-              f"{i['incremental_prefill_speedup']:.2f}x, {i['recomputed_fraction_mean']:.0%} of the image tokens "
+              f"{i['incremental_prefill_speedup']:.2f}x (p50 {i['incremental_prefill_speedup_p50']:.2f}x), "
+              f"{i['recomputed_fraction_mean']:.0%} of the image tokens "
               f"recomputed, {i['refreshes']} full refreshes")
     return 0

@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(OUT/decoders.json)")
     parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
                         help="the node's action-token sampling temperature (0 = greedy)")
+    parser.add_argument("--kf-fill-check", action="store_true",
+                        help="kerv, world_aware: check the Kalman filter's fill of a rejected suffix against the "
+                             "target's own picks from the same verify pass (the node's kf_fill_check)")
     parser.add_argument("--out", default="outputs/sim", help="output directory")
     parser.add_argument("--seed", type=int, default=100_000, help="seed of the first episode (then +1 each)")
     parser.add_argument("--checkpoint", default="", help="policy checkpoint directory, or hf:DIR for a Hugging Face "
@@ -48,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     opts = SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, decoder=args.decoder,
-                         temperature=args.temperature, out=args.out, seed=args.seed, checkpoint=args.checkpoint, unnorm_key=args.unnorm_key,
+                         temperature=args.temperature, kf_fill_check=args.kf_fill_check, out=args.out, seed=args.seed, checkpoint=args.checkpoint, unnorm_key=args.unnorm_key,
                          inference_python=args.inference_python,
                          duration_s=args.duration_s, output=args.output, executor=args.executor, domain_id=args.domain_id,
                          inference_mode=args.inference_mode, netns=args.netns, realtime_priority=args.realtime_priority)

@@ -60,6 +60,9 @@ class DeadlineConfig(KervConfig):
                 raise ValueError(f"DeadlineConfig.{name} must be None or >= 0 seconds, got {value}")
         if self.max_rounds < 1:
             raise ValueError(f"DeadlineConfig.max_rounds must be >= 1, got {self.max_rounds}")
+        if self.fill_check:
+            raise ValueError("DeadlineConfig.fill_check: deadline fills when no round fits any more, with no verify "
+                             "pass over those positions whose picks could check the fill")
 
 
 class DeadlineDecoder(KervDecoder):
@@ -74,8 +77,9 @@ class DeadlineDecoder(KervDecoder):
         self.parallel = False  # whether the current policy drafts with its parallel head
 
     def capabilities(self) -> DecoderCapabilities:
-        # it drafts what the deadline allows, and decodes in several rounds: no split around one verify pass
-        return replace(super().capabilities(), draft_head=True, split_verify=False)
+        # it drafts what the deadline allows, and decodes in several rounds: no split around one verify pass,
+        # and no verify pass over the positions it fills when out of time
+        return replace(super().capabilities(), draft_head=True, split_verify=False, fill_check=False)
 
     def _average(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.config.ema) * old + self.config.ema * new

@@ -5,6 +5,13 @@ Per action: propose 7 tokens, verify them in ONE target pass, keep the relaxed-a
 the same pass) and fill every later position with the tokens of the action the joint-space Kalman
 filter predicts for the next control period. There is never a second round.
 
+Checked fill (``fill_check``): the same pass also gave the target's own pick at every later
+position, conditioned on the proposal before it (the rejected token included). A KF token more
+than r from that pick gives way to it; where they agree the KF's token stays. The fill then costs
+nothing more and is never far from what the target would pick: where the KF's extrapolation is
+least right, at a grasp or a change of direction, and on a model whose tokens the KF predicts
+poorly. Off, the fill is the KF's alone, unverified.
+
 Drafting: with a parallel draft head on the policy (``parallel_draft``, the default when the
 policy has one) the proposal comes from ONE light call that proposes every position at once;
 otherwise from the sequential EAGLE-style head, one step per token (``draft_tokens``).
@@ -95,6 +102,10 @@ class KervConfig:
     # ``prefill_allowed`` says so: no pass after the prefill, but no draft head either, and the
     # first position is a cheap token too (module docstring)
     prefill_verify: bool = False
+    # check the KF's fill against the target's own picks at those positions, which the same verify
+    # pass already gave (conditioned on the proposal before them): a KF token more than r from the
+    # target's pick gives way to it. Still one pass; the fill stays the KF's wherever they agree.
+    fill_check: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.r_min <= self.r_max:
@@ -185,6 +196,16 @@ def complete_suffix(
     return out, len(positions)
 
 
+def checked_fill(tokens: np.ndarray, target: np.ndarray, start: int, r: float) -> tuple[np.ndarray, int]:
+    """``tokens`` with each position from ``start`` on that lies more than ``r`` from the target's
+    pick there replaced by that pick; returns them and the number of positions kept."""
+    out = np.array(tokens, dtype=np.int64)
+    suffix = slice(start, N_ACTION_TOKENS)
+    far = np.abs(out[suffix] - target[suffix]) > r
+    out[suffix] = np.where(far, target[suffix], out[suffix])
+    return out, int((~far).sum())
+
+
 def requested_length(kf_mask: np.ndarray | list[bool]) -> int:
     """Draft tokens to request when the KF proposes the positions in ``kf_mask`` (7,): up to the
     last position it does not (position 0 never is, so at least 1)."""
@@ -210,7 +231,7 @@ class KervDecoder(Decoder):
 
     def capabilities(self) -> DecoderCapabilities:
         return DecoderCapabilities(verifies_in_prefill=self.config.prefill_verify, parallel_draft=self.config.parallel_draft,
-                                   split_verify=True)
+                                   split_verify=True, fill_check=True)
 
     @classmethod
     def threshold_settings(cls, r: int) -> dict[str, Any]:
@@ -333,6 +354,9 @@ class KervDecoder(Decoder):
         if n_acc < N_ACTION_TOKENS:
             tokens[n_acc] = argmax[n_acc]
             tokens, kf_filled = complete_suffix(tokens, n_acc + 1, policy, context, completion)
+            if self.config.fill_check:
+                tokens, kept = checked_fill(tokens, argmax, n_acc + 1, r)
+                kf_filled = min(kf_filled, kept)
         return ledger.result(
             self.name,
             tokens,

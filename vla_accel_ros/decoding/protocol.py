@@ -191,6 +191,9 @@ class DecoderCapabilities:
     split_verify: ``decode`` is ``propose_after_prefill``, ONE target pass over the tokens it
         returns, then ``finish_verified``; a runner may make that pass itself (a fleet: one batched
         ``score`` for the verify passes of several robots).
+    fill_check: fills a rejected suffix with the Kalman filter's tokens and can check that fill
+        against the target's own picks from the same verify pass (its ``fill_check`` setting; the
+        node's ``kf_fill_check``).
     """
 
     flow_head: bool = False
@@ -202,6 +205,7 @@ class DecoderCapabilities:
     draft_head: bool = False
     contact_head: bool = False
     split_verify: bool = False
+    fill_check: bool = False
 
 
 @dataclass(frozen=True, eq=False)

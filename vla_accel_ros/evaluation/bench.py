@@ -16,7 +16,8 @@ speed-up.
 
 Which decoders get which extra rows is asked of the registry and the decoders' capabilities,
 never decided by name here: ``@sequential`` rows for those with ``parallel_draft``,
-``@after_prefill`` rows for those with ``verifies_in_prefill``, the store for those with
+``@after_prefill`` rows for those with ``verifies_in_prefill``, ``@fill_check`` rows (``--fill-check``) for
+those with ``fill_check``, the store for those with
 ``retrieval_store``, the flow-head check for those with ``flow_head``.
 
 Outputs in DIR: ``summary.json`` (decoder name -> ``success_rate``, ``ncf_rate``, ``ncf_share``,
@@ -76,6 +77,7 @@ from vla_accel_ros.models import Policy, load_checkpoint
 SWEEP_R = (3, 5, 9, 15, 20)
 SEQUENTIAL_SUFFIX = "@sequential"
 AFTER_PREFILL_SUFFIX = "@after_prefill"
+FILL_CHECK_SUFFIX = "@fill_check"
 TEMPERATURE_PREFIX = "@T="
 # The speed-ups the accelerated decoders aim for (decode, end to end), drawn on pareto.png.
 DECODE_SPEEDUP_TARGET = 2.5
@@ -105,6 +107,11 @@ def default_decoders(policy: Any) -> list[str]:
     (a Hugging Face VLA has no draft head); :func:`bench_store_options` then drops the store
     decoders when the checkpoint has no store."""
     return [d for d in DECODERS if not policy_refusal(policy, d)]
+
+
+def fill_check_decoders() -> tuple[str, ...]:
+    """The decoders whose Kalman fill can be checked against the target's picks (``@fill_check`` rows)."""
+    return decoders_with(lambda capabilities: capabilities.fill_check)
 
 
 def flow_head_decoders() -> tuple[str, ...]:
@@ -137,8 +144,14 @@ def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = F
                   temperatures: tuple[float, ...] = (),
                   contact_bounds: tuple[tuple[int, int], ...] = (),
                   after_prefill: bool = False, sweep_r: tuple[int, ...] = SWEEP_R,
-                  sweep_decoders: tuple[str, ...] = THRESHOLD_SWEPT) -> list[BenchEntry]:
+                  sweep_decoders: tuple[str, ...] = THRESHOLD_SWEPT, fill_check: bool = False) -> list[BenchEntry]:
     entries = [BenchEntry(name, name) for name in decoders]
+    if fill_check:  # the decoders with a Kalman fill again, checking it against the target's own picks
+        checking = fill_check_decoders()
+        entries += [BenchEntry(f"{name}{FILL_CHECK_SUFFIX}", name, (("fill_check", True),))
+                    for name in decoders if name in checking]
+    # the rows that incremental vision repeats: each named decoder, and its fill-checked row
+    visioned = list(entries)
     # A listed wa_prefill+X also runs at every looser setting X gets: the relaxation sweep of WA-SpecDec.
     wa_bases = [name[len(WA_PREFILL_PREFIX):] for name in decoders if name.startswith(WA_PREFILL_PREFIX)]
     # the contact comparison at the same (loose) r bounds: what contact awareness does to NCF
@@ -156,9 +169,10 @@ def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = F
         entries += [BenchEntry(f"{name}{AFTER_PREFILL_SUFFIX}", name, (("prefill_verify", False),))
                     for name in decoders if name in verifying]
     if incremental_vision:  # the same decoders again, prefilling only the patches that changed
-        entries += [BenchEntry(f"{name}+iv", name, incremental_vision=True) for name in decoders]
+        entries += [BenchEntry(f"{e.name}+iv", e.decoder, e.settings, incremental_vision=True) for e in visioned]
     if reuse_kv:  # and again, also reusing the keys/values of unchanged prefix tokens
-        entries += [BenchEntry(f"{name}+ivkv", name, incremental_vision=True, reuse_kv=True) for name in decoders]
+        entries += [BenchEntry(f"{e.name}+ivkv", e.decoder, e.settings, incremental_vision=True, reuse_kv=True)
+                    for e in visioned]
     if sweep:
         swept = [name for name in DECODERS if name in sweep_decoders]
         swept += [WA_PREFILL_PREFIX + b for b in wa_bases if b in swept]

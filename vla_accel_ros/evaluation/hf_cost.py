@@ -6,7 +6,9 @@ A random-weight Llava (a small SigLIP tower, 256 image tokens at 224 px / patch 
 the decoders drive, on one thread. Timed, median of ``repeats``: the prefill; a 1-token step (what
 ``ar`` takes 7 of); a 6-token verify pass (what ``kerv`` takes one of: 7 rows, the proposal's last
 token is not fed); the prefill with 6 proposed tokens verified inside it (``world_aware`` in free
-space). A decoder's implied time per action = prefill + passes x the pass it makes; its speed-up
+space); and the vision tower with its projector alone (``vision_ms``), which every frame of an
+incremental prefill still runs. With ``checkpoint`` (``hf:DIR``) the same is timed on that model at
+its own image size instead of a random one. A decoder's implied time per action = prefill + passes x the pass it makes; its speed-up
 is ``ar``'s time over it. The pass counts are the bench's (README), given as ``--passes``.
 
 With ``incremental``, the prefill is also timed over the first ``frames`` camera frames of a
@@ -14,7 +16,8 @@ scripted-expert pick in the sim at ``image_size`` px, frame by frame, in full an
 (the policy's ``incremental_prefill``, reused keys/values of the
 unchanged image tokens, with ``vision``'s settings); the two alternate per frame, so that machine
 noise hits both alike. Reported: the mean and median ms per frame of each, the ratio of the means
-(time per frame), the mean fraction of image tokens recomputed and the number of full refreshes.
+(time per frame) and of the medians, the mean fraction of image tokens recomputed and the number of
+full refreshes.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class CostOptions:
     repeats: int = 10
     threads: int = 1
     out: str = "outputs/hf_cost"
+    checkpoint: str = ""  # hf:DIR: time this model instead of a random one at the shape above
     incremental: bool = False  # also time the incremental prefill over sim frames
     frames: int = 60
     vision: VisionReuseConfig = field(default_factory=lambda: VisionReuseConfig(reuse_kv=True))
@@ -131,6 +135,7 @@ def measure_incremental(policy: Any, frames: list[Observation], config: VisionRe
         "prefill_incremental_ms_mean": statistics.fmean(incremental_ms),
         "prefill_incremental_ms_p50": statistics.median(incremental_ms),
         "incremental_prefill_speedup": statistics.fmean(full_ms) / statistics.fmean(incremental_ms),
+        "incremental_prefill_speedup_p50": statistics.median(full_ms) / statistics.median(incremental_ms),
         "recomputed_fraction_mean": statistics.fmean(fractions),
         "refreshes": refreshes,
     }
@@ -138,11 +143,18 @@ def measure_incremental(policy: Any, frames: list[Observation], config: VisionRe
 
 def measure(opts: CostOptions) -> dict[str, Any]:
     torch.set_num_threads(opts.threads)
-    with tempfile.TemporaryDirectory() as tmp:
-        policy = build_model(opts, Path(tmp) / "vla")
+    if opts.checkpoint:
+        from vla_accel_ros.models.load import load_policy
+
+        policy = load_policy(opts.checkpoint)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            policy = build_model(opts, Path(tmp) / "vla")
+    size = int(policy.config.image_size)
     rng = np.random.default_rng(0)
-    obs = Observation(rng.integers(0, 256, (opts.image_size, opts.image_size, 3), dtype=np.uint8),
-                      "pick up the red cube", np.zeros(7), 0.04, 0.0)
+    obs = Observation(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "pick up the red cube", np.zeros(7),
+                      0.04, 0.0)
+    pixels = policy.pixel_values(obs.image)
     one, six = torch.tensor([[3]]), torch.tensor([[3, 4, 5, 6, 7, 8]])
     with torch.inference_mode():
         prefix = policy.prefill(obs)
@@ -151,6 +163,7 @@ def measure(opts: CostOptions) -> dict[str, Any]:
             "step_1_token_ms": _median_ms(lambda: policy.score(prefix, one), opts.repeats),
             "verify_6_tokens_ms": _median_ms(lambda: policy.score(prefix, six), opts.repeats),
             "prefill_verifying_6_ms": _median_ms(lambda: policy.prefill_scored(obs, six), opts.repeats),
+            "vision_ms": _median_ms(lambda: policy.image_features(pixels), opts.repeats),
         }
     prefix_tokens = int(prefix.prefix_len)
     n_params = sum(p.numel() for p in policy.model.parameters())
@@ -167,7 +180,7 @@ def measure(opts: CostOptions) -> dict[str, Any]:
     result = {"options": asdict(opts), "parameters": n_params, "prefix_tokens": prefix_tokens, **costs,
               "decoders": rows}
     if opts.incremental:
-        result["incremental"] = measure_incremental(policy, expert_frames(opts.image_size, opts.frames), opts.vision)
+        result["incremental"] = measure_incremental(policy, expert_frames(size, opts.frames), opts.vision)
     return result
 
 

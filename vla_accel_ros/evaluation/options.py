@@ -46,6 +46,9 @@ def add_vision_reuse_arguments(parser: argparse.ArgumentParser) -> None:
                         help="incremental: re-encode every patch at least every N frames")
     parser.add_argument("--vision-max-drift", type=float, default=d.max_drift,
                         help="incremental: mean sub-threshold change of cached patches that forces a refresh")
+    parser.add_argument("--vision-feature-threshold", type=float, default=d.feature_threshold,
+                        help="incremental prefill of a Hugging Face VLA: relative change of an image token's features "
+                             "that makes it dynamic (0 = judge by pixels, --vision-threshold)")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +67,8 @@ def sampling_config(args: argparse.Namespace) -> SamplingConfig:
 def vision_config(args: argparse.Namespace, reuse_kv: bool | None = None) -> VisionReuseConfig:
     """The reuse settings of the flags; ``reuse_kv`` None: as ``--vision`` says."""
     kv = args.vision == "incremental_kv" if reuse_kv is None else reuse_kv
-    return VisionReuseConfig(args.vision_threshold, args.vision_refresh, args.vision_max_drift, reuse_kv=kv)
+    return VisionReuseConfig(args.vision_threshold, args.vision_refresh, args.vision_max_drift, reuse_kv=kv,
+                             feature_threshold=args.vision_feature_threshold)
 
 
 def decoder_options(name: str, store: Path | None, base_checkpoint: Path, policy: Policy, checkpoint: Path) -> dict[str, Any]:

@@ -19,6 +19,9 @@ MAX_TEMPERATURE = 2.0
 # choices; test_decoders checks it against the registry).
 DECODER_NAMES: tuple[str, ...] = ("ar", "sd", "kerv_released", "kerv", "world_aware", "deadline", "heisd",
                                   "flow10", "flow2")
+# Those of them that fill a rejected suffix with the Kalman filter and can check that fill (the
+# ``fill_check`` capability; the node's ``kf_fill_check``), for parameter checks without torch.
+FILL_CHECK_DECODERS: tuple[str, ...] = ("kerv", "world_aware")
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class VisionReuseConfig:
 
     ``enabled`` says whether a runner uses the incremental encoder at all (the encoder itself does not
     read it). It is keyword-only: the positional order is ``(threshold, refresh_steps, max_drift,
-    reuse_kv)``. The metadata documents each field as one of the node's ROS parameters (``vision_*``);
+    reuse_kv, feature_threshold)``. The metadata documents each field as one of the node's ROS parameters (``vision_*``);
     its ranges are those of the node's interface, enforced where a settings class nests this one
     (:func:`~vla_accel_ros.core.settings.check_fields`). On its own the class refuses only values the
     encoder cannot work with.
@@ -46,6 +49,13 @@ class VisionReuseConfig:
                                "forces a full refresh", range=(0.0, 255.0))
     reuse_kv: bool = setting(False, "Incremental vision also reuses the global-layer and decoder keys/values of "
                              "unchanged prefix tokens (faster prefill, approximate; needs vision_reuse)")
+    # A Hugging Face VLA's tower is bidirectional: a token's features move with patches elsewhere in
+    # the image, which the pixel rule cannot see; 0.15 keeps hf_small's success (docs/your_own_vla.md,
+    # "Incremental prefill"). The package policy's patch encoder is local: it judges by pixels.
+    feature_threshold: float = setting(0.15, "Incremental prefill of a Hugging Face VLA: relative change of an image "
+                                       "token's features (|f - f_ref| / |f_ref|) from those behind its cached "
+                                       "keys/values that makes it dynamic; 0 = judge by pixels (vision_threshold)",
+                                       range=(0.0, 10.0))
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.threshold) and self.threshold >= 0):
@@ -54,6 +64,8 @@ class VisionReuseConfig:
             raise ValueError(f"VisionReuseConfig.refresh_steps must be >= 1, got {self.refresh_steps}")
         if not (math.isfinite(self.max_drift) and self.max_drift >= 0):
             raise ValueError(f"VisionReuseConfig.max_drift must be >= 0, got {self.max_drift}")
+        if not (math.isfinite(self.feature_threshold) and self.feature_threshold >= 0):
+            raise ValueError(f"VisionReuseConfig.feature_threshold must be >= 0, got {self.feature_threshold}")
 
 
 HF_PREFIX = "hf:"  # a checkpoint named "hf:DIR" is a Hugging Face VLA directory

@@ -21,8 +21,17 @@ after a full prefill.
 
 A static token's keys and values are those of the frame that last computed them. In truth they
 move a little when an earlier token changes, and as the tower is bidirectional every image feature
-moves a little with any patch; the refresh rules bound that error, and a static token's final
-hidden state (in ``pooled``) is likewise kept from its last computation. When every image token is
+moves with any patch; the refresh rules bound that error, and a static token's final hidden state
+(in ``pooled``) is likewise kept from its last computation.
+
+The feature rule (``feature_threshold`` > 0) judges the tokens by what the language model reads
+instead of by pixels: the tower runs first, and an image token is dynamic when its features moved by
+more than ``feature_threshold`` (relative, ``|f - f_ref| / |f_ref|``) from the features behind its
+cached keys and values. A tower whose attention spreads a moving gripper's appearance over patches
+that did not change (the trained ``checkpoints/hf_small`` moves them 3-13% per frame) then has those
+tokens recomputed too, which the pixel rule cannot see. It needs no drift rule (the threshold bounds
+each reused token's own change); the timer and the instruction still refresh everything. A full
+prefill under it feeds the features it computed, so the tower runs once per frame either way. When every image token is
 dynamic the result is the full prefill's up to float rounding, and so it is with ``threshold`` 0:
 then any change recomputes every image token, since only an identical image gives identical
 features. An identical image recomputes only the text.
@@ -56,12 +65,14 @@ MASKED_ATTENTION = ("eager", "sdpa")
 class _PrefixState:
     """What a frame leaves for the next: ``cache``, whose first L rows hold the prefix's keys and
     values in every layer (later rows are action tokens that ``score`` appends and crops),
-    ``row_positions`` (L,) the true position of each of those rows, and ``hidden`` (1, L, d) the
-    prefix's final hidden states by position."""
+    ``row_positions`` (L,) the true position of each of those rows, ``hidden`` (1, L, d) the
+    prefix's final hidden states by position, and under the feature rule ``features``
+    (1, n_image_tokens, d) the image features behind each image token's cached keys and values."""
 
     cache: Any
     row_positions: torch.Tensor
     hidden: torch.Tensor
+    features: torch.Tensor | None = None
 
     def rows_of(self, positions: torch.Tensor) -> torch.Tensor:
         """The cache rows that hold ``positions``."""
@@ -141,33 +152,42 @@ class HFIncrementalPrefill:
         policy = self.policy
         ids = policy.prompt_ids(obs.instruction, obs.proprio)
         resized = policy.resized_image(obs.image).contiguous()  # viewed patch by patch below
-        dynamic = self._dynamic_tokens(resized, obs.instruction)
+        features = None
+        if self.config.feature_threshold > 0:  # the feature rule reads this frame's features first
+            features = policy.image_features(policy.normalised_pixels(resized))
+            dynamic = self._dynamic_by_features(features, obs.instruction)
+        else:
+            dynamic = self._dynamic_tokens(resized, obs.instruction)
         if dynamic is None:
-            return self._full(obs, ids, tokens)
-        return self._recompute(ids, resized, dynamic.to(policy.device), tokens)
+            return self._full(obs, ids, tokens, features)
+        return self._recompute(ids, resized, dynamic.to(policy.device), tokens, features)
 
-    def _full(self, obs: Observation, ids: torch.Tensor, tokens: torch.Tensor | None) -> tuple[CacheSlot, torch.Tensor]:
+    def _full(self, obs: Observation, ids: torch.Tensor, tokens: torch.Tensor | None,
+              features: torch.Tensor | None = None) -> tuple[CacheSlot, torch.Tensor]:
         """The full prefill, kept as the state later frames reuse."""
         device, length = self.policy.device, ids.shape[1]
-        hidden, slot = self.policy.prompt_pass(obs, tokens)
+        hidden, slot = self.policy.prompt_pass(obs, tokens, features)
         is_image = ids[0] == self.policy.image_token_id
         positions = torch.arange(length, device=device)
         self._image_positions = positions[is_image]
         self._text_positions = positions[~is_image & (positions >= self._image_positions[0])]
-        self._state = _PrefixState(slot.cache, positions, hidden[:, :length])
+        self._state = _PrefixState(cache=slot.cache, row_positions=positions, hidden=hidden[:, :length],
+                                   features=features)
         return slot, hidden[:, length:]
 
     def _recompute(self, ids: torch.Tensor, resized: torch.Tensor, dynamic: torch.Tensor,
-                   tokens: torch.Tensor | None) -> tuple[CacheSlot, torch.Tensor]:
+                   tokens: torch.Tensor | None, features: torch.Tensor | None = None) -> tuple[CacheSlot, torch.Tensor]:
         """The text model over the dynamic image tokens, the text after the image and the action
-        tokens, attending to the cached keys and values of the others."""
+        tokens, attending to the cached keys and values of the others. ``features``: this frame's
+        image features when the caller has them already."""
         policy, state = self.policy, self._state
         assert state is not None
         device, length = policy.device, ids.shape[1]
         recomputed = torch.cat([self._image_positions[dynamic], self._text_positions])
         inputs = [policy.embed_ids(ids[:, self._text_positions])]
         if len(dynamic):
-            features = policy.image_features(policy.normalised_pixels(resized))
+            if features is None:
+                features = policy.image_features(policy.normalised_pixels(resized))
             inputs.insert(0, features[:, dynamic].to(inputs[0].dtype))
         positions = recomputed
         if tokens is not None and tokens.shape[1]:
@@ -187,8 +207,12 @@ class HFIncrementalPrefill:
             blocked, torch.finfo(policy.dtype).min)
         hidden = policy.forward_embeddings(torch.cat(inputs, dim=1), cache, positions[None], mask[None, None])
         n_prefix = len(recomputed)
-        self._state = _PrefixState(cache, torch.cat([static, recomputed]),
-                                   state.hidden.index_copy(1, recomputed, hidden[:, :n_prefix]))
+        reference = state.features
+        if reference is not None and features is not None and len(dynamic):
+            reference = reference.index_copy(1, dynamic, features[:, dynamic])
+        self._state = _PrefixState(cache=cache, row_positions=torch.cat([static, recomputed]),
+                                   hidden=state.hidden.index_copy(1, recomputed, hidden[:, :n_prefix]),
+                                   features=reference)
         return CacheSlot(cache, [] if tokens is None else tokens[0].tolist()), hidden[:, n_prefix:]
 
     def _prefix(self, slot: CacheSlot, action_hidden: torch.Tensor, tokens: torch.Tensor | None) -> HFPrefix:
@@ -234,6 +258,30 @@ class HFIncrementalPrefill:
         self.last = ReuseStats(len(dynamic), n_tokens, False)
         return dynamic
 
+    def _dynamic_by_features(self, features: torch.Tensor, instruction: str) -> torch.Tensor | None:
+        """The feature rule: the image tokens whose features (1, P, d) moved by more than
+        ``feature_threshold`` (relative) from those behind their cached keys and values; None for a
+        full prefill. No drift rule: the threshold bounds every reused token's own change. Updates
+        ``last``."""
+        n_tokens = self.policy.config.n_image_tokens
+        reason = self._refresh_reason(instruction)
+        if reason:
+            self._instruction = instruction
+            self._dynamic = torch.arange(n_tokens)
+            self._since_refresh = 1
+            self.last = ReuseStats(n_tokens, n_tokens, True, reason)
+            return None
+        state = self._state
+        assert state is not None and state.features is not None  # a full prefill under this rule keeps them
+        reference = state.features.float()
+        change = (features.float() - reference).norm(dim=-1)[0]  # (P,)
+        is_dynamic = change > self.config.feature_threshold * reference.norm(dim=-1)[0]
+        dynamic = torch.nonzero(is_dynamic).squeeze(1)
+        self._dynamic = dynamic
+        self._since_refresh += 1
+        self.last = ReuseStats(len(dynamic), n_tokens, False)
+        return dynamic
+
     def _per_patch(self, pixels: torch.Tensor) -> torch.Tensor:
         """(1, 3, S, S) -> a view (channel, patch row, row in patch, patch column, column in patch)."""
         g, p = self.grid, self.patch_size
@@ -241,7 +289,7 @@ class HFIncrementalPrefill:
 
     def _refresh_reason(self, instruction: str) -> str:
         """Why this frame must be a full prefill ('' when the cache may serve it)."""
-        if self._state is None or self._reference is None:
+        if self._state is None:
             return "first frame"
         if instruction != self._instruction:
             return "instruction changed"

@@ -432,15 +432,22 @@ class HFTokenVLA:
                                 prefix_len=prefix.prefix_len, base=prefix.n_tokens)
             return HFScoreOutput(self.action_logits(extended.action_hidden[:, -(k + 1):]), extended)
 
-    def prompt_pass(self, obs: Observation, tokens: torch.Tensor | None) -> tuple[torch.Tensor, CacheSlot]:
+    def prompt_pass(self, obs: Observation, tokens: torch.Tensor | None,
+                    features: torch.Tensor | None = None) -> tuple[torch.Tensor, CacheSlot]:
         """Final hidden states (1, L [+ k], d) of the prompt [and the checked action tokens (1, k)],
-        and their cache: the forward that :meth:`prefill` and :meth:`prefill_scored` run."""
-        pixels = self.pixel_values(obs.image)
+        and their cache: the forward that :meth:`prefill` and :meth:`prefill_scored` run.
+        ``features`` (1, n_image_tokens, d), :meth:`image_features` of this image already computed,
+        take the image tokens' places instead of running the tower again."""
         ids = self.prompt_ids(obs.instruction, obs.proprio)
         if tokens is not None and tokens.shape[1]:
             ids = torch.cat([ids, self.hf_action_ids(tokens)], dim=1)
         cache = self.new_cache()
-        hidden = self._forward(ids, pixels, cache)
+        if features is None:
+            hidden = self._forward(ids, self.pixel_values(obs.image), cache)
+        else:
+            embeddings = self.embed_ids(ids)
+            embeddings[ids == self.image_token_id] = features.reshape(-1, embeddings.shape[-1]).to(embeddings.dtype)
+            hidden = self.model.model(inputs_embeds=embeddings, cache=cache, use_cache=True).last_hidden_state
         return hidden, CacheSlot(cache, [] if tokens is None else tokens[0].tolist())
 
     def new_cache(self) -> Any:

@@ -25,6 +25,7 @@ import numpy as np
 
 from vla_accel_ros.models.configuration import (
     DEFAULT_TEMPERATURE,
+    FILL_CHECK_DECODERS,
     HF_PREFIX,
     MAX_TEMPERATURE,
     checkpoint_directory,
@@ -57,6 +58,7 @@ class SimRunOptions:
     control_rate_hz: float = 20.0
     decoder: str = "kerv"
     temperature: float = DEFAULT_TEMPERATURE
+    kf_fill_check: bool = False
     out: str = "outputs/sim"
     seed: int = 100_000
     checkpoint: str = ""
@@ -201,7 +203,7 @@ def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], 
     sim_params = {"start_episode": False, "episode_duration_s": float(opts.duration_s), "success_hold_s": 0.15,
                   "real_time_factor": float(opts.real_time_factor)}
     node_params = {"control_rate_hz": float(opts.control_rate_hz), "decoder": opts.decoder,
-                   "temperature": float(opts.temperature), "autostart": True,
+                   "temperature": float(opts.temperature), "kf_fill_check": opts.kf_fill_check, "autostart": True,
                    "output": opts.output, "executor": opts.executor, "stats_file": str(stats_file.resolve()),
                    "inference": opts.inference, "robot_description_timeout_s": 10.0,
                    "inference_mode": opts.inference_mode, "realtime_priority": opts.realtime_priority}
@@ -228,7 +230,7 @@ def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], 
 def _start_inference_node(opts: SimRunOptions, node_params: dict[str, Any], env: dict[str, str],
                           host: NetworkNamespace | None, log: Any) -> subprocess.Popen:
     """The policy as vla_inference_node (in the namespace ``host`` when given) for the robot."""
-    params = {key: node_params[key] for key in ("decoder", "temperature", "checkpoint", "unnorm_key")
+    params = {key: node_params[key] for key in ("decoder", "temperature", "kf_fill_check", "checkpoint", "unnorm_key")
               if key in node_params}
     params["control_period_s"] = 1.0 / float(opts.control_rate_hz)
     command = [sys.executable, "-m", "vla_accel_ros.ros.inference_node", *ros_args(params)]
@@ -355,12 +357,15 @@ def _plot(node: dict[str, Any], rate_hz: float, out: Path) -> None:
 def run_sim_decoders(opts: SimRunOptions, decoders: list[str], progress: bool = True) -> dict[str, Any]:
     """The node with each decoder in turn, on the same seeds (``opts.out/DECODER``): each one's
     success and inference latency, and that latency's ratio to the first decoder's (``ar`` first
-    for ratios against it). Also written to ``opts.out/decoders.json``."""
+    for ratios against it). Also written to ``opts.out/decoders.json``. ``opts.kf_fill_check`` goes
+    to the decoders that have a Kalman fill to check."""
     if not decoders:
         raise ValueError("--decoders names no decoder")
     rows = []
     for decoder in decoders:
-        summary = run_sim(replace(opts, decoder=decoder, out=str(Path(opts.out) / decoder)), progress=progress)
+        checked = opts.kf_fill_check and decoder in FILL_CHECK_DECODERS
+        summary = run_sim(replace(opts, decoder=decoder, kf_fill_check=checked, out=str(Path(opts.out) / decoder)),
+                          progress=progress)
         rows.append({"decoder": decoder, "success_rate": summary["success_rate"],
                      "inference_latency_ms_p50": summary["inference_latency_ms_p50"],
                      "inference_latency_ms_p99": summary["inference_latency_ms_p99"],

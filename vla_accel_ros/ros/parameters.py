@@ -17,6 +17,7 @@ from vla_accel_ros.core.controller import ControllerConfig
 from vla_accel_ros.core.settings import ConfigError, check_fields, nested, setting
 from vla_accel_ros.models.configuration import (
     DECODER_NAMES,
+    FILL_CHECK_DECODERS,
     DEFAULT_TEMPERATURE,
     MAX_TEMPERATURE,
     VisionReuseConfig,
@@ -26,6 +27,13 @@ from vla_accel_ros.runtime.builder import RunnerConfig
 OUTPUT_FORMATS = ("forward_position", "joint_trajectory", "joint_state")
 EXECUTORS = ("single", "multi")
 INFERENCE_MODES = ("thread", "process", "remote")
+
+
+def check_fill_check(decoder: str, kf_fill_check: bool) -> None:
+    """ConfigError when ``kf_fill_check`` is set for a decoder without a Kalman fill to check."""
+    if kf_fill_check and decoder not in FILL_CHECK_DECODERS:
+        raise ConfigError(f"parameter 'kf_fill_check' is for the decoders that fill a rejected suffix with the "
+                          f"Kalman filter ({', '.join(FILL_CHECK_DECODERS)}), not decoder '{decoder}'")
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,10 @@ class NodeConfig:
     decoder: str = setting("kerv", "Action decoder (see README, Decoders)", choices=DECODER_NAMES)
     temperature: float = setting(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy (every decoder "
                             "samples the same way; see README, The policy)", range=(0.0, MAX_TEMPERATURE))
+    kf_fill_check: bool = setting(False, "kerv, world_aware: check the Kalman filter's fill of a rejected suffix "
+                                  "against the target's own picks from the same verify pass (a KF token more than r "
+                                  "from the target's pick gives way to it); for a model whose tokens the KF predicts "
+                                  "poorly, such as checkpoints/hf_small")
     # vision_reuse (the on/off switch), vision_threshold, vision_refresh_steps, vision_max_drift, vision_reuse_kv
     vision: VisionReuseConfig = nested(VisionReuseConfig(enabled=False), prefix="vision_",
                                        names={"enabled": "vision_reuse"})
@@ -121,6 +133,7 @@ class NodeConfig:
             raise ConfigError(f"parameter 'controller_joints' has duplicates: {list(self.controller_joints)}")
         if not self.decoder.strip():
             raise ConfigError("parameter 'decoder' must name a decoder")
+        check_fill_check(self.decoder, self.kf_fill_check)
         if self.inference_python and self.inference_mode != "process":
             raise ConfigError("parameter 'inference_python' needs inference_mode: process (a thread shares the "
                               "node's interpreter)")
@@ -140,6 +153,7 @@ class NodeConfig:
             action_dt_s=self.action_dt_s,
             period_s=self.period_s,
             torch_threads=self.torch_threads,
+            kf_fill_check=self.kf_fill_check,
         )
 
     def controller_config(self) -> ControllerConfig:
@@ -168,6 +182,8 @@ class InferenceNodeConfig:
     decoder: str = setting("kerv", "Action decoder (see README, Decoders)", choices=DECODER_NAMES)
     temperature: float = setting(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy",
                                  range=(0.0, MAX_TEMPERATURE))
+    kf_fill_check: bool = setting(False, "kerv, world_aware: check the Kalman filter's fill of a rejected suffix "
+                                  "against the target's own picks from the same verify pass")
     urdf_file: str = setting("", "URDF of the robots (the decoders' Kalman filter and IK); empty = the package's")
     tcp_frame: str = setting("tcp", "URDF frame the policy's end-effector deltas refer to")
     allow_unmatched_robot: bool = setting(False, "Run a checkpoint on a same-DOF arm it was not made for (WARN)")
@@ -181,11 +197,13 @@ class InferenceNodeConfig:
         check_fields(self)
         if len(set(self.robots)) != len(self.robots):
             raise ConfigError(f"parameter 'robots' has duplicates: {list(self.robots)}")
+        check_fill_check(self.decoder, self.kf_fill_check)
 
     def runner_config(self) -> RunnerConfig:
         return RunnerConfig(checkpoint=self.checkpoint, decoder=self.decoder, temperature=self.temperature,
                             action_dt_s=self.action_dt_s, period_s=self.control_period_s,
-                            torch_threads=self.torch_threads, unnorm_key=self.unnorm_key)
+                            torch_threads=self.torch_threads, unnorm_key=self.unnorm_key,
+                            kf_fill_check=self.kf_fill_check)
 
 
 @dataclass(frozen=True)

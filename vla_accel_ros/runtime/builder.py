@@ -50,6 +50,9 @@ class RunnerConfig:
     max_steps: episode step limit the decoders see.
     torch_threads: torch intra-op threads of the thread that builds and runs the runner.
     unnorm_key: a Hugging Face VLA's dataset in its ``dataset_statistics.json``; empty = its only one.
+    kf_fill_check: the decoder checks its Kalman filter's fill of a rejected suffix against the
+        target's own picks from the same verify pass (its ``fill_check``); only for a decoder with
+        that capability (``kerv``, ``world_aware``).
     """
 
     checkpoint: str = ""
@@ -61,6 +64,7 @@ class RunnerConfig:
     max_steps: int = 120
     torch_threads: int = 1
     unnorm_key: str = ""
+    kf_fill_check: bool = False
 
     def __post_init__(self) -> None:
         if not self.decoder.strip():
@@ -111,12 +115,26 @@ def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | N
         if decoder is not None:
             raise ValueError("build_runner: a decoder object needs its policy (pass policy= too)")
         return PolicyRunner.load(config.checkpoint_source, config.decoder, kin, unnorm_key=config.unnorm_key,
-                                 **options)
+                                 decoder_settings=decoder_settings(config), **options)
     if decoder is None:
-        decoder = make_decoder(config.decoder)
+        decoder = make_decoder(config.decoder, **decoder_settings(config))
     elif decoder.name != config.decoder:
         raise ValueError(f"build_runner: the decoder passed is '{decoder.name}', the config names '{config.decoder}'")
     return PolicyRunner(policy, decoder, kin, **options)
+
+
+def decoder_settings(config: RunnerConfig) -> dict[str, bool]:
+    """What ``config`` sets of its decoder besides the name. ValueError when it asks for a setting
+    the decoder does not declare (``kf_fill_check`` for a decoder without ``fill_check``)."""
+    if not config.kf_fill_check:
+        return {}
+    from vla_accel_ros.decoding import capabilities_of, decoders_with
+
+    if not capabilities_of(config.decoder).fill_check:
+        offered = ", ".join(decoders_with(lambda capabilities: capabilities.fill_check))
+        raise ValueError(f"kf_fill_check is for the decoders that fill a rejected suffix with the Kalman filter "
+                         f"({offered}), not '{config.decoder}'")
+    return {"fill_check": True}
 
 
 def build_controller(config: ControllerConfig, kin: ArmKinematics, *, enabled: bool = False,

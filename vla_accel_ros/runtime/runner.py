@@ -67,15 +67,17 @@ class PolicyRunner:
 
     @classmethod
     def load(cls, checkpoint: str | Path, decoder_name: str, kin: ArmKinematics, *, unnorm_key: str = "",
-             **kwargs: Any) -> PolicyRunner:
+             decoder_settings: dict[str, Any] | None = None, **kwargs: Any) -> PolicyRunner:
         """Load a checkpoint directory (safetensors + JSON; raises CheckpointError naming the problem),
         or a Hugging Face VLA named ``hf:DIR``.
         A decoder that needs a file beside the checkpoint (heisd: CHECKPOINT/retrieval_store) gets it
-        here, so that a missing one is reported at start-up, not at every step."""
+        here, so that a missing one is reported at start-up, not at every step. ``decoder_settings``
+        go to the decoder's config."""
         from vla_accel_ros.decoding import make_decoder
         from vla_accel_ros.models.load import load_policy
 
-        runner = cls(load_policy(checkpoint, unnorm_key=unnorm_key), make_decoder(decoder_name), kin, **kwargs)
+        decoder = make_decoder(decoder_name, **(decoder_settings or {}))
+        runner = cls(load_policy(checkpoint, unnorm_key=unnorm_key), decoder, kin, **kwargs)
         if runner.decoder.capabilities().retrieval_store:
             runner.decoder.attach_checkpoint_store(Path(checkpoint), runner.policy)
         return runner

@@ -135,13 +135,13 @@ def exit_failure(name: str, returncode: int | None) -> str:
 
 
 # The parameter arguments of each launch file (a launch argument of the same name for each).
-VLA_NODE_ARGUMENTS = ("control_rate_hz", "autostart", "checkpoint", "decoder", "temperature", "output", "controller",
-                      "image_topic", "joint_states_topic", "urdf_file", "tcp_frame", "use_sim_time",
-                      "allow_unmatched_robot", "inference_mode")
-INFERENCE_NODE_ARGUMENTS = ("robots", "checkpoint", "unnorm_key", "decoder", "temperature", "urdf_file", "tcp_frame",
-                            "allow_unmatched_robot")
-SIM_NODE_ARGUMENTS = ("control_rate_hz", "autostart", "checkpoint", "decoder", "temperature", "output",
-                      "use_sim_time")
+VLA_NODE_ARGUMENTS = ("control_rate_hz", "autostart", "checkpoint", "decoder", "temperature", "kf_fill_check",
+                      "output", "controller", "image_topic", "joint_states_topic", "urdf_file", "tcp_frame",
+                      "use_sim_time", "allow_unmatched_robot", "inference_mode")
+INFERENCE_NODE_ARGUMENTS = ("robots", "checkpoint", "unnorm_key", "decoder", "temperature", "kf_fill_check",
+                            "urdf_file", "tcp_frame", "allow_unmatched_robot")
+SIM_NODE_ARGUMENTS = ("control_rate_hz", "autostart", "checkpoint", "decoder", "temperature", "kf_fill_check",
+                      "output", "use_sim_time")
 SIM_BRIDGE_ARGUMENTS = ("seed",)
 
 

@@ -68,6 +68,7 @@ def test_deterministic_recording_holds_every_topic_and_its_settings(det_bag, ckp
         assert bag.count(TOPICS["commands"][0]) == frames == 2 * 12  # 20 Hz frames over 2 x 0.6 s
         assert bag.count(TOPICS["joint_states"][0]) == 5 * frames
         assert bag.custom["mode"] == "deterministic" and bag.custom["checkpoint"] == str(ckpt.resolve())
+        assert bag.custom["kf_fill_check"] is False  # stored, so that a replay decodes alike
         episodes = [json.loads(m.msg.data) for m in bag.messages([TOPICS["episode"][0]])]
     assert [e["seed"] for e in episodes] == [3, 4]
     metadata = (det_bag / "metadata.yaml").read_text()

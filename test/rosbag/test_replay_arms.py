@@ -247,6 +247,15 @@ def test_params_file_then_flags_reach_the_node_in_that_order(arms: dict[str, Pat
     assert over.startswith("/vla_accel_node:\n  ros__parameters:\n") and "decoder: sd" in over
 
 
+def test_a_recorded_kf_fill_check_reaches_the_replayed_node(arms: dict[str, Path]) -> None:
+    opts = ReplayOptions(bag=str(arms["plain"]))
+    assert node_settings(opts, {"decoder": "world_aware", "kf_fill_check": True}).config.kf_fill_check is True
+    assert node_settings(opts, {"decoder": "world_aware"}).config.kf_fill_check is False  # an older bag
+    for custom in ({"decoder": "sd", "kf_fill_check": True}, {"decoder": "kerv", "kf_fill_check": "yes"}):
+        with pytest.raises(ValueError, match="kf_fill_check"):
+            node_settings(opts, custom)
+
+
 def test_params_file_errors_name_the_file(arms: dict[str, Path], tmp_path: Path) -> None:
     wrong = tmp_path / "other.yaml"
     wrong.write_text("sim_node:\n  ros__parameters:\n    seed: 1\n")

@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="live: bridge + node processes over DDS; deterministic: in-process lock-step "
                              "(replay reproduces it exactly)")
     parser.add_argument("--decoder", default="kerv", help="action decoder of the node")
+    parser.add_argument("--kf-fill-check", action="store_true",
+                        help="kerv, world_aware: the node's kf_fill_check (stored, so that a replay decodes alike)")
     parser.add_argument("--control-rate", type=float, default=20.0, help="node control rate (Hz)")
     parser.add_argument("--seed", type=int, default=100_000, help="seed of the first episode (then +1 each)")
     parser.add_argument("--checkpoint", default="", help="policy checkpoint directory (default: the package's)")
@@ -29,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         opts = RecordOptions(episodes=args.episodes, out=args.out, storage=args.storage, mode=args.mode,
-                             decoder=args.decoder, control_rate_hz=args.control_rate, seed=args.seed,
+                             decoder=args.decoder, kf_fill_check=args.kf_fill_check,
+                             control_rate_hz=args.control_rate, seed=args.seed,
                              checkpoint=args.checkpoint, duration_s=args.duration_s, domain_id=args.domain_id)
         s = record(opts)
     except (ValueError, OSError, RuntimeError) as err:

@@ -3,7 +3,7 @@
 The bag holds the camera (``/camera/image_raw``), ``/joint_states``, the instruction topic, the
 node's commands (``/arm_controller/commands`` and ``/gripper_controller/commands``), ``/clock``,
 ``/robot_description``, the node's ``~/stats`` and the bridge's episode reports; the recording's
-settings (decoder, control rate, checkpoint, seed, mode) go into metadata.yaml's custom_data, and
+settings (decoder, kf_fill_check, control rate, checkpoint, seed, mode) go into metadata.yaml's custom_data, and
 ``vla-accel replay`` picks them up.
 
 - ``--mode live`` (default) runs the sim bridge and the node as processes over DDS (the
@@ -52,6 +52,7 @@ class RecordOptions:
     storage: str = "mcap"
     mode: str = "live"
     decoder: str = "kerv"
+    kf_fill_check: bool = False
     control_rate_hz: float = 20.0
     seed: int = 100_000
     checkpoint: str = ""
@@ -97,7 +98,7 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
     camera_every = max(1, int(round(rate / bridge.camera_rate_hz)))
     dt_ns = int(round(1e9 / rate))
     cfg = NodeConfig(control_rate_hz=opts.control_rate_hz, decoder=opts.decoder, checkpoint=opts.checkpoint,
-                     autostart=True)
+                     kf_fill_check=opts.kf_fill_check, autostart=True)
     env = PickCubeEnv(SimConfig(image_size=bridge.image_size, control_hz=rate,
                                 max_steps=max(1, int(round(opts.duration_s * rate))),
                                 success_hold_steps=max(1, int(round(bridge.success_hold_s * rate)))))
@@ -261,7 +262,8 @@ def record_live(opts: RecordOptions, progress: bool = True) -> dict[str, Any]:
     started = time.monotonic()
     try:
         sim = run_sim(SimRunOptions(episodes=opts.episodes, control_rate_hz=opts.control_rate_hz,
-                                    decoder=opts.decoder, out=str(run_dir), seed=opts.seed,
+                                    decoder=opts.decoder, kf_fill_check=opts.kf_fill_check,
+                                    out=str(run_dir), seed=opts.seed,
                                     checkpoint=opts.checkpoint, duration_s=opts.duration_s,
                                     domain_id=opts.domain_id), progress=progress, attach=attach)
     finally:

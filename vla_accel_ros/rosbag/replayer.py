@@ -21,7 +21,7 @@ Two modes:
   start (another arm than the checkpoint's, say) ends the replay at once, quoting its reason.
 
 The node's parameters come from, each over the one before: the node's defaults, the settings the
-recording stored (decoder, checkpoint, control rate, temperature), ``--params-file`` (the node's
+recording stored (decoder, checkpoint, control rate, temperature, kf_fill_check), ``--params-file`` (the node's
 own ROS 2 parameter YAML) and the explicit flags (``--urdf``, ``--tcp-frame``,
 ``--controller-joints``, ``--decoder``, ...). The arm's URDF is, in the node's order, the
 ``robot_description`` parameter, ``urdf_file`` (``--urdf``), the bag's ``/robot_description``, the
@@ -240,6 +240,8 @@ def node_settings(opts: ReplayOptions, custom: dict[str, Any]) -> NodeSettings:
         recording["control_rate_hz"] = float(custom["control_rate_hz"])
     if "temperature" in custom:  # else (an older bag) the node's default
         recording["temperature"] = float(custom["temperature"])
+    if "kf_fill_check" in custom:  # as stored: NodeConfig names it if it is not a bool
+        recording["kf_fill_check"] = custom["kf_fill_check"]
     file: dict[str, Any] = {}
     if opts.params_file:
         file = {name: value for name, value in read_node_parameters(opts.params_file, NODE_NAME).items()
@@ -389,7 +391,8 @@ def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str
 def _out_custom(opts: ReplayOptions, cfg: NodeConfig) -> dict[str, Any]:
     return {"source": "replay", "mode": opts.mode, "input_bag": str(Path(opts.bag).resolve()),
             "decoder": cfg.decoder, "checkpoint": cfg.checkpoint, "control_rate_hz": cfg.control_rate_hz,
-            "temperature": cfg.temperature, "tcp_frame": cfg.tcp_frame, "params_file": opts.params_file}
+            "temperature": cfg.temperature, "kf_fill_check": cfg.kf_fill_check, "tcp_frame": cfg.tcp_frame,
+            "params_file": opts.params_file}
 
 
 def _summarise(opts: ReplayOptions, cfg: NodeConfig, kin: Any, produced: list[Command], recorded: list[Command],

@@ -8,9 +8,9 @@ filter predicts for the next control period. There is never a second round.
 Checked fill (``fill_check``): the same pass also gave the target's own pick at every later
 position, conditioned on the proposal before it (the rejected token included). A KF token more
 than r from that pick gives way to it; where they agree the KF's token stays. The fill then costs
-nothing more and is never far from what the target would pick: where the KF's extrapolation is
-least right, at a grasp or a change of direction, and on a model whose tokens the KF predicts
-poorly. Off, the fill is the KF's alone, unverified.
+nothing more and never strays more than r from what the target picks, which matters where the KF's
+extrapolation is least right: at a grasp, at a change of direction, and on a model whose tokens the
+KF predicts poorly. Off, the fill is the KF's alone, unverified.
 
 Drafting: with a parallel draft head on the policy (``parallel_draft``, the default when the
 policy has one) the proposal comes from ONE light call that proposes every position at once;

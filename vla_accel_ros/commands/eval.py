@@ -42,7 +42,7 @@ from vla_accel_ros.evaluation.robot_check import (
     sim_robot,
 )
 from vla_accel_ros.models.load import load_policy
-from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
+from vla_accel_ros.runtime.builder import RunnerConfig, build_runner, decoder_settings
 from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
 from vla_accel_ros.sim.gl import check_rendering
 
@@ -88,11 +88,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"{ckpt} has no continuous action head for --decoder {args.decoder}: run vla-accel train-flow")
     sampling = sampling_config(args)
     settings = decoder_options(base_decoder, args.store, args.checkpoint or default_checkpoint(), policy, ckpt)
-    if args.kf_fill_check:
-        if not capabilities_of(base_decoder).fill_check:
-            raise SystemExit(f"--kf-fill-check is for {', '.join(decoders_with(lambda c: c.fill_check))}, "
-                             f"not {args.decoder}")
-        settings["fill_check"] = True
+    try:
+        settings.update(decoder_settings(RunnerConfig(decoder=base_decoder, kf_fill_check=args.kf_fill_check)))
+    except ValueError as err:
+        raise SystemExit(f"--kf-fill-check: {err}") from err
     decoder = make_decoder(base_decoder, **settings)
     args.out.mkdir(parents=True, exist_ok=True)
     sim_config = SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)

@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     opts = SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, decoder=args.decoder,
-                         temperature=args.temperature, kf_fill_check=args.kf_fill_check, out=args.out, seed=args.seed, checkpoint=args.checkpoint, unnorm_key=args.unnorm_key,
+                         temperature=args.temperature, kf_fill_check=args.kf_fill_check, out=args.out, seed=args.seed,
+                         checkpoint=args.checkpoint, unnorm_key=args.unnorm_key,
                          inference_python=args.inference_python,
                          duration_s=args.duration_s, output=args.output, executor=args.executor, domain_id=args.domain_id,
                          inference_mode=args.inference_mode, netns=args.netns, realtime_priority=args.realtime_priority)

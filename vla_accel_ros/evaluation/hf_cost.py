@@ -8,8 +8,8 @@ the decoders drive, on one thread. Timed, median of ``repeats``: the prefill; a 
 token is not fed); the prefill with 6 proposed tokens verified inside it (``world_aware`` in free
 space); and the vision tower with its projector alone (``vision_ms``), which every frame of an
 incremental prefill still runs. With ``checkpoint`` (``hf:DIR``) the same is timed on that model at
-its own image size instead of a random one. A decoder's implied time per action = prefill + passes x the pass it makes; its speed-up
-is ``ar``'s time over it. The pass counts are the bench's (README), given as ``--passes``.
+its own image size instead of a random one. A decoder's implied time per action = prefill + passes
+x the pass it makes; its speed-up is ``ar``'s time over it. The pass counts are the bench's (README), given as ``--passes``.
 
 With ``incremental``, the prefill is also timed over the first ``frames`` camera frames of a
 scripted-expert pick in the sim at ``image_size`` px, frame by frame, in full and incremental

@@ -3,12 +3,21 @@ style of VLA-Cache: between frames, the keys and values of the image tokens whos
 change are reused in every layer of the language model.
 
 Per frame the vision tower and projector run on the whole image (beside the language model they
-cost little at a real VLA's shape). An image token is *dynamic* when the mean absolute difference
-(0..255 scale) of its patch's pixels from the reference pixels that produced its cached keys and
-values exceeds ``threshold``; the refresh rules are incremental vision's
-(:mod:`vla_accel_ros.models.incremental_vision`): a full prefill on the first frame, when the
-instruction changes, every ``refresh_steps`` frames, and when the mean sub-threshold change of the
-cached patches exceeds ``max_drift``.
+cost little at a real VLA's shape). Which image tokens are *dynamic*:
+
+- the feature rule (``feature_threshold`` > 0, the default): those whose features moved by more
+  than ``feature_threshold`` (relative, ``|f - f_ref| / |f_ref|``) from the features behind their
+  cached keys and values. The tower's attention spreads a moving gripper's appearance over patches
+  that did not change (the trained ``checkpoints/hf_small`` moves them 3-13% per frame), which this
+  rule sees. It needs no drift rule: the threshold bounds each reused token's own change. A full
+  prefill under it feeds the features it computed, so the tower runs once per frame either way.
+- the pixel rule (``feature_threshold`` 0): those whose patch's pixels moved by a mean absolute
+  difference (0..255 scale) from the reference pixels behind their cached keys and values of more
+  than ``threshold``, with a full prefill when the mean sub-threshold change of the cached patches
+  exceeds ``max_drift``.
+
+Either way a full prefill also comes on the first frame, when the instruction changes and every
+``refresh_steps`` frames (incremental vision's rules, :mod:`vla_accel_ros.models.incremental_vision`).
 
 The language model then runs only on the dynamic image tokens, the text after the image and, for
 ``prefill_scored``, the action tokens, each at its true position (RoPE), over a cache pre-filled
@@ -21,20 +30,11 @@ after a full prefill.
 
 A static token's keys and values are those of the frame that last computed them. In truth they
 move a little when an earlier token changes, and as the tower is bidirectional every image feature
-moves with any patch; the refresh rules bound that error, and a static token's final hidden state
-(in ``pooled``) is likewise kept from its last computation.
-
-The feature rule (``feature_threshold`` > 0) judges the tokens by what the language model reads
-instead of by pixels: the tower runs first, and an image token is dynamic when its features moved by
-more than ``feature_threshold`` (relative, ``|f - f_ref| / |f_ref|``) from the features behind its
-cached keys and values. A tower whose attention spreads a moving gripper's appearance over patches
-that did not change (the trained ``checkpoints/hf_small`` moves them 3-13% per frame) then has those
-tokens recomputed too, which the pixel rule cannot see. It needs no drift rule (the threshold bounds
-each reused token's own change); the timer and the instruction still refresh everything. A full
-prefill under it feeds the features it computed, so the tower runs once per frame either way. When every image token is
-dynamic the result is the full prefill's up to float rounding, and so it is with ``threshold`` 0:
-then any change recomputes every image token, since only an identical image gives identical
-features. An identical image recomputes only the text.
+moves with any patch; the rules above bound that error, and a static token's final hidden state
+(in ``pooled``) is likewise kept from its last computation. When every image token is dynamic the
+result is the full prefill's up to float rounding, and so it is under the pixel rule with
+``threshold`` 0: then any change recomputes every image token, since only an identical image gives
+identical features. An identical image recomputes only the text.
 
 Only the reuse of keys and values is offered (``VisionReuseConfig.reuse_kv``): reusing the tower's
 outputs per patch, as the package policy's ``reuse_kv=False`` mode does with its per-patch encoder,
@@ -244,42 +244,42 @@ class HFIncrementalPrefill:
             if n_static and static_change > self.config.max_drift * n_values * n_static:
                 reason = "drift"
         if reason:
-            self._reference, self._instruction = resized, instruction
-            self._dynamic = torch.arange(n_tokens)
-            self._since_refresh = 1
-            self.last = ReuseStats(n_tokens, n_tokens, True, reason)
-            return None
+            self._reference = resized
+            return self._record(None, instruction, reason)
         if len(dynamic):  # the dynamic patches' pixels become their reference
             grid = is_dynamic.view(1, self.grid, 1, self.grid, 1)
             fresh = torch.where(grid, self._per_patch(resized), self._per_patch(self._reference))
             self._reference = fresh.view_as(resized)
-        self._dynamic = dynamic
-        self._since_refresh += 1
-        self.last = ReuseStats(len(dynamic), n_tokens, False)
-        return dynamic
+        return self._record(dynamic, instruction)
 
     def _dynamic_by_features(self, features: torch.Tensor, instruction: str) -> torch.Tensor | None:
         """The feature rule: the image tokens whose features (1, P, d) moved by more than
         ``feature_threshold`` (relative) from those behind their cached keys and values; None for a
         full prefill. No drift rule: the threshold bounds every reused token's own change. Updates
         ``last``."""
-        n_tokens = self.policy.config.n_image_tokens
         reason = self._refresh_reason(instruction)
         if reason:
-            self._instruction = instruction
-            self._dynamic = torch.arange(n_tokens)
-            self._since_refresh = 1
-            self.last = ReuseStats(n_tokens, n_tokens, True, reason)
-            return None
+            return self._record(None, instruction, reason)
         state = self._state
         assert state is not None and state.features is not None  # a full prefill under this rule keeps them
         reference = state.features.float()
         change = (features.float() - reference).norm(dim=-1)[0]  # (P,)
         is_dynamic = change > self.config.feature_threshold * reference.norm(dim=-1)[0]
-        dynamic = torch.nonzero(is_dynamic).squeeze(1)
-        self._dynamic = dynamic
-        self._since_refresh += 1
-        self.last = ReuseStats(len(dynamic), n_tokens, False)
+        return self._record(torch.nonzero(is_dynamic).squeeze(1), instruction)
+
+    def _record(self, dynamic: torch.Tensor | None, instruction: str, reason: str = "") -> torch.Tensor | None:
+        """Keep what this frame recomputes (``dynamic``; None for a full prefill, for ``reason``) in
+        ``last`` and the refresh count; returns ``dynamic``."""
+        n_tokens = self.policy.config.n_image_tokens
+        if dynamic is None:
+            self._instruction = instruction
+            self._dynamic = torch.arange(n_tokens)
+            self._since_refresh = 1
+            self.last = ReuseStats(n_tokens, n_tokens, True, reason)
+        else:
+            self._dynamic = dynamic
+            self._since_refresh += 1
+            self.last = ReuseStats(len(dynamic), n_tokens, False)
         return dynamic
 
     def _per_patch(self, pixels: torch.Tensor) -> torch.Tensor:

@@ -149,3 +149,28 @@ def test_proprio_layout_reads_the_arm_state_and_keypoints_add_a_loss(
     states = torch.randn(2, policy.config.n_image_tokens, policy.config.d_model)
     where = trainers[1].keypoint_positions(states)
     assert where.shape == (2, 2, 2) and bool((where.abs() <= 1.0).all())
+
+
+def test_bfloat16_autocast_trains_in_bfloat16_and_keeps_float32_weights(
+        demo_set: Callable[..., tuple[Path, Path]], trained: Path) -> None:
+    with pytest.raises(ValueError, match="autocast"):
+        HFTrainConfig(data="d", out="o", autocast="float16")
+    demos, _ = demo_set("train_hf", episodes)
+    policy = load_hf_vla(f"hf:{trained}", draft=False)
+    data = load_demos(demos, UNUSED_TEXT_LEN, None, True, False)
+    instructions = episode_instructions(demos, data)
+    seen: list[torch.dtype] = []
+    hook = policy.model.model.language_model.layers[0].mlp.down_proj.register_forward_hook(
+        lambda module, inputs, output: seen.append(output.dtype))
+    losses = []
+    for autocast in ("float32", "bfloat16"):
+        trainer = HFTrainer(HFTrainConfig(data=str(demos), out=str(trained), autocast=autocast, progress=False),
+                            policy, data, instructions)
+        with trainer.autocast():
+            loss, _, _ = trainer.loss(torch.arange(4), augment=False)
+        loss.backward()
+        losses.append(loss.item())
+    hook.remove()
+    assert seen == [torch.float32, torch.bfloat16]
+    assert all(p.dtype == torch.float32 for p in policy.model.parameters())
+    assert np.isfinite(losses).all() and abs(losses[1] - losses[0]) < 0.1 * abs(losses[0])

@@ -7,6 +7,7 @@ import argparse
 
 from vla_accel_ros.training.common import config_from_args
 from vla_accel_ros.training.hf_vla import (
+    AUTOCAST_DTYPES,
     PROMPT_LAYOUTS,
     VISIONS,
     HFTrainConfig,
@@ -59,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dagger-lr", type=float, default=d.dagger_lr)
     parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
     parser.add_argument("--save-dtype", choices=("float32", "bfloat16", "float16"), default=d.save_dtype)
+    parser.add_argument("--autocast", choices=AUTOCAST_DTYPES, default=d.autocast,
+                        help="precision of the training forward's matmuls (bfloat16: faster on CPUs with "
+                             "AVX512-BF16 or AMX; the weights stay float32)")
     add_run_arguments(parser, d)
 
 

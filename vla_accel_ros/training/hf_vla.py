@@ -83,6 +83,7 @@ LOSS_PLOT = "loss_curves.png"
 GRIPPER = ACTION_DIM - 1
 UNUSED_TEXT_LEN = 1  # the prompt is tokenised from the instruction text; DemoDataset's byte ids are not read
 VISIONS = ("siglip", "clip")
+AUTOCAST_DTYPES = ("float32", "bfloat16")  # precision of the training forward
 # Where the image tokens go: OpenVLA's (first, so no image token sees the instruction) or after the
 # instruction (every image token attends to it, as the built-in policy's FiLM-conditioned encoder does).
 # "+proprio" adds the joints and the gripper as binned tokens after the image (vla_spec.PROPRIO_FIELD):
@@ -132,6 +133,7 @@ class HFTrainConfig:
     dagger_lr: float = 5e-4
     eval_batch_size: int = 128
     save_dtype: str = "float32"
+    autocast: str = "float32"  # "bfloat16": the forward's matmuls in bfloat16 (weights and optimizer stay float32)
     threads: int = 2
     progress: bool = True
 
@@ -155,6 +157,8 @@ class HFTrainConfig:
             raise ValueError(f"dagger_share must be in (0, 1], got {self.dagger_share}")
         if self.save_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"save_dtype must be float32, bfloat16 or float16, got {self.save_dtype!r}")
+        if self.autocast not in AUTOCAST_DTYPES:
+            raise ValueError(f"autocast must be one of {', '.join(AUTOCAST_DTYPES)}, got {self.autocast!r}")
 
     def command(self) -> str:
         """The ``vla-accel train-hf`` command line that reproduces this run."""
@@ -382,7 +386,8 @@ class HFTrainer:
             bar = tqdm(order.split(cfg.batch_size), desc=f"{label} {epoch + 1}/{epochs}", disable=not cfg.progress,
                        dynamic_ncols=True)
             for idx in bar:
-                loss, ce, _ = self.loss(torch.sort(idx).values, augment=True)
+                with self.autocast():
+                    loss, ce, _ = self.loss(torch.sort(idx).values, augment=True)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -398,6 +403,12 @@ class HFTrainer:
                 tqdm.write(f"{label} epoch {epoch + 1}: val loss {val['val_loss']:.3f}, "
                            f"teacher-forced token accuracy {val['val_token_acc']:.3f}")
         self.model.eval()
+
+    def autocast(self) -> torch.autocast:
+        """The training forward's precision: bfloat16 matmuls run 2-3x faster than float32 on CPUs
+        with AVX512-BF16 or AMX; validation stays in float32."""
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device, dtype=torch.bfloat16, enabled=self.cfg.autocast == "bfloat16")
 
     @torch.no_grad()
     def validate(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -187,11 +187,24 @@ class _Monitor:
         self._ros.close()
 
 
-def run_sim(opts: SimRunOptions, progress: bool = True, attach: Callable[[int], Any] | None = None) -> dict[str, Any]:
+class Attachment(Protocol):
+    """Something ``run_sim`` starts on the run's domain beside its processes (the bag recorder)."""
+
+    def ready(self) -> bool:
+        """Whether it hears the processes' topics: the first episode waits for it, so that under
+        load DDS discovery cannot cost it the episode's start."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def run_sim(opts: SimRunOptions, progress: bool = True,
+            attach: Callable[[int], Attachment] | None = None) -> dict[str, Any]:
     """Run ``opts.episodes`` episodes through ROS topics; returns the summary (also written to disk).
 
-    ``attach(domain_id)`` starts something else on the run's domain (the bag recorder) once the
-    processes are launched; its ``close()`` is called before they are stopped."""
+    ``attach(domain_id)`` starts an :class:`Attachment` on the run's domain once the processes are
+    launched; the first episode starts when it is ready, and its ``close()`` is called before they
+    are stopped."""
 
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -239,7 +252,7 @@ def _start_inference_node(opts: SimRunOptions, node_params: dict[str, Any], env:
                             stderr=subprocess.STDOUT)
 
 
-def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], Any] | None, out: Path,
+def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], Attachment] | None, out: Path,
                   env: dict[str, str], domain: int, stats_file: Path, sim_params: dict[str, Any],
                   node_params: dict[str, Any], logs: list[Any], remote: subprocess.Popen | None) -> dict[str, Any]:
     from tqdm import tqdm
@@ -254,7 +267,8 @@ def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], A
     try:
         attached = attach(domain) if attach is not None else None
         ready = monitor.wait_for(lambda: bool(monitor.stats) and monitor.joint_states > 0 and
-                                 (remote is None or monitor.inference_connected()) or
+                                 (remote is None or monitor.inference_connected()) and
+                                 (attached is None or attached.ready()) or
                                  node.poll() is not None or sim.poll() is not None or
                                  (remote is not None and remote.poll() is not None), READY_TIMEOUT_S)
         if remote is not None and remote.poll() is not None:

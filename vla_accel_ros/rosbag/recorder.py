@@ -43,6 +43,7 @@ from vla_accel_ros.rosbag.io import (
 
 MODES = ("live", "deterministic")
 EPOCH_NS = 1_000_000_000_000  # deterministic recordings start at t = 1000 s
+READY_ROLES = ("camera", "joint_states", "commands")  # what the live recorder must hear before the run starts
 
 
 @dataclass(frozen=True)
@@ -202,14 +203,19 @@ class BagRecorder:
         self._pending: list[tuple[str, str, bytes]] = []
         self._lock = threading.Lock()
         self.errors: list[str] = []
-        for role, (topic, msgtype) in TOPICS.items():
-            self.node.create_subscription(classes[msgtype], topic, self._callback(topic, msgtype),
-                                          qos.get(role, reliable), raw=True)
+        self._subscriptions = {role: self.node.create_subscription(classes[msgtype], topic,
+                                                                   self._callback(topic, msgtype),
+                                                                   qos.get(role, reliable), raw=True)
+                               for role, (topic, msgtype) in TOPICS.items()}
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._spin, name="bag_recorder", daemon=True)
         self._thread.start()
+
+    def ready(self) -> bool:
+        """Whether the camera, the joint states and the commands each have a publisher matched."""
+        return all(self._subscriptions[role].get_publisher_count() > 0 for role in READY_ROLES)
 
     def _callback(self, topic: str, msgtype: str) -> Any:
         def write(raw: bytes) -> None:

@@ -43,6 +43,7 @@ from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.capabilities import PolicyCapabilities
 from vla_accel_ros.models.configuration import checkpoint_directory
 from vla_accel_ros.models.hf_draft import HFDraftHead, load_hf_draft
+from vla_accel_ros.models.hf_direct import DirectLlavaForward, unsupported_reason
 from vla_accel_ros.models.tokenizer import N_BINS
 from vla_accel_ros.models.vla import BOS
 from vla_accel_ros.models.vla_spec import (
@@ -233,11 +234,21 @@ class HFTokenVLA:
         # (x / 255 - mean) / std as one multiply-add on 0..255 values
         self._pixel_scale, self._pixel_shift = 1.0 / (255.0 * std), -mean / std
         self._prompt_cache: tuple[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+        # The direct forward where the spec asks for it and the model allows it (hf_direct.py).
+        self.direct: DirectLlavaForward | None = None
+        forward = "transformers" if spec.direct_forward else "transformers (direct_forward off)"
+        if spec.direct_forward:
+            reason = unsupported_reason(model)
+            if reason:
+                forward = f"transformers (no direct forward: {reason})"
+            else:
+                self.direct, forward = DirectLlavaForward(model), "direct"
         max_positions = getattr(text_config, "max_position_embeddings", None)
         self.config = HFVLAConfig(d_model=int(text_config.hidden_size), image_size=spec.image_size,
                                   vocab_size=vocab_size, n_image_tokens=self._count_image_tokens(),
                                   max_position_embeddings=None if max_positions is None else int(max_positions))
-        self.info: dict[str, Any] = {"source": source, "unnorm_key": None if statistics is None else statistics.key}
+        self.info: dict[str, Any] = {"source": source, "unnorm_key": None if statistics is None else statistics.key,
+                                     "forward": forward}
 
     # --- what the policy offers ---------------------------------------------------------------
     def n_parameters(self) -> dict[str, int]:
@@ -447,7 +458,10 @@ class HFTokenVLA:
         else:
             embeddings = self.embed_ids(ids)
             embeddings[ids == self.image_token_id] = features.reshape(-1, embeddings.shape[-1]).to(embeddings.dtype)
-            hidden = self.model.model(inputs_embeds=embeddings, cache=cache, use_cache=True).last_hidden_state
+            if self.direct is None:
+                hidden = self.model.model(inputs_embeds=embeddings, cache=cache, use_cache=True).last_hidden_state
+            else:
+                hidden = self.direct.text_forward(embeddings, cache, torch.arange(ids.shape[1], device=self.device))
         return hidden, CacheSlot(cache, [] if tokens is None else tokens[0].tolist())
 
     def new_cache(self) -> Any:
@@ -465,6 +479,8 @@ class HFTokenVLA:
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
         """(1, n_image_tokens, d): what the model puts in place of the image tokens for the model
         input ``pixels`` (1, 3, S, S): the vision tower, feature selection and projector."""
+        if self.direct is not None:
+            return self.direct.image_features(pixels)
         out = self.model.get_image_features(pixel_values=pixels)
         features = getattr(out, "pooler_output", out)
         if isinstance(features, (list, tuple)):  # one (n, d) per image
@@ -476,11 +492,20 @@ class HFTokenVLA:
         """The model's base over input embeddings (1, q, d) at ``position_ids`` (1, q), after the
         cache's rows, under a 4D additive ``attention_mask`` (1, 1, q, cached + q) that replaces
         the causal one: final hidden states (1, q, d)."""
+        if self.direct is not None:
+            return self.direct.text_forward(embeddings, cache, position_ids[0], attention_mask)
         return self.model.model(inputs_embeds=embeddings, position_ids=position_ids, attention_mask=attention_mask,
                                 cache=cache, use_cache=True).last_hidden_state
 
     def _forward(self, ids: torch.Tensor, pixels: torch.Tensor | None, cache: Any) -> torch.Tensor:
         """The model's base (everything but the LM head) over ``ids`` after the cache's positions."""
+        if self.direct is not None:
+            embeddings = self.embed_ids(ids)
+            if pixels is not None:
+                features = self.direct.image_features(pixels)
+                embeddings[ids == self.image_token_id] = features.reshape(-1, embeddings.shape[-1]).to(embeddings.dtype)
+            past = cache.get_seq_length()
+            return self.direct.text_forward(embeddings, cache, torch.arange(past, past + ids.shape[1], device=self.device))
         inputs: dict[str, Any] = {"input_ids": ids, "cache": cache, "use_cache": True}
         if pixels is not None:
             inputs["pixel_values"] = pixels

@@ -92,6 +92,9 @@ class VLASpec:
         (``resample``, antialiased), scaled to [0, 1], then normalised per channel.
     gripper: one of ``GRIPPER_CONVENTIONS`` (see there), the policy's gripper value -> ours.
     device / dtype: where the model runs and its weights' dtype (one of ``DTYPES``).
+    direct_forward: run a supported model (a SigLIP tower and a Llama text model) op by op
+        (:mod:`vla_accel_ros.models.hf_direct`, the modules' own results, faster on a CPU);
+        false = through transformers' modules.
     """
 
     prompt: str = OPENVLA_PROMPT
@@ -108,6 +111,7 @@ class VLASpec:
     gripper: str = "0_1_open_high"
     device: str = "cpu"
     dtype: str = "float32"
+    direct_forward: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str) or self.prompt.count("{instruction}") != 1:
@@ -124,6 +128,7 @@ class VLASpec:
             raise ValueError(f"prompt {self.prompt!r} is not a valid template ({error!r}); "
                              "write a literal brace as '{{' or '}}'") from None
         _check_type("lowercase_instruction", self.lowercase_instruction, bool)
+        _check_type("direct_forward", self.direct_forward, bool)
         if self.appended_ids is not None:
             ids = tuple(self.appended_ids) if isinstance(self.appended_ids, (list, tuple)) else None
             if ids is None or not all(_is_int(i) and i >= 0 for i in ids):

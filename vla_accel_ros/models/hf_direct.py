@@ -1,0 +1,129 @@
+"""The direct forward of a Llava VLA with a SigLIP tower and a Llama text model: the arithmetic of
+transformers' modules, called op by op on their own weights.
+
+On a CPU, at the few-million-parameter shapes the package trains, the model-level wrappers and the
+attention interface of transformers cost about as much as the small matrix products they wrap: a
+1-token step of a 6-layer, 192-wide Llama takes 2.7 ms through them and 1.8 ms here. The savings
+are largest for the short passes that the decoders and the incremental prefill make; a full
+prefill gains less. The results are the modules' own to float rounding (the tests hold them to
+exact equality in float32): the same projections, RMS and layer norms, rotary tables, scaled
+dot-product attention (grouped keys/values included) and activations, in the same order.
+
+:func:`unsupported_reason` says why a model cannot take this path (an empty string when it can);
+:class:`HFTokenVLA <vla_accel_ros.models.hf_vla.HFTokenVLA>` then keeps to transformers' modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# SigLIP's and Llama's activations, by config name, as the functions their modules apply.
+TOWER_ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
+TEXT_ACTIVATIONS = {"silu": F.silu}
+
+
+def unsupported_reason(model: Any) -> str:
+    """Why ``model`` (a loaded ``LlavaForConditionalGeneration``) cannot run the direct forward;
+    '' when it can: a SigLIP tower read at its last layer in full, a Llama text model with the
+    default rotary embedding and SDPA or eager attention, and nothing this forward would skip
+    (attention biases it does not apply, logit soft-capping, sliding windows)."""
+    config = model.config
+    if getattr(config, "model_type", None) != "llava":
+        return f"not a Llava model ({getattr(config, 'model_type', None)!r})"
+    vision, text = config.vision_config, config.get_text_config()
+    if vision.model_type != "siglip_vision_model":
+        return f"the vision tower is {vision.model_type!r}, not SigLIP's"
+    if config.vision_feature_layer != -1 or config.vision_feature_select_strategy != "full":
+        return "the image features are not the tower's last layer in full"
+    if getattr(vision, "hidden_act", None) not in TOWER_ACTIVATIONS:
+        return f"the tower's activation {vision.hidden_act!r}"
+    if text.model_type != "llama":
+        return f"the text model is {text.model_type!r}, not Llama"
+    rope = getattr(text, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"the rotary embedding is {rope.get('rope_type')!r}, not the default"
+    if getattr(text, "hidden_act", None) not in TEXT_ACTIVATIONS:
+        return f"the text model's activation {text.hidden_act!r}"
+    if getattr(text, "pretraining_tp", 1) not in (None, 1):
+        return "tensor-parallel pretraining slices (pretraining_tp > 1)"
+    if text._attn_implementation not in ("sdpa", "eager") or vision._attn_implementation not in ("sdpa", "eager"):
+        return "an attention implementation other than SDPA or eager"
+    return ""
+
+
+class DirectLlavaForward:
+    """The tower-and-projector and the text model of one supported Llava (:func:`unsupported_reason`
+    is ''; ValueError otherwise), batch 1, inference only."""
+
+    def __init__(self, model: Any) -> None:
+        reason = unsupported_reason(model)
+        if reason:
+            raise ValueError(f"no direct forward for this model: {reason}")
+        base = model.model
+        self.tower, self.projector, self.text = base.vision_tower, base.multi_modal_projector, base.language_model
+        vision, text = model.config.vision_config, model.config.get_text_config()
+        self.tower_heads = int(vision.num_attention_heads)
+        self.tower_activation = TOWER_ACTIVATIONS[vision.hidden_act]
+        self.text_activation = TEXT_ACTIVATIONS[text.hidden_act]
+        self.heads, self.kv_heads = int(text.num_attention_heads), int(text.num_key_value_heads)
+        self.head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+        weight = self.text.norm.weight
+        positions = torch.arange(int(text.max_position_embeddings), device=weight.device)[None]
+        with torch.inference_mode():  # the module's own tables, in the dtype it hands its layers
+            cos, sin = self.text.rotary_emb(weight[None, None, :1], positions)
+        self._cos, self._sin = cos[0].clone(), sin[0].clone()
+
+    def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(1, n_patches, d_text): the projected last-layer features of the model input (1, 3, S, S)."""
+        embeddings = self.tower.embeddings
+        x = embeddings.patch_embedding(pixels.to(embeddings.patch_embedding.weight.dtype))
+        x = x.flatten(2).transpose(1, 2) + embeddings.position_embedding.weight[None]
+        n, heads = x.shape[1], self.tower_heads
+        for layer in self.tower.encoder.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            h = layer.layer_norm1(x)
+            q, k, v = (proj(h).view(1, n, heads, -1).transpose(1, 2)
+                       for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
+            out = F.scaled_dot_product_attention(q, k, v, scale=attention.scale)
+            x = x + attention.out_proj(out.transpose(1, 2).reshape(1, n, -1))
+            x = x + mlp.fc2(self.tower_activation(mlp.fc1(layer.layer_norm2(x))))
+        return self.projector(x)
+
+    def text_forward(self, embeddings: torch.Tensor, cache: Any, positions: torch.Tensor,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states (1, q, d) of the text model over input embeddings (1, q, d) at
+        ``positions`` (q,), appending to ``cache`` (a transformers ``DynamicCache``). ``mask``: a
+        (1, 1, q, cached + q) additive or boolean mask; without one each token sees the cache and
+        the new tokens up to itself."""
+        q = embeddings.shape[1]
+        past = cache.get_seq_length()
+        cos, sin = self._cos[positions][None, None], self._sin[positions][None, None]
+        causal = False
+        if mask is None and q > 1:
+            if past:
+                mask = torch.ones(q, past + q, dtype=torch.bool, device=embeddings.device).tril_(past)[None, None]
+            else:
+                causal = True
+        x = embeddings
+        for index, layer in enumerate(self.text.layers):
+            attention, mlp = layer.self_attn, layer.mlp
+            h = layer.input_layernorm(x)
+            query = _rotated(attention.q_proj(h).view(1, q, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+            key = _rotated(attention.k_proj(h).view(1, q, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            value = attention.v_proj(h).view(1, q, self.kv_heads, self.head_dim).transpose(1, 2)
+            key, value = cache.update(key, value, index)
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=causal,
+                                                 scale=attention.scaling, enable_gqa=self.kv_heads != self.heads)
+            x = x + attention.o_proj(out.transpose(1, 2).reshape(1, q, -1))
+            h = layer.post_attention_layernorm(x)
+            x = x + mlp.down_proj(self.text_activation(mlp.gate_proj(h)) * mlp.up_proj(h))
+        return self.text.norm(x)
+
+
+def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of (1, heads, q, head_dim) at tables (1, 1, q, head_dim)."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin

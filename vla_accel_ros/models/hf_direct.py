@@ -1,13 +1,12 @@
 """The direct forward of a Llava VLA with a SigLIP tower and a Llama text model: the arithmetic of
 transformers' modules, called op by op on their own weights.
 
-On a CPU, at the few-million-parameter shapes the package trains, the model-level wrappers and the
-attention interface of transformers cost about as much as the small matrix products they wrap: a
-1-token step of a 6-layer, 192-wide Llama takes 2.7 ms through them and 1.8 ms here. The savings
-are largest for the short passes that the decoders and the incremental prefill make; a full
-prefill gains less. The results are the modules' own to float rounding (the tests hold them to
-exact equality in float32): the same projections, RMS and layer norms, rotary tables, scaled
-dot-product attention (grouped keys/values included) and activations, in the same order.
+On a CPU, at the few-million-parameter shapes the package trains, the model-level wrappers, mask
+building and attention interface of transformers are a sizeable share of each pass beside the
+small matrix products they wrap (docs/your_own_vla.md gives the measured difference). The results
+are the modules' own to float rounding (the tests hold them equal in float32): the same
+projections, RMS and layer norms, rotary tables, scaled dot-product attention (grouped keys/values
+included) and activations, in the same order.
 
 :func:`unsupported_reason` says why a model cannot take this path (an empty string when it can);
 :class:`HFTokenVLA <vla_accel_ros.models.hf_vla.HFTokenVLA>` then keeps to transformers' modules.

@@ -27,8 +27,7 @@ TEXT_ACTIVATIONS = {"silu": F.silu}
 def unsupported_reason(model: Any) -> str:
     """Why ``model`` (a loaded ``LlavaForConditionalGeneration``) cannot run the direct forward;
     '' when it can: a SigLIP tower read at its last layer in full, a Llama text model with the
-    default rotary embedding and SDPA or eager attention, and nothing this forward would skip
-    (attention biases it does not apply, logit soft-capping, sliding windows)."""
+    default rotary embedding, activations this module knows, and SDPA or eager attention."""
     config = model.config
     if getattr(config, "model_type", None) != "llava":
         return f"not a Llava model ({getattr(config, 'model_type', None)!r})"

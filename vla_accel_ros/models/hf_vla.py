@@ -235,14 +235,11 @@ class HFTokenVLA:
         self._pixel_scale, self._pixel_shift = 1.0 / (255.0 * std), -mean / std
         self._prompt_cache: tuple[str, tuple[torch.Tensor, torch.Tensor]] | None = None
         # The direct forward where the spec asks for it and the model allows it (hf_direct.py).
-        self.direct: DirectLlavaForward | None = None
-        forward = "transformers" if spec.direct_forward else "transformers (direct_forward off)"
-        if spec.direct_forward:
-            reason = unsupported_reason(model)
-            if reason:
-                forward = f"transformers (no direct forward: {reason})"
-            else:
-                self.direct, forward = DirectLlavaForward(model), "direct"
+        unsupported = unsupported_reason(model) if spec.direct_forward else ""
+        self.direct = DirectLlavaForward(model) if spec.direct_forward and not unsupported else None
+        forward = "direct" if self.direct is not None else f"transformers (no direct forward: {unsupported})"
+        if not spec.direct_forward:
+            forward = "transformers (direct_forward off)"
         max_positions = getattr(text_config, "max_position_embeddings", None)
         self.config = HFVLAConfig(d_model=int(text_config.hidden_size), image_size=spec.image_size,
                                   vocab_size=vocab_size, n_image_tokens=self._count_image_tokens(),
@@ -456,12 +453,7 @@ class HFTokenVLA:
         if features is None:
             hidden = self._forward(ids, self.pixel_values(obs.image), cache)
         else:
-            embeddings = self.embed_ids(ids)
-            embeddings[ids == self.image_token_id] = features.reshape(-1, embeddings.shape[-1]).to(embeddings.dtype)
-            if self.direct is None:
-                hidden = self.model.model(inputs_embeds=embeddings, cache=cache, use_cache=True).last_hidden_state
-            else:
-                hidden = self.direct.text_forward(embeddings, cache, torch.arange(ids.shape[1], device=self.device))
+            hidden = self._text_after_cache(self._embeddings_with_image(ids, features), cache)
         return hidden, CacheSlot(cache, [] if tokens is None else tokens[0].tolist())
 
     def new_cache(self) -> Any:
@@ -500,16 +492,29 @@ class HFTokenVLA:
     def _forward(self, ids: torch.Tensor, pixels: torch.Tensor | None, cache: Any) -> torch.Tensor:
         """The model's base (everything but the LM head) over ``ids`` after the cache's positions."""
         if self.direct is not None:
-            embeddings = self.embed_ids(ids)
-            if pixels is not None:
-                features = self.direct.image_features(pixels)
-                embeddings[ids == self.image_token_id] = features.reshape(-1, embeddings.shape[-1]).to(embeddings.dtype)
-            past = cache.get_seq_length()
-            return self.direct.text_forward(embeddings, cache, torch.arange(past, past + ids.shape[1], device=self.device))
+            embeddings = self.embed_ids(ids) if pixels is None else self._embeddings_with_image(
+                ids, self.image_features(pixels))
+            return self._text_after_cache(embeddings, cache)
         inputs: dict[str, Any] = {"input_ids": ids, "cache": cache, "use_cache": True}
         if pixels is not None:
             inputs["pixel_values"] = pixels
         return self.model.model(**inputs).last_hidden_state
+
+    def _embeddings_with_image(self, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Input embeddings (1, n, d) of ``ids`` (1, n) with the image features (1, n_image_tokens, d)
+        in the image tokens' places."""
+        embeddings = self.embed_ids(ids)
+        embeddings[ids == self.image_token_id] = features.reshape(-1, embeddings.shape[-1]).to(embeddings.dtype)
+        return embeddings
+
+    def _text_after_cache(self, embeddings: torch.Tensor, cache: Any) -> torch.Tensor:
+        """Final hidden states (1, q, d) of the text model over embeddings (1, q, d), causal, after
+        the cache's rows."""
+        if self.direct is None:
+            return self.model.model(inputs_embeds=embeddings, cache=cache, use_cache=True).last_hidden_state
+        past = cache.get_seq_length()
+        return self.direct.text_forward(embeddings, cache,
+                                        torch.arange(past, past + embeddings.shape[1], device=self.device))
 
     def action_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., 256) float32 logits of our bins from final hidden states (..., d): the LM head's

@@ -235,11 +235,13 @@ class HFTokenVLA:
         self._pixel_scale, self._pixel_shift = 1.0 / (255.0 * std), -mean / std
         self._prompt_cache: tuple[str, tuple[torch.Tensor, torch.Tensor]] | None = None
         # The direct forward where the spec asks for it and the model allows it (hf_direct.py).
-        unsupported = unsupported_reason(model) if spec.direct_forward else ""
-        self.direct = DirectLlavaForward(model) if spec.direct_forward and not unsupported else None
-        forward = "direct" if self.direct is not None else f"transformers (no direct forward: {unsupported})"
+        self.direct: DirectLlavaForward | None = None
         if not spec.direct_forward:
             forward = "transformers (direct_forward off)"
+        elif unsupported := unsupported_reason(model):
+            forward = f"transformers (no direct forward: {unsupported})"
+        else:
+            self.direct, forward = DirectLlavaForward(model), "direct"
         max_positions = getattr(text_config, "max_position_embeddings", None)
         self.config = HFVLAConfig(d_model=int(text_config.hidden_size), image_size=spec.image_size,
                                   vocab_size=vocab_size, n_image_tokens=self._count_image_tokens(),

@@ -113,7 +113,7 @@ def test_after_prefill_entries_only_for_decoders_that_verify_inside_the_prefill(
 
 def summary(prefill: float, decode: float, total: float, **extra: float) -> dict:
     """An episode summary with these latency p50s (ms) and ``extra`` latency keys."""
-    latency = {"prefill_p50": prefill, "decode_p50": decode, "head_p50": None, "total_p50": total,
+    latency = {"prefill_p50": prefill, "prefill_mean": prefill, "decode_p50": decode, "head_p50": None, "total_p50": total,
                "total_p99": total, "total_mean": total, **extra}
     return {"success_rate": 1.0, "ncf_rate": 0.0, "ncf_share": 0.0, "mean_accepted_len": 4.0,
             "acceptance_rate": 0.5, "target_passes_per_action": 1.0, "draft_passes_per_action": 1.0,

@@ -3,7 +3,11 @@ incremental prefill is timed against the full one over sim frames."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+
+from vla_accel_ros.cli import main
 
 from vla_accel_ros.evaluation.hf_cost import BENCH_PASSES, CostOptions, hf_cost
 from vla_accel_ros.models.configuration import VisionReuseConfig
@@ -47,3 +51,14 @@ def test_a_checkpoint_is_timed_at_its_own_size_under_the_feature_rule(tmp_path, 
 def test_the_incremental_timing_needs_reused_keys_and_values():
     with pytest.raises(ValueError, match="reuse_kv"):
         CostOptions(incremental=True, vision=VisionReuseConfig())
+
+
+def test_the_tower_reuse_flags_reach_the_incremental_prefill(tmp_path, tiny_hf_vla):
+    directory = tiny_hf_vla(tmp_path / "tiny", vision="siglip")
+    out = tmp_path / "out"
+    assert main(["hf-cost", "--checkpoint", f"hf:{directory}", "--repeats", "1", "--incremental", "--frames", "5",
+                 "--vision-reuse-tower", "--vision-tower-threshold", "0", "--vision-tower-refresh", "2",
+                 "--out", str(out)]) == 0
+    inc = json.loads((out / "summary.json").read_text())["incremental"]
+    # frames 1 and 3 (the timer, every 2) run the tower on every patch, the others on the moved ones only
+    assert 0 < inc["tower_recomputed_fraction_mean"] < 1 and inc["refreshes"] == 1

@@ -88,3 +88,20 @@ def test_what_it_refuses(tiny_hf_vla: Callable[..., Path], tmp_path: Path) -> No
     assert policy.direct is None and policy.info["forward"] == f"transformers (no direct forward: {reason})"
     with pytest.raises(ValueError, match="no direct forward"):
         DirectLlavaForward(policy.model)
+
+
+def test_a_tower_pass_over_every_patch_equals_the_full_one(pair: tuple[HFTokenVLA, HFTokenVLA]) -> None:
+    direct = pair[0].direct
+    assert direct is not None
+    with torch.inference_mode():
+        first = direct.tower_pass(pair[0].pixel_values(observation(0).image))
+        pixels = pair[0].pixel_values(observation(1).image)
+        full = direct.tower_pass(pixels)
+        every = direct.tower_pass(pixels, torch.arange(full.features.shape[1]), first)
+        unchanged = direct.tower_pass(pixels, torch.tensor([2, 5]), full)
+    torch.testing.assert_close(every.features, full.features, rtol=0, atol=1e-5)
+    for got, want in zip(every.keys + every.values, full.keys + full.values, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(unchanged.features, full.features, rtol=0, atol=1e-5)  # same pixels: same result
+    with pytest.raises(ValueError, match="needs the cache"):
+        direct.tower_pass(pixels, torch.tensor([0]))

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -377,3 +379,85 @@ def test_a_proprio_prompt_recomputes_the_proprio_tokens_with_the_text(tiny_hf_vl
         assert not incremental.last.refreshed and incremental.last.recomputed == 0
         assert_same_prefix(policy, prefix, policy.prefill(obs))
         assert not torch.equal(prefix.action_hidden, policy.prefill(observation(pixels)).action_hidden)
+
+
+# --- the tower's reuse (reuse_tower) --------------------------------------------------------
+@pytest.fixture(scope="module")
+def siglip_policy(tiny_hf_vla: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> HFTokenVLA:
+    return load_hf_vla(tiny_hf_vla(tmp_path_factory.mktemp("hf_tower") / "tiny", vision="siglip"))
+
+
+def tower_reuse(**overrides: Any) -> VisionReuseConfig:
+    """The pixel rule with the tower's reuse; ``overrides`` replace its fields."""
+    return VisionReuseConfig(**{"reuse_kv": True, "feature_threshold": 0.0, "reuse_tower": True, **overrides})
+
+
+def test_tower_reuse_with_every_patch_moved_equals_the_full_prefill(siglip_policy: HFTokenVLA) -> None:
+    incremental = HFIncrementalPrefill(siglip_policy, tower_reuse(tower_refresh_steps=100))
+    incremental.prefill(observation(image(20)))
+    assert incremental.last_tower is not None and incremental.last_tower.refreshed
+    obs = observation(image(21))  # every patch moves
+    prefix = incremental.prefill(obs)
+    assert not incremental.last_tower.refreshed and incremental.last_tower.recomputed == N_PATCHES
+    assert_same_prefix(siglip_policy, prefix, siglip_policy.prefill(obs))
+
+
+def test_tower_reuse_runs_the_tower_on_the_moved_patches_only(siglip_policy: HFTokenVLA) -> None:
+    incremental = HFIncrementalPrefill(siglip_policy, tower_reuse(tower_refresh_steps=100))
+    direct = siglip_policy.direct
+    assert direct is not None
+    pixels, moved = image(22), with_inverted_patch(image(22), 6)
+    with torch.inference_mode():
+        before = direct.tower_pass(siglip_policy.pixel_values(pixels)).features
+        after = direct.tower_pass(siglip_policy.pixel_values(moved)).features
+    incremental.prefill(observation(pixels))
+    incremental.prefill(observation(pixels.copy()))  # nothing moved: the tower does not run
+    assert incremental.last_tower is not None and incremental.last_tower.recomputed == 0
+    incremental.prefill(observation(moved))
+    assert incremental.last_tower.recomputed == 1 and incremental.recomputed_tokens.tolist() == [6]
+    assert incremental._tower is not None
+    features = incremental._tower.features
+    static = [p for p in range(N_PATCHES) if p != 6]
+    torch.testing.assert_close(features[:, static], before[:, static], rtol=0, atol=0)  # kept as they were
+    # the moved patch attended to the others' cached keys and values, which the full pass moves too:
+    # near the full pass's features, not equal to them
+    assert 0 < float((features[0, 6] - after[0, 6]).norm()) < float((before[0, 6] - after[0, 6]).norm())
+
+
+def test_tower_reuse_refreshes_on_its_timer_and_with_the_prefill(siglip_policy: HFTokenVLA) -> None:
+    incremental = HFIncrementalPrefill(siglip_policy, tower_reuse(tower_refresh_steps=3, refresh_steps=6))
+    pixels = image(23)
+    reasons = []
+    for _ in range(7):
+        incremental.prefill(observation(pixels.copy()))
+        assert incremental.last_tower is not None
+        reasons.append(incremental.last_tower.reason)
+    assert reasons == ["first frame", "", "", "tower timer", "", "", "timer"]
+    incremental.prefill(observation(pixels.copy(), "pick up the blue cube"))
+    assert incremental.last_tower.reason == "instruction changed"
+
+
+def test_tower_reuse_needs_the_direct_forward(tiny_hf_vla: Callable[..., Path], tmp_path: Path) -> None:
+    policy = load_hf_vla(tiny_hf_vla(tmp_path / "clip", vision="clip"))
+    with pytest.raises(ValueError, match="reuse_tower.*direct forward"):
+        HFIncrementalPrefill(policy, tower_reuse())
+
+
+def test_a_node_configuration_turns_the_tower_reuse_on(siglip_policy: HFTokenVLA) -> None:
+    from vla_accel_ros.core.settings import from_params
+    from vla_accel_ros.ros.parameters import NodeConfig
+
+    node = from_params(NodeConfig, {"vision_reuse": True, "vision_reuse_kv": True, "vision_reuse_tower": True,
+                                    "vision_feature_threshold": 0.0, "vision_tower_refresh_steps": 100})
+    runner = build_runner(replace(node.runner_config(), temperature=0.0), ArmKinematics(default_urdf()),
+                          policy=siglip_policy)
+    pixels = image(24)
+    fractions = []
+    for step in range(3):
+        if step == 2:
+            pixels = with_inverted_patch(pixels, 5)
+        result = runner(Observation(image=pixels, instruction=INSTRUCTION, joint_pos=np.zeros(7), gripper=0.04,
+                                    stamp=0.05 * step))
+        assert np.isfinite(result.action).all()
+        fractions.append(result.vision_fraction)
+    assert fractions == [1.0, 0.0, 1 / N_PATCHES]

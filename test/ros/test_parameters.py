@@ -26,7 +26,8 @@ from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig, SimBridgeConfig
 
 VISION_PARAMETERS = ["vision_reuse", "vision_threshold", "vision_refresh_steps", "vision_max_drift", "vision_reuse_kv",
-                     "vision_feature_threshold"]
+                     "vision_feature_threshold", "vision_reuse_tower", "vision_tower_threshold",
+                     "vision_tower_refresh_steps"]
 
 
 @pytest.mark.parametrize("cls", [NodeConfig, SimBridgeConfig, ControllerConfig])
@@ -163,7 +164,9 @@ def test_vision_parameters_are_flat_on_ros_and_nested_in_the_config():
     specs = {s.name: s for s in parameter_specs(NodeConfig)}
     assert {name: (specs[name].kind, specs[name].default) for name in VISION_PARAMETERS} == {
         "vision_reuse": (bool, False), "vision_threshold": (float, 8.0), "vision_refresh_steps": (int, 20),
-        "vision_max_drift": (float, 2.0), "vision_reuse_kv": (bool, False), "vision_feature_threshold": (float, 0.15)}
+        "vision_max_drift": (float, 2.0), "vision_reuse_kv": (bool, False), "vision_feature_threshold": (float, 0.15),
+        "vision_reuse_tower": (bool, False), "vision_tower_threshold": (float, 2.0),
+        "vision_tower_refresh_steps": (int, 3)}
     assert specs["vision_threshold"].range == (0.0, 255.0) and specs["vision_refresh_steps"].range == (1, 100000)
     cfg = from_params(NodeConfig, {"vision_reuse": True, "vision_threshold": 4, "vision_reuse_kv": True})
     assert cfg.vision == VisionReuseConfig(threshold=4.0, refresh_steps=20, max_drift=2.0, reuse_kv=True, enabled=True)
@@ -171,7 +174,9 @@ def test_vision_parameters_are_flat_on_ros_and_nested_in_the_config():
     params = to_params(cfg)
     assert {k: params[k] for k in VISION_PARAMETERS} == {"vision_reuse": True, "vision_threshold": 4.0,
                                                          "vision_refresh_steps": 20, "vision_max_drift": 2.0,
-                                                         "vision_reuse_kv": True, "vision_feature_threshold": 0.15}
+                                                         "vision_reuse_kv": True, "vision_feature_threshold": 0.15,
+                                                         "vision_reuse_tower": False, "vision_tower_threshold": 2.0,
+                                                         "vision_tower_refresh_steps": 3}
     assert "vision" not in params and from_params(NodeConfig, params) == cfg
     assert NodeConfig().vision.enabled is False  # the node encodes every patch unless told otherwise
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.evaluation.hf_cost import CostOptions, hf_cost
-from vla_accel_ros.evaluation.options import add_vision_reuse_arguments
-from vla_accel_ros.models.configuration import VisionReuseConfig
+from vla_accel_ros.evaluation.options import add_vision_reuse_arguments, vision_config
 from vla_accel_ros.sim.gl import check_rendering
 
 
@@ -35,8 +34,7 @@ def run(args: argparse.Namespace) -> int:
     if args.incremental and not check_rendering("hf-cost"):  # no GL: one line saying what to set, before any work
         return 2
     try:
-        vision = VisionReuseConfig(args.vision_threshold, args.vision_refresh, args.vision_max_drift, reuse_kv=True,
-                                   feature_threshold=args.vision_feature_threshold)
+        vision = vision_config(args, reuse_kv=True)
         opts = CostOptions(hidden=args.hidden, layers=args.layers, image_size=args.image_size,
                            patch_size=args.patch_size, repeats=args.repeats, threads=args.threads, out=args.out,
                            checkpoint=args.checkpoint,
@@ -55,10 +53,12 @@ def run(args: argparse.Namespace) -> int:
         i = r["incremental"]
         rule = (f"feature threshold {vision.feature_threshold:g}" if vision.feature_threshold > 0
                 else f"threshold {vision.threshold:g}")
+        if vision.reuse_tower:
+            rule += f", the tower at {vision.tower_threshold:g} refreshed every {vision.tower_refresh_steps}"
         print(f"incremental prefill over {i['frames']} sim frames ({rule}, refresh every {vision.refresh_steps}): full "
               f"{i['prefill_full_ms_mean']:.1f} ms, incremental {i['prefill_incremental_ms_mean']:.1f} ms per frame "
               f"(mean; p50 {i['prefill_full_ms_p50']:.1f} vs {i['prefill_incremental_ms_p50']:.1f}): "
               f"{i['incremental_prefill_speedup']:.2f}x (p50 {i['incremental_prefill_speedup_p50']:.2f}x), "
               f"{i['recomputed_fraction_mean']:.0%} of the image tokens "
-              f"recomputed, {i['refreshes']} full refreshes")
+              f"recomputed ({i['tower_recomputed_fraction_mean']:.0%} by the tower), {i['refreshes']} full refreshes")
     return 0

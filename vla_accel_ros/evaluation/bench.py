@@ -28,7 +28,8 @@ episode summary has none), ``speedup_vs_ar`` (ratio of p50 latencies), ``speedup
 ``repeats``, …), ``sweep.json``, ``table.md`` (ratios as ``median [min–max]`` when K > 1),
 ``pareto.png`` (success vs speed-up over the sweep) and ``threshold_trace.png`` (r and acceptance
 per step of one episode). Incremental-vision rows (``DECODER+iv``, ``DECODER+ivkv``) also hold
-``prefill_speedup_vs_full``: the same decoder's full-vision prefill p50 over theirs. The row of a
+``prefill_speedup_vs_full``: the same decoder's full-vision prefill p50 over theirs, and
+``prefill_speedup_vs_full_mean`` the same of the means (full passes every few frames weigh there). The row of a
 decoder with a retrieval store (``heisd``) also holds ``retrieval_mode_share``,
 ``verify_skip_share``, ``retrieval_accept_rate`` and ``retrieval_query_ms_p50``; it needs a
 retrieval store (``--store``, default CHECKPOINT/retrieval_store, from ``vla-accel build-store``; the
@@ -85,7 +86,8 @@ E2E_SPEEDUP_TARGET = 1.5
 # The mode shares and store query time of a decoder with a retrieval store, copied into its row.
 RETRIEVAL_KEYS = ("retrieval_mode_share", "verify_skip_share", "retrieval_accept_rate", "retrieval_query_ms_p50")
 # The ratios of a row, each computed per repeat: the median goes under the key, the spread beside it.
-RATIO_KEYS = ("speedup_vs_ar", "decode_speedup_vs_ar", "speedup_vs_ar_mean", "prefill_speedup_vs_full")
+RATIO_KEYS = ("speedup_vs_ar", "decode_speedup_vs_ar", "speedup_vs_ar_mean", "prefill_speedup_vs_full",
+              "prefill_speedup_vs_full_mean")
 SWEEP_COLOURS = ("tab:orange", "tab:blue", "tab:purple", "tab:brown", "tab:olive")  # one per THRESHOLD_SWEPT decoder
 
 
@@ -309,6 +311,7 @@ def row(summary: dict[str, Any], ar: dict[str, Any] | None, plain_prefill_ms: fl
         "draft_passes_per_action": summary["draft_passes_per_action"],
         "vision_recomputed_fraction": summary["vision_recomputed_fraction"],
         "prefill_ms_p50": lat["prefill_p50"],
+        "prefill_ms_mean": lat["prefill_mean"],
         "decode_ms_p50": lat["decode_p50"],
         "head_ms_p50": lat["head_p50"],  # continuous heads only (None otherwise): the sampler's own time
         "total_ms_p50": lat["total_p50"],
@@ -348,6 +351,8 @@ def main_rows(summaries: dict[str, dict[str, Any]], entries: Sequence[BenchEntry
     for e in entries:  # incremental rows: their prefill against the same decoder's full-vision prefill
         if e.incremental_vision and e.decoder in rows:
             rows[e.name]["prefill_speedup_vs_full"] = rows[e.decoder]["prefill_ms_p50"] / rows[e.name]["prefill_ms_p50"]
+            rows[e.name]["prefill_speedup_vs_full_mean"] = (rows[e.decoder]["prefill_ms_mean"]
+                                                            / rows[e.name]["prefill_ms_mean"])
     return rows
 
 

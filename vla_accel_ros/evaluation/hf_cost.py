@@ -114,7 +114,7 @@ def expert_frames(image_size: int, n: int) -> list[Observation]:
 def measure_incremental(policy: Any, frames: list[Observation], config: VisionReuseConfig) -> dict[str, Any]:
     """Full against incremental prefill over ``frames`` in order (module docstring)."""
     incremental = policy.incremental_prefill(config)
-    full_ms, incremental_ms, fractions, refreshes = [], [], [], 0
+    full_ms, incremental_ms, fractions, tower_fractions, refreshes = [], [], [], [], 0
     with torch.inference_mode():
         policy.prefill(frames[0])  # warm-up
         for obs in frames:
@@ -127,6 +127,7 @@ def measure_incremental(policy: Any, frames: list[Observation], config: VisionRe
             incremental_ms.append((t2 - t1) * 1e3)
             assert incremental.last is not None
             fractions.append(incremental.last.fraction)
+            tower_fractions.append(1.0 if incremental.last_tower is None else incremental.last_tower.fraction)
             refreshes += incremental.last.refreshed
     return {
         "frames": len(frames),
@@ -137,6 +138,8 @@ def measure_incremental(policy: Any, frames: list[Observation], config: VisionRe
         "incremental_prefill_speedup": statistics.fmean(full_ms) / statistics.fmean(incremental_ms),
         "incremental_prefill_speedup_p50": statistics.median(full_ms) / statistics.median(incremental_ms),
         "recomputed_fraction_mean": statistics.fmean(fractions),
+        # the share of the patches the vision tower ran on (1 without reuse_tower)
+        "tower_recomputed_fraction_mean": statistics.fmean(tower_fractions),
         "refreshes": refreshes,
     }
 

@@ -49,6 +49,14 @@ def add_vision_reuse_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vision-feature-threshold", type=float, default=d.feature_threshold,
                         help="incremental prefill of a Hugging Face VLA: relative change of an image token's features "
                              "that makes it dynamic (0 = judge by pixels, --vision-threshold)")
+    parser.add_argument("--vision-reuse-tower", action="store_true",
+                        help="incremental prefill of a Hugging Face VLA: run its vision tower, too, only on the patches "
+                             "whose pixels moved (--vision-tower-threshold), the others keeping their keys, values and "
+                             "features in every tower layer")
+    parser.add_argument("--vision-tower-threshold", type=float, default=d.tower_threshold,
+                        help="--vision-reuse-tower: mean |pixel change| (0..255) that makes the tower recompute a patch")
+    parser.add_argument("--vision-tower-refresh", type=int, default=d.tower_refresh_steps,
+                        help="--vision-reuse-tower: run the tower on every patch at least every N frames")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +76,9 @@ def vision_config(args: argparse.Namespace, reuse_kv: bool | None = None) -> Vis
     """The reuse settings of the flags; ``reuse_kv`` None: as ``--vision`` says."""
     kv = args.vision == "incremental_kv" if reuse_kv is None else reuse_kv
     return VisionReuseConfig(args.vision_threshold, args.vision_refresh, args.vision_max_drift, reuse_kv=kv,
-                             feature_threshold=args.vision_feature_threshold)
+                             feature_threshold=args.vision_feature_threshold, reuse_tower=args.vision_reuse_tower,
+                             tower_threshold=args.vision_tower_threshold,
+                             tower_refresh_steps=args.vision_tower_refresh)
 
 
 def decoder_options(name: str, store: Path | None, base_checkpoint: Path, policy: Policy, checkpoint: Path) -> dict[str, Any]:

@@ -31,7 +31,8 @@ class VisionReuseConfig:
 
     ``enabled`` says whether a runner uses the incremental encoder at all (the encoder itself does not
     read it). It is keyword-only: the positional order is ``(threshold, refresh_steps, max_drift,
-    reuse_kv, feature_threshold)``. The metadata documents each field as one of the node's ROS
+    reuse_kv, feature_threshold, reuse_tower,
+    tower_threshold, tower_refresh_steps)``. The metadata documents each field as one of the node's ROS
     parameters (``vision_*``); its ranges are those of the node's interface, enforced where a settings class nests this one
     (:func:`~vla_accel_ros.core.settings.check_fields`). On its own the class refuses only values the
     encoder cannot work with.
@@ -56,6 +57,18 @@ class VisionReuseConfig:
                                        "token's features (|f - f_ref| / |f_ref|) from those behind its cached "
                                        "keys/values that makes it dynamic; 0 = judge by pixels (vision_threshold)",
                                        range=(0.0, 10.0))
+    # A small tower is a sizeable share of the prefill (a quarter of hf_small's): the reuse of the
+    # language model's rows alone cannot remove it (docs/your_own_vla.md, "Incremental prefill").
+    reuse_tower: bool = setting(False, "Incremental prefill of a Hugging Face VLA: run its vision tower, too, only on the "
+                                "patches whose pixels moved by more than vision_tower_threshold, the others keeping "
+                                "their keys, values and features in every tower layer; needs vision_reuse_kv and the "
+                                "direct forward")
+    tower_threshold: float = setting(2.0, "vision_reuse_tower: mean |pixel change| (0..255) that makes the tower "
+                                     "recompute a patch", range=(0.0, 255.0))
+    # An unmoved patch's features also move with what its attention sees of the moving arm, which the
+    # cache misses until the next full pass; every 3 frames hf_small keeps its success (docs/your_own_vla.md).
+    tower_refresh_steps: int = setting(3, "vision_reuse_tower: run the tower on every patch at least every N frames",
+                                       range=(1, 100000))
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.threshold) and self.threshold >= 0):
@@ -64,6 +77,10 @@ class VisionReuseConfig:
             raise ValueError(f"VisionReuseConfig.refresh_steps must be >= 1, got {self.refresh_steps}")
         if not (math.isfinite(self.max_drift) and self.max_drift >= 0):
             raise ValueError(f"VisionReuseConfig.max_drift must be >= 0, got {self.max_drift}")
+        if not (math.isfinite(self.tower_threshold) and self.tower_threshold >= 0):
+            raise ValueError(f"VisionReuseConfig.tower_threshold must be >= 0, got {self.tower_threshold}")
+        if self.tower_refresh_steps < 1:
+            raise ValueError(f"VisionReuseConfig.tower_refresh_steps must be >= 1, got {self.tower_refresh_steps}")
         if not (math.isfinite(self.feature_threshold) and self.feature_threshold >= 0):
             raise ValueError(f"VisionReuseConfig.feature_threshold must be >= 0, got {self.feature_threshold}")
 

@@ -14,6 +14,7 @@ included) and activations, in the same order.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,6 +23,17 @@ import torch.nn.functional as F
 # SigLIP's and Llama's activations, by config name, as the functions their modules apply.
 TOWER_ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
 TEXT_ACTIVATIONS = {"silu": F.silu}
+
+
+@dataclass(frozen=True, eq=False)
+class TowerCache:
+    """What one tower pass leaves for a later one over some of the patches: every layer's keys and
+    values (1, heads, n_patches, head_dim), and the projected features (1, n_patches, d_text) that
+    take the image tokens' places."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    features: torch.Tensor
 
 
 def unsupported_reason(model: Any) -> str:
@@ -76,19 +88,51 @@ class DirectLlavaForward:
 
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
         """(1, n_patches, d_text): the projected last-layer features of the model input (1, 3, S, S)."""
+        return self.tower_pass(pixels).features
+
+    def tower_pass(self, pixels: torch.Tensor, rows: torch.Tensor | None = None,
+                   cache: TowerCache | None = None) -> TowerCache:
+        """The tower and projector over the model input ``pixels`` (1, 3, S, S), with what a later
+        pass may reuse. ``rows`` None: every patch. ``rows`` (m,), indices of row-major patches, with
+        the ``cache`` of an earlier pass: only those patches run, attending in every layer to the
+        cache's keys and values of the others, which keep their features (an approximation: the
+        tower's attention is bidirectional). With every patch in ``rows`` the result is the full
+        pass's to float rounding."""
         embeddings = self.tower.embeddings
-        x = embeddings.patch_embedding(pixels.to(embeddings.patch_embedding.weight.dtype))
-        x = x.flatten(2).transpose(1, 2) + embeddings.position_embedding.weight[None]
+        conv = embeddings.patch_embedding
+        pixels = pixels.to(conv.weight.dtype)
+        position = embeddings.position_embedding.weight
+        partial = rows is not None
+        if rows is None:
+            x = conv(pixels).flatten(2).transpose(1, 2) + position[None]
+        else:
+            if cache is None:
+                raise ValueError("a tower pass over some of the patches needs the cache of an earlier pass")
+            patch = conv.kernel_size[0]
+            grid = pixels.shape[-1] // patch
+            # the convolution with stride = kernel is one product per patch, in the kernel's (channel, y, x) order
+            patches = pixels.reshape(3, grid, patch, grid, patch).permute(1, 3, 0, 2, 4).reshape(grid * grid, -1)
+            x = (F.linear(patches[rows], conv.weight.reshape(conv.out_channels, -1), conv.bias) + position[rows])[None]
         n, heads = x.shape[1], self.tower_heads
-        for layer in self.tower.encoder.layers:
+        keys, values = [], []
+        for index, layer in enumerate(self.tower.encoder.layers):
             attention, mlp = layer.self_attn, layer.mlp
             h = layer.layer_norm1(x)
             q, k, v = (proj(h).view(1, n, heads, -1).transpose(1, 2)
                        for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
+            if partial:
+                assert cache is not None
+                k, v = cache.keys[index].index_copy(2, rows, k), cache.values[index].index_copy(2, rows, v)
+            keys.append(k)
+            values.append(v)
             out = F.scaled_dot_product_attention(q, k, v, scale=attention.scale)
             x = x + attention.out_proj(out.transpose(1, 2).reshape(1, n, -1))
             x = x + mlp.fc2(self.tower_activation(mlp.fc1(layer.layer_norm2(x))))
-        return self.projector(x)
+        features = self.projector(x)
+        if partial:
+            assert cache is not None
+            features = cache.features.index_copy(1, rows, features)
+        return TowerCache(tuple(keys), tuple(values), features)
 
     def text_forward(self, embeddings: torch.Tensor, cache: Any, positions: torch.Tensor,
                      mask: torch.Tensor | None = None) -> torch.Tensor:

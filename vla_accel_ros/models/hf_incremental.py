@@ -3,7 +3,7 @@ style of VLA-Cache: between frames, the keys and values of the image tokens whos
 change are reused in every layer of the language model.
 
 Per frame the vision tower and projector run on the whole image (beside the language model they
-cost little at a real VLA's shape). Which image tokens are *dynamic*:
+cost little at a real VLA's shape), unless ``reuse_tower`` (below). Which image tokens are *dynamic*:
 
 - the feature rule (``feature_threshold`` > 0, the default): those whose features moved by more
   than ``feature_threshold`` (relative, ``|f - f_ref| / |f_ref|``) from the features behind their
@@ -36,10 +36,18 @@ result is the full prefill's up to float rounding, and so it is under the pixel 
 ``threshold`` 0: then any change recomputes every image token, since only an identical image gives
 identical features. An identical image recomputes only the text.
 
-Only the reuse of keys and values is offered (``VisionReuseConfig.reuse_kv``): reusing the tower's
-outputs per patch, as the package policy's ``reuse_kv=False`` mode does with its per-patch encoder,
-would be neither exact (the tower is bidirectional) nor a saving (the language model's cost
-dominates).
+With ``reuse_tower`` (a small model's tower is a sizeable share of its prefill) the tower works the
+same way, through the direct forward (:meth:`~vla_accel_ros.models.hf_direct.DirectLlavaForward.tower_pass`):
+it runs only on the patches whose pixels moved by more than ``tower_threshold`` from those behind
+its cache, attending in every layer to the cached keys and values of the others, which keep their
+features. An unmoved patch's features also move with what its attention sees of the moving arm;
+the cache misses that until the tower's next full pass, on the prefill's full frames and every
+``tower_refresh_steps`` frames. The feature rule then compares these features as it would the
+full pass's.
+
+Reusing the keys and values of the language model is required (``VisionReuseConfig.reuse_kv``):
+reusing the tower's outputs alone, as the package policy's ``reuse_kv=False`` mode does with its
+per-patch encoder, would leave the language model's cost, which dominates at a real VLA's shape.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ import torch
 
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.configuration import VisionReuseConfig
+from vla_accel_ros.models.hf_direct import TowerCache
 from vla_accel_ros.models.hf_vla import CacheSlot, HFPrefix, HFScoreOutput
 from vla_accel_ros.models.incremental_vision import ReuseStats
 
@@ -111,6 +120,9 @@ class HFIncrementalPrefill:
         layer_types = getattr(text_config, "layer_types", None) or ()
         if getattr(text_config, "sliding_window", None) is not None or any(t != "full_attention" for t in layer_types):
             raise ValueError(f"{policy.source}: incremental prefill needs full attention in every text layer")
+        if config.reuse_tower and policy.direct is None:
+            raise ValueError(f"{policy.source}: reusing the vision tower's keys and values (reuse_tower) needs the "
+                             f"direct forward, which this model does not run ({policy.info['forward']})")
         self.policy = policy
         self.config = config
         self.patch_size = patch
@@ -127,6 +139,10 @@ class HFIncrementalPrefill:
         self._dynamic = torch.zeros(0, dtype=torch.long)
         self._since_refresh = 0
         self.last: ReuseStats | None = None
+        self._tower: TowerCache | None = None  # reuse_tower: the tower's keys, values and features
+        self._tower_reference: torch.Tensor | None = None  # reuse_tower: the pixels behind them
+        self._tower_since_refresh = 0
+        self.last_tower: ReuseStats | None = None  # reuse_tower: the patches the tower ran on in the last frame
 
     @property
     def recomputed_tokens(self) -> torch.Tensor:
@@ -153,8 +169,11 @@ class HFIncrementalPrefill:
         ids = policy.prompt_ids(obs.instruction, obs.proprio)
         resized = policy.resized_image(obs.image).contiguous()  # viewed patch by patch below
         features = None
-        if self.config.feature_threshold > 0:  # the feature rule reads this frame's features first
+        if self.config.reuse_tower:
+            features = self._tower_features(resized, obs.instruction)
+        elif self.config.feature_threshold > 0:  # the feature rule reads this frame's features first
             features = policy.image_features(policy.normalised_pixels(resized))
+        if features is not None and self.config.feature_threshold > 0:
             dynamic = self._dynamic_by_features(features, obs.instruction)
         else:
             dynamic = self._dynamic_tokens(resized, obs.instruction)
@@ -232,7 +251,7 @@ class HFIncrementalPrefill:
         reason = self._refresh_reason(instruction)
         if not reason:
             assert self._reference is not None
-            change = self._per_patch(resized - self._reference).abs_().sum(dim=(0, 2, 4)).flatten()  # (P,)
+            change = self._patch_change(resized, self._reference)
             n_values = resized.numel() // n_tokens
             # thresholds scaled to sums rather than sums divided down to means
             is_dynamic = change > self.config.threshold * n_values
@@ -247,10 +266,33 @@ class HFIncrementalPrefill:
             self._reference = resized
             return self._record(None, instruction, reason)
         if len(dynamic):  # the dynamic patches' pixels become their reference
-            grid = is_dynamic.view(1, self.grid, 1, self.grid, 1)
-            fresh = torch.where(grid, self._per_patch(resized), self._per_patch(self._reference))
-            self._reference = fresh.view_as(resized)
+            self._reference = self._with_patches(self._reference, resized, is_dynamic)
         return self._record(dynamic, instruction)
+
+    def _tower_features(self, resized: torch.Tensor, instruction: str) -> torch.Tensor:
+        """reuse_tower: this frame's image features (1, P, d). The tower runs on every patch when
+        the prefill is full and every ``tower_refresh_steps`` frames, else only on the patches whose
+        pixels moved by more than ``tower_threshold`` from those behind their cached keys and values.
+        Updates ``last_tower``."""
+        direct, n_tokens = self.policy.direct, self.policy.config.n_image_tokens
+        assert direct is not None  # checked at construction
+        pixels = self.policy.normalised_pixels(resized)
+        reason = self._refresh_reason(instruction)
+        if not reason and self._tower_since_refresh >= self.config.tower_refresh_steps:
+            reason = "tower timer"
+        if reason or self._tower is None or self._tower_reference is None:
+            self._tower, self._tower_reference, self._tower_since_refresh = direct.tower_pass(pixels), resized, 1
+            self.last_tower = ReuseStats(n_tokens, n_tokens, True, reason or "first frame")
+            return self._tower.features
+        n_values = resized.numel() // n_tokens
+        moved = self._patch_change(resized, self._tower_reference) > self.config.tower_threshold * n_values
+        rows = torch.nonzero(moved).squeeze(1)
+        if len(rows):
+            self._tower = direct.tower_pass(pixels, rows.to(self.policy.device), self._tower)
+            self._tower_reference = self._with_patches(self._tower_reference, resized, moved)
+        self._tower_since_refresh += 1
+        self.last_tower = ReuseStats(len(rows), n_tokens, False)
+        return self._tower.features
 
     def _dynamic_by_features(self, features: torch.Tensor, instruction: str) -> torch.Tensor | None:
         """The feature rule: the image tokens whose features (1, P, d) moved by more than
@@ -281,6 +323,15 @@ class HFIncrementalPrefill:
             self._since_refresh += 1
             self.last = ReuseStats(len(dynamic), n_tokens, False)
         return dynamic
+
+    def _patch_change(self, resized: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+        """(P,) the sum of the absolute pixel differences in each patch."""
+        return self._per_patch(resized - reference).abs_().sum(dim=(0, 2, 4)).flatten()
+
+    def _with_patches(self, reference: torch.Tensor, resized: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """``reference`` (1, 3, S, S) with the pixels of the ``chosen`` patches (P,) bool from ``resized``."""
+        grid = chosen.view(1, self.grid, 1, self.grid, 1)
+        return torch.where(grid, self._per_patch(resized), self._per_patch(reference)).view_as(resized)
 
     def _per_patch(self, pixels: torch.Tensor) -> torch.Tensor:
         """(1, 3, S, S) -> a view (channel, patch row, row in patch, patch column, column in patch)."""

@@ -12,8 +12,9 @@ pixels, not against the previous frame, bounds the error: slow drift accumulates
 is recomputed. On top, everything is refreshed every ``refresh_steps`` frames, when the mean drift
 of the cached patches exceeds ``max_drift``, and whenever the instruction changes (the encoder is
 FiLM-conditioned on it). With ``threshold`` 0 every changed patch is recomputed, which equals full
-encoding exactly. (``feature_threshold`` is not read here: this encoder sees one patch at a time, so
-a patch's encoding moves only with its own pixels.)
+encoding exactly. (``feature_threshold`` and the tower's settings are not read here: this encoder
+sees one patch at a time, so a patch's encoding moves only with its own pixels, and it runs only on
+the moved patches already.)
 
 With ``reuse_kv`` the reuse goes past the local encoder, as an approximation: the global vision
 layer and the causal decoder run only on the tokens that must change (the dynamic patches, the

@@ -322,17 +322,22 @@ def test_the_incremental_vision_encoder_serves_an_hf_policy_through_its_own_pref
 def test_a_runner_decodes_an_hf_policy_with_reused_keys_and_values(policy: HFTokenVLA, decoder: str) -> None:
     runner = build_runner(RunnerConfig(decoder=decoder, temperature=0.0, vision=KV), ArmKinematics(default_urdf()),
                           policy=policy)
-    pixels = image(10)
+    assert vision_fractions(runner, image(10), steps=5, patch_5_moves_at=3) == [1.0, 0.0, 0.0, 1 / N_PATCHES, 0.0]
+
+
+def vision_fractions(runner: Any, pixels: np.ndarray, steps: int, patch_5_moves_at: int) -> list[float]:
+    """The runner's share of image patches re-encoded per step over ``pixels``, patch 5 inverted
+    from step ``patch_5_moves_at`` on; every action sound."""
     fractions = []
-    for step in range(5):
-        if step == 3:
+    for step in range(steps):
+        if step == patch_5_moves_at:
             pixels = with_inverted_patch(pixels, 5)
         obs = Observation(image=pixels, instruction=INSTRUCTION, joint_pos=np.full(7, 0.01 * step), gripper=0.04,
                           stamp=0.05 * step)
         result = runner(obs)
         assert result.tokens.shape == (7,) and np.isfinite(result.action).all()
         fractions.append(result.vision_fraction)
-    assert fractions == [1.0, 0.0, 0.0, 1 / N_PATCHES, 0.0]
+    return fractions
 
 
 def test_eval_refuses_per_patch_vision_on_an_hf_policy_in_one_line(tiny_hf_vla: Callable[..., Path],
@@ -451,13 +456,4 @@ def test_a_node_configuration_turns_the_tower_reuse_on(siglip_policy: HFTokenVLA
                                     "vision_feature_threshold": 0.0, "vision_tower_refresh_steps": 100})
     runner = build_runner(replace(node.runner_config(), temperature=0.0), ArmKinematics(default_urdf()),
                           policy=siglip_policy)
-    pixels = image(24)
-    fractions = []
-    for step in range(3):
-        if step == 2:
-            pixels = with_inverted_patch(pixels, 5)
-        result = runner(Observation(image=pixels, instruction=INSTRUCTION, joint_pos=np.zeros(7), gripper=0.04,
-                                    stamp=0.05 * step))
-        assert np.isfinite(result.action).all()
-        fractions.append(result.vision_fraction)
-    assert fractions == [1.0, 0.0, 1 / N_PATCHES]
+    assert vision_fractions(runner, image(24), steps=3, patch_5_moves_at=2) == [1.0, 0.0, 1 / N_PATCHES]

@@ -9,6 +9,7 @@ import pytest
 from vla_accel_ros.commands.bench import (
     add_arguments,
     parse_contact_bounds,
+    parse_fill_check_bounds,
     parse_sweep_decoders,
     parse_sweep_r,
 )
@@ -58,6 +59,21 @@ def test_fill_check_entries_for_the_kalman_fill_decoders_and_their_incremental_r
         decoder = make_decoder(entry.decoder, **dict(entry.settings))
         assert getattr(getattr(decoder, "config", None), "fill_check", False) is (FILL_CHECK_SUFFIX in entry.name)
     assert not any(FILL_CHECK_SUFFIX in e.name for e in bench_entries(["ar", "kerv"], sweep=False))
+
+
+def test_fill_check_bounds_reach_the_fill_checked_entries_only() -> None:
+    entries = bench_entries(["ar", "kerv", "world_aware"], sweep=False, fill_check=True, reuse_kv=True,
+                            fill_check_bounds=(3, 10))
+    for entry in entries:
+        config = getattr(make_decoder(entry.decoder, **dict(entry.settings)), "config", None)
+        if FILL_CHECK_SUFFIX in entry.name:
+            assert (config.r_min, config.r_max) == (3, 10)
+        elif config is not None and hasattr(config, "r_min"):
+            assert (config.r_min, config.r_max) == (5, 15)  # the decoders' own
+    assert parse_fill_check_bounds("2:6") == (2, 6)
+    for bad in ("6:2", "3", "a:b"):
+        with pytest.raises(argparse.ArgumentTypeError, match="R_MIN:R_MAX"):
+            parse_fill_check_bounds(bad)
 
 
 def test_no_sequential_entries_by_default() -> None:

@@ -130,6 +130,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"also run {', '.join(fill_check_decoders())} checking the Kalman filter's fill of a "
                              f"rejected suffix against the target's own picks from the same verify pass (entries "
                              f"named DECODER{FILL_CHECK_SUFFIX}, and DECODER{FILL_CHECK_SUFFIX}+ivkv with --reuse-kv)")
+    parser.add_argument("--fill-check-bounds", type=parse_fill_check_bounds, default=None, metavar="R_MIN:R_MAX",
+                        help="--fill-check: the r bounds of the fill-checked entries (acceptance and the check "
+                             "alike; default: each decoder's own)")
     add_vision_arguments(parser)
     add_sampling_arguments(parser)
     add_robot_arguments(parser)
@@ -159,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
                             reuse_kv=args.reuse_kv, sequential_draft=args.sequential_draft,
                             temperatures=args.temperature_sweep, contact_bounds=args.contact_bounds,
                             after_prefill=args.after_prefill, sweep_r=args.sweep_r,
-                            sweep_decoders=args.sweep_decoders, fill_check=args.fill_check)
+                            sweep_decoders=args.sweep_decoders, fill_check=args.fill_check,
+                            fill_check_bounds=args.fill_check_bounds)
     sampling = sampling_config(args)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -205,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         "wall_s": time.perf_counter() - start,
         "threads": args.threads,
         "temperature": sampling.temperature,
+        "fill_check_bounds": args.fill_check_bounds,  # None: each decoder's own
     }
     every_row = {**main_rows, **sweep_rows}
     comparison = wa_comparison(every_row)
@@ -267,6 +272,17 @@ def parse_contact_bounds(text: str) -> tuple[tuple[int, int], ...]:
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"comma-separated R_MIN:R_MAX pairs with 0 <= R_MIN <= R_MAX: {err}") from err
     return pairs  # type: ignore[return-value]
+
+
+def parse_fill_check_bounds(text: str) -> tuple[int, int]:
+    """"3:10" -> (3, 10), a valid (r_min, r_max) of every decoder with a checked fill."""
+    try:
+        low, high = (int(v) for v in text.split(":"))
+        for name in fill_check_decoders():
+            make_decoder(name, r_min=low, r_max=high, fill_check=True)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"R_MIN:R_MAX with 0 <= R_MIN <= R_MAX: {err}") from err
+    return low, high
 
 
 def parse_sweep_r(text: str) -> tuple[int, ...]:

@@ -146,12 +146,15 @@ def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = F
                   temperatures: tuple[float, ...] = (),
                   contact_bounds: tuple[tuple[int, int], ...] = (),
                   after_prefill: bool = False, sweep_r: tuple[int, ...] = SWEEP_R,
-                  sweep_decoders: tuple[str, ...] = THRESHOLD_SWEPT, fill_check: bool = False) -> list[BenchEntry]:
+                  sweep_decoders: tuple[str, ...] = THRESHOLD_SWEPT, fill_check: bool = False,
+                  fill_check_bounds: tuple[int, int] | None = None) -> list[BenchEntry]:
     entries = [BenchEntry(name, name) for name in decoders]
     if fill_check:  # the decoders with a Kalman fill again, checking it against the target's own picks
         checking = fill_check_decoders()
-        entries += [BenchEntry(f"{name}{FILL_CHECK_SUFFIX}", name, (("fill_check", True),))
-                    for name in decoders if name in checking]
+        settings: tuple[tuple[str, Any], ...] = (("fill_check", True),)
+        if fill_check_bounds is not None:  # their r bounds: acceptance and the check alike
+            settings += (("r_min", fill_check_bounds[0]), ("r_max", fill_check_bounds[1]))
+        entries += [BenchEntry(f"{name}{FILL_CHECK_SUFFIX}", name, settings) for name in decoders if name in checking]
     # the rows that incremental vision repeats: each named decoder, and its fill-checked row
     visioned = list(entries)
     # A listed wa_prefill+X also runs at every looser setting X gets: the relaxation sweep of WA-SpecDec.

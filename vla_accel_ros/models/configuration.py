@@ -31,9 +31,8 @@ class VisionReuseConfig:
 
     ``enabled`` says whether a runner uses the incremental encoder at all (the encoder itself does not
     read it). It is keyword-only: the positional order is ``(threshold, refresh_steps, max_drift,
-    reuse_kv, feature_threshold, reuse_tower,
-    tower_threshold, tower_refresh_steps)``. The metadata documents each field as one of the node's ROS
-    parameters (``vision_*``); its ranges are those of the node's interface, enforced where a settings class nests this one
+    reuse_kv, feature_threshold, reuse_tower, tower_threshold, tower_refresh_steps)``. The metadata
+    documents each field as one of the node's ROS parameters (``vision_*``); its ranges are those of the node's interface, enforced where a settings class nests this one
     (:func:`~vla_accel_ros.core.settings.check_fields`). On its own the class refuses only values the
     encoder cannot work with.
     """

@@ -102,12 +102,12 @@ class DirectLlavaForward:
         conv = embeddings.patch_embedding
         pixels = pixels.to(conv.weight.dtype)
         position = embeddings.position_embedding.weight
-        partial = rows is not None
+        if rows is not None and cache is None:
+            raise ValueError("a tower pass over some of the patches needs the cache of an earlier pass")
+        reused = cache if rows is not None else None  # what the patches outside ``rows`` keep
         if rows is None:
             x = conv(pixels).flatten(2).transpose(1, 2) + position[None]
         else:
-            if cache is None:
-                raise ValueError("a tower pass over some of the patches needs the cache of an earlier pass")
             patch = conv.kernel_size[0]
             grid = pixels.shape[-1] // patch
             # the convolution with stride = kernel is one product per patch, in the kernel's (channel, y, x) order
@@ -120,18 +120,16 @@ class DirectLlavaForward:
             h = layer.layer_norm1(x)
             q, k, v = (proj(h).view(1, n, heads, -1).transpose(1, 2)
                        for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
-            if partial:
-                assert cache is not None
-                k, v = cache.keys[index].index_copy(2, rows, k), cache.values[index].index_copy(2, rows, v)
+            if reused is not None:
+                k, v = reused.keys[index].index_copy(2, rows, k), reused.values[index].index_copy(2, rows, v)
             keys.append(k)
             values.append(v)
             out = F.scaled_dot_product_attention(q, k, v, scale=attention.scale)
             x = x + attention.out_proj(out.transpose(1, 2).reshape(1, n, -1))
             x = x + mlp.fc2(self.tower_activation(mlp.fc1(layer.layer_norm2(x))))
         features = self.projector(x)
-        if partial:
-            assert cache is not None
-            features = cache.features.index_copy(1, rows, features)
+        if reused is not None:
+            features = reused.features.index_copy(1, rows, features)
         return TowerCache(tuple(keys), tuple(values), features)
 
     def text_forward(self, embeddings: torch.Tensor, cache: Any, positions: torch.Tensor,

@@ -276,19 +276,20 @@ class HFIncrementalPrefill:
         Updates ``last_tower``."""
         direct, n_tokens = self.policy.direct, self.policy.config.n_image_tokens
         assert direct is not None  # checked at construction
-        pixels = self.policy.normalised_pixels(resized)
         reason = self._refresh_reason(instruction)
         if not reason and self._tower_since_refresh >= self.config.tower_refresh_steps:
             reason = "tower timer"
         if reason or self._tower is None or self._tower_reference is None:
-            self._tower, self._tower_reference, self._tower_since_refresh = direct.tower_pass(pixels), resized, 1
+            self._tower = direct.tower_pass(self.policy.normalised_pixels(resized))
+            self._tower_reference, self._tower_since_refresh = resized, 1
             self.last_tower = ReuseStats(n_tokens, n_tokens, True, reason or "first frame")
             return self._tower.features
         n_values = resized.numel() // n_tokens
         moved = self._patch_change(resized, self._tower_reference) > self.config.tower_threshold * n_values
         rows = torch.nonzero(moved).squeeze(1)
         if len(rows):
-            self._tower = direct.tower_pass(pixels, rows.to(self.policy.device), self._tower)
+            self._tower = direct.tower_pass(self.policy.normalised_pixels(resized), rows.to(self.policy.device),
+                                            self._tower)
             self._tower_reference = self._with_patches(self._tower_reference, resized, moved)
         self._tower_since_refresh += 1
         self.last_tower = ReuseStats(len(rows), n_tokens, False)

@@ -396,6 +396,23 @@ def test_world_aware_verifies_inside_the_prefill_in_free_space_only(
         make_decoder("world_aware", prefill_min_looseness=-0.1)
 
 
+def test_world_aware_with_the_checked_fill_verifies_inside_the_prefill_at_contact_too(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
+    """The checked fill bounds what follows a rejected cheap token, so by default its proposal is
+    verified inside the prefill at contact as well as in free space; a set value still rules."""
+    assert make_decoder("world_aware").config.prefill_min_looseness == 0.5
+    assert make_decoder("world_aware", fill_check=True).config.prefill_min_looseness == 0.0
+    assert make_decoder("world_aware", fill_check=True, prefill_min_looseness=0.5).config.prefill_min_looseness == 0.5
+    obs = observations(1, seed=5)[0]
+    held = np.array([3, 30, 60, 90, 120, 150, 180])
+    at_contact = prefill_verify_context(kin, held, target_clearance=0.01)
+    checked = run_policy_step(policy, obs, make_decoder("world_aware", fill_check=True), at_contact)
+    assert checked.mode == PREFILL_VERIFIED
+    unchecked = run_policy_step(policy, obs, make_decoder("world_aware"), at_contact)
+    assert unchecked.mode == ""
+
+
 def test_world_aware_without_the_scene_decides_from_the_previous_steps_contact_head(
     policy: Policy, kin: ArmKinematics, observations: Observations
 ) -> None:

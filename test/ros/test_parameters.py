@@ -137,6 +137,19 @@ def test_kf_fill_check_is_a_parameter_for_the_kalman_fill_decoders_only():
             from_params(cls, {"decoder": "sd", "kf_fill_check": True})
 
 
+def test_kinematic_r_bounds_are_parameters_for_the_kinematic_threshold_decoders_only():
+    for cls in (NodeConfig, InferenceNodeConfig):
+        specs = {s.name: s for s in parameter_specs(cls)}
+        assert [(specs[n].kind, specs[n].default) for n in ("kinematic_r_min", "kinematic_r_max")] == [(int, 5), (int, 15)]
+        assert from_params(cls, {"decoder": "sd"}).runner_config().kinematic_r_bounds is None  # the defaults
+        bounded = from_params(cls, {"decoder": "world_aware", "kinematic_r_min": 2, "kinematic_r_max": 6})
+        assert bounded.runner_config().kinematic_r_bounds == (2, 6)
+        with pytest.raises(ConfigError, match="kinematic_r_min.*kerv, world_aware.*'sd'"):
+            from_params(cls, {"decoder": "sd", "kinematic_r_max": 9})
+        with pytest.raises(ConfigError, match="'kinematic_r_min' = 7 exceeds 'kinematic_r_max' = 6"):
+            from_params(cls, {"decoder": "kerv", "kinematic_r_min": 7, "kinematic_r_max": 6})
+
+
 def test_bad_yaml_file_is_reported(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("a: [1, 2\n")
@@ -245,3 +258,14 @@ def test_importing_the_parameters_does_not_import_torch():
     code = "import sys, vla_accel_ros.ros.parameters; assert 'torch' not in sys.modules, 'torch imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_r_bounds_on_the_command_line():
+    import argparse
+
+    from vla_accel_ros.core.settings import parse_r_bounds
+
+    assert parse_r_bounds("2:6") == (2, 6) and parse_r_bounds("0:0") == (0, 0)
+    for bad in ("6:2", "3", "a:b", "-1:4", "2:6:9"):
+        with pytest.raises(argparse.ArgumentTypeError, match="R_MIN:R_MAX"):
+            parse_r_bounds(bad)

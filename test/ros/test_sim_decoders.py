@@ -14,7 +14,8 @@ def test_each_decoder_runs_on_the_same_seeds_and_is_compared(tmp_path, tiny_chec
     from vla_accel_ros.ros.launcher import SimRunOptions, run_sim_decoders
 
     opts = SimRunOptions(episodes=1, duration_s=1.5, out=str(tmp_path / "run"), domain_id=212, inference_mode="thread",
-                         checkpoint=str(tiny_checkpoint(tmp_path / "ckpt")), realtime_priority=0)
+                         checkpoint=str(tiny_checkpoint(tmp_path / "ckpt")), realtime_priority=0,
+                         kinematic_r_bounds=(2, 6))
     result = run_sim_decoders(opts, ["ar", "kerv"], progress=False)
     assert [r["decoder"] for r in result["decoders"]] == ["ar", "kerv"] and result["baseline"] == "ar"
     rows = {r["decoder"]: r for r in result["decoders"]}
@@ -24,4 +25,7 @@ def test_each_decoder_runs_on_the_same_seeds_and_is_compared(tmp_path, tiny_chec
     for decoder in ("ar", "kerv"):  # one run per decoder, the same seed
         summary = json.loads((tmp_path / "run" / decoder / "summary.json").read_text())
         assert summary["per_episode"][0]["seed"] == opts.seed and summary["options"]["decoder"] == decoder
+    # the bounds go to the decoder with the kinematic threshold only (ar's node would refuse them)
+    runs = {d: json.loads((tmp_path / "run" / d / "summary.json").read_text())["options"] for d in ("ar", "kerv")}
+    assert runs["ar"]["kinematic_r_bounds"] is None and runs["kerv"]["kinematic_r_bounds"] == [2, 6]
     assert json.loads((tmp_path / "run" / "decoders.json").read_text())["decoders"] == result["decoders"]

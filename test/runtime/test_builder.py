@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,28 @@ def test_kf_fill_check_reaches_the_decoder_and_is_refused_for_one_without_a_kalm
     for name in ("ar", "sd", "deadline"):
         with pytest.raises(ValueError, match=f"kf_fill_check.*kerv, world_aware.*'{name}'"):
             build_runner(RunnerConfig(decoder=name, kf_fill_check=True), KIN, policy=policy)
+
+
+def test_kinematic_r_bounds_reach_the_decoder_and_are_refused_for_one_without_the_kinematic_threshold(checkpoint):
+    from vla_accel_ros.models import load_checkpoint
+    from vla_accel_ros.runtime.process_worker import ChildSpec
+
+    policy = load_checkpoint(checkpoint)
+    for name in ("kerv", "world_aware"):
+        config = build_runner(RunnerConfig(decoder=name, kinematic_r_bounds=(2, 6)), KIN, policy=policy).decoder.config
+        assert (config.r_min, config.r_max) == (2, 6)
+    own = build_runner(RunnerConfig(decoder="kerv"), KIN, policy=policy).decoder.config
+    assert (own.r_min, own.r_max) == (5, 15)
+    for name in ("ar", "sd", "deadline"):
+        with pytest.raises(ValueError, match=f"kinematic_r_bounds.*kerv, world_aware.*'{name}'"):
+            build_runner(RunnerConfig(decoder=name, kinematic_r_bounds=(2, 6)), KIN, policy=policy)
+    for bad in ((6, 2), (-1, 4), (2,), (2.5, 6)):
+        with pytest.raises(ValueError, match="kinematic_r_bounds"):
+            RunnerConfig(decoder="kerv", kinematic_r_bounds=bad)  # type: ignore[arg-type]
+    # the inference process receives the settings as JSON, the bounds as a list
+    spec = ChildSpec(RunnerConfig(decoder="kerv", kinematic_r_bounds=(2, 6)), "<robot/>", "tcp")
+    message = json.loads(json.dumps(spec.to_message()))
+    assert ChildSpec.from_message(message).runner.kinematic_r_bounds == (2, 6)
 
 
 def test_build_controller_sets_enable_and_the_first_instruction():

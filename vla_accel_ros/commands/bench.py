@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from vla_accel_ros.core.resources import default_checkpoint
+from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding import (
     BASELINE,
     CONTACT_COMPARISON,
@@ -276,8 +277,8 @@ def parse_contact_bounds(text: str) -> tuple[tuple[int, int], ...]:
 
 def parse_fill_check_bounds(text: str) -> tuple[int, int]:
     """"3:10" -> (3, 10), a valid (r_min, r_max) of every decoder with a checked fill."""
+    low, high = parse_r_bounds(text)
     try:
-        low, high = (int(v) for v in text.split(":"))
         for name in fill_check_decoders():
             make_decoder(name, r_min=low, r_max=high, fill_check=True)
     except ValueError as err:

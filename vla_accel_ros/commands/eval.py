@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from vla_accel_ros.core.resources import default_checkpoint
+from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding import (
     BASELINE,
     DECODERS,
@@ -55,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kf-fill-check", action="store_true",
                         help=f"{', '.join(decoders_with(lambda c: c.fill_check))}: check the Kalman filter's fill of a "
                              "rejected suffix against the target's own picks from the same verify pass")
+    parser.add_argument("--kinematic-r-bounds", type=parse_r_bounds, default=None, metavar="R_MIN:R_MAX",
+                        help="kerv, world_aware: the bounds of the kinematic acceptance threshold, in token bins "
+                             "(default: the decoder's own, 5:15)")
     parser.add_argument("--store", type=Path, default=None,
                         help=f"{', '.join(decoders_with(lambda c: c.retrieval_store))}: retrieval store directory (default: "
                              "CHECKPOINT/retrieval_store; see vla-accel build-store)")
@@ -89,9 +93,10 @@ def run(args: argparse.Namespace) -> int:
     sampling = sampling_config(args)
     settings = decoder_options(base_decoder, args.store, args.checkpoint or default_checkpoint(), policy, ckpt)
     try:
-        settings.update(decoder_settings(RunnerConfig(decoder=base_decoder, kf_fill_check=args.kf_fill_check)))
+        settings.update(decoder_settings(RunnerConfig(decoder=base_decoder, kf_fill_check=args.kf_fill_check,
+                                                      kinematic_r_bounds=args.kinematic_r_bounds)))
     except ValueError as err:
-        raise SystemExit(f"--kf-fill-check: {err}") from err
+        raise SystemExit(str(err)) from err
     decoder = make_decoder(base_decoder, **settings)
     args.out.mkdir(parents=True, exist_ok=True)
     sim_config = SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)

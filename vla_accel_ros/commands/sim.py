@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 
+from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE
 from vla_accel_ros.ros.launcher import (
     NodeRefused,
@@ -29,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kf-fill-check", action="store_true",
                         help="kerv, world_aware: check the Kalman filter's fill of a rejected suffix against the "
                              "target's own picks from the same verify pass (the node's kf_fill_check)")
+    parser.add_argument("--kinematic-r-bounds", type=parse_r_bounds, default=None, metavar="R_MIN:R_MAX",
+                        help="kerv, world_aware: the bounds of the kinematic acceptance threshold, in token bins "
+                             "(the node's kinematic_r_min and kinematic_r_max; default: the decoder's own, 5:15)")
     parser.add_argument("--out", default="outputs/sim", help="output directory")
     parser.add_argument("--seed", type=int, default=100_000, help="seed of the first episode (then +1 each)")
     parser.add_argument("--checkpoint", default="", help="policy checkpoint directory, or hf:DIR for a Hugging Face "
@@ -51,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     opts = SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, decoder=args.decoder,
-                         temperature=args.temperature, kf_fill_check=args.kf_fill_check, out=args.out, seed=args.seed,
+                         temperature=args.temperature, kf_fill_check=args.kf_fill_check,
+                         kinematic_r_bounds=args.kinematic_r_bounds, out=args.out, seed=args.seed,
                          checkpoint=args.checkpoint, unnorm_key=args.unnorm_key,
                          inference_python=args.inference_python,
                          duration_s=args.duration_s, output=args.output, executor=args.executor, domain_id=args.domain_id,

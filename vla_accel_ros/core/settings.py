@@ -8,6 +8,7 @@ rclpy or torch.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
@@ -217,3 +218,15 @@ def to_params(cfg: Any) -> dict[str, Any]:
 def dump_yaml_params(cfg: Any, node_name: str) -> str:
     """A ros2 parameter file for one node holding every setting of ``cfg``."""
     return yaml.safe_dump({node_name: {"ros__parameters": to_params(cfg)}}, sort_keys=False)
+
+
+def parse_r_bounds(text: str) -> tuple[int, int]:
+    """"2:6" -> (2, 6): the command-line form of a threshold's bounds 0 <= R_MIN <= R_MAX in token bins
+    (an argparse ``type``; argparse.ArgumentTypeError, with the reason, otherwise)."""
+    try:
+        low, high = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"R_MIN:R_MAX with two integers, got {text!r}") from None
+    if not 0 <= low <= high:
+        raise argparse.ArgumentTypeError(f"R_MIN:R_MAX with 0 <= R_MIN <= R_MAX, got {text!r}")
+    return low, high

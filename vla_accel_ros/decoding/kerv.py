@@ -79,6 +79,7 @@ from vla_accel_ros.decoding.thresholds import (
     fit_circle_radius,
     kinematic_threshold,
 )
+from vla_accel_ros.models.configuration import KINEMATIC_R_BOUNDS
 from vla_accel_ros.models.sampling import pick_tokens
 
 GRIPPER_INDEX = N_ACTION_TOKENS - 1
@@ -86,8 +87,8 @@ GRIPPER_INDEX = N_ACTION_TOKENS - 1
 
 @dataclass(frozen=True)
 class KervConfig:
-    r_min: int = 5
-    r_max: int = 15
+    r_min: int = KINEMATIC_R_BOUNDS[0]
+    r_max: int = KINEMATIC_R_BOUNDS[1]
     kf_draft: bool = True  # let the KF propose the positions it has proven reliable on
     kf_trust: float = 0.9  # running acceptance rate a position's KF token needs before the KF drafts it
     hold_draft: bool = True  # let the previous action's tokens propose the positions they have proven reliable on

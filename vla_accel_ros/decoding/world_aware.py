@@ -9,7 +9,10 @@ unverified fill.
 
 In free space (contact looseness from ``prefill_min_looseness``, by default where the previous
 action drafts too) the cheap sources' proposal is verified inside the prefill (``prefill_verify``, :mod:`kerv`): the action costs 6 more rows of the
-prefill and no pass after it. That decision comes before the prefill, so without the scene it
+prefill and no pass after it. With the checked fill (``fill_check``) that is every step by default:
+near contact the prefill's proposal is rejected more often, and unchecked, the Kalman fill after the
+rejection is what costs grasps there; checked, it stays within r (0.4x the kinematic r at
+contact) of the target's own picks. That decision comes before the prefill, so without the scene it
 reads the contact head of the episode's previous step (one control period old; none at the first
 step, which decodes after the prefill). Decoding is otherwise exactly :class:`KervDecoder`'s,
 including its split around the verify pass after the prefill (``split_verify``), where the
@@ -40,11 +43,15 @@ class WorldAwareConfig(KervConfig):
     # draft: 0.5 is about 6 cm from the target with the scene's clearance
     hold_min_looseness: float = 0.5
     prefill_verify: bool = True  # in free space, verify the cheap proposal inside the prefill
-    # contact looseness from which the proposal is verified inside the prefill
-    prefill_min_looseness: float = 0.5
+    # contact looseness from which the proposal is verified inside the prefill; None: 0.5, or 0 (every
+    # step with a contact reading) with the fill check, which bounds the suffix after a rejected cheap
+    # token by the target's own picks, the risk that keeps the unchecked fill out of the prefill near contact
+    prefill_min_looseness: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.prefill_min_looseness is None:
+            object.__setattr__(self, "prefill_min_looseness", 0.0 if self.fill_check else 0.5)
         for name in ("hold_min_looseness", "prefill_min_looseness"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"WorldAwareConfig.{name} must be in [0, 1], got {getattr(self, name)}")
@@ -104,8 +111,8 @@ class WorldAwareDecoder(KervDecoder):
         """In free space (looseness from ``prefill_min_looseness``), judged before the prefill."""
         if self.kinematics_only(policy, context):
             return True
-        looseness = self.looseness_before_prefill(context)
-        return looseness is not None and looseness >= self.config.prefill_min_looseness
+        looseness, minimum = self.looseness_before_prefill(context), self.config.prefill_min_looseness
+        return looseness is not None and minimum is not None and looseness >= minimum
 
     def threshold(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
         """The kinematic r scaled by contact; with ``prefix`` None (before the prefill) the contact

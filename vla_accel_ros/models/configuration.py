@@ -1,5 +1,6 @@
 """Settings of the models layer that other layers read without loading a model: the incremental-vision
-settings, the sampling temperature's default and bound, and the decoders' names.
+settings, the sampling temperature's default and bound, the decoders' names and the kinematic
+threshold's default bounds.
 
 Importable without torch: ``ros/parameters.py`` builds the node's parameters from these before any
 model is loaded (in ``inference_mode: process`` the node never loads one at all).
@@ -22,6 +23,10 @@ DECODER_NAMES: tuple[str, ...] = ("ar", "sd", "kerv_released", "kerv", "world_aw
 # Those of them that fill a rejected suffix with the Kalman filter and can check that fill (the
 # ``fill_check`` capability; the node's ``kf_fill_check``), for parameter checks without torch.
 FILL_CHECK_DECODERS: tuple[str, ...] = ("kerv", "world_aware")
+# Those whose acceptance threshold r is the kinematic one, bounded to [r_min, r_max] token bins (their
+# ``KervConfig``; the node's ``kinematic_r_min`` and ``kinematic_r_max``), and its default bounds.
+KINEMATIC_THRESHOLD_DECODERS: tuple[str, ...] = ("kerv", "world_aware")
+KINEMATIC_R_BOUNDS: tuple[int, int] = (5, 15)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from vla_accel_ros.models.configuration import (
     DEFAULT_TEMPERATURE,
     FILL_CHECK_DECODERS,
     HF_PREFIX,
+    KINEMATIC_THRESHOLD_DECODERS,
     MAX_TEMPERATURE,
     checkpoint_directory,
     is_hf_checkpoint,
@@ -59,6 +60,7 @@ class SimRunOptions:
     decoder: str = "kerv"
     temperature: float = DEFAULT_TEMPERATURE
     kf_fill_check: bool = False
+    kinematic_r_bounds: tuple[int, int] | None = None  # None: the decoder's own
     out: str = "outputs/sim"
     seed: int = 100_000
     checkpoint: str = ""
@@ -225,6 +227,8 @@ def run_sim(opts: SimRunOptions, progress: bool = True,
         node_params["checkpoint"] = prefix + str(checkpoint_directory(opts.checkpoint).resolve())
     if opts.unnorm_key:
         node_params["unnorm_key"] = opts.unnorm_key
+    if opts.kinematic_r_bounds is not None:
+        node_params["kinematic_r_min"], node_params["kinematic_r_max"] = opts.kinematic_r_bounds
     if opts.inference_python:
         node_params["inference_python"] = opts.inference_python
     logs = [open(out / "sim_node.log", "w"), open(out / "vla_accel_node.log", "w")]
@@ -243,7 +247,8 @@ def run_sim(opts: SimRunOptions, progress: bool = True,
 def _start_inference_node(opts: SimRunOptions, node_params: dict[str, Any], env: dict[str, str],
                           host: NetworkNamespace | None, log: Any) -> subprocess.Popen:
     """The policy as vla_inference_node (in the namespace ``host`` when given) for the robot."""
-    params = {key: node_params[key] for key in ("decoder", "temperature", "kf_fill_check", "checkpoint", "unnorm_key")
+    params = {key: node_params[key] for key in ("decoder", "temperature", "kf_fill_check", "kinematic_r_min",
+                                                "kinematic_r_max", "checkpoint", "unnorm_key")
               if key in node_params}
     params["control_period_s"] = 1.0 / float(opts.control_rate_hz)
     command = [sys.executable, "-m", "vla_accel_ros.ros.inference_node", *ros_args(params)]
@@ -372,14 +377,16 @@ def run_sim_decoders(opts: SimRunOptions, decoders: list[str], progress: bool = 
     """The node with each decoder in turn, on the same seeds (``opts.out/DECODER``): each one's
     success and inference latency, and that latency's ratio to the first decoder's (``ar`` first
     for ratios against it). Also written to ``opts.out/decoders.json``. ``opts.kf_fill_check`` goes
-    to the decoders that have a Kalman fill to check."""
+    to the decoders that have a Kalman fill to check, ``opts.kinematic_r_bounds`` to those with the
+    kinematic threshold."""
     if not decoders:
         raise ValueError("--decoders names no decoder")
     rows = []
     for decoder in decoders:
         checked = opts.kf_fill_check and decoder in FILL_CHECK_DECODERS
-        summary = run_sim(replace(opts, decoder=decoder, kf_fill_check=checked, out=str(Path(opts.out) / decoder)),
-                          progress=progress)
+        bounds = opts.kinematic_r_bounds if decoder in KINEMATIC_THRESHOLD_DECODERS else None
+        summary = run_sim(replace(opts, decoder=decoder, kf_fill_check=checked, kinematic_r_bounds=bounds,
+                                  out=str(Path(opts.out) / decoder)), progress=progress)
         rows.append({"decoder": decoder, "success_rate": summary["success_rate"],
                      "inference_latency_ms_p50": summary["inference_latency_ms_p50"],
                      "inference_latency_ms_p99": summary["inference_latency_ms_p99"],

@@ -19,6 +19,8 @@ from vla_accel_ros.models.configuration import (
     DECODER_NAMES,
     FILL_CHECK_DECODERS,
     DEFAULT_TEMPERATURE,
+    KINEMATIC_R_BOUNDS,
+    KINEMATIC_THRESHOLD_DECODERS,
     MAX_TEMPERATURE,
     VisionReuseConfig,
 )
@@ -34,6 +36,26 @@ def check_fill_check(decoder: str, kf_fill_check: bool) -> None:
     if kf_fill_check and decoder not in FILL_CHECK_DECODERS:
         raise ConfigError(f"parameter 'kf_fill_check' is for the decoders that fill a rejected suffix with the "
                           f"Kalman filter ({', '.join(FILL_CHECK_DECODERS)}), not decoder '{decoder}'")
+
+
+def kinematic_r_bounds(decoder: str, r_min: int, r_max: int) -> tuple[int, int] | None:
+    """The runner's ``kinematic_r_bounds`` from the parameters ``kinematic_r_min`` and
+    ``kinematic_r_max``: None at the defaults; ConfigError when r_min > r_max, or when they are set
+    for a decoder without the kinematic threshold."""
+    if (r_min, r_max) == KINEMATIC_R_BOUNDS:
+        return None
+    if r_min > r_max:
+        raise ConfigError(f"parameter 'kinematic_r_min' = {r_min} exceeds 'kinematic_r_max' = {r_max}")
+    if decoder not in KINEMATIC_THRESHOLD_DECODERS:
+        raise ConfigError(f"parameters 'kinematic_r_min' and 'kinematic_r_max' are for the decoders with the kinematic "
+                          f"threshold ({', '.join(KINEMATIC_THRESHOLD_DECODERS)}), not decoder '{decoder}'")
+    return r_min, r_max
+
+
+R_MIN_HELP = ("kerv, world_aware: lower bound of the kinematic acceptance threshold r, in token bins (a proposed "
+              "token within r of the target's pick is accepted); checkpoints/hf_small with kf_fill_check: 2, "
+              "with kinematic_r_max 6")
+R_MAX_HELP = "kerv, world_aware: upper bound of the kinematic acceptance threshold r, in token bins"
 
 
 @dataclass(frozen=True)
@@ -71,6 +93,8 @@ class NodeConfig:
                                   "against the target's own picks from the same verify pass (a KF token more than r "
                                   "from the target's pick gives way to it); for a model whose tokens the KF predicts "
                                   "poorly, such as checkpoints/hf_small")
+    kinematic_r_min: int = setting(KINEMATIC_R_BOUNDS[0], R_MIN_HELP, range=(0, 255))
+    kinematic_r_max: int = setting(KINEMATIC_R_BOUNDS[1], R_MAX_HELP, range=(0, 255))
     # vision_reuse (the on/off switch), vision_threshold, vision_refresh_steps, vision_max_drift, vision_reuse_kv
     vision: VisionReuseConfig = nested(VisionReuseConfig(enabled=False), prefix="vision_",
                                        names={"enabled": "vision_reuse"})
@@ -134,6 +158,7 @@ class NodeConfig:
         if not self.decoder.strip():
             raise ConfigError("parameter 'decoder' must name a decoder")
         check_fill_check(self.decoder, self.kf_fill_check)
+        kinematic_r_bounds(self.decoder, self.kinematic_r_min, self.kinematic_r_max)
         if self.inference_python and self.inference_mode != "process":
             raise ConfigError("parameter 'inference_python' needs inference_mode: process (a thread shares the "
                               "node's interpreter)")
@@ -154,6 +179,7 @@ class NodeConfig:
             period_s=self.period_s,
             torch_threads=self.torch_threads,
             kf_fill_check=self.kf_fill_check,
+            kinematic_r_bounds=kinematic_r_bounds(self.decoder, self.kinematic_r_min, self.kinematic_r_max),
         )
 
     def controller_config(self) -> ControllerConfig:
@@ -184,6 +210,8 @@ class InferenceNodeConfig:
                                  range=(0.0, MAX_TEMPERATURE))
     kf_fill_check: bool = setting(False, "kerv, world_aware: check the Kalman filter's fill of a rejected suffix "
                                   "against the target's own picks from the same verify pass")
+    kinematic_r_min: int = setting(KINEMATIC_R_BOUNDS[0], R_MIN_HELP, range=(0, 255))
+    kinematic_r_max: int = setting(KINEMATIC_R_BOUNDS[1], R_MAX_HELP, range=(0, 255))
     urdf_file: str = setting("", "URDF of the robots (the decoders' Kalman filter and IK); empty = the package's")
     tcp_frame: str = setting("tcp", "URDF frame the policy's end-effector deltas refer to")
     allow_unmatched_robot: bool = setting(False, "Run a checkpoint on a same-DOF arm it was not made for (WARN)")
@@ -198,12 +226,15 @@ class InferenceNodeConfig:
         if len(set(self.robots)) != len(self.robots):
             raise ConfigError(f"parameter 'robots' has duplicates: {list(self.robots)}")
         check_fill_check(self.decoder, self.kf_fill_check)
+        kinematic_r_bounds(self.decoder, self.kinematic_r_min, self.kinematic_r_max)
 
     def runner_config(self) -> RunnerConfig:
         return RunnerConfig(checkpoint=self.checkpoint, decoder=self.decoder, temperature=self.temperature,
                             action_dt_s=self.action_dt_s, period_s=self.control_period_s,
                             torch_threads=self.torch_threads, unnorm_key=self.unnorm_key,
-                            kf_fill_check=self.kf_fill_check)
+                            kf_fill_check=self.kf_fill_check,
+                            kinematic_r_bounds=kinematic_r_bounds(self.decoder, self.kinematic_r_min,
+                                                                  self.kinematic_r_max))
 
 
 @dataclass(frozen=True)

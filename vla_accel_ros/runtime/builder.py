@@ -18,13 +18,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vla_accel_ros.core.controller import Controller, ControllerConfig
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.models.configuration import (
     DEFAULT_TEMPERATURE,
+    KINEMATIC_THRESHOLD_DECODERS,
     MAX_TEMPERATURE,
     VisionReuseConfig,
     checkpoint_directory,
@@ -53,6 +54,8 @@ class RunnerConfig:
     kf_fill_check: the decoder checks its Kalman filter's fill of a rejected suffix against the
         target's own picks from the same verify pass (its ``fill_check``); only for a decoder with
         that capability (``kerv``, ``world_aware``).
+    kinematic_r_bounds: (r_min, r_max), the bounds in token bins of the kinematic acceptance threshold
+        of ``kerv`` and ``world_aware`` (their ``r_min``, ``r_max``); None = the decoder's own.
     """
 
     checkpoint: str = ""
@@ -65,10 +68,17 @@ class RunnerConfig:
     torch_threads: int = 1
     unnorm_key: str = ""
     kf_fill_check: bool = False
+    kinematic_r_bounds: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not self.decoder.strip():
             raise ValueError("RunnerConfig.decoder must name a decoder")
+        if self.kinematic_r_bounds is not None:  # a list too: the inference process's JSON
+            bounds = tuple(self.kinematic_r_bounds)
+            if len(bounds) != 2 or not all(isinstance(r, int) for r in bounds) or not 0 <= bounds[0] <= bounds[1]:
+                raise ValueError(f"RunnerConfig.kinematic_r_bounds needs integers 0 <= r_min <= r_max, got "
+                                 f"{self.kinematic_r_bounds}")
+            object.__setattr__(self, "kinematic_r_bounds", bounds)
         if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE):
             raise ValueError(f"RunnerConfig.temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
         for name in ("action_dt_s", "period_s"):
@@ -123,18 +133,25 @@ def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | N
     return PolicyRunner(policy, decoder, kin, **options)
 
 
-def decoder_settings(config: RunnerConfig) -> dict[str, bool]:
+def decoder_settings(config: RunnerConfig) -> dict[str, Any]:
     """What ``config`` sets of its decoder besides the name. ValueError when it asks for a setting
-    the decoder does not declare (``kf_fill_check`` for a decoder without ``fill_check``)."""
-    if not config.kf_fill_check:
-        return {}
-    from vla_accel_ros.decoding import capabilities_of, decoders_with
+    the decoder does not have (``kf_fill_check`` for a decoder without ``fill_check``,
+    ``kinematic_r_bounds`` for one without the kinematic threshold)."""
+    settings: dict[str, Any] = {}
+    if config.kf_fill_check:
+        from vla_accel_ros.decoding import capabilities_of, decoders_with
 
-    if not capabilities_of(config.decoder).fill_check:
-        offered = ", ".join(decoders_with(lambda capabilities: capabilities.fill_check))
-        raise ValueError(f"kf_fill_check is for the decoders that fill a rejected suffix with the Kalman filter "
-                         f"({offered}), not '{config.decoder}'")
-    return {"fill_check": True}
+        if not capabilities_of(config.decoder).fill_check:
+            offered = ", ".join(decoders_with(lambda capabilities: capabilities.fill_check))
+            raise ValueError(f"kf_fill_check is for the decoders that fill a rejected suffix with the Kalman filter "
+                             f"({offered}), not '{config.decoder}'")
+        settings["fill_check"] = True
+    if config.kinematic_r_bounds is not None:
+        if config.decoder not in KINEMATIC_THRESHOLD_DECODERS:
+            raise ValueError(f"kinematic_r_bounds is for the decoders with the kinematic threshold "
+                             f"({', '.join(KINEMATIC_THRESHOLD_DECODERS)}), not '{config.decoder}'")
+        settings["r_min"], settings["r_max"] = config.kinematic_r_bounds
+    return settings
 
 
 def build_controller(config: ControllerConfig, kin: ArmKinematics, *, enabled: bool = False,

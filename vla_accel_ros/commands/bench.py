@@ -62,15 +62,14 @@ from vla_accel_ros.evaluation.episode import (
 )
 from vla_accel_ros.evaluation.options import (
     add_sampling_arguments,
-    add_vision_arguments,
     sampling_config,
-    vision_config,
 )
 from vla_accel_ros.evaluation.robot_check import (
     add_robot_arguments,
     checkpoints_fit_robot,
     sim_robot,
 )
+from vla_accel_ros.evaluation.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.models.load import load_policy
 from vla_accel_ros.models.sampling import SamplingConfig
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner

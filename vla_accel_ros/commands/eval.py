@@ -32,16 +32,15 @@ from vla_accel_ros.evaluation.episode import (
 from vla_accel_ros.evaluation.options import (
     add_episode_arguments,
     add_sampling_arguments,
-    add_vision_arguments,
     decoder_options,
     sampling_config,
-    vision_config,
 )
 from vla_accel_ros.evaluation.robot_check import (
     add_robot_arguments,
     checkpoints_fit_robot,
     sim_robot,
 )
+from vla_accel_ros.evaluation.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.models.load import load_policy
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner, decoder_settings
 from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig

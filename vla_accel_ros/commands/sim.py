@@ -8,6 +8,7 @@ import sys
 import time
 
 from vla_accel_ros.core.settings import parse_r_bounds
+from vla_accel_ros.evaluation.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE
 from vla_accel_ros.ros.launcher import (
     NodeRefused,
@@ -51,16 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(a virtual environment with this package installed; default: this one)")
     parser.add_argument("--realtime-priority", type=int, default=20,
                         help="SCHED_FIFO priority of the control thread (0 = normal scheduling)")
+    add_vision_arguments(parser)  # the node's vision_* parameters
 
 
 def run(args: argparse.Namespace) -> int:
-    opts = SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, decoder=args.decoder,
-                         temperature=args.temperature, kf_fill_check=args.kf_fill_check,
-                         kinematic_r_bounds=args.kinematic_r_bounds, out=args.out, seed=args.seed,
-                         checkpoint=args.checkpoint, unnorm_key=args.unnorm_key,
-                         inference_python=args.inference_python,
-                         duration_s=args.duration_s, output=args.output, executor=args.executor, domain_id=args.domain_id,
-                         inference_mode=args.inference_mode, netns=args.netns, realtime_priority=args.realtime_priority)
+    try:
+        opts = sim_options(args)
+    except ValueError as err:  # a bad flag, or flags that do not go together: the reason, no traceback
+        print(f"sim: error: {err}", file=sys.stderr, flush=True)
+        return 2
     started = time.monotonic()
     if args.decoders:
         try:
@@ -91,3 +91,15 @@ def run(args: argparse.Namespace) -> int:
               f"{s['inference_round_trip_ms_p99']:.1f} ms; {s['inference_lost']} lost, "
               f"{s['inference_dropped_late']} late")
     return 0
+
+
+def sim_options(args: argparse.Namespace) -> SimRunOptions:
+    """The run's options from the flags; ValueError naming a bad one."""
+    return SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, decoder=args.decoder,
+                         temperature=args.temperature, kf_fill_check=args.kf_fill_check,
+                         kinematic_r_bounds=args.kinematic_r_bounds, out=args.out, seed=args.seed,
+                         checkpoint=args.checkpoint, unnorm_key=args.unnorm_key,
+                         inference_python=args.inference_python,
+                         duration_s=args.duration_s, output=args.output, executor=args.executor, domain_id=args.domain_id,
+                         inference_mode=args.inference_mode, netns=args.netns, realtime_priority=args.realtime_priority,
+                         vision=vision_config(args) if args.vision != "full" else None)

@@ -12,11 +12,7 @@ import torch
 from tqdm import tqdm
 
 from vla_accel_ros.core.resources import default_checkpoint
-from vla_accel_ros.evaluation.options import (
-    add_episode_arguments,
-    add_vision_reuse_arguments,
-    vision_config,
-)
+from vla_accel_ros.evaluation.options import add_episode_arguments
 from vla_accel_ros.evaluation.robot_check import (
     add_robot_arguments,
     checkpoints_fit_robot,
@@ -29,6 +25,7 @@ from vla_accel_ros.evaluation.vision_fidelity import (
     plot_fidelity,
     run_episode,
 )
+from vla_accel_ros.evaluation.vision_options import add_vision_reuse_arguments, vision_config
 from vla_accel_ros.models import load_checkpoint
 from vla_accel_ros.models.incremental_vision import IncrementalVisionEncoder
 from vla_accel_ros.runtime.builder import build_runner

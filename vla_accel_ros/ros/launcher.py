@@ -23,17 +23,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from vla_accel_ros.core.settings import to_params
 from vla_accel_ros.models.configuration import (
     DEFAULT_TEMPERATURE,
     FILL_CHECK_DECODERS,
     HF_PREFIX,
     KINEMATIC_THRESHOLD_DECODERS,
     MAX_TEMPERATURE,
+    VisionReuseConfig,
     checkpoint_directory,
     is_hf_checkpoint,
 )
 from vla_accel_ros.ros.netns import NetworkNamespace
-from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS
+from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS, NodeConfig
 
 READY_TIMEOUT_S = 90.0
 REFUSED_EXIT = 2  # a node executable's exit status when it refuses to start (rclpy_util.run_node)
@@ -75,6 +77,7 @@ class SimRunOptions:
     domain_id: int = 0  # 0 = derived from the process id (a private domain per run)
     real_time_factor: float = 1.0
     inference: bool = True
+    vision: VisionReuseConfig | None = None  # the node's vision_* parameters; None: its defaults (every patch)
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -93,8 +96,17 @@ class SimRunOptions:
             raise ValueError(f"--inference-mode must be one of {', '.join(INFERENCE_MODES)}, got {self.inference_mode}")
         if self.netns and self.inference_mode != "remote":
             raise ValueError("--netns needs --inference-mode remote (it puts the inference node in a namespace)")
+        if self.vision is not None and self.inference_mode == "remote":
+            raise ValueError("--vision needs --inference-mode thread or process: vla_inference_node encodes every "
+                             "patch of every frame")
 
 
+
+
+def vision_parameters(vision: VisionReuseConfig) -> dict[str, Any]:
+    """The node's ``vision_*`` parameters that set ``vision`` (NodeConfig's one mapping)."""
+    params = to_params(NodeConfig(vision=vision))
+    return {name: value for name, value in params.items() if name.startswith("vision_")}
 
 
 def ros_args(params: dict[str, Any]) -> list[str]:
@@ -229,6 +241,8 @@ def run_sim(opts: SimRunOptions, progress: bool = True,
         node_params["unnorm_key"] = opts.unnorm_key
     if opts.kinematic_r_bounds is not None:
         node_params["kinematic_r_min"], node_params["kinematic_r_max"] = opts.kinematic_r_bounds
+    if opts.vision is not None:  # as the node names them (vision_reuse, vision_reuse_kv, ...)
+        node_params.update(vision_parameters(opts.vision))
     if opts.inference_python:
         node_params["inference_python"] = opts.inference_python
     logs = [open(out / "sim_node.log", "w"), open(out / "vla_accel_node.log", "w")]

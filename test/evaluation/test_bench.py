@@ -9,11 +9,11 @@ import pytest
 from vla_accel_ros.commands.bench import (
     add_arguments,
     parse_contact_bounds,
-    parse_fill_check_bounds,
     parse_sweep_decoders,
     parse_sweep_r,
 )
 from vla_accel_ros.core.resources import default_checkpoint
+from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.evaluation.bench import (
     AFTER_PREFILL_SUFFIX,
@@ -70,10 +70,10 @@ def test_fill_check_bounds_reach_the_fill_checked_entries_only() -> None:
             assert (config.r_min, config.r_max) == (3, 10)
         elif config is not None and hasattr(config, "r_min"):
             assert (config.r_min, config.r_max) == (5, 15)  # the decoders' own
-    assert parse_fill_check_bounds("2:6") == (2, 6)
+    assert parse_r_bounds("2:6") == (2, 6)
     for bad in ("6:2", "3", "a:b"):
         with pytest.raises(argparse.ArgumentTypeError, match="R_MIN:R_MAX"):
-            parse_fill_check_bounds(bad)
+            parse_r_bounds(bad)
 
 
 def test_no_sequential_entries_by_default() -> None:

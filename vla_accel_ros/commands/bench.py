@@ -130,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"also run {', '.join(fill_check_decoders())} checking the Kalman filter's fill of a "
                              f"rejected suffix against the target's own picks from the same verify pass (entries "
                              f"named DECODER{FILL_CHECK_SUFFIX}, and DECODER{FILL_CHECK_SUFFIX}+ivkv with --reuse-kv)")
-    parser.add_argument("--fill-check-bounds", type=parse_fill_check_bounds, default=None, metavar="R_MIN:R_MAX",
+    parser.add_argument("--fill-check-bounds", type=parse_r_bounds, default=None, metavar="R_MIN:R_MAX",
                         help="--fill-check: the r bounds of the fill-checked entries (acceptance and the check "
                              "alike; default: each decoder's own)")
     add_vision_arguments(parser)
@@ -272,17 +272,6 @@ def parse_contact_bounds(text: str) -> tuple[tuple[int, int], ...]:
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"comma-separated R_MIN:R_MAX pairs with 0 <= R_MIN <= R_MAX: {err}") from err
     return pairs  # type: ignore[return-value]
-
-
-def parse_fill_check_bounds(text: str) -> tuple[int, int]:
-    """"3:10" -> (3, 10), a valid (r_min, r_max) of every decoder with a checked fill."""
-    low, high = parse_r_bounds(text)
-    try:
-        for name in fill_check_decoders():
-            make_decoder(name, r_min=low, r_max=high, fill_check=True)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"R_MIN:R_MAX with 0 <= R_MIN <= R_MAX: {err}") from err
-    return low, high
 
 
 def parse_sweep_r(text: str) -> tuple[int, ...]:

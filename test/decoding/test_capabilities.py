@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vla_accel_ros.core.kalman import JointKalmanFilter
-from vla_accel_ros.decoding import DECODERS, make_decoder
+from vla_accel_ros.decoding import make_decoder, names
 from vla_accel_ros.decoding.history import EpisodeHistory
 from vla_accel_ros.models.capabilities import PolicyCapabilities
 from vla_accel_ros.runtime.runner import run_policy_step
@@ -51,7 +51,7 @@ REFUSED = {"sd": "draft head", "kerv_released": "draft head", "deadline": "draft
 WARNED = {"world_aware": "no contact head"}
 
 
-@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("name", names())
 def test_each_decoder_refuses_or_works_around_a_headless_policy(policy, name):
     decoder = make_decoder(name)
     headless = HeadlessPolicy(policy)

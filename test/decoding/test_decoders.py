@@ -15,23 +15,12 @@ import vla_accel_ros
 from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.decoding import (
-    BASELINE,
-    CONTACT_COMPARISON,
-    DECODERS,
-    THRESHOLD_SWEPT,
-    THRESHOLD_TRACED,
-    DecodeContext,
-    DecoderCapabilities,
-    EpisodeHistory,
-    capabilities_of,
-    decoders_with,
-    make_decoder,
-    threshold_sweep,
-)
+from vla_accel_ros.decoding.history import EpisodeHistory
 from vla_accel_ros.decoding.kerv import kf_completion_tokens
+from vla_accel_ros.decoding.protocol import DecodeContext
+from vla_accel_ros.decoding.specs import make_decoder, names, names_with, spec_of, threshold_sweep
+from vla_accel_ros.evaluation.comparisons import BASELINE, CONTACT_COMPARISON, THRESHOLD_SWEPT, THRESHOLD_TRACED
 from vla_accel_ros.models import Policy
-from vla_accel_ros.models.configuration import DECODER_NAMES
 from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.models.sampling import SamplingConfig
 from vla_accel_ros.runtime.runner import run_policy_step
@@ -67,11 +56,14 @@ class TickClock:
         return next(self.counter) * self.tick
 
 
+DECODERS = names()
+
+
 def test_registry_names_and_errors() -> None:
     assert DECODERS == ("ar", "sd", "kerv_released", "kerv", "world_aware", "deadline", "heisd", "flow10", "flow2")
-    assert DECODERS == DECODER_NAMES  # the torch-free list behind the node's parameter and launch choices
     for name in DECODERS:
         assert make_decoder(name).name == name
+        assert make_decoder(name).spec is spec_of(name)
     with pytest.raises(ValueError, match="unknown decoder 'beam'"):
         make_decoder("beam")
     with pytest.raises(ValueError, match="sd"):
@@ -82,22 +74,19 @@ def test_registry_names_and_errors() -> None:
         make_decoder("sd", r=-1)
 
 
-def test_every_decoder_declares_its_capabilities_and_the_registry_agrees() -> None:
-    for name in DECODERS:
-        declared = make_decoder(name).capabilities()
-        assert isinstance(declared, DecoderCapabilities)
-        assert capabilities_of(name) == declared
-    assert decoders_with(lambda c: c.flow_head) == ("flow10", "flow2")
-    assert decoders_with(lambda c: c.retrieval_store) == ("heisd",)
-    assert capabilities_of("heisd").skips_steps and capabilities_of("heisd").episode_state
-    assert decoders_with(lambda c: c.verifies_in_prefill) == ("world_aware",)
-    assert decoders_with(lambda c: c.parallel_draft) == ("kerv", "world_aware", "deadline")
-    # settings change what an instance declares; capabilities_of is about the defaults
+def test_the_specs_declare_each_decoders_capabilities() -> None:
+    assert names_with(lambda s: s.flow_head) == ("flow10", "flow2")
+    assert names_with(lambda s: s.retrieval_store) == ("heisd",)
+    assert names_with(lambda s: s.episode_state) == ("heisd",)
+    assert names_with(lambda s: s.verifies_in_prefill) == ("world_aware",)
+    assert names_with(lambda s: s.parallel_draft) == ("kerv", "world_aware", "deadline")
+    assert names_with(lambda s: s.draft_head) == ("sd", "kerv_released", "deadline", "heisd")
+    assert names_with(lambda s: s.fill_check) == names_with(lambda s: s.kinematic_threshold) == ("kerv", "world_aware")
+    # settings change what an instance does; the spec declares the defaults
     assert make_decoder("world_aware", prefill_verify=False).capabilities().verifies_in_prefill is False
     assert make_decoder("kerv", prefill_verify=True).capabilities().verifies_in_prefill is True
-    assert make_decoder("deadline", parallel_draft=False).capabilities().parallel_draft is False
     with pytest.raises(ValueError, match="unknown decoder 'beam'"):
-        capabilities_of("beam")
+        spec_of("beam")
 
 
 def test_registry_names_the_baseline_and_the_threshold_sweep() -> None:
@@ -114,12 +103,14 @@ def test_registry_names_the_baseline_and_the_threshold_sweep() -> None:
         threshold_sweep("beam", 9)
 
 
-# The evaluation modules: they ask the registry and the capabilities, and name no decoder.
-NAME_FREE_SOURCES = ("evaluation/bench.py", "evaluation/options.py", "commands/bench.py", "commands/eval.py")
+# Every module but the registry asks it and names no decoder.
+NAME_FREE_SOURCES = sorted(str(path.relative_to(Path(vla_accel_ros.__file__).parent))
+                           for path in Path(vla_accel_ros.__file__).parent.rglob("*.py")
+                           if path.name != "specs.py")
 
 
 @pytest.mark.parametrize("source", NAME_FREE_SOURCES)
-def test_the_evaluation_names_no_decoder_in_its_code(source: str) -> None:
+def test_only_the_registry_names_decoders_in_code(source: str) -> None:
     text = (Path(vla_accel_ros.__file__).parent / source).read_text()
     names = "|".join(re.escape(name) for name in sorted(DECODERS, key=len, reverse=True))
     quoted = re.findall(rf"""(["'])({names})\1""", text)

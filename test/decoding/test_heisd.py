@@ -16,11 +16,8 @@ from vla_accel_ros.core.actions import action_to_joint_targets
 from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.decoding import (
-    DecodeContext,
-    EpisodeHistory,
-    make_decoder,
-)
+from vla_accel_ros.decoding import DecodeContext, make_decoder
+from vla_accel_ros.decoding.history import EpisodeHistory
 from vla_accel_ros.decoding.boundary import (
     PUBLISHED_BOUNDARY,
     BoundaryConfig,

@@ -371,11 +371,10 @@ def test_the_checked_fill_replaces_kf_tokens_far_from_the_targets_picks_in_the_s
 
 
 def test_kerv_and_world_aware_declare_the_fill_check() -> None:
-    from vla_accel_ros.decoding import capabilities_of, decoders_with
-    from vla_accel_ros.models.configuration import FILL_CHECK_DECODERS
+    from vla_accel_ros.decoding.specs import names_with, spec_of
 
-    assert decoders_with(lambda c: c.fill_check) == FILL_CHECK_DECODERS == ("kerv", "world_aware")
-    assert not capabilities_of("sd").fill_check and make_decoder("kerv").config.fill_check is False
+    assert names_with(lambda s: s.fill_check) == ("kerv", "world_aware")
+    assert not spec_of("sd").fill_check and make_decoder("kerv").config.fill_check is False
 
 
 def test_world_aware_verifies_inside_the_prefill_in_free_space_only(

@@ -120,7 +120,7 @@ def test_kinematic_r_bounds_reach_the_decoder_and_are_refused_for_one_without_th
     own = build_runner(RunnerConfig(decoder="kerv"), KIN, policy=policy).decoder.config
     assert (own.r_min, own.r_max) == (5, 15)
     for name in ("ar", "sd", "deadline"):
-        with pytest.raises(ValueError, match=f"kinematic_r_bounds.*kerv, world_aware.*'{name}'"):
+        with pytest.raises(ValueError, match=f"kinematic_r_min.*kerv, world_aware.*'{name}'"):
             build_runner(RunnerConfig(decoder=name, kinematic_r_bounds=(2, 6)), KIN, policy=policy)
     for bad in ((6, 2), (-1, 4), (2,), (2.5, 6)):
         with pytest.raises(ValueError, match="kinematic_r_bounds"):

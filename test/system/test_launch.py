@@ -16,7 +16,7 @@ import pytest
 
 from vla_accel_ros.core.params_file import read_node_parameters
 from vla_accel_ros.core.settings import from_params
-from vla_accel_ros.models.configuration import DECODER_NAMES
+from vla_accel_ros.decoding.specs import names
 from vla_accel_ros.ros import launch_args
 from vla_accel_ros.ros.launch_args import (
     check_params_file,
@@ -70,7 +70,7 @@ def test_arguments_are_documented_and_decoder_choices_are_exactly_the_decoders(n
         assert len(arg.description) > 15, arg.name
         if arg.choices:
             assert arg.default in arg.choices, arg.name
-    assert arguments["decoder"].choices == ("", *DECODER_NAMES)
+    assert arguments["decoder"].choices == ("", *names())
     assert "speculative" not in arguments["decoder"].description
     assert arguments["log_level"].choices == ("debug", "info", "warn", "error", "fatal")
     assert Path(arguments["params_file"].default).is_file()

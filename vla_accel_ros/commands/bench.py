@@ -14,16 +14,7 @@ from tqdm import tqdm
 
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.core.settings import parse_r_bounds
-from vla_accel_ros.decoding import (
-    BASELINE,
-    CONTACT_COMPARISON,
-    DECODERS,
-    THRESHOLD_SWEPT,
-    THRESHOLD_TRACED,
-    capabilities_of,
-    make_decoder,
-    policy_refusal,
-)
+from vla_accel_ros.decoding.specs import make_decoder, names, spec_of
 from vla_accel_ros.decoding.wa_prefill import WA_DEFAULT_BASES, WA_PREFILL_PREFIX
 from vla_accel_ros.evaluation.bench import (
     AFTER_PREFILL_SUFFIX,
@@ -53,6 +44,12 @@ from vla_accel_ros.evaluation.bench import (
     wa_comparison,
     wa_setup,
     wa_table,
+)
+from vla_accel_ros.evaluation.comparisons import (
+    BASELINE,
+    CONTACT_COMPARISON,
+    THRESHOLD_SWEPT,
+    THRESHOLD_TRACED,
 )
 from vla_accel_ros.evaluation.episode import (
     EpisodeRecord,
@@ -149,12 +146,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
     for name in decoders:
-        if name in DECODERS and (why := policy_refusal(policy, name)):
+        if name in names() and (why := spec_of(name).refusal(policy.capabilities())):
             raise SystemExit(f"{ckpt}: {why}")
     wa_policy = wa_setup(args, decoders, policy)
-    unknown = [d for d in decoders if d.removeprefix(WA_PREFILL_PREFIX) not in DECODERS]
+    unknown = [d for d in decoders if d.removeprefix(WA_PREFILL_PREFIX) not in names()]
     if unknown:
-        raise SystemExit(f"unknown decoders: {', '.join(unknown)} (choose from {', '.join(DECODERS)})")
+        raise SystemExit(f"unknown decoders: {', '.join(unknown)} (choose from {', '.join(names())})")
     store_options = bench_store_options(args, decoders, ckpt, policy)
     if BASELINE not in decoders:
         decoders.insert(0, BASELINE)  # every speed-up is relative to the baseline from this same run
@@ -184,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
                                  torch_threads=args.threads),
                     env.kin, policy=policies[e.name],
                     decoder=make_decoder(e.decoder, **dict(e.settings),
-                                         **(store_options if capabilities_of(e.decoder).retrieval_store else {})))
+                                         **(store_options if spec_of(e.decoder).retrieval_store else {})))
                 for e in entries
             }
         except ValueError as err:

@@ -14,12 +14,13 @@ from tqdm import tqdm
 
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.core.settings import parse_r_bounds
-from vla_accel_ros.decoding import (
+from vla_accel_ros.decoding.specs import (
     BASELINE,
-    DECODERS,
-    capabilities_of,
-    decoders_with,
     make_decoder,
+    names,
+    names_with,
+    shared_settings,
+    spec_of,
 )
 from vla_accel_ros.decoding.wa_prefill import WA_PREFILL_PREFIX, split_prefill
 from vla_accel_ros.evaluation.episode import (
@@ -42,24 +43,24 @@ from vla_accel_ros.evaluation.robot_check import (
 )
 from vla_accel_ros.evaluation.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.models.load import load_policy
-from vla_accel_ros.runtime.builder import RunnerConfig, build_runner, decoder_settings
+from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
 from vla_accel_ros.sim.gl import check_rendering
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decoder", default=BASELINE, metavar="DECODER",
-                        help=f"decoding method: {', '.join(DECODERS)}, or {WA_PREFILL_PREFIX}<one of them> "
+                        help=f"decoding method: {', '.join(names())}, or {WA_PREFILL_PREFIX}<one of them> "
                              "(that decoder on the world-aware prefill, see --wa-checkpoint)")
     add_episode_arguments(parser)
     parser.add_argument("--kf-fill-check", action="store_true",
-                        help=f"{', '.join(decoders_with(lambda c: c.fill_check))}: check the Kalman filter's fill of a "
+                        help=f"{', '.join(names_with(lambda s: s.fill_check))}: check the Kalman filter's fill of a "
                              "rejected suffix against the target's own picks from the same verify pass")
     parser.add_argument("--kinematic-r-bounds", type=parse_r_bounds, default=None, metavar="R_MIN:R_MAX",
                         help="kerv, world_aware: the bounds of the kinematic acceptance threshold, in token bins "
                              "(default: the decoder's own, 5:15)")
     parser.add_argument("--store", type=Path, default=None,
-                        help=f"{', '.join(decoders_with(lambda c: c.retrieval_store))}: retrieval store directory (default: "
+                        help=f"{', '.join(names_with(lambda s: s.retrieval_store))}: retrieval store directory (default: "
                              "CHECKPOINT/retrieval_store; see vla-accel build-store)")
     parser.add_argument("--wa-checkpoint", type=Path, default=None,
                         help=f"checkpoint with a world component (vla-accel train-world) for --decoder "
@@ -87,13 +88,13 @@ def run(args: argparse.Namespace) -> int:
     policy = load_policy(ckpt, unnorm_key=args.unnorm_key)
     if wa_prefill and policy.world is None:
         raise SystemExit(f"{ckpt} has no world component for --decoder {args.decoder}: run vla-accel train-world")
-    if capabilities_of(base_decoder).flow_head and policy.flow is None:
+    if spec_of(base_decoder).flow_head and policy.flow is None:
         raise SystemExit(f"{ckpt} has no continuous action head for --decoder {args.decoder}: run vla-accel train-flow")
     sampling = sampling_config(args)
     settings = decoder_options(base_decoder, args.store, args.checkpoint or default_checkpoint(), policy, ckpt)
     try:
-        settings.update(decoder_settings(RunnerConfig(decoder=base_decoder, kf_fill_check=args.kf_fill_check,
-                                                      kinematic_r_bounds=args.kinematic_r_bounds)))
+        settings.update(shared_settings(base_decoder, fill_check=args.kf_fill_check,
+                                        kinematic_r_bounds=args.kinematic_r_bounds))
     except ValueError as err:
         raise SystemExit(str(err)) from err
     decoder = make_decoder(base_decoder, **settings)

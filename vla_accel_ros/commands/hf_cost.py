@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.evaluation.hf_cost import CostOptions, hf_cost
-from vla_accel_ros.evaluation.vision_options import add_vision_reuse_arguments, vision_config
+from vla_accel_ros.evaluation.vision_options import (
+    add_vision_reuse_arguments,
+    vision_config,
+)
 from vla_accel_ros.sim.gl import check_rendering
 
 

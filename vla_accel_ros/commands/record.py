@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from vla_accel_ros.decoding.specs import DEFAULT
 from vla_accel_ros.rosbag.io import STORAGES, TOPICS
 from vla_accel_ros.rosbag.recorder import MODES, RecordOptions, record
 
@@ -16,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", default="live", choices=MODES,
                         help="live: bridge + node processes over DDS; deterministic: in-process lock-step "
                              "(replay reproduces it exactly)")
-    parser.add_argument("--decoder", default="kerv", help="action decoder of the node")
+    parser.add_argument("--decoder", default=DEFAULT, help="action decoder of the node")
     parser.add_argument("--kf-fill-check", action="store_true",
                         help="kerv, world_aware: the node's kf_fill_check (stored, so that a replay decodes alike)")
     parser.add_argument("--control-rate", type=float, default=20.0, help="node control rate (Hz)")

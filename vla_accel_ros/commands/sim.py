@@ -8,6 +8,7 @@ import sys
 import time
 
 from vla_accel_ros.core.settings import parse_r_bounds
+from vla_accel_ros.decoding.specs import DEFAULT
 from vla_accel_ros.evaluation.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE
 from vla_accel_ros.ros.launcher import (
@@ -22,7 +23,7 @@ from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=3, help="number of seeded episodes")
     parser.add_argument("--control-rate", type=float, default=20.0, help="node control rate (Hz)")
-    parser.add_argument("--decoder", default="kerv", help="action decoder of the node")
+    parser.add_argument("--decoder", default=DEFAULT, help="action decoder of the node")
     parser.add_argument("--decoders", default="", help="comma-separated: run the node with each decoder on the same "
                         "seeds (OUT/DECODER) and compare their live inference latency with the first's "
                         "(OUT/decoders.json)")

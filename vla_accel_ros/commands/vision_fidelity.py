@@ -25,7 +25,10 @@ from vla_accel_ros.evaluation.vision_fidelity import (
     plot_fidelity,
     run_episode,
 )
-from vla_accel_ros.evaluation.vision_options import add_vision_reuse_arguments, vision_config
+from vla_accel_ros.evaluation.vision_options import (
+    add_vision_reuse_arguments,
+    vision_config,
+)
 from vla_accel_ros.models import load_checkpoint
 from vla_accel_ros.models.incremental_vision import IncrementalVisionEncoder
 from vla_accel_ros.runtime.builder import build_runner

@@ -23,9 +23,13 @@ class ConfigError(ValueError):
     """A setting is missing, of the wrong type or out of range; the message names it."""
 
 
+Choices = tuple[str, ...] | Callable[[], tuple[str, ...]]
+
+
 def setting(default: Any, description: str, *, range: tuple[float, float] | None = None,
-            choices: tuple[str, ...] | None = None, dynamic: bool = False, kw_only: bool = False) -> Any:
-    """A dataclass field documented for ROS: description, numeric range or choices."""
+            choices: Choices | None = None, dynamic: bool = False, kw_only: bool = False) -> Any:
+    """A dataclass field documented for ROS: description, numeric range or choices (a tuple, or a
+    function returning one where a registry decides them when the parameter is checked)."""
     meta = {"description": description, "range": range, "choices": choices, "dynamic": dynamic}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: tuple(default), metadata=meta, kw_only=kw_only)
@@ -140,10 +144,15 @@ def _checked(name: str, value: Any, kind: type, metadata: Mapping[str, Any]) -> 
     if lo_hi is not None and not (lo_hi[0] <= value <= lo_hi[1]):
         raise ConfigError(f"parameter '{name}' = {value!r} is out of range [{lo_hi[0]}, {lo_hi[1]}]: "
                           f"{metadata['description']}")
-    choices = metadata.get("choices")
+    choices = _choices(metadata)
     if choices is not None and value not in choices:
         raise ConfigError(f"parameter '{name}' = {value!r} is not one of {', '.join(choices)}")
     return value
+
+
+def _choices(metadata: Mapping[str, Any]) -> tuple[str, ...] | None:
+    choices = metadata.get("choices")
+    return choices() if callable(choices) else choices
 
 
 def check_fields(cfg: Any) -> None:
@@ -172,7 +181,7 @@ def parameter_specs(cls: type) -> list[ParamSpec]:
     """One :class:`ParamSpec` per parameter of a config dataclass, in declaration order (a nested
     config's parameters where it is declared)."""
     return [ParamSpec(leaf.name, leaf.kind, leaf.default, leaf.metadata["description"], leaf.metadata.get("range"),
-                      leaf.metadata.get("choices"), leaf.metadata.get("dynamic", False)) for leaf in _leaves(cls)]
+                      _choices(leaf.metadata), leaf.metadata.get("dynamic", False)) for leaf in _leaves(cls)]
 
 
 def from_params(cls: type[C], params: Mapping[str, Any]) -> C:

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from vla_accel_ros.decoding import specs
 from vla_accel_ros.decoding.protocol import (
     N_ACTION_TOKENS,
     DecodeContext,
@@ -21,7 +22,7 @@ class ARDecoder(Decoder):
     """The first pass scores the bare prefix (k=0: the prefill's last hidden state, so only the LM
     head runs), each later one feeds the previous token (k=1) on the prefix extended so far."""
 
-    name = "ar"
+    spec = specs.AR
 
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
         started = context.clock()

@@ -44,7 +44,6 @@ from vla_accel_ros.decoding.thresholds import (
 
 N_BOUNDARY_POINTS = N_CURVATURE_POINTS  # 5 TCP positions
 CALIBRATION_PERCENTILE = 25.0
-PRESETS = ("calibrated", "published")
 
 
 @dataclass(frozen=True)

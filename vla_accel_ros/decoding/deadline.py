@@ -19,19 +19,21 @@ Without a deadline (``time_left_s`` None) this is relaxed speculative decoding w
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from vla_accel_ros.decoding.kerv import KervConfig, KervDecoder, kf_completion_tokens
+from vla_accel_ros.decoding import specs
+from vla_accel_ros.decoding.kerv import KervDecoder, kf_completion_tokens
 from vla_accel_ros.decoding.protocol import (
     DecodeContext,
     DecoderCapabilities,
     DecodeResult,
     PolicyLike,
 )
+from vla_accel_ros.decoding.specs import DeadlineConfig
 from vla_accel_ros.decoding.speculation import (
     PassLedger,
     SpecState,
@@ -40,33 +42,8 @@ from vla_accel_ros.decoding.speculation import (
 )
 
 
-@dataclass(frozen=True)
-class DeadlineConfig(KervConfig):
-    margin_s: float = 0.001
-    ema: float = 0.3
-    draft_step_s: float | None = None
-    verify_s: float | None = None
-    max_rounds: int = 7
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not (math.isfinite(self.margin_s) and self.margin_s >= 0):
-            raise ValueError(f"DeadlineConfig.margin_s must be >= 0 seconds, got {self.margin_s}")
-        if not 0 < self.ema <= 1:
-            raise ValueError(f"DeadlineConfig.ema must be in (0, 1], got {self.ema}")
-        for name in ("draft_step_s", "verify_s"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"DeadlineConfig.{name} must be None or >= 0 seconds, got {value}")
-        if self.max_rounds < 1:
-            raise ValueError(f"DeadlineConfig.max_rounds must be >= 1, got {self.max_rounds}")
-        if self.fill_check:
-            raise ValueError("DeadlineConfig.fill_check: deadline fills when no round fits any more, with no verify "
-                             "pass over those positions whose picks could check the fill")
-
-
 class DeadlineDecoder(KervDecoder):
-    name = "deadline"
+    spec = specs.Deadline
     config_type = DeadlineConfig
 
     def __init__(self, **cfg: Any) -> None:

@@ -17,36 +17,27 @@ never held a grasp long enough to lift it (see the README).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
+from vla_accel_ros.decoding import specs
 from vla_accel_ros.decoding.protocol import (
     N_ACTION_TOKENS,
     DecodeContext,
     Decoder,
-    DecoderCapabilities,
     DecodeResult,
     PolicyLike,
     model_free_result,
 )
+from vla_accel_ros.decoding.specs import FlowDecoderConfig
 from vla_accel_ros.models.flow import prefix_condition
 
 
-@dataclass(frozen=True)
-class FlowDecoderConfig:
-    seed: int = 0
-    noise_correlation: float = 0.9  # rho of the step-to-step noise; 0 = independent noise every step
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.noise_correlation <= 1.0:
-            raise ValueError(f"noise_correlation must be in [0, 1], got {self.noise_correlation}")
-
-
 class FlowDecoder(Decoder):
-    name = "flow10"
+    spec: type[specs.DecoderSpec] = specs.Flow10
     student = False
 
     def __init__(self, **cfg: Any) -> None:
@@ -63,9 +54,6 @@ class FlowDecoder(Decoder):
         else:
             self.noise = rho * self.noise + math.sqrt(1.0 - rho * rho) * fresh
         return self.noise
-
-    def capabilities(self) -> DecoderCapabilities:
-        return DecoderCapabilities(flow_head=True)
 
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
         self.check_policy(policy)
@@ -89,5 +77,5 @@ class FlowDecoder(Decoder):
 
 
 class Flow2Decoder(FlowDecoder):
-    name = "flow2"
+    spec = specs.Flow2
     student = True

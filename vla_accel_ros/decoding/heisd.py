@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from vla_accel_ros.decoding import specs
 from vla_accel_ros.decoding.boundary import (
-    PRESETS,
     PUBLISHED_BOUNDARY,
     BoundaryConfig,
     boundary_metric,
@@ -61,6 +61,7 @@ from vla_accel_ros.decoding.protocol import (
     model_free_result,
 )
 from vla_accel_ros.decoding.sd import SDDecoder
+from vla_accel_ros.decoding.specs import HeiSDConfig
 from vla_accel_ros.decoding.speculation import (
     PassLedger,
     SpecState,
@@ -71,36 +72,8 @@ from vla_accel_ros.decoding.speculation import (
 MODES = ("drafter", "retrieval", "skip")
 
 
-@dataclass(frozen=True)
-class HeiSDConfig:
-    """preset: boundary ranges/threshold, "calibrated" (from the store, see build-store) or
-    "published". r: token-wise relaxed threshold (drafter SD and the retrieval fallback).
-    skip_steps: retrieved actions executed without verification after an accepted one.
-    sequence_accept: use sequence-wise acceptance of retrieved actions; r_seq: its bound on the
-    mean token distance. store: a RetrievalStore or the directory of a saved one."""
-
-    preset: str = "calibrated"
-    r: float = 9
-    skip_steps: int = 2
-    sequence_accept: bool = True
-    r_seq: float = 4.0
-    store: Any = None
-
-    def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise ValueError(f"HeiSDConfig.preset must be one of {PRESETS}, got {self.preset!r}")
-        if not (math.isfinite(self.r) and self.r >= 0):
-            raise ValueError(f"HeiSDConfig.r (acceptance threshold in bins) must be >= 0, got {self.r}")
-        if not (math.isfinite(self.r_seq) and self.r_seq >= 0):
-            raise ValueError(f"HeiSDConfig.r_seq (mean token distance) must be >= 0, got {self.r_seq}")
-        if isinstance(self.skip_steps, bool) or not isinstance(self.skip_steps, int) or self.skip_steps < 0:
-            raise ValueError(f"HeiSDConfig.skip_steps must be an int >= 0, got {self.skip_steps!r}")
-        if not isinstance(self.sequence_accept, bool):
-            raise ValueError(f"HeiSDConfig.sequence_accept must be a bool, got {self.sequence_accept!r}")
-
-
 class HeiSDDecoder(Decoder):
-    name = "heisd"
+    spec = specs.HeiSD
 
     def capabilities(self) -> DecoderCapabilities:
         return DecoderCapabilities(retrieval_store=True, skips_steps=True, episode_state=True, draft_head=True)
@@ -158,8 +131,8 @@ class HeiSDDecoder(Decoder):
     def _require_store(self) -> Any:
         if self.store is None:
             raise ValueError(
-                "decoder 'heisd' needs a retrieval store: build one with `vla-accel build-store --checkpoint CKPT "
-                "--data DEMOS` and pass it (--store DIR, or make_decoder('heisd', store=DIR))"
+                f"decoder '{self.name}' needs a retrieval store: build one with `vla-accel build-store --checkpoint "
+                f"CKPT --data DEMOS` and pass it (--store DIR, or make_decoder('{self.name}', store=DIR))"
             )
         return self.store
 

@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vla_accel_ros.decoding import specs
 from vla_accel_ros.decoding.ar import ARDecoder
 from vla_accel_ros.decoding.protocol import (
     N_ACTION_TOKENS,
@@ -72,6 +73,7 @@ from vla_accel_ros.decoding.protocol import (
     PendingVerify,
     PolicyLike,
 )
+from vla_accel_ros.decoding.specs import KervConfig
 from vla_accel_ros.decoding.speculation import PassLedger, accepted_length, token_list
 from vla_accel_ros.decoding.thresholds import (
     N_CURVATURE_POINTS,
@@ -79,45 +81,9 @@ from vla_accel_ros.decoding.thresholds import (
     fit_circle_radius,
     kinematic_threshold,
 )
-from vla_accel_ros.models.configuration import KINEMATIC_R_BOUNDS
 from vla_accel_ros.models.sampling import pick_tokens
 
 GRIPPER_INDEX = N_ACTION_TOKENS - 1
-
-
-@dataclass(frozen=True)
-class KervConfig:
-    r_min: int = KINEMATIC_R_BOUNDS[0]
-    r_max: int = KINEMATIC_R_BOUNDS[1]
-    kf_draft: bool = True  # let the KF propose the positions it has proven reliable on
-    kf_trust: float = 0.9  # running acceptance rate a position's KF token needs before the KF drafts it
-    hold_draft: bool = True  # let the previous action's tokens propose the positions they have proven reliable on
-    # running acceptance rate a position's held token needs before it is proposed: below 1, because
-    # skipping the draft head saves a fixed cost while a rejected proposal costs no extra pass
-    hold_trust: float = 0.6
-    kf_rate_weight: float = 0.2  # weight of the newest step in that running rate (exponential average)
-    # draft with the policy's parallel draft head when it has one (one light call for all tokens);
-    # False = always the sequential head
-    parallel_draft: bool = True
-    # verify a proposal of the cheap sources inside the prefill (Policy.prefill_scored) where
-    # ``prefill_allowed`` says so: no pass after the prefill, but no draft head either, and the
-    # first position is a cheap token too (module docstring)
-    prefill_verify: bool = False
-    # check the KF's fill against the target's own picks at those positions, which the same verify
-    # pass already gave (conditioned on the proposal before them): a KF token more than r from the
-    # target's pick gives way to it. Still one pass; the fill stays the KF's wherever they agree.
-    fill_check: bool = False
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.r_min <= self.r_max:
-            raise ValueError(
-                f"{type(self).__name__} needs 0 <= r_min <= r_max, got r_min={self.r_min}, r_max={self.r_max}"
-            )
-        for name in ("kf_trust", "hold_trust"):
-            if not 0.0 < getattr(self, name) <= 1.0:
-                raise ValueError(f"{type(self).__name__}.{name} must be in (0, 1], got {getattr(self, name)}")
-        if not 0.0 < self.kf_rate_weight <= 1.0:
-            raise ValueError(f"{type(self).__name__}.kf_rate_weight must be in (0, 1], got {self.kf_rate_weight}")
 
 
 class TcpPositions:
@@ -218,7 +184,7 @@ def requested_length(kf_mask: np.ndarray | list[bool]) -> int:
 
 
 class KervDecoder(Decoder):
-    name = "kerv"
+    spec = specs.Kerv
     config_type: type[KervConfig] = KervConfig
 
     def __init__(self, **cfg: Any) -> None:
@@ -233,11 +199,6 @@ class KervDecoder(Decoder):
     def capabilities(self) -> DecoderCapabilities:
         return DecoderCapabilities(verifies_in_prefill=self.config.prefill_verify, parallel_draft=self.config.parallel_draft,
                                    split_verify=True, fill_check=True)
-
-    @classmethod
-    def threshold_settings(cls, r: int) -> dict[str, Any]:
-        """The kinematic range up to ``r`` bins, from a third of it (at least 1 bin)."""
-        return {"r_min": max(1, r // 3), "r_max": r}
 
     def uses_parallel_draft(self, policy: PolicyLike) -> bool:
         """Whether this decoder drafts with ``policy``'s parallel draft head."""

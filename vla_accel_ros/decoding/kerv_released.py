@@ -12,45 +12,27 @@ index (see :func:`thresholds.released_schedule_threshold`); nothing here looks a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from vla_accel_ros.decoding import specs
 from vla_accel_ros.decoding.protocol import (
     MAX_TOKEN_ID,
     N_ACTION_TOKENS,
     DecodeContext,
     Decoder,
-    DecoderCapabilities,
     DecodeResult,
     PolicyLike,
 )
+from vla_accel_ros.decoding.specs import KervReleasedConfig
 from vla_accel_ros.decoding.speculation import (
     accepted_length,
     speculate_to_end,
     start_speculation,
 )
 from vla_accel_ros.decoding.thresholds import released_schedule_threshold
-
-
-@dataclass(frozen=True)
-class KervReleasedConfig:
-    r_start: int = 15
-    r_min: int = 3
-    q: float = 1.0
-    r_noise: float = 1e-3
-    p0: float = 10.0
-    period: int = 4
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.r_min <= self.r_start:
-            raise ValueError(f"KervReleasedConfig needs 0 <= r_min <= r_start, got {self.r_min}, {self.r_start}")
-        if self.q <= 0 or self.r_noise <= 0 or self.p0 <= 0:
-            raise ValueError("KervReleasedConfig q, r_noise and p0 must be > 0")
-        if self.period < 1:
-            raise ValueError(f"KervReleasedConfig.period must be >= 1, got {self.period}")
 
 
 def token_filter_prediction(history: np.ndarray, q: float = 1.0, r: float = 1e-3, p0: float = 10.0) -> np.ndarray:
@@ -69,13 +51,10 @@ def token_filter_prediction(history: np.ndarray, q: float = 1.0, r: float = 1e-3
 
 
 class KervReleasedDecoder(Decoder):
-    name = "kerv_released"
+    spec = specs.KervReleased
 
     def __init__(self, **cfg: Any) -> None:
         self.config = KervReleasedConfig(**cfg)
-
-    def capabilities(self) -> DecoderCapabilities:
-        return DecoderCapabilities(draft_head=True)
 
     def forced(self, step: int) -> bool:
         return (step + 1) % self.config.period == 0

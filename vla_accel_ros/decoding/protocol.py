@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ from vla_accel_ros.models.tokenizer import N_BINS
 if TYPE_CHECKING:
     from vla_accel_ros.core.kalman import JointKalmanFilter
     from vla_accel_ros.core.observation import Observation
+    from vla_accel_ros.decoding.specs import DecoderSpec
     from vla_accel_ros.models.vla import VLAConfig
 
 N_ACTION_TOKENS = 7
@@ -224,18 +225,17 @@ class PendingVerify:
 class Decoder:
     """The decoder contract: ``decode`` one action after the prefill, and declare in
     :meth:`capabilities` which of the optional steps below the runner must call. Each optional
-    step has a neutral default here, so a decoder overrides only the ones it declares."""
+    step has a neutral default here, so a decoder overrides only the ones it declares. ``spec``
+    (:mod:`vla_accel_ros.decoding.specs`) names the decoder and declares what it needs."""
 
-    name: str = ""
+    spec: ClassVar[type[DecoderSpec]]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
     def capabilities(self) -> DecoderCapabilities:
         return DecoderCapabilities()
-
-    @classmethod
-    def threshold_settings(cls, r: int) -> dict[str, Any] | None:
-        """The settings that make ``r`` bins this decoder's acceptance threshold (its loosest, for
-        an adaptive one), for a sweep over r; None when it has no threshold to sweep."""
-        return None
 
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
         raise NotImplementedError
@@ -243,19 +243,11 @@ class Decoder:
     def check_policy(self, policy: PolicyLike) -> list[str]:
         """Raise ValueError, naming what is missing, when ``policy`` cannot serve this decoder;
         else the fallbacks it will take for what the policy lacks (warnings to report)."""
-        needs, offered = self.capabilities(), policy.capabilities()
-        if needs.flow_head and not offered.flow_head:
-            raise ValueError(f"decoder '{self.name}' needs a checkpoint with a continuous action head "
-                             "(vla-accel train-flow)")
-        if needs.draft_head and not offered.draft_head:
-            raise ValueError(f"decoder '{self.name}' needs a draft head, and the policy has none: train one "
-                             "(vla-accel train-draft), or choose a decoder that drafts without one (kerv, "
-                             "world_aware: the previous action and the Kalman filter) or ar")
-        warnings = []
-        if needs.contact_head and not offered.contact_head:
-            warnings.append(f"decoder '{self.name}': the policy has no contact head, so where the scene gives no "
-                            "clearance the kinematics alone set the acceptance threshold")
-        return warnings
+        offered = policy.capabilities()
+        refusal = self.spec.refusal(offered)
+        if refusal:
+            raise ValueError(refusal)
+        return self.spec.fallbacks(offered)
 
     def attach_checkpoint_store(self, checkpoint: Path | str, policy: PolicyLike | None = None) -> None:
         """With ``retrieval_store``: load the store that belongs to ``checkpoint``."""

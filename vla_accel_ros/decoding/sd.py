@@ -8,43 +8,26 @@ the AR tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from vla_accel_ros.decoding import specs
 from vla_accel_ros.decoding.protocol import (
     DecodeContext,
     Decoder,
-    DecoderCapabilities,
     DecodeResult,
     PolicyLike,
 )
+from vla_accel_ros.decoding.specs import SDConfig
 from vla_accel_ros.decoding.speculation import speculate_to_end, start_speculation
 
 
-@dataclass(frozen=True)
-class SDConfig:
-    r: float = 9
-
-    def __post_init__(self) -> None:
-        if not self.r >= 0:
-            raise ValueError(f"SDConfig.r (acceptance threshold in bins) must be >= 0, got {self.r}")
-
-
 class SDDecoder(Decoder):
-    name = "sd"
+    spec = specs.SD
 
     def __init__(self, r: float = 9) -> None:
         self.config = SDConfig(r=r)
-
-    def capabilities(self) -> DecoderCapabilities:
-        return DecoderCapabilities(draft_head=True)
-
-    @classmethod
-    def threshold_settings(cls, r: int) -> dict[str, Any]:
-        """A fixed threshold of ``r`` bins."""
-        return {"r": r}
 
     def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
         started, ledger, state = start_speculation(policy, prefix, context)

@@ -8,25 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from vla_accel_ros.decoding import specs
+
 WA_PREFILL_PREFIX = "wa_prefill+"
-WA_DEFAULT_BASES = ("sd", "kerv", "heisd")  # compared by ``vla-accel bench --wa-checkpoint`` when registered
+# compared by ``vla-accel bench --wa-checkpoint``
+WA_DEFAULT_BASES = (specs.SD.name, specs.Kerv.name, specs.HeiSD.name)
 
 
 def split_prefill(name: str) -> tuple[str, bool]:
     """``'wa_prefill+X'`` -> ``(X, True)``; a plain decoder name -> ``(name, False)``.
     ValueError when the decoder (X or the plain name) is unknown."""
-    from vla_accel_ros.decoding import DECODERS
-
     wa = name.startswith(WA_PREFILL_PREFIX)
     base = name[len(WA_PREFILL_PREFIX):] if wa else name
-    if base not in DECODERS:
-        choices = ", ".join(DECODERS)
+    if base not in specs.names():
+        choices = ", ".join(specs.names())
         raise ValueError(f"unknown decoder '{name}'; choose one of: {choices}, or {WA_PREFILL_PREFIX}<one of them>")
     return base, wa
 
 
 def make_prefill_decoder(name: str, **cfg: Any) -> Any:
     """The decoder behind ``name`` (``wa_prefill+X`` gives decoder X, with ``cfg``)."""
-    from vla_accel_ros.decoding import make_decoder
-
-    return make_decoder(split_prefill(name)[0], **cfg)
+    return specs.make_decoder(split_prefill(name)[0], **cfg)

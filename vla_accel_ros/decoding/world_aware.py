@@ -21,40 +21,22 @@ contact head is read in ``propose_after_prefill``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from vla_accel_ros.decoding.kerv import KervConfig, KervDecoder
+from vla_accel_ros.decoding import specs
+from vla_accel_ros.decoding.kerv import KervDecoder
 from vla_accel_ros.decoding.protocol import (
     DecodeContext,
     DecoderCapabilities,
     PolicyLike,
 )
+from vla_accel_ros.decoding.specs import WorldAwareConfig
 from vla_accel_ros.decoding.thresholds import (
     clearance_looseness,
     contact_probability_looseness,
     world_aware_threshold,
 )
-
-
-@dataclass(frozen=True)
-class WorldAwareConfig(KervConfig):
-    # contact looseness (0 at contact, 1 in free space) below which the previous action does not
-    # draft: 0.5 is about 6 cm from the target with the scene's clearance
-    hold_min_looseness: float = 0.5
-    prefill_verify: bool = True  # in free space, verify the cheap proposal inside the prefill
-    # contact looseness from which the proposal is verified inside the prefill; None: 0.5, or 0 (every
-    # step with a contact reading) with the fill check, which bounds the suffix after a rejected cheap
-    # token by the target's own picks, the risk that keeps the unchecked fill out of the prefill near contact
-    prefill_min_looseness: float | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.prefill_min_looseness is None:
-            object.__setattr__(self, "prefill_min_looseness", 0.0 if self.fill_check else 0.5)
-        for name in ("hold_min_looseness", "prefill_min_looseness"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"WorldAwareConfig.{name} must be in [0, 1], got {getattr(self, name)}")
 
 
 def contact_looseness(policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
@@ -65,7 +47,7 @@ def contact_looseness(policy: PolicyLike, prefix: Any, context: DecodeContext) -
 
 
 class WorldAwareDecoder(KervDecoder):
-    name = "world_aware"
+    spec = specs.WorldAware
     config_type = WorldAwareConfig
 
     def __init__(self, **cfg: Any) -> None:

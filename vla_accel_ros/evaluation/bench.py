@@ -56,20 +56,17 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from vla_accel_ros.decoding import (
-    BASELINE,
-    CONTACT_COMPARISON,
-    DECODERS,
-    THRESHOLD_SWEPT,
-    decoders_with,
-    policy_refusal,
-    threshold_sweep,
-)
 from vla_accel_ros.decoding.retrieval import default_store_dir
+from vla_accel_ros.decoding.specs import names, names_with, spec_of, threshold_sweep
 from vla_accel_ros.decoding.wa_prefill import (
     WA_DEFAULT_BASES,
     WA_PREFILL_PREFIX,
     split_prefill,
+)
+from vla_accel_ros.evaluation.comparisons import (
+    BASELINE,
+    CONTACT_COMPARISON,
+    THRESHOLD_SWEPT,
 )
 from vla_accel_ros.evaluation.episode import EpisodeRecord, summarize
 from vla_accel_ros.evaluation.options import decoder_options
@@ -96,34 +93,34 @@ Entry = TypeVar("Entry")
 
 def parallel_draft_decoders() -> tuple[str, ...]:
     """The decoders that draft with the parallel head when the checkpoint has one (``@sequential`` rows)."""
-    return decoders_with(lambda capabilities: capabilities.parallel_draft)
+    return names_with(lambda spec: spec.parallel_draft)
 
 
 def prefill_verifying_decoders() -> tuple[str, ...]:
     """The decoders that verify inside the prefill by default (``@after_prefill`` rows)."""
-    return decoders_with(lambda capabilities: capabilities.verifies_in_prefill)
+    return names_with(lambda spec: spec.verifies_in_prefill)
 
 
 def default_decoders(policy: Any) -> list[str]:
     """The decoders a bench without ``--decoders`` runs: every registered one ``policy`` can serve
     (a Hugging Face VLA has no draft head); :func:`bench_store_options` then drops the store
     decoders when the checkpoint has no store."""
-    return [d for d in DECODERS if not policy_refusal(policy, d)]
+    return [d for d in names() if not spec_of(d).refusal(policy.capabilities())]
 
 
 def fill_check_decoders() -> tuple[str, ...]:
     """The decoders whose Kalman fill can be checked against the target's picks (``@fill_check`` rows)."""
-    return decoders_with(lambda capabilities: capabilities.fill_check)
+    return names_with(lambda spec: spec.fill_check)
 
 
 def flow_head_decoders() -> tuple[str, ...]:
     """The decoders that need a checkpoint with a continuous action head."""
-    return decoders_with(lambda capabilities: capabilities.flow_head)
+    return names_with(lambda spec: spec.flow_head)
 
 
 def store_decoders() -> tuple[str, ...]:
     """The decoders that need a retrieval store."""
-    return decoders_with(lambda capabilities: capabilities.retrieval_store)
+    return names_with(lambda spec: spec.retrieval_store)
 
 
 @dataclass(frozen=True)
@@ -179,7 +176,7 @@ def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = F
         entries += [BenchEntry(f"{e.name}+ivkv", e.decoder, e.settings, incremental_vision=True, reuse_kv=True)
                     for e in visioned]
     if sweep:
-        swept = [name for name in DECODERS if name in sweep_decoders]
+        swept = [name for name in names() if name in sweep_decoders]
         swept += [WA_PREFILL_PREFIX + b for b in wa_bases if b in swept]
         for r in sweep_r:
             for name in swept:
@@ -195,7 +192,7 @@ def wa_setup(args: argparse.Namespace, decoders: list[str], policy: Policy) -> P
     """The ``--wa-checkpoint`` policy, None without one. Adds ``wa_prefill+X`` for the default
     bases when no decoders were named, and every X that a ``wa_prefill+X`` is compared with."""
     if args.wa_checkpoint is not None and args.decoders is None:
-        decoders += [WA_PREFILL_PREFIX + d for d in WA_DEFAULT_BASES if d in DECODERS and d in decoders]
+        decoders += [WA_PREFILL_PREFIX + d for d in WA_DEFAULT_BASES if d in names() and d in decoders]
     try:
         split = [split_prefill(d) for d in decoders]
     except ValueError as err:
@@ -273,11 +270,11 @@ def matched_success(rows: dict[str, dict[str, Any]], tolerance: float = 0.02) ->
         if name != BASELINE and TEMPERATURE_PREFIX not in name:
             families.setdefault(setting_family(name), []).append(name)
     out: dict[str, dict[str, Any] | None] = {}
-    for family, names in families.items():
-        ok = [n for n in names if rows[n]["success_rate"] >= target and "speedup_vs_ar" in rows[n]]
+    for family, members in families.items():
+        ok = [n for n in members if rows[n]["success_rate"] >= target and "speedup_vs_ar" in rows[n]]
         best = max(ok, key=lambda n: rows[n]["speedup_vs_ar"], default=None)
         out[family] = None if best is None else {
-            "setting": best, "settings_tried": len(names), "success_rate": rows[best]["success_rate"],
+            "setting": best, "settings_tried": len(members), "success_rate": rows[best]["success_rate"],
             "ncf_rate": rows[best]["ncf_rate"], "mean_accepted_len": rows[best]["mean_accepted_len"],
             **{k: rows[best][k] for k in ("speedup_vs_ar", "speedup_vs_ar_min", "speedup_vs_ar_max", "repeats")
                if k in rows[best]},

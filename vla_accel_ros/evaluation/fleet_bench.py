@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.decoding.specs import WorldAware
 from vla_accel_ros.sim.env import EVAL_SEED_START
 
 STREAMS_FILE = "streams.npz"
@@ -43,7 +44,7 @@ class FleetBenchOptions:
     robots: tuple[int, ...] = (1, 2, 4, 8)
     out: str = "outputs/fleet_bench"
     checkpoint: str = ""
-    decoder: str = "world_aware"
+    decoder: str = WorldAware.name
     temperature: float = 0.0
     steps: int = 40  # observations per robot
     seed: int = EVAL_SEED_START

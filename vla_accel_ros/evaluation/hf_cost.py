@@ -35,11 +35,14 @@ import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.decoding import specs
 from vla_accel_ros.models.configuration import VisionReuseConfig
 
 # target passes per action measured by the bench (README, 10 episodes x 2 repeats)
-BENCH_PASSES = {"ar": 7.0, "sd": 1.24, "kerv_released": 1.15, "kerv": 1.00, "deadline": 1.17}
-IN_PREFILL = ("world_aware",)  # verified inside the prefill in free space (72% of its actions)
+BENCH_PASSES = {specs.AR.name: 7.0, specs.SD.name: 1.24, specs.KervReleased.name: 1.15, specs.Kerv.name: 1.00,
+                specs.Deadline.name: 1.17}
+# verified inside the prefill in free space (72% of world_aware's actions)
+IN_PREFILL = specs.names_with(lambda spec: spec.verifies_in_prefill)
 
 
 @dataclass(frozen=True)
@@ -170,10 +173,10 @@ def measure(opts: CostOptions) -> dict[str, Any]:
         }
     prefix_tokens = int(prefix.prefix_len)
     n_params = sum(p.numel() for p in policy.model.parameters())
-    ar_ms = costs["prefill_ms"] + BENCH_PASSES["ar"] * costs["step_1_token_ms"]
+    ar_ms = costs["prefill_ms"] + BENCH_PASSES[specs.BASELINE] * costs["step_1_token_ms"]
     rows = []
     for name, passes in BENCH_PASSES.items():
-        per_pass = costs["step_1_token_ms"] if name == "ar" else costs["verify_6_tokens_ms"]
+        per_pass = costs["step_1_token_ms"] if name == specs.BASELINE else costs["verify_6_tokens_ms"]
         total = costs["prefill_ms"] + passes * per_pass
         rows.append({"decoder": name, "target_passes": passes, "implied_ms": total, "implied_speedup": ar_ms / total})
     for name in IN_PREFILL:

@@ -9,8 +9,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from vla_accel_ros.decoding import capabilities_of
 from vla_accel_ros.decoding.retrieval import resolve_store, store_mismatch
+from vla_accel_ros.decoding.specs import spec_of
 from vla_accel_ros.models import Policy
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE, SamplingConfig
 from vla_accel_ros.sim.env import EVAL_SEED_START
@@ -47,7 +47,7 @@ def decoder_options(name: str, store: Path | None, base_checkpoint: Path, policy
     """What a decoder needs besides its defaults: for one with ``retrieval_store`` (heisd), the store
     (``store``, else BASE_CHECKPOINT/retrieval_store), checked against the policy; exits with how to
     build one."""
-    if not capabilities_of(name).retrieval_store:
+    if not spec_of(name).retrieval_store:
         return {}
     try:
         loaded = resolve_store(store, base_checkpoint, expect_dim=policy.config.d_model)

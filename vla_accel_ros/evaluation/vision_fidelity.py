@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vla_accel_ros.decoding.specs import BASELINE
 from vla_accel_ros.models import Policy
 from vla_accel_ros.models.incremental_vision import IncrementalVisionEncoder
 from vla_accel_ros.runtime.builder import RunnerConfig
@@ -81,7 +82,7 @@ def greedy_tokens(policy: Policy, prefix: Any) -> np.ndarray:
 def driver_config(env: PickCubeEnv, max_steps: int, threads: int = 1) -> RunnerConfig:
     """The runner that drives the episodes: greedy AR on the full prefill, so that the comparison is
     about the prefill alone."""
-    return RunnerConfig(decoder="ar", temperature=0.0, vision=None, action_dt_s=env.control_dt,
+    return RunnerConfig(decoder=BASELINE, temperature=0.0, vision=None, action_dt_s=env.control_dt,
                         period_s=env.control_dt, max_steps=max_steps, torch_threads=threads)
 
 

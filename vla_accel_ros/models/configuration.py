@@ -1,6 +1,5 @@
 """Settings of the models layer that other layers read without loading a model: the incremental-vision
-settings, the sampling temperature's default and bound, the decoders' names and the kinematic
-threshold's default bounds.
+settings and the sampling temperature's default and bound.
 
 Importable without torch: ``ros/parameters.py`` builds the node's parameters from these before any
 model is loaded (in ``inference_mode: process`` the node never loads one at all).
@@ -16,17 +15,6 @@ from vla_accel_ros.core.settings import setting
 
 DEFAULT_TEMPERATURE = 0.5  # the shipped policy's setting, chosen on closed-loop success (README)
 MAX_TEMPERATURE = 2.0
-# The decoders ``decoding.make_decoder`` builds, by name (torch-free, for parameter and launch-argument
-# choices; test_decoders checks it against the registry).
-DECODER_NAMES: tuple[str, ...] = ("ar", "sd", "kerv_released", "kerv", "world_aware", "deadline", "heisd",
-                                  "flow10", "flow2")
-# Those of them that fill a rejected suffix with the Kalman filter and can check that fill (the
-# ``fill_check`` capability; the node's ``kf_fill_check``), for parameter checks without torch.
-FILL_CHECK_DECODERS: tuple[str, ...] = ("kerv", "world_aware")
-# Those whose acceptance threshold r is the kinematic one, bounded to [r_min, r_max] token bins (their
-# ``KervConfig``; the node's ``kinematic_r_min`` and ``kinematic_r_max``), and its default bounds.
-KINEMATIC_THRESHOLD_DECODERS: tuple[str, ...] = ("kerv", "world_aware")
-KINEMATIC_R_BOUNDS: tuple[int, int] = (5, 15)
 
 
 @dataclass(frozen=True)

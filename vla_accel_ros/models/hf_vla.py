@@ -42,8 +42,8 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.capabilities import PolicyCapabilities
 from vla_accel_ros.models.configuration import checkpoint_directory
-from vla_accel_ros.models.hf_draft import HFDraftHead, load_hf_draft
 from vla_accel_ros.models.hf_direct import DirectLlavaForward, unsupported_reason
+from vla_accel_ros.models.hf_draft import HFDraftHead, load_hf_draft
 from vla_accel_ros.models.tokenizer import N_BINS
 from vla_accel_ros.models.vla import BOS
 from vla_accel_ros.models.vla_spec import (

@@ -34,9 +34,9 @@ import numpy as np
 from vla_accel_ros.core.robot_record import ROBOT_KEY
 from vla_accel_ros.models.tokenizer import (
     ACTION_DIM,
+    BIN_EDGES,
     N_BINS,
     N_CENTRES,
-    BIN_EDGES,
     ActionTokenizer,
     digitise,
 )

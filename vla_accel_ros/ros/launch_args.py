@@ -20,7 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from vla_accel_ros.core.settings import ParamSpec, parameter_specs
-from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig, SimBridgeConfig
+from vla_accel_ros.ros.parameters import (
+    InferenceNodeConfig,
+    NodeConfig,
+    SimBridgeConfig,
+)
 
 LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
 FROM_FILE = ""  # the default of every parameter argument: leave the parameter to params_file

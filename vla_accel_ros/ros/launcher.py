@@ -24,11 +24,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from vla_accel_ros.core.settings import to_params
+from vla_accel_ros.decoding.specs import DEFAULT, spec_of
 from vla_accel_ros.models.configuration import (
     DEFAULT_TEMPERATURE,
-    FILL_CHECK_DECODERS,
     HF_PREFIX,
-    KINEMATIC_THRESHOLD_DECODERS,
     MAX_TEMPERATURE,
     VisionReuseConfig,
     checkpoint_directory,
@@ -59,7 +58,7 @@ def refusal_reason(log: Path) -> str:
 class SimRunOptions:
     episodes: int = 3
     control_rate_hz: float = 20.0
-    decoder: str = "kerv"
+    decoder: str = DEFAULT
     temperature: float = DEFAULT_TEMPERATURE
     kf_fill_check: bool = False
     kinematic_r_bounds: tuple[int, int] | None = None  # None: the decoder's own
@@ -397,8 +396,9 @@ def run_sim_decoders(opts: SimRunOptions, decoders: list[str], progress: bool = 
         raise ValueError("--decoders names no decoder")
     rows = []
     for decoder in decoders:
-        checked = opts.kf_fill_check and decoder in FILL_CHECK_DECODERS
-        bounds = opts.kinematic_r_bounds if decoder in KINEMATIC_THRESHOLD_DECODERS else None
+        spec = spec_of(decoder)
+        checked = opts.kf_fill_check and spec.fill_check
+        bounds = opts.kinematic_r_bounds if spec.kinematic_threshold else None
         summary = run_sim(replace(opts, decoder=decoder, kf_fill_check=checked, kinematic_r_bounds=bounds,
                                   out=str(Path(opts.out) / decoder)), progress=progress)
         rows.append({"decoder": decoder, "success_rate": summary["success_rate"],

@@ -15,12 +15,15 @@ from dataclasses import dataclass
 
 from vla_accel_ros.core.controller import ControllerConfig
 from vla_accel_ros.core.settings import ConfigError, check_fields, nested, setting
-from vla_accel_ros.models.configuration import (
-    DECODER_NAMES,
-    FILL_CHECK_DECODERS,
-    DEFAULT_TEMPERATURE,
+from vla_accel_ros.decoding.specs import (
+    DEFAULT,
     KINEMATIC_R_BOUNDS,
-    KINEMATIC_THRESHOLD_DECODERS,
+    names,
+    names_with,
+    shared_settings,
+)
+from vla_accel_ros.models.configuration import (
+    DEFAULT_TEMPERATURE,
     MAX_TEMPERATURE,
     VisionReuseConfig,
 )
@@ -31,31 +34,23 @@ EXECUTORS = ("single", "multi")
 INFERENCE_MODES = ("thread", "process", "remote")
 
 
-def check_fill_check(decoder: str, kf_fill_check: bool) -> None:
-    """ConfigError when ``kf_fill_check`` is set for a decoder without a Kalman fill to check."""
-    if kf_fill_check and decoder not in FILL_CHECK_DECODERS:
-        raise ConfigError(f"parameter 'kf_fill_check' is for the decoders that fill a rejected suffix with the "
-                          f"Kalman filter ({', '.join(FILL_CHECK_DECODERS)}), not decoder '{decoder}'")
+def decoder_settings(decoder: str, kf_fill_check: bool, r_min: int, r_max: int) -> tuple[int, int] | None:
+    """Check the decoder parameters together (ConfigError naming what does not fit) and return the
+    runner's ``kinematic_r_bounds``: None at the defaults."""
+    bounds = None if (r_min, r_max) == KINEMATIC_R_BOUNDS else (r_min, r_max)
+    try:
+        shared_settings(decoder, fill_check=kf_fill_check, kinematic_r_bounds=bounds)
+    except ValueError as err:
+        raise ConfigError(f"parameter {err}") from None
+    return bounds
 
 
-def kinematic_r_bounds(decoder: str, r_min: int, r_max: int) -> tuple[int, int] | None:
-    """The runner's ``kinematic_r_bounds`` from the parameters ``kinematic_r_min`` and
-    ``kinematic_r_max``: None at the defaults; ConfigError when r_min > r_max, or when they are set
-    for a decoder without the kinematic threshold."""
-    if (r_min, r_max) == KINEMATIC_R_BOUNDS:
-        return None
-    if r_min > r_max:
-        raise ConfigError(f"parameter 'kinematic_r_min' = {r_min} exceeds 'kinematic_r_max' = {r_max}")
-    if decoder not in KINEMATIC_THRESHOLD_DECODERS:
-        raise ConfigError(f"parameters 'kinematic_r_min' and 'kinematic_r_max' are for the decoders with the kinematic "
-                          f"threshold ({', '.join(KINEMATIC_THRESHOLD_DECODERS)}), not decoder '{decoder}'")
-    return r_min, r_max
-
-
-R_MIN_HELP = ("kerv, world_aware: lower bound of the kinematic acceptance threshold r, in token bins (a proposed "
+FILL_CHECK = ", ".join(names_with(lambda spec: spec.fill_check))
+KINEMATIC = ", ".join(names_with(lambda spec: spec.kinematic_threshold))
+R_MIN_HELP = (f"{KINEMATIC}: lower bound of the kinematic acceptance threshold r, in token bins (a proposed "
               "token within r of the target's pick is accepted); checkpoints/hf_small with kf_fill_check: 2, "
               "with kinematic_r_max 6")
-R_MAX_HELP = "kerv, world_aware: upper bound of the kinematic acceptance threshold r, in token bins"
+R_MAX_HELP = f"{KINEMATIC}: upper bound of the kinematic acceptance threshold r, in token bins"
 
 
 @dataclass(frozen=True)
@@ -86,10 +81,10 @@ class NodeConfig:
                          "action tokens; empty = the package's checkpoints/default")
     unnorm_key: str = setting("", "hf:DIR only: the dataset in its dataset_statistics.json whose statistics "
                          "unnormalise the actions; empty = the file's only one")
-    decoder: str = setting("kerv", "Action decoder (see README, Decoders)", choices=DECODER_NAMES)
+    decoder: str = setting(DEFAULT, "Action decoder (see README, Decoders)", choices=names)
     temperature: float = setting(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy (every decoder "
                             "samples the same way; see README, The policy)", range=(0.0, MAX_TEMPERATURE))
-    kf_fill_check: bool = setting(False, "kerv, world_aware: check the Kalman filter's fill of a rejected suffix "
+    kf_fill_check: bool = setting(False, f"{FILL_CHECK}: check the Kalman filter's fill of a rejected suffix "
                                   "against the target's own picks from the same verify pass (a KF token more than r "
                                   "from the target's pick gives way to it); for a model whose tokens the KF predicts "
                                   "poorly, such as checkpoints/hf_small")
@@ -157,8 +152,7 @@ class NodeConfig:
             raise ConfigError(f"parameter 'controller_joints' has duplicates: {list(self.controller_joints)}")
         if not self.decoder.strip():
             raise ConfigError("parameter 'decoder' must name a decoder")
-        check_fill_check(self.decoder, self.kf_fill_check)
-        kinematic_r_bounds(self.decoder, self.kinematic_r_min, self.kinematic_r_max)
+        decoder_settings(self.decoder, self.kf_fill_check, self.kinematic_r_min, self.kinematic_r_max)
         if self.inference_python and self.inference_mode != "process":
             raise ConfigError("parameter 'inference_python' needs inference_mode: process (a thread shares the "
                               "node's interpreter)")
@@ -179,7 +173,8 @@ class NodeConfig:
             period_s=self.period_s,
             torch_threads=self.torch_threads,
             kf_fill_check=self.kf_fill_check,
-            kinematic_r_bounds=kinematic_r_bounds(self.decoder, self.kinematic_r_min, self.kinematic_r_max),
+            kinematic_r_bounds=decoder_settings(self.decoder, self.kf_fill_check, self.kinematic_r_min,
+                                                self.kinematic_r_max),
         )
 
     def controller_config(self) -> ControllerConfig:
@@ -205,10 +200,10 @@ class InferenceNodeConfig:
     checkpoint: str = setting("", "Policy checkpoint directory, or hf:DIR for a Hugging Face VLA; empty = the "
                               "package's checkpoints/default")
     unnorm_key: str = setting("", "hf:DIR only: the dataset of its dataset_statistics.json; empty = the only one")
-    decoder: str = setting("kerv", "Action decoder (see README, Decoders)", choices=DECODER_NAMES)
+    decoder: str = setting(DEFAULT, "Action decoder (see README, Decoders)", choices=names)
     temperature: float = setting(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy",
                                  range=(0.0, MAX_TEMPERATURE))
-    kf_fill_check: bool = setting(False, "kerv, world_aware: check the Kalman filter's fill of a rejected suffix "
+    kf_fill_check: bool = setting(False, f"{FILL_CHECK}: check the Kalman filter's fill of a rejected suffix "
                                   "against the target's own picks from the same verify pass")
     kinematic_r_min: int = setting(KINEMATIC_R_BOUNDS[0], R_MIN_HELP, range=(0, 255))
     kinematic_r_max: int = setting(KINEMATIC_R_BOUNDS[1], R_MAX_HELP, range=(0, 255))
@@ -225,16 +220,15 @@ class InferenceNodeConfig:
         check_fields(self)
         if len(set(self.robots)) != len(self.robots):
             raise ConfigError(f"parameter 'robots' has duplicates: {list(self.robots)}")
-        check_fill_check(self.decoder, self.kf_fill_check)
-        kinematic_r_bounds(self.decoder, self.kinematic_r_min, self.kinematic_r_max)
+        decoder_settings(self.decoder, self.kf_fill_check, self.kinematic_r_min, self.kinematic_r_max)
 
     def runner_config(self) -> RunnerConfig:
         return RunnerConfig(checkpoint=self.checkpoint, decoder=self.decoder, temperature=self.temperature,
                             action_dt_s=self.action_dt_s, period_s=self.control_period_s,
                             torch_threads=self.torch_threads, unnorm_key=self.unnorm_key,
                             kf_fill_check=self.kf_fill_check,
-                            kinematic_r_bounds=kinematic_r_bounds(self.decoder, self.kinematic_r_min,
-                                                                  self.kinematic_r_max))
+                            kinematic_r_bounds=decoder_settings(self.decoder, self.kf_fill_check,
+                                                                self.kinematic_r_min, self.kinematic_r_max))
 
 
 @dataclass(frozen=True)

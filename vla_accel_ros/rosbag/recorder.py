@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from vla_accel_ros.decoding.specs import DEFAULT
 from vla_accel_ros.ros.parameters import NodeConfig, SimBridgeConfig
 from vla_accel_ros.rosbag.io import (
     STORAGES,
@@ -52,7 +53,7 @@ class RecordOptions:
     out: str = "outputs/bags/sim"
     storage: str = "mcap"
     mode: str = "live"
-    decoder: str = "kerv"
+    decoder: str = DEFAULT
     kf_fill_check: bool = False
     control_rate_hz: float = 20.0
     seed: int = 100_000

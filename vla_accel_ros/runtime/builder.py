@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 from vla_accel_ros.core.controller import Controller, ControllerConfig
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_checkpoint
+from vla_accel_ros.decoding.specs import DEFAULT, make_decoder, shared_settings, spec_of
 from vla_accel_ros.models.configuration import (
     DEFAULT_TEMPERATURE,
-    KINEMATIC_THRESHOLD_DECODERS,
     MAX_TEMPERATURE,
     VisionReuseConfig,
     checkpoint_directory,
@@ -43,7 +43,7 @@ class RunnerConfig:
 
     checkpoint: policy checkpoint directory, or ``hf:DIR`` for a Hugging Face VLA; empty = the
         package's checkpoints/default.
-    decoder: decoder name (``vla_accel_ros.decoding.DECODERS``).
+    decoder: decoder name (``vla_accel_ros.decoding.specs``).
     temperature: action-token sampling temperature, 0 = greedy.
     vision: incremental-vision settings; None (or ``enabled`` false) = encode every patch of every frame.
     action_dt_s: duration of one policy action step (the Kalman filter's step).
@@ -59,7 +59,7 @@ class RunnerConfig:
     """
 
     checkpoint: str = ""
-    decoder: str = "kerv"
+    decoder: str = DEFAULT
     temperature: float = DEFAULT_TEMPERATURE
     vision: VisionReuseConfig | None = None
     action_dt_s: float = 0.05
@@ -71,8 +71,7 @@ class RunnerConfig:
     kinematic_r_bounds: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
-        if not self.decoder.strip():
-            raise ValueError("RunnerConfig.decoder must name a decoder")
+        spec_of(self.decoder)  # ValueError naming the registered decoders
         if self.kinematic_r_bounds is not None:  # a list too: the inference process's JSON
             bounds = tuple(self.kinematic_r_bounds)
             if len(bounds) != 2 or not all(isinstance(r, int) for r in bounds) or not 0 <= bounds[0] <= bounds[1]:
@@ -114,7 +113,6 @@ def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | N
     """
     import torch
 
-    from vla_accel_ros.decoding import make_decoder
     from vla_accel_ros.models.sampling import SamplingConfig
     from vla_accel_ros.runtime.runner import PolicyRunner
 
@@ -134,24 +132,10 @@ def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | N
 
 
 def decoder_settings(config: RunnerConfig) -> dict[str, Any]:
-    """What ``config`` sets of its decoder besides the name. ValueError when it asks for a setting
-    the decoder does not have (``kf_fill_check`` for a decoder without ``fill_check``,
-    ``kinematic_r_bounds`` for one without the kinematic threshold)."""
-    settings: dict[str, Any] = {}
-    if config.kf_fill_check:
-        from vla_accel_ros.decoding import capabilities_of, decoders_with
-
-        if not capabilities_of(config.decoder).fill_check:
-            offered = ", ".join(decoders_with(lambda capabilities: capabilities.fill_check))
-            raise ValueError(f"kf_fill_check is for the decoders that fill a rejected suffix with the Kalman filter "
-                             f"({offered}), not '{config.decoder}'")
-        settings["fill_check"] = True
-    if config.kinematic_r_bounds is not None:
-        if config.decoder not in KINEMATIC_THRESHOLD_DECODERS:
-            raise ValueError(f"kinematic_r_bounds is for the decoders with the kinematic threshold "
-                             f"({', '.join(KINEMATIC_THRESHOLD_DECODERS)}), not '{config.decoder}'")
-        settings["r_min"], settings["r_max"] = config.kinematic_r_bounds
-    return settings
+    """What ``config`` sets of its decoder besides the name (:func:`~vla_accel_ros.decoding.specs.shared_settings`:
+    ValueError when it asks for a setting the decoder does not take)."""
+    return shared_settings(config.decoder, fill_check=config.kf_fill_check,
+                           kinematic_r_bounds=config.kinematic_r_bounds)
 
 
 def build_controller(config: ControllerConfig, kin: ArmKinematics, *, enabled: bool = False,

@@ -73,7 +73,7 @@ class PolicyRunner:
         A decoder that needs a file beside the checkpoint (heisd: CHECKPOINT/retrieval_store) gets it
         here, so that a missing one is reported at start-up, not at every step. ``decoder_settings``
         go to the decoder's config."""
-        from vla_accel_ros.decoding import make_decoder
+        from vla_accel_ros.decoding.specs import make_decoder
         from vla_accel_ros.models.load import load_policy
 
         decoder = make_decoder(decoder_name, **(decoder_settings or {}))

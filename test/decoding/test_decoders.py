@@ -18,10 +18,21 @@ from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding.history import EpisodeHistory
 from vla_accel_ros.decoding.kerv import kf_completion_tokens
 from vla_accel_ros.decoding.protocol import DecodeContext
-from vla_accel_ros.decoding.specs import make_decoder, names, names_with, spec_of, threshold_sweep
-from vla_accel_ros.evaluation.comparisons import BASELINE, CONTACT_COMPARISON, THRESHOLD_SWEPT, THRESHOLD_TRACED
+from vla_accel_ros.decoding.specs import (
+    make_decoder,
+    names,
+    names_with,
+    spec_of,
+    threshold_sweep,
+)
+from vla_accel_ros.evaluation.comparisons import (
+    BASELINE,
+    CONTACT_COMPARISON,
+    THRESHOLD_SWEPT,
+    THRESHOLD_TRACED,
+)
 from vla_accel_ros.models import Policy
-from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
+from vla_accel_ros.models.own.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.models.sampling import SamplingConfig
 from vla_accel_ros.runtime.runner import run_policy_step
 

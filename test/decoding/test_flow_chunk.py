@@ -10,7 +10,7 @@ import torch
 from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.decoding.history import EpisodeHistory
-from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
+from vla_accel_ros.models.own.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.runtime.runner import run_policy_step
 from vla_accel_ros.runtime.thread_worker import StepReport
 from vla_accel_ros.training.flow import action_windows

@@ -17,7 +17,6 @@ from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding import DecodeContext, make_decoder
-from vla_accel_ros.decoding.history import EpisodeHistory
 from vla_accel_ros.decoding.boundary import (
     PUBLISHED_BOUNDARY,
     BoundaryConfig,
@@ -28,6 +27,7 @@ from vla_accel_ros.decoding.boundary import (
     metric_from_features,
     tcp_history,
 )
+from vla_accel_ros.decoding.history import EpisodeHistory
 from vla_accel_ros.evaluation.episode import mode_summary
 from vla_accel_ros.models import Policy
 

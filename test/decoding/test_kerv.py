@@ -17,10 +17,15 @@ from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding import DecodeContext, make_decoder
-from vla_accel_ros.decoding.kerv import TcpPositions, checked_fill, kf_completion_tokens, update_rate
+from vla_accel_ros.decoding.kerv import (
+    TcpPositions,
+    checked_fill,
+    kf_completion_tokens,
+    update_rate,
+)
 from vla_accel_ros.decoding.protocol import PREFILL_VERIFIED
 from vla_accel_ros.models import ParallelDraftHead, Policy
-from vla_accel_ros.models.incremental_vision import (
+from vla_accel_ros.models.own.incremental_vision import (
     IncrementalVisionEncoder,
     VisionReuseConfig,
 )

@@ -20,7 +20,7 @@ from vla_accel_ros.decoding.retrieval import (
     store_mismatch,
     trajectory_values,
 )
-from vla_accel_ros.models.checkpoint import CheckpointError
+from vla_accel_ros.models.own.checkpoint import CheckpointError
 
 pytest.importorskip("faiss")
 

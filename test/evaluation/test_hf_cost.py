@@ -8,7 +8,6 @@ import json
 import pytest
 
 from vla_accel_ros.cli import main
-
 from vla_accel_ros.evaluation.hf_cost import BENCH_PASSES, CostOptions, hf_cost
 from vla_accel_ros.models.configuration import VisionReuseConfig
 

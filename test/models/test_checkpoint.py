@@ -24,7 +24,7 @@ from vla_accel_ros.models import (
     load_checkpoint,
     save_checkpoint,
 )
-from vla_accel_ros.models.checkpoint import (
+from vla_accel_ros.models.own.checkpoint import (
     PARALLEL_DRAFT_META_FILE,
     PARALLEL_DRAFT_WEIGHTS_FILE,
     save_parallel_draft,

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from vla_accel_ros.models import load_checkpoint
-from vla_accel_ros.models.checkpoint import (
+from vla_accel_ros.models.own.checkpoint import (
     FLOW_META_FILE,
     FLOW_WEIGHTS_FILE,
     CheckpointError,
     save_flow_heads,
 )
-from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads, euler_sample
+from vla_accel_ros.models.own.flow import FlowHeadConfig, FlowHeads, euler_sample
 from vla_accel_ros.training.flow import FlowTrainConfig, evaluate_heads, train_heads
 
 torch.set_num_threads(1)

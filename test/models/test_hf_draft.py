@@ -16,16 +16,16 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.decoding.protocol import DecodeContext, PolicyLike
-from vla_accel_ros.models.hf_draft import (
+from vla_accel_ros.models.hf.hf_draft import (
     DRAFT_META_FILE,
     DRAFT_WEIGHTS_FILE,
     HFDraftConfig,
     HFDraftHead,
     save_hf_draft,
 )
-from vla_accel_ros.models.hf_vla import HFTokenVLA, load_hf_vla
+from vla_accel_ros.models.hf.hf_vla import HFTokenVLA, load_hf_vla
 from vla_accel_ros.models.sampling import SamplingConfig, pick_tokens
-from vla_accel_ros.models.vla import BOS
+from vla_accel_ros.models.tokenizer import BOS
 from vla_accel_ros.runtime.runner import run_policy_step
 
 torch.set_num_threads(1)

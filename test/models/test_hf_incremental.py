@@ -18,9 +18,9 @@ from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.models.hf_incremental import HFIncrementalPrefill
-from vla_accel_ros.models.hf_vla import HFPrefix, HFTokenVLA, load_hf_vla
-from vla_accel_ros.models.incremental_vision import IncrementalVisionEncoder
+from vla_accel_ros.models.hf.hf_incremental import HFIncrementalPrefill
+from vla_accel_ros.models.hf.hf_vla import HFPrefix, HFTokenVLA, load_hf_vla
+from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 
 torch.set_num_threads(1)

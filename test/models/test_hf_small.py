@@ -13,7 +13,7 @@ import torch
 from vla_accel_ros.core.resources import share_dir
 from vla_accel_ros.core.robot_record import read_robot_record
 from vla_accel_ros.models.capabilities import PolicyCapabilities
-from vla_accel_ros.models.hf_vla import load_hf_vla
+from vla_accel_ros.models.hf.hf_vla import load_hf_vla
 from vla_accel_ros.training.hf_draft import greedy_rollout
 
 HF_SMALL = share_dir() / "checkpoints" / "hf_small"

@@ -19,7 +19,7 @@ from vla_accel_ros.decoding.ar import ARDecoder
 from vla_accel_ros.decoding.kerv import KervDecoder
 from vla_accel_ros.decoding.protocol import PREFILL_VERIFIED, DecodeContext, PolicyLike
 from vla_accel_ros.models.capabilities import PolicyCapabilities
-from vla_accel_ros.models.hf_vla import HFTokenVLA, load_hf_vla
+from vla_accel_ros.models.hf.hf_vla import HFTokenVLA, load_hf_vla
 from vla_accel_ros.runtime.runner import run_policy_step
 
 torch.set_num_threads(1)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from vla_accel_ros.models import Policy, VLAConfig
-from vla_accel_ros.models.incremental_vision import (
+from vla_accel_ros.models.own.incremental_vision import (
     IncrementalVisionEncoder,
     VisionReuseConfig,
 )

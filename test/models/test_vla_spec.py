@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from vla_accel_ros.models.vla_spec import (
+from vla_accel_ros.models.hf.vla_spec import (
     CLIP_MEAN,
     CLIP_STD,
     GRIPPER_CONVENTIONS,
@@ -239,7 +239,7 @@ def test_a_robot_entry_is_the_robot_record_and_not_a_spec_setting(tmp_path, tiny
     import json
 
     from vla_accel_ros.core.robot_record import read_robot_record
-    from vla_accel_ros.models.vla_spec import load_spec
+    from vla_accel_ros.models.hf.vla_spec import load_spec
 
     directory = tiny_hf_vla(tmp_path / "vla")
     assert read_robot_record(directory) is None  # nothing recorded: the node says so and runs

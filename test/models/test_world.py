@@ -22,7 +22,7 @@ from vla_accel_ros.models import (
     load_checkpoint,
     save_checkpoint,
 )
-from vla_accel_ros.models.checkpoint import WORLD_META_FILE, WORLD_WEIGHTS_FILE
+from vla_accel_ros.models.own.checkpoint import WORLD_META_FILE, WORLD_WEIGHTS_FILE
 from vla_accel_ros.models.tokenizer import N_BINS, ActionTokenizer
 from vla_accel_ros.training.world import (
     encode_frames,

@@ -23,7 +23,11 @@ from vla_accel_ros.core.settings import (
     to_params,
 )
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig, SimBridgeConfig
+from vla_accel_ros.ros.parameters import (
+    InferenceNodeConfig,
+    NodeConfig,
+    SimBridgeConfig,
+)
 
 VISION_PARAMETERS = ["vision_reuse", "vision_threshold", "vision_refresh_steps", "vision_max_drift", "vision_reuse_kv",
                      "vision_feature_threshold", "vision_reuse_tower", "vision_tower_threshold",

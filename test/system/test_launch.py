@@ -30,7 +30,11 @@ from vla_accel_ros.ros.launch_args import (
     vla_accel_arguments,
     vla_accel_nodes,
 )
-from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig, SimBridgeConfig
+from vla_accel_ros.ros.parameters import (
+    InferenceNodeConfig,
+    NodeConfig,
+    SimBridgeConfig,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_FILES = {"vla_accel.launch.py": (vla_accel_arguments, vla_accel_nodes),

@@ -14,7 +14,7 @@ import torch
 from vla_accel_ros import cli
 from vla_accel_ros.commands.train_parallel_draft import add_arguments
 from vla_accel_ros.models import ParallelDraftHead, load_checkpoint
-from vla_accel_ros.models.checkpoint import (
+from vla_accel_ros.models.own.checkpoint import (
     PARALLEL_DRAFT_META_FILE,
     PARALLEL_DRAFT_WEIGHTS_FILE,
 )

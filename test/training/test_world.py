@@ -12,7 +12,7 @@ import torch
 from vla_accel_ros import cli
 from vla_accel_ros.commands.train_world import add_arguments
 from vla_accel_ros.models import load_checkpoint
-from vla_accel_ros.models.checkpoint import WORLD_META_FILE, WORLD_WEIGHTS_FILE
+from vla_accel_ros.models.own.checkpoint import WORLD_META_FILE, WORLD_WEIGHTS_FILE
 from vla_accel_ros.training.world import WorldTrainConfig, train_world
 
 torch.set_num_threads(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.models.vla_spec import DTYPES
+from vla_accel_ros.models.hf.vla_spec import DTYPES
 from vla_accel_ros.training.common import config_from_args
 from vla_accel_ros.training.hf_draft import TEACHERS, HFDraftTrainConfig, train_hf_draft
 from vla_accel_ros.training.options import (

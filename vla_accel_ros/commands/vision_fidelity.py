@@ -30,7 +30,7 @@ from vla_accel_ros.evaluation.vision_options import (
     vision_config,
 )
 from vla_accel_ros.models import load_checkpoint
-from vla_accel_ros.models.incremental_vision import IncrementalVisionEncoder
+from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
 from vla_accel_ros.runtime.builder import build_runner
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
 

@@ -33,7 +33,7 @@ from vla_accel_ros.decoding.protocol import (
     model_free_result,
 )
 from vla_accel_ros.decoding.specs import FlowDecoderConfig
-from vla_accel_ros.models.flow import prefix_condition
+from vla_accel_ros.models.own.flow import prefix_condition
 
 
 class FlowDecoder(Decoder):

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from vla_accel_ros.core.kalman import JointKalmanFilter
     from vla_accel_ros.core.observation import Observation
     from vla_accel_ros.decoding.specs import DecoderSpec
-    from vla_accel_ros.models.vla import VLAConfig
+    from vla_accel_ros.models.own.vla import VLAConfig
 
 N_ACTION_TOKENS = 7
 PREFILL_VERIFIED = "prefill_verified"  # DecodeResult.mode of an action whose proposal the prefill verified

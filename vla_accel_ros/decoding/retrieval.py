@@ -51,7 +51,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vla_accel_ros.core.json_config import JsonConfig
-from vla_accel_ros.models.checkpoint import WEIGHTS_FILE, CheckpointError, read_json
+from vla_accel_ros.models.own.checkpoint import WEIGHTS_FILE, CheckpointError, read_json
 
 FORMAT_VERSION = 1
 STORE_KIND = "heisd_retrieval_store"

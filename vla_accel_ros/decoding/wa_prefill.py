@@ -1,6 +1,6 @@
 """Decoder names on the world-aware prefill: ``wa_prefill+X`` is decoder X, unchanged, run by a
 policy whose prefill adds the world-aware bias (a checkpoint with a ``world`` component, see
-:mod:`vla_accel_ros.models.world`). The prefix is what changes, not the decoding, so any decoder X
+:mod:`vla_accel_ros.models.own.world`). The prefix is what changes, not the decoding, so any decoder X
 works: ``wa_prefill+sd``, ``wa_prefill+kerv``, ...
 """
 

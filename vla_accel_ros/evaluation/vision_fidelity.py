@@ -27,7 +27,7 @@ import torch
 
 from vla_accel_ros.decoding.specs import BASELINE
 from vla_accel_ros.models import Policy
-from vla_accel_ros.models.incremental_vision import IncrementalVisionEncoder
+from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
 from vla_accel_ros.runtime.builder import RunnerConfig
 from vla_accel_ros.runtime.runner import PolicyRunner
 from vla_accel_ros.sim.env import PickCubeEnv

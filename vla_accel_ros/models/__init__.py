@@ -11,40 +11,41 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vla_accel_ros.models.checkpoint import (
+    from vla_accel_ros.models.own.checkpoint import (
         CheckpointError,
         load_checkpoint,
         save_checkpoint,
     )
-    from vla_accel_ros.models.draft import ContactHead, DraftHead, ParallelDraftHead
-    from vla_accel_ros.models.policy import Policy, Prefix, ScoreOutput
-    from vla_accel_ros.models.vla import BOS, VLAConfig, VLATarget
-    from vla_accel_ros.models.world import (
+    from vla_accel_ros.models.own.draft import ContactHead, DraftHead, ParallelDraftHead
+    from vla_accel_ros.models.own.policy import Policy, Prefix, ScoreOutput
+    from vla_accel_ros.models.own.vla import VLAConfig, VLATarget
+    from vla_accel_ros.models.own.world import (
         FrameAutoencoder,
         FrameAutoencoderConfig,
         WorldBias,
         WorldBiasConfig,
         WorldPrefill,
     )
+    from vla_accel_ros.models.tokenizer import BOS
 
 _MODULE_OF = {
-    "BOS": "vla",
-    "CheckpointError": "checkpoint",
-    "ContactHead": "draft",
-    "DraftHead": "draft",
-    "FrameAutoencoder": "world",
-    "FrameAutoencoderConfig": "world",
-    "ParallelDraftHead": "draft",
-    "Policy": "policy",
-    "Prefix": "policy",
-    "ScoreOutput": "policy",
-    "VLAConfig": "vla",
-    "VLATarget": "vla",
-    "WorldBias": "world",
-    "WorldBiasConfig": "world",
-    "WorldPrefill": "world",
-    "load_checkpoint": "checkpoint",
-    "save_checkpoint": "checkpoint",
+    "BOS": "tokenizer",
+    "CheckpointError": "own.checkpoint",
+    "ContactHead": "own.draft",
+    "DraftHead": "own.draft",
+    "FrameAutoencoder": "own.world",
+    "FrameAutoencoderConfig": "own.world",
+    "ParallelDraftHead": "own.draft",
+    "Policy": "own.policy",
+    "Prefix": "own.policy",
+    "ScoreOutput": "own.policy",
+    "VLAConfig": "own.vla",
+    "VLATarget": "own.vla",
+    "WorldBias": "own.world",
+    "WorldBiasConfig": "own.world",
+    "WorldPrefill": "own.world",
+    "load_checkpoint": "own.checkpoint",
+    "save_checkpoint": "own.checkpoint",
 }
 
 __all__ = [

@@ -18,7 +18,7 @@ class PolicyCapabilities:
     contact_head: ``contact_probability`` (how near the gripper is to contact).
     flow_head: ``flow`` (the continuous action head).
     own_incremental_prefill: ``incremental_prefill(config)`` (the policy reuses unchanged image
-    tokens its own way; without it, :mod:`vla_accel_ros.models.incremental_vision` does)."""
+    tokens its own way; without it, :mod:`vla_accel_ros.models.own.incremental_vision` does)."""
 
     draft_head: bool = False
     parallel_draft_head: bool = False

@@ -19,7 +19,7 @@ MAX_TEMPERATURE = 2.0
 
 @dataclass(frozen=True)
 class VisionReuseConfig:
-    """How :class:`~vla_accel_ros.models.incremental_vision.IncrementalVisionEncoder` reuses the
+    """How :class:`~vla_accel_ros.models.own.incremental_vision.IncrementalVisionEncoder` reuses the
     encodings of unchanged image patches.
 
     ``enabled`` says whether a runner uses the incremental encoder at all (the encoder itself does not

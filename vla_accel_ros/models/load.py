@@ -10,13 +10,13 @@ from vla_accel_ros.models.configuration import checkpoint_directory, is_hf_check
 
 
 def load_policy(source: str | Path, *, unnorm_key: str = "") -> Any:
-    """The policy ``source`` names: a :class:`~vla_accel_ros.models.policy.Policy` or an
-    :class:`~vla_accel_ros.models.hf_vla.HFTokenVLA` (``unnorm_key``: its statistics' dataset; empty
+    """The policy ``source`` names: a :class:`~vla_accel_ros.models.own.policy.Policy` or an
+    :class:`~vla_accel_ros.models.hf.hf_vla.HFTokenVLA` (``unnorm_key``: its statistics' dataset; empty
     = the only one); ValueError (a CheckpointError for the package's format) naming the file at fault."""
     if is_hf_checkpoint(source):
-        from vla_accel_ros.models.hf_vla import load_hf_vla
+        from vla_accel_ros.models.hf.hf_vla import load_hf_vla
 
         return load_hf_vla(checkpoint_directory(source), unnorm_key=unnorm_key or None)
-    from vla_accel_ros.models.checkpoint import load_checkpoint
+    from vla_accel_ros.models.own.checkpoint import load_checkpoint
 
     return load_checkpoint(Path(source))

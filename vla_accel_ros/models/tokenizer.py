@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 N_BINS = 256  # vocabulary of action tokens (ids 0..255; 255 is never emitted)
+BOS = N_BINS  # action-embedding id that starts the action (vocabulary 257 = 256 bins + BOS)
 N_CENTRES = N_BINS - 1
 ACTION_DIM = 7
 TEXT_VOCAB = 257  # 256 byte values + pad

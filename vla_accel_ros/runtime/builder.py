@@ -33,7 +33,7 @@ from vla_accel_ros.models.configuration import (
 
 if TYPE_CHECKING:
     from vla_accel_ros.decoding.protocol import Decoder
-    from vla_accel_ros.models.policy import Policy
+    from vla_accel_ros.models.own.policy import Policy
     from vla_accel_ros.runtime.runner import PolicyRunner
 
 

@@ -1,7 +1,7 @@
 """Several robots on one policy: their steps decoded together, two batched passes per round.
 
 A :class:`FleetRunner` holds one :class:`~vla_accel_ros.runtime.runner.PolicyRunner` per robot over
-one shared :class:`~vla_accel_ros.models.policy.Policy`, so every robot keeps its own Kalman
+one shared :class:`~vla_accel_ros.models.own.policy.Policy`, so every robot keeps its own Kalman
 filter, token history, sampling noise and decoder state. :meth:`FleetRunner.step` takes one
 observation of each robot (of any subset) and:
 
@@ -44,7 +44,7 @@ from vla_accel_ros.decoding.protocol import (
     DecodeResult,
     PendingVerify,
 )
-from vla_accel_ros.models.policy import Policy, Prefix, ScoreOutput
+from vla_accel_ros.models.own.policy import Policy, Prefix, ScoreOutput
 from vla_accel_ros.runtime.runner import PolicyRunner, run_policy_step
 
 # A round's stages, in order: each robot's bookkeeping before the model (``begin``: its filter and

@@ -30,8 +30,8 @@ from vla_accel_ros.decoding.protocol import (
     PolicyLike,
 )
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.models.incremental_vision import IncrementalVisionEncoder
-from vla_accel_ros.models.policy import Policy
+from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
+from vla_accel_ros.models.own.policy import Policy
 from vla_accel_ros.models.sampling import SamplingConfig
 
 # A measured joint jump this large (rad) between two observations is a new episode (sim reset):
@@ -138,7 +138,7 @@ def run_policy_step(
 
     ``context.time_left_s`` counts from the start of this call; the decoder sees what is left
     after the prefill. With ``vision``, the prefill re-encodes only the image patches that changed
-    (:mod:`vla_accel_ros.models.incremental_vision`).
+    (:mod:`vla_accel_ros.models.own.incremental_vision`).
 
     A decoder that declares ``skips_steps`` may serve the step without the model (HeiSD's
     verify-skip executes queued retrieved actions): when ``skip_step`` returns a result, that result

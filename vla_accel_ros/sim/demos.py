@@ -99,7 +99,7 @@ def record_demos(
 def greedy_policy_action(checkpoint: str) -> Callable[[Observation], np.ndarray]:
     """The checkpoint's greedy (AR) action for one observation, as the DAgger driver."""
     from vla_accel_ros.core.resources import default_checkpoint
-    from vla_accel_ros.models.checkpoint import (
+    from vla_accel_ros.models.own.checkpoint import (
         load_checkpoint,  # torch only when a policy drives
     )
 

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.robot_record import RobotRecord, robot_in_use
-from vla_accel_ros.models.policy import Policy, Prefix
+from vla_accel_ros.models.own.policy import Policy, Prefix
 from vla_accel_ros.models.tokenizer import N_BINS
 from vla_accel_ros.sim.env import SimConfig
 from vla_accel_ros.training.data import DemoDataset

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from vla_accel_ros.models.checkpoint import (
+from vla_accel_ros.models.own.checkpoint import (
     FLOW_META_FILE,
     FLOW_WEIGHTS_FILE,
     copy_checkpoint,
@@ -32,14 +32,14 @@ from vla_accel_ros.models.checkpoint import (
     load_flow_heads,
     save_flow_heads,
 )
-from vla_accel_ros.models.flow import (
+from vla_accel_ros.models.own.flow import (
     FlowHeadConfig,
     FlowHeads,
     euler_sample,
     flow_matching_loss,
     prefix_condition,
 )
-from vla_accel_ros.models.policy import Policy
+from vla_accel_ros.models.own.policy import Policy
 from vla_accel_ros.models.tokenizer import N_BINS
 from vla_accel_ros.training.common import optimise_epochs, plot_loss_panels
 from vla_accel_ros.training.data import load_demos

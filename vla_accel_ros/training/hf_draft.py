@@ -2,7 +2,7 @@
 
 Input: ``vla-accel demos`` episodes (``episode_*.npz``, docs/data_layout.md) and a model directory
 (``hf:DIR``). Output, beside the model's weights: ``draft_head.safetensors`` + ``draft_head.json``
-(:mod:`vla_accel_ros.models.hf_draft`) and the loss plot ``draft_loss.png``; ``load_hf_vla``
+(:mod:`vla_accel_ros.models.hf.hf_draft`) and the loss plot ``draft_loss.png``; ``load_hf_vla``
 attaches the head from then on, and ``sd``, ``kerv``, ``world_aware`` and ``deadline`` draft with it.
 
 1. Features. The target is frozen (no gradient, inference mode). With ``--teacher expert`` (the
@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.configuration import checkpoint_directory
-from vla_accel_ros.models.hf_draft import (
+from vla_accel_ros.models.hf.hf_draft import (
     DRAFT_META_FILE,
     DRAFT_WEIGHTS_FILE,
     HFDraftConfig,
@@ -57,9 +57,9 @@ from vla_accel_ros.models.hf_draft import (
     default_width,
     save_hf_draft,
 )
-from vla_accel_ros.models.hf_vla import HFTokenVLA, load_hf_vla
+from vla_accel_ros.models.hf.hf_vla import HFTokenVLA, load_hf_vla
+from vla_accel_ros.models.hf.vla_spec import DTYPES
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
-from vla_accel_ros.models.vla_spec import DTYPES
 from vla_accel_ros.training.common import (
     check_data_selection,
     check_hyperparameters,

@@ -2,7 +2,7 @@
 
 The sequential draft head proposes one token per light step, each step reading the feature the
 previous one predicted, so drafting 6 tokens costs 6 dependent steps. The parallel head
-(:class:`~vla_accel_ros.models.draft.ParallelDraftHead`, the same network) proposes every
+(:class:`~vla_accel_ros.models.own.draft.ParallelDraftHead`, the same network) proposes every
 remaining position from the prefix end alone, so one call with 6 queries drafts them all; the
 ``kerv`` decoder then decodes an action with one parallel draft call and one verify pass.
 
@@ -36,16 +36,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vla_accel_ros.models.checkpoint import (
+from vla_accel_ros.models.own.checkpoint import (
     PARALLEL_DRAFT_META_FILE,
     PARALLEL_DRAFT_WEIGHTS_FILE,
     copy_checkpoint,
     load_checkpoint,
     save_parallel_draft,
 )
-from vla_accel_ros.models.draft import DraftHead, ParallelDraftHead
-from vla_accel_ros.models.policy import Policy, Prefix
-from vla_accel_ros.models.vla import count_parameters
+from vla_accel_ros.models.own.draft import DraftHead, ParallelDraftHead
+from vla_accel_ros.models.own.policy import Policy, Prefix
+from vla_accel_ros.models.own.vla import count_parameters
 from vla_accel_ros.training.common import (
     GreedyRollout,
     check_data_selection,

@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from vla_accel_ros.models.checkpoint import load_checkpoint, save_checkpoint
-from vla_accel_ros.models.policy import Policy
+from vla_accel_ros.models.own.checkpoint import load_checkpoint, save_checkpoint
+from vla_accel_ros.models.own.policy import Policy
+from vla_accel_ros.models.own.vla import VLAConfig
 from vla_accel_ros.models.tokenizer import N_BINS, ActionTokenizer
-from vla_accel_ros.models.vla import VLAConfig
 from vla_accel_ros.training.common import (
     KEYPOINT_LOSS_SCALE,
     check_data_selection,

@@ -1,6 +1,6 @@
 """Training of the world-aware prefill (WA-SpecDec) on a trained checkpoint (``vla-accel train-world``).
 
-Three phases on one in-memory copy of the demonstrations (see :mod:`vla_accel_ros.models.world`):
+Three phases on one in-memory copy of the demonstrations (see :mod:`vla_accel_ros.models.own.world`):
 
 a. the frame autoencoder, by L2 reconstruction of the demo frames; then it is frozen;
 b. the world-bias module, by dense next-frame prediction on the frozen latents of consecutive
@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from vla_accel_ros.models.checkpoint import load_checkpoint, save_checkpoint
-from vla_accel_ros.models.policy import Policy
-from vla_accel_ros.models.world import FrameAutoencoder, WorldBias, WorldPrefill
+from vla_accel_ros.models.own.checkpoint import load_checkpoint, save_checkpoint
+from vla_accel_ros.models.own.policy import Policy
+from vla_accel_ros.models.own.world import FrameAutoencoder, WorldBias, WorldPrefill
 from vla_accel_ros.training.common import (
     check_data_selection,
     check_hyperparameters,

@@ -2,7 +2,7 @@
 action tokenizer + proprio statistics, with prefill / score / draft operating on immutable
 prefixes. Optional components: a continuous action head (``flow``), the world-aware prefill
 (``world``: its per-patch bias is added to the patch tokens of every prefill, see
-:mod:`vla_accel_ros.models.world`) and a parallel draft head (``parallel_draft``: all remaining
+:mod:`vla_accel_ros.models.own.world`) and a parallel draft head (``parallel_draft``: all remaining
 draft tokens from one light call, see :meth:`Policy.draft_tokens_parallel`).
 
 Public calls run in ``torch.inference_mode``; the underscored twins are mode-agnostic so that
@@ -19,19 +19,23 @@ import torch
 
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.capabilities import PolicyCapabilities
-from vla_accel_ros.models.draft import ContactHead, DraftHead
-from vla_accel_ros.models.flow import FlowHeads
-from vla_accel_ros.models.sampling import pick_tokens
-from vla_accel_ros.models.tokenizer import N_BINS, ActionTokenizer, encode_instruction
-from vla_accel_ros.models.vla import (
-    BOS,
+from vla_accel_ros.models.layers import KVCache
+from vla_accel_ros.models.own.draft import ContactHead, DraftHead
+from vla_accel_ros.models.own.flow import FlowHeads
+from vla_accel_ros.models.own.vla import (
     PROPRIO_DIM,
-    KVCache,
     VLAConfig,
     VLATarget,
     count_parameters,
 )
-from vla_accel_ros.models.world import WorldPrefill
+from vla_accel_ros.models.own.world import WorldPrefill
+from vla_accel_ros.models.sampling import pick_tokens
+from vla_accel_ros.models.tokenizer import (
+    BOS,
+    N_BINS,
+    ActionTokenizer,
+    encode_instruction,
+)
 
 
 @dataclass(frozen=True, eq=False)

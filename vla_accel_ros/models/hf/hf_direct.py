@@ -9,7 +9,7 @@ projections, RMS and layer norms, rotary tables, scaled dot-product attention (g
 included) and activations, in the same order.
 
 :func:`unsupported_reason` says why a model cannot take this path (an empty string when it can);
-:class:`HFTokenVLA <vla_accel_ros.models.hf_vla.HFTokenVLA>` then keeps to transformers' modules.
+:class:`HFTokenVLA <vla_accel_ros.models.hf.hf_vla.HFTokenVLA>` then keeps to transformers' modules.
 """
 
 from __future__ import annotations

@@ -24,16 +24,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vla_accel_ros.core.robot_record import ROBOT_KEY, RobotRecord, package_robot
-from vla_accel_ros.models.draft import ContactHead, DraftHead, ParallelDraftHead
-from vla_accel_ros.models.flow import FlowHeadConfig, FlowHeads
-from vla_accel_ros.models.policy import Policy
-from vla_accel_ros.models.tokenizer import ActionTokenizer
-from vla_accel_ros.models.vla import PROPRIO_DIM, VLAConfig, VLATarget
-from vla_accel_ros.models.world import (
+from vla_accel_ros.models.own.draft import ContactHead, DraftHead, ParallelDraftHead
+from vla_accel_ros.models.own.flow import FlowHeadConfig, FlowHeads
+from vla_accel_ros.models.own.policy import Policy
+from vla_accel_ros.models.own.vla import PROPRIO_DIM, VLAConfig, VLATarget
+from vla_accel_ros.models.own.world import (
     FrameAutoencoderConfig,
     WorldBiasConfig,
     WorldPrefill,
 )
+from vla_accel_ros.models.tokenizer import ActionTokenizer
 
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vla_accel_ros.models.vla import MLP, VLAConfig
+from vla_accel_ros.models.layers import MLP
+from vla_accel_ros.models.own.vla import VLAConfig
 
 
 class DraftHead(nn.Module):

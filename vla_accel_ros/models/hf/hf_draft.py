@@ -6,7 +6,7 @@ target's own LM head (its 256 action rows, :meth:`HFTokenVLA.action_logits`). It
 embedding or LM head: both are the target's, frozen (:attr:`HFTokenVLA.action_embeddings`). So a
 head is tied to one model's hidden size and action ids, and :func:`load_hf_draft` refuses any other.
 
-Unlike the built-in policy's head (:class:`vla_accel_ros.models.draft.DraftHead`), it does not
+Unlike the built-in policy's head (:class:`vla_accel_ros.models.own.draft.DraftHead`), it does not
 attend to the target's KV cache: a Hugging Face cache's layout (grouped KV heads, rotary keys) is
 the model's own, and the final hidden state already summarises the context that predicts the next
 token. Its layers: a LayerNorm on each input (token embeddings and hidden states differ in scale
@@ -31,10 +31,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from vla_accel_ros.models.hf.vla_spec import read_json_object
+from vla_accel_ros.models.layers import MLP
 from vla_accel_ros.models.sampling import pick_tokens
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
-from vla_accel_ros.models.vla import MLP
-from vla_accel_ros.models.vla_spec import read_json_object
 
 DRAFT_WEIGHTS_FILE = "draft_head.safetensors"
 DRAFT_META_FILE = "draft_head.json"

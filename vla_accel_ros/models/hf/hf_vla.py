@@ -2,7 +2,7 @@
 
 The model is an image-text-to-text model (``AutoModelForImageTextToText``, e.g. Llava with a Llama
 decoder: OpenVLA's layout, the image features right after BOS) whose 7 action dimensions are
-tokens of its text vocabulary; :class:`vla_accel_ros.models.vla_spec.VLASpec` says which, and how
+tokens of its text vocabulary; :class:`vla_accel_ros.models.hf.vla_spec.VLASpec` says which, and how
 the prompt, the image and the actions are made. The decoders see what they see of our own policy:
 
 - ``prefill(obs)``: ONE forward over ``[BOS] + [image token] * n_image_tokens + prompt + appended
@@ -16,10 +16,10 @@ The LM head runs on the 256 action rows only (exact for those logits, and the fu
 is the vocabulary's). Bin 255 (HF id ``vocab_size - 256``, OpenVLA's token of a value at q99) is
 a real output here, unlike our own policy's: it is scored and fed as itself and decodes as bin
 254, as in OpenVLA. A draft head is optional: an EAGLE-style head on the model's hidden states
-(:mod:`vla_accel_ros.models.hf_draft`, ``vla-accel train-draft``), loaded when its files lie beside
+(:mod:`vla_accel_ros.models.hf.hf_draft`, ``vla-accel train-draft``), loaded when its files lie beside
 the weights; there is no parallel draft, contact or flow head (:meth:`HFTokenVLA.capabilities`).
 :meth:`HFTokenVLA.incremental_prefill` gives the VLA-Cache-style prefill that reuses the keys and
-values of unchanged image tokens between frames (:mod:`vla_accel_ros.models.hf_incremental`).
+values of unchanged image tokens between frames (:mod:`vla_accel_ros.models.hf.hf_incremental`).
 
 Prefixes are immutable while the model's KV cache is mutated in place: every prefix made from one
 prefill shares one cache, and each use of a prefix first crops the cache back to its own length
@@ -42,11 +42,9 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.capabilities import PolicyCapabilities
 from vla_accel_ros.models.configuration import checkpoint_directory
-from vla_accel_ros.models.hf_direct import DirectLlavaForward, unsupported_reason
-from vla_accel_ros.models.hf_draft import HFDraftHead, load_hf_draft
-from vla_accel_ros.models.tokenizer import N_BINS
-from vla_accel_ros.models.vla import BOS
-from vla_accel_ros.models.vla_spec import (
+from vla_accel_ros.models.hf.hf_direct import DirectLlavaForward, unsupported_reason
+from vla_accel_ros.models.hf.hf_draft import HFDraftHead, load_hf_draft
+from vla_accel_ros.models.hf.vla_spec import (
     CONFIG_FILE,
     ActionStatistics,
     OpenVLAActionTokenizer,
@@ -56,12 +54,13 @@ from vla_accel_ros.models.vla_spec import (
     read_json_object,
     with_overrides,
 )
+from vla_accel_ros.models.tokenizer import BOS, N_BINS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from vla_accel_ros.models.configuration import VisionReuseConfig
-    from vla_accel_ros.models.hf_incremental import HFIncrementalPrefill
+    from vla_accel_ros.models.hf.hf_incremental import HFIncrementalPrefill
 
 N_ACTION_TOKENS = 7
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -100,7 +99,7 @@ class CacheSlot:
 @dataclass(frozen=True, eq=False)
 class HFPrefix:
     """Decoder state after the observation prefix and the action tokens consumed, as
-    :class:`vla_accel_ros.models.policy.Prefix`: action_hidden (1, n+1, d) final hidden states at
+    :class:`vla_accel_ros.models.own.policy.Prefix`: action_hidden (1, n+1, d) final hidden states at
     the prompt's end and after each of the n consumed tokens, tokens (1, n), pooled (1, d) the mean
     of the observation prefix's hidden states, prefix_len its positions, base the tokens consumed
     before the latest extension (``truncate`` counts from there). ``slot`` is the shared cache."""
@@ -259,14 +258,14 @@ class HFTokenVLA:
 
     def capabilities(self) -> PolicyCapabilities:
         """A draft head when one is attached; no parallel draft, contact or flow head; its own
-        incremental prefill (:mod:`vla_accel_ros.models.hf_incremental`)."""
+        incremental prefill (:mod:`vla_accel_ros.models.hf.hf_incremental`)."""
         return PolicyCapabilities(draft_head=self.draft is not None, own_incremental_prefill=True)
 
     def incremental_prefill(self, config: VisionReuseConfig) -> HFIncrementalPrefill:
         """This VLA's own incremental prefill: what serves a runner's ``vision`` settings in place of
         the package policy's incremental vision encoder (reused keys/values only: ``config.reuse_kv``
-        must be true; :mod:`vla_accel_ros.models.hf_incremental`)."""
-        from vla_accel_ros.models.hf_incremental import HFIncrementalPrefill
+        must be true; :mod:`vla_accel_ros.models.hf.hf_incremental`)."""
+        from vla_accel_ros.models.hf.hf_incremental import HFIncrementalPrefill
 
         return HFIncrementalPrefill(self, config)
 
@@ -580,7 +579,7 @@ def check_weights(directory: Path) -> None:
 def load_hf_vla(path: Path | str, *, unnorm_key: str | None = None, device: str | None = None,
                 dtype: str | None = None, draft: bool = True) -> HFTokenVLA:
     """Load the Hugging Face VLA in ``path`` (``hf:/path`` or a path): its spec
-    (:func:`vla_accel_ros.models.vla_spec.load_spec`), action statistics, text tokenizer and
+    (:func:`vla_accel_ros.models.hf.vla_spec.load_spec`), action statistics, text tokenizer and
     safetensors weights. ``unnorm_key``, ``device`` ("cpu", "cuda", ...) and ``dtype`` ("float32",
     "bfloat16", "float16") override the spec's when given (its defaults: the file's only key,
     cpu, float32). A draft head saved beside the weights (``draft_head.safetensors`` + ``.json``,

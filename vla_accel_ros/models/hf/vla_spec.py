@@ -73,7 +73,7 @@ _PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's codes in pr
 
 @dataclass(frozen=True)
 class VLASpec:
-    """Everything :class:`vla_accel_ros.models.hf_vla.HFTokenVLA` reads besides the weights.
+    """Everything :class:`vla_accel_ros.models.hf.hf_vla.HFTokenVLA` reads besides the weights.
 
     prompt: template with one ``{instruction}`` field and at most one ``{image}`` field, where the
         image tokens go (without one they come first, after BOS: OpenVLA's layout; a template that
@@ -93,7 +93,7 @@ class VLASpec:
     gripper: one of ``GRIPPER_CONVENTIONS`` (see there), the policy's gripper value -> ours.
     device / dtype: where the model runs and its weights' dtype (one of ``DTYPES``).
     direct_forward: run a supported model (a SigLIP tower and a Llama text model) op by op
-        (:mod:`vla_accel_ros.models.hf_direct`, the modules' own results, faster on a CPU);
+        (:mod:`vla_accel_ros.models.hf.hf_direct`, the modules' own results, faster on a CPU);
         false = through transformers' modules.
     """
 

@@ -29,7 +29,7 @@ exactly the full prefill.
 
 A policy that declares its own incremental prefill (``own_incremental_prefill`` among its
 capabilities, served by ``policy.incremental_prefill(config)``: a Hugging Face VLA,
-:mod:`vla_accel_ros.models.hf_incremental`) serves the frames through it instead.
+:mod:`vla_accel_ros.models.hf.hf_incremental`) serves the frames through it instead.
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ import torch
 
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.models.policy import Policy, Prefix, ScoreOutput
-from vla_accel_ros.models.vla import KeysValues
+from vla_accel_ros.models.layers import KeysValues
+from vla_accel_ros.models.own.policy import Policy, Prefix, ScoreOutput
 
 if TYPE_CHECKING:
-    from vla_accel_ros.models.hf_incremental import HFIncrementalPrefill
-    from vla_accel_ros.models.hf_vla import HFPrefix, HFScoreOutput
+    from vla_accel_ros.models.hf.hf_incremental import HFIncrementalPrefill
+    from vla_accel_ros.models.hf.hf_vla import HFPrefix, HFScoreOutput
 
 
 @dataclass(frozen=True)

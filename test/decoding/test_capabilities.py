@@ -12,7 +12,7 @@ import torch
 from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.decoding import make_decoder, names
 from vla_accel_ros.decoding.history import EpisodeHistory
-from vla_accel_ros.models.capabilities import PolicyCapabilities
+from vla_accel_ros.models.api import PolicyCapabilities
 from vla_accel_ros.runtime.runner import run_policy_step
 
 

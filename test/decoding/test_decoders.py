@@ -18,8 +18,8 @@ from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding.history import EpisodeHistory
 from vla_accel_ros.decoding.kerv import kf_completion_tokens
 from vla_accel_ros.decoding.protocol import DecodeContext
+from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.decoding.specs import (
-    make_decoder,
     names,
     names_with,
     spec_of,

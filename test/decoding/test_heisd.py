@@ -142,9 +142,9 @@ class CountingPolicy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._policy, name)
 
-    def prefill(self, obs: Observation, local_tokens: torch.Tensor | None = None) -> Any:
+    def prefill(self, obs: Observation) -> Any:
         self.prefills += 1
-        return self._policy.prefill(obs, local_tokens)
+        return self._policy.prefill(obs)
 
     def score(self, prefix: Any, tokens: torch.Tensor) -> Any:
         self.scores += 1

@@ -25,10 +25,8 @@ from vla_accel_ros.decoding.kerv import (
 )
 from vla_accel_ros.decoding.protocol import PREFILL_VERIFIED
 from vla_accel_ros.models import ParallelDraftHead, Policy
-from vla_accel_ros.models.own.incremental_vision import (
-    IncrementalVisionEncoder,
-    VisionReuseConfig,
-)
+from vla_accel_ros.models.configuration import VisionReuseConfig
+from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
 from vla_accel_ros.models.sampling import pick_tokens
 from vla_accel_ros.runtime.runner import run_policy_step
 
@@ -267,13 +265,13 @@ def test_world_aware_keeps_the_previous_action_from_drafting_near_contact(
 class PassCountingPolicy(CountingPolicy):
     """Also counts the two kinds of prefill."""
 
-    def prefill(self, obs: Observation, local_tokens: torch.Tensor | None = None) -> Any:
+    def prefill(self, obs: Observation) -> Any:
         self.calls["prefill"] += 1
-        return self.policy.prefill(obs, local_tokens)
+        return self.policy.prefill(obs)
 
-    def prefill_scored(self, obs: Observation, tokens: torch.Tensor, local_tokens: torch.Tensor | None = None) -> Any:
-        self.calls["prefill_scored"] += 1
-        return self.policy.prefill_scored(obs, tokens, local_tokens)
+    def prefill_batch(self, observations: Any, tokens: torch.Tensor | None = None) -> Any:
+        self.calls["prefill_scored" if tokens is not None else "prefill"] += 1
+        return self.policy.prefill_batch(observations, tokens)
 
 
 def prefill_verify_context(kin: ArmKinematics, held: np.ndarray, **kwargs: Any) -> DecodeContext:
@@ -315,7 +313,7 @@ def test_verifying_inside_the_prefill_equals_verifying_the_same_proposal_after_i
         context = prefill_verify_context(kin, held, token_noise=noise)
         one_pass = make_decoder("kerv", prefill_verify=True, r_min=r, r_max=r)
         proposal = one_pass.prefill_proposal(policy, context)
-        fused = one_pass.decode_scored(policy, policy.prefill_scored(obs, torch.tensor([proposal[:6].tolist()])),
+        fused = one_pass.decode_scored(policy, policy.prefill_batch([obs], torch.tensor([proposal[:6].tolist()])),
                                        proposal, context)
         two_passes = make_decoder("kerv", prefill_verify=True, r_min=r, r_max=r)
         two_passes.prefill_proposal(policy, context)
@@ -358,7 +356,7 @@ def test_the_checked_fill_replaces_kf_tokens_far_from_the_targets_picks_in_the_s
             counting = PassCountingPolicy(policy)
             if prefill_verify:
                 proposal = decoder.prefill_proposal(counting, context)
-                scored = counting.prefill_scored(obs, torch.tensor([proposal[:6].tolist()]))
+                scored = counting.prefill_batch([obs], torch.tensor([proposal[:6].tolist()]))
                 results.append(decoder.decode_scored(counting, scored, proposal, context))
             else:
                 results.append(run_policy_step(counting, obs, decoder, context))
@@ -456,8 +454,8 @@ def test_prefill_verification_with_incremental_vision_with_and_without_reused_ke
         decoder = make_decoder("world_aware")
         decoder.prefill_proposal(policy, context)
         np.testing.assert_array_equal(result.tokens, decoder.decode_scored(
-            policy, policy.prefill_scored(frames[0], feed), held, context).tokens)
-        reuse.prefill_scored(frames[0], feed)  # the same image again: nothing re-encoded
+            policy, policy.prefill_batch([frames[0]], feed), held, context).tokens)
+        reuse.prefill_batch([frames[0]], feed)  # the same image again: nothing re-encoded
         assert reuse.last.recomputed == 0
 
 
@@ -479,14 +477,14 @@ def test_action_tokens_ride_along_with_the_recomputed_tokens_under_reused_keys(
     recomputed = []
     for obs in frames:
         after = policy.score(plain.prefill(obs), feed)
-        inside = scored.prefill_scored(obs, feed)
+        inside = scored.prefill_batch([obs], feed)
         assert plain.last == scored.last
         torch.testing.assert_close(inside.logits, after.logits, atol=1e-5, rtol=0)
         assert inside.prefix.prefix_len == after.prefix.prefix_len and inside.prefix.n_tokens == 6
-        for (ka, va), (kb, vb) in zip(inside.prefix.kv, after.prefix.kv):
+        for (ka, va), (kb, vb) in zip(inside.prefix.cache.layers, after.prefix.cache.layers):
             torch.testing.assert_close(ka, kb, atol=1e-5, rtol=0)
             torch.testing.assert_close(va, vb, atol=1e-5, rtol=0)
         recomputed.append(scored.last.recomputed)
     assert recomputed == [4, 1, 0, 1]  # the first frame in full, then incremental ones
     with pytest.raises(ValueError, match="lie in"):
-        scored.prefill_scored(frames[0], torch.tensor([[300]]))
+        scored.prefill_batch([frames[0]], torch.tensor([[300]]))

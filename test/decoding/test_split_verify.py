@@ -19,7 +19,7 @@ from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding import DecodeContext, DecodeResult, make_decoder
 from vla_accel_ros.decoding.protocol import PendingVerify
 from vla_accel_ros.models import Policy
-from vla_accel_ros.models.capabilities import PolicyCapabilities
+from vla_accel_ros.models.api import PolicyCapabilities
 
 torch.set_num_threads(1)
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
@@ -83,7 +83,7 @@ def test_one_batched_pass_verifies_several_robots_proposals(policy: Policy, kin:
     episodes = [contexts(kin, 5, noise) for _ in range(n)]
     for t in range(5):
         tensors = [policy.observation_tensors(frames[r][t]) for r in range(n)]
-        batch = policy.prefill_batch(*(torch.cat([x[k] for x in tensors]) for k in range(3)))
+        batch = policy.prefill_tensors(*(torch.cat([x[k] for x in tensors]) for k in range(3))).prefix
         steps = [shared[r].propose_after_prefill(policy, batch.select(r), episodes[r][t]) for r in range(n)]
         assert all(isinstance(step, PendingVerify) and step.tokens.shape == (6,) for step in steps)
         scored = policy.score(batch.select_rows(list(range(n))), torch.from_numpy(np.stack([s.tokens for s in steps])))

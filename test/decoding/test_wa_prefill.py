@@ -12,9 +12,9 @@ import torch
 from vla_accel_ros.cli import main
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.resources import default_checkpoint
-from vla_accel_ros.decoding import DecodeContext
+from vla_accel_ros.decoding import DecodeContext, make_decoder
 from vla_accel_ros.decoding.sd import SDDecoder
-from vla_accel_ros.decoding.wa_prefill import make_prefill_decoder, split_prefill
+from vla_accel_ros.decoding.wa_prefill import split_prefill
 from vla_accel_ros.evaluation.bench import bench_entries, wa_comparison
 from vla_accel_ros.models import (
     Policy,
@@ -36,7 +36,7 @@ def test_names_parse() -> None:
     for bad in ("wa_prefill+", "wa_prefill+nope", "nope", "wa_prefill+wa_prefill+sd"):
         with pytest.raises(ValueError, match="unknown decoder"):
             split_prefill(bad)
-    assert isinstance(make_prefill_decoder("wa_prefill+sd", r=3), SDDecoder)
+    assert isinstance(make_decoder(split_prefill("wa_prefill+sd")[0], r=3), SDDecoder)
 
 
 def test_wa_prefill_sd_runs_one_step_on_a_world_aware_policy() -> None:
@@ -45,10 +45,10 @@ def test_wa_prefill_sd_runs_one_step_on_a_world_aware_policy() -> None:
     policy = Policy.create(config, ActionTokenizer(-np.full(7, 0.02), np.full(7, 0.02)), seed=3)
     obs = Observation(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8), "pick up the red cube",
                       np.zeros(7, np.float32), 0.04)
-    plain = run_policy_step(policy, obs, make_prefill_decoder("sd"), DecodeContext())
+    plain = run_policy_step(policy, obs, make_decoder(split_prefill("sd")[0]), DecodeContext())
     torch.manual_seed(0)
     policy.world = WorldPrefill.for_target(config, latent_channels=4, width=8, hidden=16, head_hidden=16)
-    result = run_policy_step(policy, obs, make_prefill_decoder("wa_prefill+sd"), DecodeContext())
+    result = run_policy_step(policy, obs, make_decoder(split_prefill("wa_prefill+sd")[0]), DecodeContext())
     assert result.tokens.shape == (7,) and np.all(np.isfinite(result.action)) and result.target_passes >= 1
     np.testing.assert_array_equal(result.tokens, plain.tokens)  # a fresh (zero) bias changes nothing
 

@@ -52,7 +52,7 @@ def outputs(policy: Policy) -> list[torch.Tensor]:
     images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8, generator=g)
     text = torch.randint(0, 257, (2, 8), generator=g)
     proprio = torch.randn(2, 8, generator=g)
-    prefix = policy.prefill_batch(images, text, proprio)
+    prefix = policy.prefill_tensors(images, text, proprio).prefix
     tokens = policy.greedy_decode(prefix)
     return [policy.score(prefix, tokens).logits, *policy.draft_tokens(prefix, 7, None), policy.contact_logits(prefix)]
 
@@ -188,8 +188,8 @@ def with_parallel_draft(policy: Policy) -> Policy:
 
 def parallel_outputs(policy: Policy) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    prefix = policy.prefill_batch(torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8, generator=g),
-                                  torch.randint(0, 257, (2, 8), generator=g), torch.randn(2, 8, generator=g))
+    prefix = policy.prefill_tensors(torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8, generator=g),
+                                  torch.randint(0, 257, (2, 8), generator=g), torch.randn(2, 8, generator=g)).prefix
     return policy.draft_tokens_parallel(prefix, 7)
 
 

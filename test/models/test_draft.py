@@ -49,7 +49,7 @@ def test_from_sequential_copies_the_weights(policy: Policy) -> None:
 
 
 def test_first_token_is_the_targets_greedy_token_and_shapes(policy: Policy, batch) -> None:
-    prefix = policy.prefill_batch(*batch)
+    prefix = policy.prefill_tensors(*batch).prefix
     greedy = policy.greedy_decode(prefix)
     for n in (1, 2, 7):
         tokens, logits = policy.draft_tokens_parallel(prefix, n)
@@ -67,7 +67,7 @@ def test_first_token_is_the_targets_greedy_token_and_shapes(policy: Policy, batc
 
 def test_deterministic_and_independent_of_n(policy: Policy, batch) -> None:
     """Each position is its own query: asking for fewer tokens gives the leading ones unchanged."""
-    prefix = policy.prefill_batch(*batch)
+    prefix = policy.prefill_tensors(*batch).prefix
     tokens, logits = policy.draft_tokens_parallel(prefix, 7)
     again, again_logits = policy.draft_tokens_parallel(prefix, 7)
     assert torch.equal(tokens, again) and torch.equal(logits, again_logits)
@@ -79,7 +79,7 @@ def test_deterministic_and_independent_of_n(policy: Policy, batch) -> None:
 def test_one_call_of_the_head_reading_the_prefix_end(policy: Policy, batch) -> None:
     """Every later proposal is the LM head of ONE head call whose queries all read (greedy token,
     feature) at the prefix end and differ only by the position index."""
-    prefix = policy.prefill_batch(*batch)
+    prefix = policy.prefill_tensors(*batch).prefix
     calls: list[tuple[int, ...]] = []
     hook = policy.parallel_draft.register_forward_hook(lambda m, args, out: calls.append(tuple(out.shape)))
     try:
@@ -92,13 +92,13 @@ def test_one_call_of_the_head_reading_the_prefix_end(policy: Policy, batch) -> N
         first = target.lm_head(prefix.hidden_last).argmax(-1)
         want = target.lm_head(policy.parallel_draft(
             target.action_emb(first)[:, None].expand(3, 6, -1), prefix.hidden_last[:, None].expand(3, 6, -1),
-            torch.arange(1, 7), prefix.kv[-1]))
+            torch.arange(1, 7), prefix.cache.layers[-1]))
     torch.testing.assert_close(logits[:, 1:], want, atol=1e-5, rtol=0)
     assert not torch.equal(tokens, policy.draft_tokens(prefix, 7)[0])  # not the sequential head's chain
 
 
 def test_after_consumed_tokens_and_last_token_checks(policy: Policy, batch) -> None:
-    prefix = policy.prefill_batch(*batch)
+    prefix = policy.prefill_tensors(*batch).prefix
     consumed = torch.randint(0, N_BINS - 1, (3, 4), generator=torch.Generator().manual_seed(9))
     mid = policy.score(prefix, consumed).prefix.truncate(3)
     tokens, logits = policy.draft_tokens_parallel(mid, 4, consumed[:, 2])
@@ -115,7 +115,7 @@ def test_after_consumed_tokens_and_last_token_checks(policy: Policy, batch) -> N
 def test_without_a_parallel_head(batch) -> None:
     bare = make_policy(parallel=False)
     assert bare.parallel_draft is None and "parallel_draft" not in bare.n_parameters()
-    prefix = bare.prefill_batch(*batch)
+    prefix = bare.prefill_tensors(*batch).prefix
     for n in (0, 1, 7):
         with pytest.raises(ValueError, match="no parallel draft head"):
             bare.draft_tokens_parallel(prefix, n)

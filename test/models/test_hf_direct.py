@@ -57,7 +57,7 @@ def test_features_prefill_and_scoring_match_the_modules(pair: tuple[HFTokenVLA, 
     a, b = direct.prefill(obs), modules.prefill(obs)
     same(a.action_hidden, b.action_hidden)
     same(a.pooled, b.pooled)
-    scored_a, scored_b = direct.prefill_scored(obs, TOKENS), modules.prefill_scored(obs, TOKENS)
+    scored_a, scored_b = direct.prefill_batch([obs], TOKENS), modules.prefill_batch([obs], TOKENS)
     same(scored_a.logits, scored_b.logits)
     # a 7-token verify pass after the prefill, then one-token steps after a rollback
     same(direct.score(a, TOKENS).logits, modules.score(b, TOKENS).logits)
@@ -75,7 +75,7 @@ def test_the_incremental_prefill_matches_the_modules(pair: tuple[HFTokenVLA, HFT
     for frame in range(4):
         image = image.copy()
         image[8 * frame : 8 * frame + 8, :8] = 255 - image[8 * frame : 8 * frame + 8, :8]  # one patch moves
-        a, b = (run.prefill_scored(observation(0, image), TOKENS) for run in runs)
+        a, b = (run.prefill_batch([observation(0, image)], TOKENS) for run in runs)
         same(a.logits, b.logits)
         assert runs[0].last == runs[1].last
     assert not runs[0].last.refreshed and runs[0].last.recomputed < direct.config.n_image_tokens

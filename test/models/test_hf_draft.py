@@ -15,7 +15,8 @@ import torch
 
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding import make_decoder
-from vla_accel_ros.decoding.protocol import DecodeContext, PolicyLike
+from vla_accel_ros.decoding.protocol import DecodeContext
+from vla_accel_ros.models.api import PolicyLike
 from vla_accel_ros.models.hf.hf_draft import (
     DRAFT_META_FILE,
     DRAFT_WEIGHTS_FILE,

@@ -17,10 +17,10 @@ import torch
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.resources import default_urdf
+from vla_accel_ros.models.api import Prefix
 from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.models.hf.hf_incremental import HFIncrementalPrefill
-from vla_accel_ros.models.hf.hf_vla import HFPrefix, HFTokenVLA, load_hf_vla
-from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
+from vla_accel_ros.models.hf.hf_vla import HFTokenVLA, load_hf_vla
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 
 torch.set_num_threads(1)
@@ -54,9 +54,9 @@ def with_inverted_patch(pixels: np.ndarray, patch: int) -> np.ndarray:
     return changed
 
 
-def assert_same_prefix(policy: HFTokenVLA, got: HFPrefix, want: HFPrefix) -> None:
+def assert_same_prefix(policy: HFTokenVLA, got: Prefix, want: Prefix) -> None:
     """The same last hidden state and pooled feature, and ``score`` after them gives the same logits."""
-    assert got.prefix_len == want.prefix_len == got.slot.cache.get_seq_length()
+    assert got.prefix_len == want.prefix_len == got.cache.cache.get_seq_length()
     torch.testing.assert_close(got.action_hidden, want.action_hidden, rtol=0, atol=ATOL)
     torch.testing.assert_close(got.pooled, want.pooled, rtol=0, atol=ATOL)
     torch.testing.assert_close(policy.score(got, TOKENS).logits, policy.score(want, TOKENS).logits, rtol=0, atol=ATOL)
@@ -135,7 +135,7 @@ def test_one_changed_patch_recomputes_exactly_its_token(policy: HFTokenVLA) -> N
     prefix = incremental.prefill(observation(changed))
     assert incremental.last is not None and not incremental.last.refreshed
     assert incremental.recomputed_tokens.tolist() == [6] and incremental.last.fraction == 1 / N_PATCHES
-    assert prefix.prefix_len == policy.prompt_ids(INSTRUCTION).shape[1] == prefix.slot.cache.get_seq_length()
+    assert prefix.prefix_len == policy.prompt_ids(INSTRUCTION).shape[1] == prefix.cache.cache.get_seq_length()
     assert torch.isfinite(policy.score(prefix, TOKENS).logits).all()
     # The same frame again reuses the reordered cache of that pass: the same prefix, exactly.
     again = incremental.prefill(observation(changed.copy()))
@@ -229,8 +229,8 @@ def test_the_feature_rule_with_every_token_moved_equals_the_full_prefill(policy:
     prefix = incremental.prefill(new)
     assert incremental.last.recomputed == N_PATCHES
     assert_same_prefix(policy, prefix, policy.prefill(new))
-    scored = incremental.prefill_scored(observation(image(15)), TOKENS[:, :6])
-    torch.testing.assert_close(scored.logits, policy.prefill_scored(observation(image(15)), TOKENS[:, :6]).logits,
+    scored = incremental.prefill_batch([observation(image(15))], TOKENS[:, :6])
+    torch.testing.assert_close(scored.logits, policy.prefill_batch([observation(image(15))], TOKENS[:, :6]).logits,
                                rtol=0, atol=ATOL)
 
 
@@ -241,7 +241,7 @@ def test_the_feature_rule_is_the_default_and_the_package_policy_judges_by_pixels
     assert VisionReuseConfig().feature_threshold == 0.15
     package_policy = load_checkpoint(default_checkpoint())
     size, patch = package_policy.config.image_size, package_policy.config.patch_size
-    encoder = IncrementalVisionEncoder(package_policy, VisionReuseConfig(reuse_kv=True))
+    encoder = package_policy.incremental_prefill(VisionReuseConfig(reuse_kv=True))
     pixels = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
     encoder.prefill(observation(pixels))
     moved = pixels.copy()
@@ -253,7 +253,7 @@ def test_the_feature_rule_is_the_default_and_the_package_policy_judges_by_pixels
 
 
 # --- rollback and scoring after an incremental prefill ----------------------------------------
-def incremental_prefix(policy: HFTokenVLA, seed: int) -> tuple[HFIncrementalPrefill, Observation, HFPrefix]:
+def incremental_prefix(policy: HFTokenVLA, seed: int) -> tuple[HFIncrementalPrefill, Observation, Prefix]:
     """An incremental prefill after a frame with one changed patch."""
     incremental = HFIncrementalPrefill(policy, KV)
     pixels = image(seed)
@@ -285,7 +285,7 @@ def test_prefill_scored_equals_the_incremental_prefill_then_score(policy: HFToke
     for obs in frames:
         prefix = apart_by.prefill(obs)
     scored_by.prefill(frames[0])
-    scored = scored_by.prefill_scored(frames[1], TOKENS[:, :6])
+    scored = scored_by.prefill_batch([frames[1]], TOKENS[:, :6])
     assert scored_by.last is not None and scored_by.last.recomputed == 1
     apart = policy.score(prefix, TOKENS[:, :6])
     torch.testing.assert_close(scored.logits, apart.logits, rtol=0, atol=ATOL)
@@ -301,17 +301,17 @@ def test_reuse_of_tower_outputs_alone_is_refused(policy: HFTokenVLA) -> None:
     with pytest.raises(ValueError, match="only with reused keys/values.*bidirectional"):
         HFIncrementalPrefill(policy, VisionReuseConfig())
     with pytest.raises(ValueError, match="only with reused keys/values"):
-        IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=False))
+        policy.incremental_prefill(VisionReuseConfig(reuse_kv=False))
 
 
-def test_the_incremental_vision_encoder_serves_an_hf_policy_through_its_own_prefill(policy: HFTokenVLA) -> None:
-    encoder = IncrementalVisionEncoder(policy, KV)
+def test_an_hf_policy_serves_its_own_incremental_prefill(policy: HFTokenVLA) -> None:
+    encoder = policy.incremental_prefill(KV)
     pixels = image(9)
     encoder.prefill(observation(pixels))
     assert encoder.last is not None and encoder.last.refreshed
     prefix = encoder.prefill(observation(pixels.copy()))
-    assert isinstance(prefix, HFPrefix) and encoder.last.recomputed == 0
-    scored = encoder.prefill_scored(observation(with_inverted_patch(pixels, 2)), TOKENS[:, :6])
+    assert isinstance(prefix, Prefix) and encoder.last.recomputed == 0
+    scored = encoder.prefill_batch([observation(with_inverted_patch(pixels, 2))], TOKENS[:, :6])
     assert encoder.last.recomputed == 1 and scored.logits.shape == (1, 7, 256)
     encoder.reset()
     encoder.prefill(observation(pixels))

@@ -17,8 +17,8 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding.ar import ARDecoder
 from vla_accel_ros.decoding.kerv import KervDecoder
-from vla_accel_ros.decoding.protocol import PREFILL_VERIFIED, DecodeContext, PolicyLike
-from vla_accel_ros.models.capabilities import PolicyCapabilities
+from vla_accel_ros.decoding.protocol import PREFILL_VERIFIED, DecodeContext
+from vla_accel_ros.models.api import PolicyCapabilities, PolicyLike
 from vla_accel_ros.models.hf.hf_vla import HFTokenVLA, load_hf_vla
 from vla_accel_ros.runtime.runner import run_policy_step
 
@@ -68,7 +68,7 @@ def single_steps(policy: HFTokenVLA, prefix: Any, tokens: torch.Tensor) -> torch
 # --- what the policy is -----------------------------------------------------------------------
 def test_a_policy_without_heads(policy: HFTokenVLA) -> None:
     assert isinstance(policy, PolicyLike)
-    assert policy.capabilities() == PolicyCapabilities(own_incremental_prefill=True)
+    assert policy.capabilities() == PolicyCapabilities(incremental_prefill=True)
     assert (policy.config.d_model, policy.config.image_size, policy.image_size) == (32, 32, 32)
     assert (policy.n_action_tokens, policy.config.n_action_tokens, policy.config.n_image_tokens) == (7, 7, 16)
     assert policy.flow is None and policy.parallel_draft is None
@@ -113,7 +113,7 @@ def test_logits_are_the_full_lm_heads_at_the_action_ids(policy: HFTokenVLA) -> N
     with torch.inference_mode():
         full = policy.model(input_ids=ids, pixel_values=policy.pixel_values(obs.image)).logits
     expected = full[:, -8:][..., torch.from_numpy(policy.action_ids)]
-    torch.testing.assert_close(policy.prefill_scored(obs, TOKENS).logits, expected, rtol=0, atol=ATOL)
+    torch.testing.assert_close(policy.prefill_batch([obs], TOKENS).logits, expected, rtol=0, atol=ATOL)
 
 
 @pytest.mark.parametrize(("m", "more"), [(0, [5, 6]), (3, [9]), (3, [4, 4, 4, 4]), (7, [])])
@@ -140,7 +140,7 @@ def test_a_prefix_stays_valid_after_another_prefix_used_the_cache(policy: HFToke
 
 def test_prefill_scored_equals_prefill_then_score(policy: HFTokenVLA) -> None:
     obs = observation(4)
-    scored = policy.prefill_scored(obs, TOKENS[:, :6])
+    scored = policy.prefill_batch([obs], TOKENS[:, :6])
     prefix = policy.prefill(obs)
     apart = policy.score(prefix, TOKENS[:, :6])
     torch.testing.assert_close(scored.logits, apart.logits, rtol=0, atol=ATOL)
@@ -254,7 +254,7 @@ def test_an_image_of_the_wrong_shape_or_type_is_refused(policy: HFTokenVLA, imag
 
 def test_an_instruction_too_long_for_the_context_is_refused(policy: HFTokenVLA) -> None:
     obs = observation(instruction="pick up the red cube and then " * 4)
-    for call in (lambda: policy.prefill(obs), lambda: policy.prefill_scored(obs, TOKENS[:, :6])):
+    for call in (lambda: policy.prefill(obs), lambda: policy.prefill_batch([obs], TOKENS[:, :6])):
         with pytest.raises(ValueError, match="instruction too long.*max_position_embeddings=128.*config.json"):
             call()
 
@@ -305,7 +305,7 @@ def test_bad_directories_are_refused_naming_the_problem(tiny_hf_vla: Callable[..
 
 
 def test_missing_directories_and_files_are_refused(vla_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(ValueError, match="no such directory"):
         load_hf_vla(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="config.json: missing"):
         load_hf_vla(tmp_path)

@@ -5,10 +5,8 @@ import pytest
 import torch
 
 from vla_accel_ros.models import Policy, VLAConfig
-from vla_accel_ros.models.own.incremental_vision import (
-    IncrementalVisionEncoder,
-    VisionReuseConfig,
-)
+from vla_accel_ros.models.configuration import VisionReuseConfig
+from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
 from vla_accel_ros.models.tokenizer import ActionTokenizer
 
 torch.set_num_threads(1)
@@ -122,7 +120,7 @@ def assert_same_prefix(a, b, atol: float = 1e-5) -> None:
     torch.testing.assert_close(a.hidden_last, b.hidden_last, atol=atol, rtol=0)
     torch.testing.assert_close(a.pooled, b.pooled, atol=atol, rtol=0)
     assert a.prefix_len == b.prefix_len
-    for (ka, va), (kb, vb) in zip(a.kv, b.kv):
+    for (ka, va), (kb, vb) in zip(a.cache.layers, b.cache.layers):
         torch.testing.assert_close(ka, kb, atol=atol, rtol=0)
         torch.testing.assert_close(va, vb, atol=atol, rtol=0)
 
@@ -133,7 +131,7 @@ def prefix_caches(reuse: IncrementalVisionEncoder, *observations) -> list:
     with torch.inference_mode():
         for obs in observations:
             reuse.prefill(obs)
-            caches.append(reuse._prefix_cache)
+            caches.append(reuse._state)
     return caches
 
 
@@ -159,11 +157,11 @@ def test_kv_reuse_recomputes_the_changed_patch_and_refreshes_to_exact(policy: Po
         assert reuse.last.recomputed == 1
         exact = policy.prefill(observation(changed))
         # The decoder state differs from a full prefill only through the reused keys/values.
-        assert not torch.allclose(approx.kv[0][0], exact.kv[0][0], atol=1e-6)
+        assert not torch.allclose(approx.cache.layers[0][0], exact.cache.layers[0][0], atol=1e-6)
         _, text, _ = policy.observation_tensors(observation(changed))
         vision = policy.target.global_vision(policy.encode_local(changed, text))
         # One global layer: the changed patch sees every patch's exact keys, so its token is exact.
-        torch.testing.assert_close(reuse._prefix_cache.vision[:, 6], vision[:, 6], atol=1e-5, rtol=0)
+        torch.testing.assert_close(reuse._state.vision[:, 6], vision[:, 6], atol=1e-5, rtol=0)
         assert_same_prefix(reuse.prefill(observation(changed)), exact)  # the timer refresh: exact again
         assert reuse.last.refreshed and reuse.last.reason == "timer"
 

@@ -68,7 +68,7 @@ def test_kv_cached_decoding_equals_full_recompute(policy: Policy, batch) -> None
     tokens = random_tokens(2, 7)
     with torch.inference_mode():
         full = policy.target(images, text, policy.normalise_proprio(proprio), tokens)  # (B, 7, 256), no cache
-    prefix = policy.prefill_batch(images, text, proprio)
+    prefix = policy.prefill_tensors(images, text, proprio).prefix
     cached = [policy.score(prefix, tokens[:, :0]).logits[:, 0]]
     for i in range(6):
         out = policy.score(prefix, tokens[:, i : i + 1])
@@ -99,7 +99,7 @@ def test_block_on_selected_tokens_equals_the_full_block_when_all_are_selected(po
 def test_score_k_tokens_equals_k_single_steps(policy: Policy, batch, start: int, k: int) -> None:
     images, text, proprio = batch
     tokens = random_tokens(2, start + k, seed=start + k)
-    prefix = policy.prefill_batch(images, text, proprio)
+    prefix = policy.prefill_tensors(images, text, proprio).prefix
     if start:
         prefix = policy.score(prefix, tokens[:, :start]).prefix
     one_pass = policy.score(prefix, tokens[:, start:])
@@ -109,7 +109,7 @@ def test_score_k_tokens_equals_k_single_steps(policy: Policy, batch, start: int,
         out = policy.score(step, tokens[:, start + i : start + i + 1] if i < k else tokens[:, :0])
         torch.testing.assert_close(one_pass.logits[:, i], out.logits[:, 0], atol=TOL, rtol=0)
         step = out.prefix
-    for (k1, v1), (k2, v2) in zip(one_pass.prefix.kv, step.kv):
+    for (k1, v1), (k2, v2) in zip(one_pass.prefix.cache.layers, step.cache.layers):
         torch.testing.assert_close(k1, k2, atol=TOL, rtol=0)
         torch.testing.assert_close(v1, v2, atol=TOL, rtol=0)
     torch.testing.assert_close(one_pass.prefix.hidden_last, step.hidden_last, atol=TOL, rtol=0)
@@ -117,17 +117,17 @@ def test_score_k_tokens_equals_k_single_steps(policy: Policy, batch, start: int,
 
 
 def test_score_leaves_the_prefix_untouched(policy: Policy, batch) -> None:
-    prefix = policy.prefill_batch(*batch)
-    before = [t.clone() for kv in prefix.kv for t in kv] + [prefix.hidden_last.clone()]
+    prefix = policy.prefill_tensors(*batch).prefix
+    before = [t.clone() for kv in prefix.cache.layers for t in kv] + [prefix.hidden_last.clone()]
     policy.score(prefix, random_tokens(2, 5))
-    after = [t for kv in prefix.kv for t in kv] + [prefix.hidden_last]
+    after = [t for kv in prefix.cache.layers for t in kv] + [prefix.hidden_last]
     assert all(torch.equal(a, b) for a, b in zip(before, after))
     assert prefix.n_tokens == 0 and prefix.length == policy.config.prefix_len
 
 
 def test_truncate(policy: Policy, batch) -> None:
     tokens = random_tokens(2, 7, seed=5)
-    base = policy.score(policy.prefill_batch(*batch), tokens[:, :2]).prefix
+    base = policy.score(policy.prefill_tensors(*batch).prefix, tokens[:, :2]).prefix
     extended = policy.score(base, tokens[:, 2:7]).prefix
     for m in range(6):
         cut = extended.truncate(m)
@@ -150,7 +150,7 @@ def test_truncate(policy: Policy, batch) -> None:
 
 
 def test_score_rejects_bad_tokens_and_overlong_actions(policy: Policy, batch) -> None:
-    prefix = policy.prefill_batch(*batch)
+    prefix = policy.prefill_tensors(*batch).prefix
     with pytest.raises(ValueError):
         policy.score(prefix, torch.full((2, 1), BOS))
     with pytest.raises(ValueError):
@@ -163,7 +163,7 @@ def test_score_rejects_bad_tokens_and_overlong_actions(policy: Policy, batch) ->
 
 
 def test_draft_tokens_shapes_determinism_and_first_token(policy: Policy, batch) -> None:
-    prefix = policy.prefill_batch(*batch)
+    prefix = policy.prefill_tensors(*batch).prefix
     tokens, logits = policy.draft_tokens(prefix, 7, None)
     assert tokens.shape == (2, 7) and tokens.dtype == torch.long and logits.shape == (2, 7, N_BINS)
     assert torch.equal(tokens, logits.argmax(-1))
@@ -180,7 +180,7 @@ def test_draft_tokens_shapes_determinism_and_first_token(policy: Policy, batch) 
 
 
 def test_draft_tokens_after_consumed_tokens(policy: Policy, batch) -> None:
-    prefix = policy.prefill_batch(*batch)
+    prefix = policy.prefill_tensors(*batch).prefix
     consumed = random_tokens(2, 4, seed=9)
     mid = policy.score(prefix, consumed).prefix.truncate(3)
     tokens, _ = policy.draft_tokens(mid, 4, consumed[:, 2])
@@ -201,14 +201,14 @@ def test_draft_depends_on_the_draft_head(batch) -> None:
     with torch.no_grad():
         for p in b.draft.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)))
-    prefix_a, prefix_b = a.prefill_batch(*batch), b.prefill_batch(*batch)
+    prefix_a, prefix_b = a.prefill_tensors(*batch).prefix, b.prefill_tensors(*batch).prefix
     logits_a, logits_b = a.draft_tokens(prefix_a, 7, None)[1], b.draft_tokens(prefix_b, 7, None)[1]
     torch.testing.assert_close(logits_a[:, 0], logits_b[:, 0])  # step 0 is the target's
     assert not torch.allclose(logits_a[:, 1:], logits_b[:, 1:])
 
 
 def test_greedy_decode_matches_manual_loop(policy: Policy, batch) -> None:
-    prefix = policy.prefill_batch(*batch)
+    prefix = policy.prefill_tensors(*batch).prefix
     manual, step = [], prefix
     logits = policy.score(step, random_tokens(2, 0)).logits[:, -1]
     for i in range(7):
@@ -356,7 +356,7 @@ def test_prefill_observation_and_local_tokens(policy: Policy) -> None:
     assert isinstance(prefix, Prefix) and prefix.batch_size == 1
     assert prefix.hidden_last.shape == (1, 32) and prefix.pooled.shape == (1, 32)
     images, text, proprio = policy.observation_tensors(obs)
-    reused = policy.prefill(obs, local_tokens=policy.encode_local(images, text))
+    reused = policy.prefill_tensors(*policy.observation_tensors(obs), local_tokens=policy.encode_local(images, text)).prefix
     torch.testing.assert_close(reused.hidden_last, prefix.hidden_last, atol=TOL, rtol=0)
     other = policy.prefill(Observation(obs.image, "blue", obs.joint_pos, obs.gripper))
     assert not torch.allclose(other.hidden_last, prefix.hidden_last)  # the instruction matters
@@ -394,8 +394,8 @@ def test_prefill_scored_is_score_after_prefill_in_one_pass(policy: Policy, batch
     logits at every position and a prefix that truncates to the observation prefix."""
     images, text, proprio = batch
     tokens = random_tokens(2, 6)
-    two_passes = policy.score(policy.prefill_batch(images, text, proprio), tokens)
-    one_pass = policy.prefill_batch_scored(images, text, proprio, tokens)
+    two_passes = policy.score(policy.prefill_tensors(images, text, proprio).prefix, tokens)
+    one_pass = policy.prefill_tensors(images, text, proprio, tokens)
     torch.testing.assert_close(one_pass.logits, two_passes.logits, atol=TOL, rtol=0)
     assert one_pass.prefix.base == 0 and one_pass.prefix.n_tokens == 6
     assert one_pass.prefix.prefix_len == two_passes.prefix.prefix_len
@@ -406,12 +406,12 @@ def test_prefill_scored_is_score_after_prefill_in_one_pass(policy: Policy, batch
                                atol=TOL, rtol=0)
     rng = np.random.default_rng(0)
     obs = Observation(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "red", rng.normal(size=7), 0.02)
-    single = policy.prefill_scored(obs, tokens[:1])
+    single = policy.prefill_batch([obs], tokens[:1])
     torch.testing.assert_close(single.logits, policy.score(policy.prefill(obs), tokens[:1]).logits, atol=TOL, rtol=0)
     with pytest.raises(ValueError, match="lie in"):
-        policy.prefill_scored(obs, torch.tensor([[N_BINS]]))
+        policy.prefill_batch([obs], torch.tensor([[N_BINS]]))
     with pytest.raises(ValueError, match="int64"):
-        policy.prefill_scored(obs, torch.tensor([[1.0]]))
+        policy.prefill_batch([obs], torch.tensor([[1.0]]))
 
 
 @pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")

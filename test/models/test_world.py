@@ -64,9 +64,9 @@ def make_batch(b: int = 2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, t
 
 def everything(policy: Policy, batch) -> list[torch.Tensor]:
     """Prefill state, verify logits, draft tokens and logits, contact logits of one batch."""
-    prefix = policy.prefill_batch(*batch)
+    prefix = policy.prefill_tensors(*batch).prefix
     tokens = policy.greedy_decode(prefix)
-    return [prefix.hidden_last, prefix.pooled, prefix.kv[-1][0], policy.score(prefix, tokens).logits,
+    return [prefix.hidden_last, prefix.pooled, prefix.cache.layers[-1][0], policy.score(prefix, tokens).logits,
             *policy.draft_tokens(prefix, 7, None), policy.contact_logits(prefix)]
 
 
@@ -115,9 +115,9 @@ def test_latent_grid_is_the_patch_grid_and_bias_spares_the_keypoint_token() -> N
 
 def test_prefill_training_and_cached_tokens_all_see_the_same_bias() -> None:
     policy, (images, text, proprio) = make_policy(), make_batch()
-    plain = policy.prefill_batch(images, text, proprio)
+    plain = policy.prefill_tensors(images, text, proprio).prefix
     policy.world = make_world(policy.config, nonzero=True)
-    prefix = policy.prefill_batch(images, text, proprio)
+    prefix = policy.prefill_tensors(images, text, proprio).prefix
     assert not torch.allclose(prefix.hidden_last, plain.hidden_last)
     # training's teacher-forced pass (train.py passes the same bias) equals the cached decoding
     tokens = torch.randint(0, N_BINS - 1, (2, 7), generator=torch.Generator().manual_seed(3))
@@ -132,7 +132,7 @@ def test_prefill_training_and_cached_tokens_all_see_the_same_bias() -> None:
     # local tokens from a cache are unbiased; the prefill adds the bias after them
     obs = Observation(images[0].numpy(), "red", np.zeros(7, np.float32), 0.02)
     img, txt, _ = policy.observation_tensors(obs)
-    torch.testing.assert_close(policy.prefill(obs, local_tokens=policy.encode_local(img, txt)).hidden_last,
+    torch.testing.assert_close(policy.prefill_tensors(*policy.observation_tensors(obs), local_tokens=policy.encode_local(img, txt)).prefix.hidden_last,
                                policy.prefill(obs).hidden_last, atol=1e-6, rtol=0)
     # the draft head reads the target's (biased) prefix: it proposes from the world-aware state
     assert not torch.equal(policy.draft_tokens(prefix, 7, None)[1], policy.draft_tokens(plain, 7, None)[1])

@@ -127,15 +127,15 @@ def test_a_fleet_of_different_decoders(policy, monkeypatch):
 
 def test_prefix_rows_select_in_order(policy):
     data = streams(4, 1)
-    batch = policy.prefill_batch(*(torch.cat(t) for t in zip(*(policy.observation_tensors(s[0]) for s in data))))
+    batch = policy.prefill_tensors(*(torch.cat(t) for t in zip(*(policy.observation_tensors(s[0]) for s in data)))).prefix
     for rows in ([2, 0], [1, 2], [3]):
         picked = batch.select_rows(rows)
         assert picked.batch_size == len(rows) and picked.prefix_len == batch.prefix_len
         for j, row in enumerate(rows):
             one = batch.select(row)
-            torch.testing.assert_close(picked.select(j).kv[0][0], one.kv[0][0], atol=0, rtol=0)
+            torch.testing.assert_close(picked.select(j).cache.layers[0][0], one.cache.layers[0][0], atol=0, rtol=0)
             torch.testing.assert_close(picked.select(j).hidden_last, one.hidden_last, atol=0, rtol=0)
-    assert batch.select_rows([1, 2]).kv[0][0].data_ptr() == batch.select(1).kv[0][0].data_ptr()  # a view
+    assert batch.select_rows([1, 2]).cache.layers[0][0].data_ptr() == batch.select(1).cache.layers[0][0].data_ptr()  # a view
 
 
 def test_a_round_times_its_stages(policy):
@@ -163,7 +163,7 @@ def test_the_contact_head_runs_once_a_round_for_all_robots(policy, monkeypatch):
 
 def test_a_round_policy_is_the_policy_but_for_its_rows_contact(policy):
     data = streams(2, 1)
-    batch = policy.prefill_batch(*(torch.cat(t) for t in zip(*(policy.observation_tensors(s[0]) for s in data))))
+    batch = policy.prefill_tensors(*(torch.cat(t) for t in zip(*(policy.observation_tensors(s[0]) for s in data)))).prefix
     shared = RoundPolicy(policy, batch)
     row = shared.row(batch.select(1), 1)
     other = batch.select(0)  # not recorded: the policy's own call
@@ -186,7 +186,7 @@ def test_only_some_robots_in_a_round_and_a_policy_without_batches(policy):
 def test_the_batched_prefill_rows_are_each_robots_own(policy):
     data = streams(4, 1)
     tensors = [policy.observation_tensors(s[0]) for s in data]
-    batch = policy.prefill_batch(*(torch.cat([t[k] for t in tensors]) for k in range(3)))
+    batch = policy.prefill_tensors(*(torch.cat([t[k] for t in tensors]) for k in range(3))).prefix
     for r, one in enumerate(tensors):
-        alone = policy.prefill_batch(*one)
+        alone = policy.prefill_tensors(*one).prefix
         torch.testing.assert_close(batch.select(r).hidden_last, alone.hidden_last, atol=1e-5, rtol=1e-5)

@@ -77,7 +77,7 @@ def test_training_queries_are_what_inference_sees(setup) -> None:
         pred = policy.parallel_draft(policy.target.action_emb(rollout.tokens[:, starts]), rollout.features[:, starts],
                                      positions, rollout.memory, rollout.memory_mask(starts))
         logits = policy.target.lm_head(pred)
-    prefix = policy.prefill_batch(images, text, proprio)
+    prefix = policy.prefill_tensors(images, text, proprio).prefix
     for j in range(6):
         after_j = policy.score(prefix, rollout.tokens[:, :j]).prefix
         tokens, want = policy.draft_tokens_parallel(after_j, 7 - j, rollout.tokens[:, j - 1] if j else None)

@@ -14,7 +14,8 @@ from tqdm import tqdm
 
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.core.settings import parse_r_bounds
-from vla_accel_ros.decoding.specs import make_decoder, names, spec_of
+from vla_accel_ros.decoding import make_decoder
+from vla_accel_ros.decoding.specs import names, spec_of
 from vla_accel_ros.decoding.wa_prefill import WA_DEFAULT_BASES, WA_PREFILL_PREFIX
 from vla_accel_ros.evaluation.bench import (
     AFTER_PREFILL_SUFFIX,

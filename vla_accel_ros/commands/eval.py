@@ -14,9 +14,9 @@ from tqdm import tqdm
 
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.core.settings import parse_r_bounds
+from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.decoding.specs import (
     BASELINE,
-    make_decoder,
     names,
     names_with,
     shared_settings,

@@ -30,7 +30,6 @@ from vla_accel_ros.evaluation.vision_options import (
     vision_config,
 )
 from vla_accel_ros.models import load_checkpoint
-from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
 from vla_accel_ros.runtime.builder import build_runner
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
 
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     policy = load_checkpoint(ckpt)
     if policy.world is not None:
         raise SystemExit(f"{ckpt} has a world-aware prefill, which incremental vision with reused keys/values does not support")
-    encoders = {mode: IncrementalVisionEncoder(policy, vision_config(args, reuse_kv)) for mode, reuse_kv in MODES.items()}
+    encoders = {mode: policy.incremental_prefill(vision_config(args, reuse_kv)) for mode, reuse_kv in MODES.items()}
     records = {mode: FidelityRecord() for mode in MODES}
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

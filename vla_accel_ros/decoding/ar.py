@@ -13,9 +13,9 @@ from vla_accel_ros.decoding.protocol import (
     DecodeContext,
     Decoder,
     DecodeResult,
-    PolicyLike,
 )
 from vla_accel_ros.decoding.speculation import PassLedger
+from vla_accel_ros.models.api import PolicyLike
 
 
 class ARDecoder(Decoder):

@@ -31,7 +31,6 @@ from vla_accel_ros.decoding.protocol import (
     DecodeContext,
     DecoderCapabilities,
     DecodeResult,
-    PolicyLike,
 )
 from vla_accel_ros.decoding.specs import DeadlineConfig
 from vla_accel_ros.decoding.speculation import (
@@ -40,6 +39,7 @@ from vla_accel_ros.decoding.speculation import (
     speculative_round,
     start_speculation,
 )
+from vla_accel_ros.models.api import PolicyLike
 
 
 class DeadlineDecoder(KervDecoder):

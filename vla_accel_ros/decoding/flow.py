@@ -29,10 +29,10 @@ from vla_accel_ros.decoding.protocol import (
     DecodeContext,
     Decoder,
     DecodeResult,
-    PolicyLike,
     model_free_result,
 )
 from vla_accel_ros.decoding.specs import FlowDecoderConfig
+from vla_accel_ros.models.api import PolicyLike
 from vla_accel_ros.models.own.flow import prefix_condition
 
 

@@ -57,7 +57,6 @@ from vla_accel_ros.decoding.protocol import (
     Decoder,
     DecoderCapabilities,
     DecodeResult,
-    PolicyLike,
     model_free_result,
 )
 from vla_accel_ros.decoding.sd import SDDecoder
@@ -68,6 +67,7 @@ from vla_accel_ros.decoding.speculation import (
     accepted_length,
     speculate_to_end,
 )
+from vla_accel_ros.models.api import PolicyLike
 
 MODES = ("drafter", "retrieval", "skip")
 

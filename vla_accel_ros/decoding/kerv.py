@@ -33,7 +33,7 @@ proposals read nothing but the prefix end, so ANY trusted position (>= 1) can ta
 
 Verification inside the prefill (``prefill_verify``, on for ``world_aware`` in free space): the
 cheap sources need no image, so their tokens are known before the prefill starts. Fed after the
-observation prefix in the prefill's own pass (``Policy.prefill_scored``), they are verified for 6
+observation prefix in the prefill's own pass (the policy's ``prefill_batch`` with the tokens), they are verified for 6
 more rows of that pass instead of a pass of their own, and the decoding after the prefill is only
 the acceptance test and the KF fill. The price: no draft head (it reads the prefix), and position
 0 is a cheap token too, which the target may reject; the bonus and the KF fill then take over as
@@ -71,7 +71,6 @@ from vla_accel_ros.decoding.protocol import (
     DecoderCapabilities,
     DecodeResult,
     PendingVerify,
-    PolicyLike,
 )
 from vla_accel_ros.decoding.specs import KervConfig
 from vla_accel_ros.decoding.speculation import PassLedger, accepted_length, token_list
@@ -81,6 +80,7 @@ from vla_accel_ros.decoding.thresholds import (
     fit_circle_radius,
     kinematic_threshold,
 )
+from vla_accel_ros.models.api import PolicyLike
 from vla_accel_ros.models.sampling import pick_tokens
 
 GRIPPER_INDEX = N_ACTION_TOKENS - 1

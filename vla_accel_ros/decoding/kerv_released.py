@@ -24,7 +24,6 @@ from vla_accel_ros.decoding.protocol import (
     DecodeContext,
     Decoder,
     DecodeResult,
-    PolicyLike,
 )
 from vla_accel_ros.decoding.specs import KervReleasedConfig
 from vla_accel_ros.decoding.speculation import (
@@ -33,6 +32,7 @@ from vla_accel_ros.decoding.speculation import (
     start_speculation,
 )
 from vla_accel_ros.decoding.thresholds import released_schedule_threshold
+from vla_accel_ros.models.api import PolicyLike
 
 
 def token_filter_prediction(history: np.ndarray, q: float = 1.0, r: float = 1e-3, p0: float = 10.0) -> np.ndarray:

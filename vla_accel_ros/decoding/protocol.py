@@ -17,52 +17,21 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
-from vla_accel_ros.models.capabilities import PolicyCapabilities
+from vla_accel_ros.models.api import PolicyLike
 from vla_accel_ros.models.tokenizer import N_BINS
 
 if TYPE_CHECKING:
     from vla_accel_ros.core.kalman import JointKalmanFilter
-    from vla_accel_ros.core.observation import Observation
     from vla_accel_ros.decoding.specs import DecoderSpec
-    from vla_accel_ros.models.own.vla import VLAConfig
 
 N_ACTION_TOKENS = 7
 PREFILL_VERIFIED = "prefill_verified"  # DecodeResult.mode of an action whose proposal the prefill verified
 MAX_TOKEN_ID = 254  # 256 bin edges give 255 bins: ids 0..254 (255 is never emitted)
-
-
-@runtime_checkable
-class PolicyLike(Protocol):
-    """The part of ``vla_accel_ros.models.Policy`` the decoders use."""
-
-    config: VLAConfig  # d_model: the width of the observation embeddings a retrieval store keys on
-    tokenizer: Any
-    flow: Any  # the continuous action head, or None
-    parallel_draft: Any  # the parallel draft head, or None
-
-    @property
-    def n_action_tokens(self) -> int: ...
-
-    def capabilities(self) -> PolicyCapabilities: ...
-
-    def prefill(self, obs: Observation) -> Any: ...
-
-    def prefill_scored(self, obs: Observation, tokens: torch.Tensor) -> Any: ...
-
-    def score(self, prefix: Any, tokens: torch.Tensor) -> Any: ...
-
-    def draft_tokens(
-        self, prefix: Any, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def contact_probability(self, prefix: Any) -> float: ...
-
-    def tokens_to_action(self, tokens: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass(frozen=True, eq=False)

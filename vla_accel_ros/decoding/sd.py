@@ -13,14 +13,10 @@ from typing import Any
 import torch
 
 from vla_accel_ros.decoding import specs
-from vla_accel_ros.decoding.protocol import (
-    DecodeContext,
-    Decoder,
-    DecodeResult,
-    PolicyLike,
-)
+from vla_accel_ros.decoding.protocol import DecodeContext, Decoder, DecodeResult
 from vla_accel_ros.decoding.specs import SDConfig
 from vla_accel_ros.decoding.speculation import speculate_to_end, start_speculation
+from vla_accel_ros.models.api import PolicyLike
 
 
 class SDDecoder(Decoder):

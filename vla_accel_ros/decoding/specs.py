@@ -3,7 +3,7 @@
 One :class:`DecoderSpec` subclass per decoder, registered with :func:`register`: the node's
 parameter check, the launch arguments, the runtime's builder and the commands all ask this registry,
 so a decoder is defined here once. The implementation is imported only when a decoder is made
-(:func:`make_decoder`): this module imports without torch, so the node in ``inference_mode:
+(``vla_accel_ros.decoding.make_decoder``): this module imports without torch, so the node in ``inference_mode:
 process`` validates its parameters without loading a model.
 
 A spec's capabilities are class attributes, declared, never probed: what the decoder needs from the
@@ -15,14 +15,12 @@ node's ``kf_fill_check``; ``kinematic_threshold``: ``kinematic_r_min``/``kinemat
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from vla_accel_ros.decoding.protocol import Decoder
     from vla_accel_ros.models.api import PolicyCapabilities
 
 
@@ -205,11 +203,6 @@ class DecoderSpec:
         """The settings that make ``r`` bins its acceptance threshold (its loosest, for an adaptive
         one), for a sweep over r; None when it has no threshold to sweep."""
         return None
-
-    @classmethod
-    def decoder_class(cls) -> type[Decoder]:
-        module, _, name = cls.implementation.partition(":")
-        return getattr(importlib.import_module(module), name)
 
     @classmethod
     def refusal(cls, offered: PolicyCapabilities) -> str:
@@ -403,16 +396,6 @@ def shared_settings(name: str, *, fill_check: bool = False,
                              f"({', '.join(names_with(lambda s: s.kinematic_threshold))}), not '{name}'")
         settings["r_min"], settings["r_max"] = r_min, r_max
     return settings
-
-
-def make_decoder(name: str, **settings: Any) -> Decoder:
-    """A decoder by name; ``settings`` go to its settings dataclass (e.g. ``r=9`` for sd). Imports
-    the implementation (and torch) on first use. ValueError names an unknown decoder or setting."""
-    decoder_class = spec_of(name).decoder_class()
-    try:
-        return decoder_class(**settings)
-    except TypeError as err:
-        raise ValueError(f"bad settings for decoder '{name}': {err}") from err
 
 
 def threshold_sweep(name: str, r: int) -> dict[str, Any] | None:

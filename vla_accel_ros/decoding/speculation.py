@@ -21,8 +21,8 @@ from vla_accel_ros.decoding.protocol import (
     N_ACTION_TOKENS,
     DecodeContext,
     DecodeResult,
-    PolicyLike,
 )
+from vla_accel_ros.models.api import PolicyLike
 from vla_accel_ros.models.sampling import pick_tokens
 
 

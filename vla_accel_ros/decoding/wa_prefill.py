@@ -6,8 +6,6 @@ works: ``wa_prefill+sd``, ``wa_prefill+kerv``, ...
 
 from __future__ import annotations
 
-from typing import Any
-
 from vla_accel_ros.decoding import specs
 
 WA_PREFILL_PREFIX = "wa_prefill+"
@@ -24,8 +22,3 @@ def split_prefill(name: str) -> tuple[str, bool]:
         choices = ", ".join(specs.names())
         raise ValueError(f"unknown decoder '{name}'; choose one of: {choices}, or {WA_PREFILL_PREFIX}<one of them>")
     return base, wa
-
-
-def make_prefill_decoder(name: str, **cfg: Any) -> Any:
-    """The decoder behind ``name`` (``wa_prefill+X`` gives decoder X, with ``cfg``)."""
-    return specs.make_decoder(split_prefill(name)[0], **cfg)

@@ -26,17 +26,14 @@ from typing import Any
 
 from vla_accel_ros.decoding import specs
 from vla_accel_ros.decoding.kerv import KervDecoder
-from vla_accel_ros.decoding.protocol import (
-    DecodeContext,
-    DecoderCapabilities,
-    PolicyLike,
-)
+from vla_accel_ros.decoding.protocol import DecodeContext, DecoderCapabilities
 from vla_accel_ros.decoding.specs import WorldAwareConfig
 from vla_accel_ros.decoding.thresholds import (
     clearance_looseness,
     contact_probability_looseness,
     world_aware_threshold,
 )
+from vla_accel_ros.models.api import PolicyLike
 
 
 def contact_looseness(policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:

@@ -25,7 +25,7 @@ import numpy as np
 
 from vla_accel_ros.decoding.heisd import MODES as HEISD_MODES
 from vla_accel_ros.decoding.protocol import N_ACTION_TOKENS, PREFILL_VERIFIED
-from vla_accel_ros.models.configuration import checkpoint_directory
+from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.runtime.runner import PolicyRunner
 from vla_accel_ros.sim.env import NEAR_CONTACT_DISTANCE, PickCubeEnv
 
@@ -157,7 +157,7 @@ def mode_summary(modes: list[str], accepted: list[int], query_ms: list[float]) -
 
 def checkpoint_megabytes(path: Path | str) -> float:
     """What the checkpoint directory holds, in MB: every file under it, its retrieval store included."""
-    return sum(f.stat().st_size for f in checkpoint_directory(path).rglob("*") if f.is_file()) / 1e6
+    return sum(f.stat().st_size for f in CheckpointRef.parse(path).directory.rglob("*") if f.is_file()) / 1e6
 
 
 def peak_rss_mb() -> float:

@@ -20,7 +20,7 @@ from vla_accel_ros.core.robot_record import (
     read_robot_record,
     robot_in_use,
 )
-from vla_accel_ros.models.configuration import checkpoint_directory
+from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.sim.env import PickCubeEnv
 
 
@@ -45,7 +45,7 @@ def checkpoints_fit_robot(command: str, checkpoints: Iterable[Path | str], in_us
     ``<command>: error: <both robots>`` on stderr. An unreadable record is an error naming its file."""
     for checkpoint in checkpoints:
         try:
-            made_for = read_robot_record(checkpoint_directory(checkpoint))
+            made_for = read_robot_record(CheckpointRef.parse(checkpoint).directory)
         except ValueError as err:  # a malformed record: the message names the file
             print(f"{command}: error: {err}", file=sys.stderr, flush=True)
             return False

@@ -27,7 +27,7 @@ import torch
 
 from vla_accel_ros.decoding.specs import BASELINE
 from vla_accel_ros.models import Policy
-from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
+from vla_accel_ros.models.api import IncrementalPrefill
 from vla_accel_ros.runtime.builder import RunnerConfig
 from vla_accel_ros.runtime.runner import PolicyRunner
 from vla_accel_ros.sim.env import PickCubeEnv
@@ -86,7 +86,7 @@ def driver_config(env: PickCubeEnv, max_steps: int, threads: int = 1) -> RunnerC
                         period_s=env.control_dt, max_steps=max_steps, torch_threads=threads)
 
 
-def run_episode(env: PickCubeEnv, driver: PolicyRunner, encoders: dict[str, IncrementalVisionEncoder],
+def run_episode(env: PickCubeEnv, driver: PolicyRunner, encoders: dict[str, IncrementalPrefill],
                 records: dict[str, FidelityRecord], seed: int) -> bool:
     """One episode driven by ``driver`` (:func:`driver_config`); every frame also goes through each
     encoder, and each encoder's greedy action is set against the full prefill's."""
@@ -102,7 +102,7 @@ def run_episode(env: PickCubeEnv, driver: PolicyRunner, encoders: dict[str, Incr
         with torch.inference_mode():
             full = policy.prefill(obs)  # the reference hidden state (the runner keeps no prefix)
             for mode, encoder in encoders.items():
-                prefix = encoder.prefill(obs)
+                prefix = encoder.prefill_batch([obs]).prefix
                 assert encoder.last is not None
                 since[mode] = 0 if encoder.last.refreshed else since[mode] + 1
                 records[mode].add(greedy_tokens(policy, prefix), full_tokens, prefix.hidden_last, full.hidden_last,

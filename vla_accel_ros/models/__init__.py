@@ -1,8 +1,9 @@
-"""Policy models: the target VLA, the EAGLE-style draft head and its parallel variant, the contact
-head, the world-aware prefill and checkpoint I/O.
+"""Policy models: the contract every family meets (:mod:`.api`), the loader that recognises a
+checkpoint's family (:mod:`.load`), one folder per family (:mod:`.own`, :mod:`.hf`), and what the
+families share (layers, kernels, the action tokenizer, sampling, settings).
 
 The names below load on first use (PEP 562), so that the torch-free modules of this package
-(``configuration``, ``sampling``, ``tokenizer``) import without torch.
+(``api``, ``configuration``, ``sampling``, ``tokenizer``) import without torch.
 """
 
 from __future__ import annotations
@@ -11,13 +12,23 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vla_accel_ros.models.api import (
+        CheckpointRef,
+        IncrementalPrefill,
+        PolicyCapabilities,
+        PolicyLike,
+        Prefix,
+        ReuseStats,
+        ScoreOutput,
+    )
+    from vla_accel_ros.models.load import load_policy
     from vla_accel_ros.models.own.checkpoint import (
         CheckpointError,
         load_checkpoint,
         save_checkpoint,
     )
     from vla_accel_ros.models.own.draft import ContactHead, DraftHead, ParallelDraftHead
-    from vla_accel_ros.models.own.policy import Policy, Prefix, ScoreOutput
+    from vla_accel_ros.models.own.policy import Policy
     from vla_accel_ros.models.own.vla import VLAConfig, VLATarget
     from vla_accel_ros.models.own.world import (
         FrameAutoencoder,
@@ -31,33 +42,44 @@ if TYPE_CHECKING:
 _MODULE_OF = {
     "BOS": "tokenizer",
     "CheckpointError": "own.checkpoint",
+    "CheckpointRef": "api",
     "ContactHead": "own.draft",
     "DraftHead": "own.draft",
     "FrameAutoencoder": "own.world",
     "FrameAutoencoderConfig": "own.world",
+    "IncrementalPrefill": "api",
     "ParallelDraftHead": "own.draft",
     "Policy": "own.policy",
-    "Prefix": "own.policy",
-    "ScoreOutput": "own.policy",
+    "PolicyCapabilities": "api",
+    "PolicyLike": "api",
+    "Prefix": "api",
+    "ReuseStats": "api",
+    "ScoreOutput": "api",
     "VLAConfig": "own.vla",
     "VLATarget": "own.vla",
     "WorldBias": "own.world",
     "WorldBiasConfig": "own.world",
     "WorldPrefill": "own.world",
     "load_checkpoint": "own.checkpoint",
+    "load_policy": "load",
     "save_checkpoint": "own.checkpoint",
 }
 
 __all__ = [
     "BOS",
     "CheckpointError",
+    "CheckpointRef",
     "ContactHead",
     "DraftHead",
     "FrameAutoencoder",
     "FrameAutoencoderConfig",
+    "IncrementalPrefill",
     "ParallelDraftHead",
     "Policy",
+    "PolicyCapabilities",
+    "PolicyLike",
     "Prefix",
+    "ReuseStats",
     "ScoreOutput",
     "VLAConfig",
     "VLATarget",
@@ -65,6 +87,7 @@ __all__ = [
     "WorldBiasConfig",
     "WorldPrefill",
     "load_checkpoint",
+    "load_policy",
     "save_checkpoint",
 ]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from vla_accel_ros.core.settings import setting
 
@@ -19,8 +18,8 @@ MAX_TEMPERATURE = 2.0
 
 @dataclass(frozen=True)
 class VisionReuseConfig:
-    """How :class:`~vla_accel_ros.models.own.incremental_vision.IncrementalVisionEncoder` reuses the
-    encodings of unchanged image patches.
+    """How a policy's incremental prefill (:class:`~vla_accel_ros.models.api.IncrementalPrefill`) reuses
+    the encodings of unchanged image patches.
 
     ``enabled`` says whether a runner uses the incremental encoder at all (the encoder itself does not
     read it). It is keyword-only: the positional order is ``(threshold, refresh_steps, max_drift,
@@ -75,16 +74,3 @@ class VisionReuseConfig:
             raise ValueError(f"VisionReuseConfig.tower_refresh_steps must be >= 1, got {self.tower_refresh_steps}")
         if not (math.isfinite(self.feature_threshold) and self.feature_threshold >= 0):
             raise ValueError(f"VisionReuseConfig.feature_threshold must be >= 0, got {self.feature_threshold}")
-
-
-HF_PREFIX = "hf:"  # a checkpoint named "hf:DIR" is a Hugging Face VLA directory
-
-
-def is_hf_checkpoint(source: str | Path) -> bool:
-    return str(source).startswith(HF_PREFIX)
-
-
-def checkpoint_directory(source: str | Path) -> Path:
-    """The directory a checkpoint name points to (without the ``hf:`` of a Hugging Face VLA)."""
-    text = str(source)
-    return Path(text[len(HF_PREFIX):] if is_hf_checkpoint(text) else text)

@@ -1,22 +1,105 @@
-"""One loader for every kind of policy checkpoint: the package's own (safetensors + JSON) or,
-named ``hf:DIR``, a Hugging Face VLA with OpenVLA's action tokens (:mod:`.hf_vla`)."""
+"""One loader for every model family: a checkpoint directory is recognised by its own files.
+
+Each family registers what marks its directories and the function that loads them, imported only
+when a directory of that family is loaded (torch, transformers):
+
+- ``own``: ``model.json`` (the package's VLA, :mod:`vla_accel_ros.models.own.checkpoint`);
+- ``hf``: ``config.json`` of a Llava-style VLA, a ``vision_config`` and an image token
+  (:mod:`vla_accel_ros.models.hf.hf_vla`); ``hf:DIR`` declares it, for a directory that is not
+  recognised otherwise.
+
+A directory no family recognises is refused in one line that names the file read and the families
+known. Every loader raises ValueError (the own family's CheckpointError is one) naming the file at fault.
+"""
 
 from __future__ import annotations
 
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vla_accel_ros.models.configuration import checkpoint_directory, is_hf_checkpoint
+from vla_accel_ros.models.api import CheckpointRef, PolicyLike
+
+CONFIG_FILE = "config.json"
 
 
-def load_policy(source: str | Path, *, unnorm_key: str = "") -> Any:
-    """The policy ``source`` names: a :class:`~vla_accel_ros.models.own.policy.Policy` or an
-    :class:`~vla_accel_ros.models.hf.hf_vla.HFTokenVLA` (``unnorm_key``: its statistics' dataset; empty
-    = the only one); ValueError (a CheckpointError for the package's format) naming the file at fault."""
-    if is_hf_checkpoint(source):
-        from vla_accel_ros.models.hf.hf_vla import load_hf_vla
+@dataclass(frozen=True)
+class Family:
+    """A model family as the loader knows it: its name, what marks its directories (for messages),
+    the test of a directory (given its parsed ``config.json``, None when there is none) and its
+    loader (``"module:function"``, called with the directory and ``unnorm_key``)."""
 
-        return load_hf_vla(checkpoint_directory(source), unnorm_key=unnorm_key or None)
-    from vla_accel_ros.models.own.checkpoint import load_checkpoint
+    name: str
+    marker: str
+    recognises: Callable[[Path, dict[str, Any] | None], bool]
+    loader: str
 
-    return load_checkpoint(Path(source))
+    def load(self, directory: Path, unnorm_key: str) -> PolicyLike:
+        module, _, function = self.loader.partition(":")
+        policy: PolicyLike = getattr(importlib.import_module(module), function)(directory, unnorm_key)
+        return policy
+
+
+def _is_llava_style(directory: Path, config: dict[str, Any] | None) -> bool:
+    return (config is not None and isinstance(config.get("vision_config"), dict)
+            and (config.get("image_token_id") is not None or config.get("image_token_index") is not None))
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("own", "model.json", lambda directory, config: (directory / "model.json").is_file(),
+           "vla_accel_ros.models.own.checkpoint:load_policy_directory"),
+    Family("hf", "config.json of a Llava-style VLA (a vision_config and an image token)", _is_llava_style,
+           "vla_accel_ros.models.hf.hf_vla:load_policy_directory"),
+)
+
+
+def family_named(name: str) -> Family:
+    for family in FAMILIES:
+        if family.name == name:
+            return family
+    raise ValueError(f"unknown model family '{name}'; known: {', '.join(f.name for f in FAMILIES)}")
+
+
+def read_config(directory: Path) -> dict[str, Any] | None:
+    """The directory's ``config.json`` as a dict; None when there is none. ValueError, naming the
+    file, when it is not a JSON object."""
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: cannot read it as JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return config
+
+
+def recognise(source: str | Path | CheckpointRef) -> Family:
+    """The family of the checkpoint ``source`` names: the declared one (``hf:DIR``), else the first
+    whose marker the directory holds. ValueError in one line otherwise: a missing directory, or one
+    no family recognises (naming the file read and the families known)."""
+    ref = CheckpointRef.parse(source)
+    directory = ref.directory
+    if not directory.is_dir():
+        raise ValueError(f"{directory}: no such directory")
+    if ref.declared_family:
+        return family_named(ref.declared_family)
+    config = read_config(directory)
+    for family in FAMILIES:
+        if family.recognises(directory, config):
+            return family
+    read = f"{directory / CONFIG_FILE}" + (f" (model_type {config.get('model_type')!r})" if config else ": none")
+    known = "; ".join(f"{f.name}: {f.marker}" for f in FAMILIES)
+    raise ValueError(f"{directory}: not a checkpoint of a family this package runs (read {read}); known: {known}")
+
+
+def load_policy(source: str | Path | CheckpointRef, *, unnorm_key: str = "") -> PolicyLike:
+    """The policy in the checkpoint ``source`` names (a directory, or ``hf:DIR``), loaded by its family
+    (``unnorm_key``: a Hugging Face VLA's dataset in its statistics; empty = the only one);
+    ValueError naming the file at fault."""
+    ref = CheckpointRef.parse(source)
+    return recognise(ref).load(ref.directory, unnorm_key)

@@ -25,13 +25,11 @@ import numpy as np
 
 from vla_accel_ros.core.settings import to_params
 from vla_accel_ros.decoding.specs import DEFAULT, spec_of
+from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.models.configuration import (
     DEFAULT_TEMPERATURE,
-    HF_PREFIX,
     MAX_TEMPERATURE,
     VisionReuseConfig,
-    checkpoint_directory,
-    is_hf_checkpoint,
 )
 from vla_accel_ros.ros.netns import NetworkNamespace
 from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS, NodeConfig
@@ -234,8 +232,8 @@ def run_sim(opts: SimRunOptions, progress: bool = True,
                    "inference": opts.inference, "robot_description_timeout_s": 10.0,
                    "inference_mode": opts.inference_mode, "realtime_priority": opts.realtime_priority}
     if opts.checkpoint:  # absolute: the node runs in another working directory
-        prefix = HF_PREFIX if is_hf_checkpoint(opts.checkpoint) else ""
-        node_params["checkpoint"] = prefix + str(checkpoint_directory(opts.checkpoint).resolve())
+        ref = CheckpointRef.parse(opts.checkpoint)
+        node_params["checkpoint"] = str(replace(ref, directory=ref.directory.resolve()))
     if opts.unnorm_key:
         node_params["unnorm_key"] = opts.unnorm_key
     if opts.kinematic_r_bounds is not None:

@@ -13,6 +13,7 @@ controller here while the policy (and torch) live only in the child.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -23,12 +24,13 @@ from typing import TYPE_CHECKING, Any
 from vla_accel_ros.core.controller import Controller, ControllerConfig
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_checkpoint
-from vla_accel_ros.decoding.specs import DEFAULT, make_decoder, shared_settings, spec_of
+from vla_accel_ros.decoding import make_decoder
+from vla_accel_ros.decoding.specs import DEFAULT, shared_settings, spec_of
+from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.models.configuration import (
     DEFAULT_TEMPERATURE,
     MAX_TEMPERATURE,
     VisionReuseConfig,
-    checkpoint_directory,
 )
 
 if TYPE_CHECKING:
@@ -89,16 +91,21 @@ class RunnerConfig:
         if self.torch_threads < 1:
             raise ValueError(f"RunnerConfig.torch_threads must be >= 1, got {self.torch_threads}")
 
+    @functools.cached_property
+    def checkpoint_ref(self) -> CheckpointRef:
+        """The checkpoint this config names, parsed (the package's default when empty)."""
+        return CheckpointRef.parse(self.checkpoint or default_checkpoint())
+
     @property
     def checkpoint_source(self) -> str:
-        """The checkpoint this config names, as the loader takes it (``hf:DIR`` for a Hugging Face
-        VLA; the package's default when empty)."""
-        return self.checkpoint or str(default_checkpoint())
+        """The checkpoint this config names, as a setting writes it (``hf:DIR`` declares a Hugging
+        Face VLA; the package's default when empty)."""
+        return str(self.checkpoint_ref)
 
     @property
     def checkpoint_path(self) -> Path:
         """The checkpoint's directory."""
-        return checkpoint_directory(self.checkpoint_source)
+        return self.checkpoint_ref.directory
 
 
 def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | None = None,
@@ -122,7 +129,7 @@ def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | N
     if policy is None:
         if decoder is not None:
             raise ValueError("build_runner: a decoder object needs its policy (pass policy= too)")
-        return PolicyRunner.load(config.checkpoint_source, config.decoder, kin, unnorm_key=config.unnorm_key,
+        return PolicyRunner.load(config.checkpoint_ref, config.decoder, kin, unnorm_key=config.unnorm_key,
                                  decoder_settings=decoder_settings(config), **options)
     if decoder is None:
         decoder = make_decoder(config.decoder, **decoder_settings(config))

@@ -44,7 +44,7 @@ from vla_accel_ros.decoding.protocol import (
     DecodeResult,
     PendingVerify,
 )
-from vla_accel_ros.models.own.policy import Policy, Prefix, ScoreOutput
+from vla_accel_ros.models.api import PolicyLike, Prefix, ScoreOutput
 from vla_accel_ros.runtime.runner import PolicyRunner, run_policy_step
 
 # A round's stages, in order: each robot's bookkeeping before the model (``begin``: its filter and
@@ -63,7 +63,7 @@ class RoundPolicy:
     call (a ``world_aware`` robot asks once a step without the scene: one head call per robot
     otherwise, each costing about what the batched one does)."""
 
-    def __init__(self, policy: Policy, batch: Prefix) -> None:
+    def __init__(self, policy: PolicyLike, batch: Prefix) -> None:
         self._policy = policy
         self._batch = batch
         self._rows: dict[int, tuple[Prefix, int]] = {}  # id -> (the row prefix, kept alive so its id stays its own; row)
@@ -100,7 +100,7 @@ class FleetRunner:
             raise ValueError("a fleet decodes with full vision (incremental vision is per robot)")
         self.runners = list(runners)
         self.policy = policy
-        self.batched = isinstance(policy, Policy)  # the package's VLA has batched passes
+        self.batched = policy.capabilities().batched_passes
         self.last_stages: dict[str, float] = dict.fromkeys(STAGES, 0.0)  # ms, the latest round
 
     def step(self, observations: Sequence[tuple[int, Observation]]) -> list[DecodeResult]:
@@ -131,7 +131,7 @@ class FleetRunner:
 
     def _batched(self, batch: list[tuple[int, Observation, DecoderCapabilities]], contexts: dict[int, DecodeContext],
                  stages: dict[str, float]) -> dict[int, DecodeResult]:
-        policy: Policy = self.policy  # type: ignore[assignment]
+        policy = self.policy
         out: dict[int, DecodeResult] = {}
         clock = time.perf_counter
         with torch.inference_mode():
@@ -145,9 +145,8 @@ class FleetRunner:
             for row, proposal in enumerate(proposals):
                 if proposal is not None:
                     feed[row] = proposal[: N_ACTION_TOKENS - 1]
-            tensors = self._tensors([obs for _, obs, _ in batch])
             t0 = clock()
-            output = policy.prefill_batch_scored(*tensors, torch.from_numpy(feed))
+            output = policy.prefill_batch([obs for _, obs, _ in batch], torch.from_numpy(feed))
             t1 = clock()
             prefill_ms = (t1 - t0) * 1e3
             shared = RoundPolicy(policy, output.prefix)
@@ -186,14 +185,6 @@ class FleetRunner:
                           batched_pass=prefill_ms, batched_verify=verify_ms,
                           finish=(clock() - t1) * 1e3 - verify_ms)
         return out
-
-    def _tensors(self, observations: list[Observation]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The batched inputs of ``Policy.prefill_batch``; each observation is checked (and its
-        instruction's ids cached) by ``Policy.observation_tensors``. One robot: its own tensors."""
-        parts = [self.policy.observation_tensors(obs) for obs in observations]
-        if len(parts) == 1:
-            return parts[0]
-        return tuple(torch.cat([p[k] for p in parts]) for k in range(3))  # type: ignore[return-value]
 
     @staticmethod
     def _rows(output: ScoreOutput) -> list[tuple[torch.Tensor, Prefix]]:

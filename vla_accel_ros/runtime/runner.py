@@ -27,11 +27,9 @@ from vla_accel_ros.decoding.protocol import (
     DecodeContext,
     Decoder,
     DecodeResult,
-    PolicyLike,
 )
+from vla_accel_ros.models.api import CheckpointRef, IncrementalPrefill, PolicyLike
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
-from vla_accel_ros.models.own.policy import Policy
 from vla_accel_ros.models.sampling import SamplingConfig
 
 # A measured joint jump this large (rad) between two observations is a new episode (sim reset):
@@ -50,7 +48,7 @@ class PolicyRunner:
     episode boundaries: the node, a bag). Build one with :func:`vla_accel_ros.runtime.builder.build_runner`.
     """
 
-    def __init__(self, policy: Policy, decoder: Decoder, kin: ArmKinematics, *, action_dt_s: float,
+    def __init__(self, policy: PolicyLike, decoder: Decoder, kin: ArmKinematics, *, action_dt_s: float,
                  period_s: float, max_steps: int = 120, clock: Callable[[], float] = time.perf_counter,
                  vision: VisionReuseConfig | None = None, sampling: SamplingConfig | None = None) -> None:
         self.warnings = decoder.check_policy(policy)  # the fallbacks taken for what the policy lacks
@@ -60,26 +58,27 @@ class PolicyRunner:
         self.period_s = period_s
         self.history = EpisodeHistory(JointKalmanFilter(kin, action_dt_s), max_steps=max_steps,
                                       control_period_s=action_dt_s, clock=clock, sampling=sampling)
-        self.vision = IncrementalVisionEncoder(policy, vision) if vision is not None and vision.enabled else None
+        self.vision = incremental_prefill(policy, vision) if vision is not None and vision.enabled else None
         self._last_instruction: str | None = None
         self._last_q: np.ndarray | None = None
         self._episode_started = False  # start_episode() ran and no observation has been served since
 
     @classmethod
-    def load(cls, checkpoint: str | Path, decoder_name: str, kin: ArmKinematics, *, unnorm_key: str = "",
-             decoder_settings: dict[str, Any] | None = None, **kwargs: Any) -> PolicyRunner:
-        """Load a checkpoint directory (safetensors + JSON; raises CheckpointError naming the problem),
-        or a Hugging Face VLA named ``hf:DIR``.
+    def load(cls, checkpoint: str | Path | CheckpointRef, decoder_name: str, kin: ArmKinematics, *,
+             unnorm_key: str = "", decoder_settings: dict[str, Any] | None = None, **kwargs: Any) -> PolicyRunner:
+        """Load the checkpoint a directory (or ``hf:DIR``) holds, whatever its family
+        (:mod:`vla_accel_ros.models.load`; ValueError naming the file at fault).
         A decoder that needs a file beside the checkpoint (heisd: CHECKPOINT/retrieval_store) gets it
         here, so that a missing one is reported at start-up, not at every step. ``decoder_settings``
         go to the decoder's config."""
-        from vla_accel_ros.decoding.specs import make_decoder
+        from vla_accel_ros.decoding import make_decoder
         from vla_accel_ros.models.load import load_policy
 
+        ref = CheckpointRef.parse(checkpoint)
         decoder = make_decoder(decoder_name, **(decoder_settings or {}))
-        runner = cls(load_policy(checkpoint, unnorm_key=unnorm_key), decoder, kin, **kwargs)
-        if runner.decoder.capabilities().retrieval_store:
-            runner.decoder.attach_checkpoint_store(Path(checkpoint), runner.policy)
+        runner = cls(load_policy(ref, unnorm_key=unnorm_key), decoder, kin, **kwargs)
+        if decoder.spec.retrieval_store:
+            decoder.attach_checkpoint_store(ref.directory, runner.policy)
         return runner
 
     @property
@@ -126,13 +125,20 @@ class PolicyRunner:
         return self._last_q is not None and float(np.max(np.abs(q - self._last_q))) > EPISODE_JUMP_RAD
 
 
+def incremental_prefill(policy: PolicyLike, settings: VisionReuseConfig) -> IncrementalPrefill:
+    """The policy's incremental prefill under ``settings``; ValueError when its family has none."""
+    if not policy.capabilities().incremental_prefill:
+        raise ValueError("this policy has no incremental prefill (vision_reuse needs one)")
+    return policy.incremental_prefill(settings)
+
+
 # --- running one policy step ------------------------------------------------------------------
 def run_policy_step(
     policy: PolicyLike,
     obs: Observation,
     decoder: Decoder,
     context: DecodeContext,
-    vision: IncrementalVisionEncoder | None = None,
+    vision: IncrementalPrefill | None = None,
 ) -> DecodeResult:
     """Prefill ``obs`` and decode one action, timing both on ``context.clock``.
 
@@ -146,10 +152,10 @@ def run_policy_step(
 
     A decoder that declares ``verifies_in_prefill`` may propose the 7 tokens before the
     prefill (from what it knows without the image: the previous action, the Kalman filter). When
-    it does, the prefill verifies them in the same pass (``Policy.prefill_scored``: its first 6
+    it does, the prefill verifies them in the same pass (``prefill_batch`` with the tokens: its first 6
     ride along with the prefix) and ``decode_scored(policy, scored, proposal, context)`` finishes
     the action, with no target pass of its own. The proposal's time counts as decoding; the one
-    pass counts as the prefill (incremental too: ``vision.prefill_scored``).
+    pass counts as the prefill (incremental too).
     """
     clock = context.clock
     t0 = clock()
@@ -166,12 +172,12 @@ def run_policy_step(
         if proposal is not None:
             # The last proposed token is not fed: its output would predict an 8th token.
             feed = torch.tensor([proposal[: N_ACTION_TOKENS - 1].tolist()], dtype=torch.long)
-            scored = policy.prefill_scored(obs, feed) if vision is None else vision.prefill_scored(obs, feed)
+            scored = (policy if vision is None else vision).prefill_batch([obs], feed)
         elif vision is None:
             prefix = policy.prefill(obs)
         else:
-            prefix = vision.prefill(obs)
-        if vision is not None:
+            prefix = vision.prefill_batch([obs]).prefix
+        if vision is not None and vision.last is not None:
             fraction = vision.last.fraction
         t1 = clock()
         if context.time_left_s is not None:

@@ -171,9 +171,9 @@ def greedy_rollout(policy: Policy, images: torch.Tensor, text: torch.Tensor, pro
     """The greedy rollout of ``policy``'s target on a batch, without gradients (the target is frozen
     while draft heads train)."""
     with torch.no_grad():
-        prefix = policy._prefill(images, text, proprio)
+        prefix = policy._prefill_tensors(images, text, proprio).prefix
         greedy, final = policy._greedy(prefix)
-    return GreedyRollout(tokens=greedy, features=final.action_hidden, memory=final.kv[-1], prefix=prefix)
+    return GreedyRollout(tokens=greedy, features=final.action_hidden, memory=final.cache.layers[-1], prefix=prefix)
 
 
 def draft_step_loss(lm_head: torch.nn.Module, pred: torch.Tensor, want_tokens: torch.Tensor,

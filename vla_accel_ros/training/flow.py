@@ -83,7 +83,7 @@ def prefix_features(policy: Policy, images: torch.Tensor, text: torch.Tensor, pr
     out = []
     for start in tqdm(range(0, len(images), batch_size), desc="prefix features", unit="batch", disable=not progress):
         end = start + batch_size
-        prefix = policy.prefill_batch(images[start:end], text[start:end], proprio[start:end])
+        prefix = policy.prefill_tensors(images[start:end], text[start:end], proprio[start:end]).prefix
         out.append(prefix_condition(prefix.hidden_last, prefix.pooled))
     return torch.cat(out)
 

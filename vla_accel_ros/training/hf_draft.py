@@ -6,7 +6,7 @@ Input: ``vla-accel demos`` episodes (``episode_*.npz``, docs/data_layout.md) and
 attaches the head from then on, and ``sd``, ``kerv``, ``world_aware`` and ``deadline`` draft with it.
 
 1. Features. The target is frozen (no gradient, inference mode). With ``--teacher expert`` (the
-   default), ONE teacher-forced pass per demo step (``HFTokenVLA.prefill_scored``) over the prompt
+   default), ONE teacher-forced pass per demo step (``HFTokenVLA.prefill_batch`` with the tokens) over the prompt
    and the first 6 of the expert's 7 action tokens x_0..x_5 (the demo's action in the model's own
    action tokens; the 7th would only predict an 8th token) gives the final-norm hidden states
    f_0..f_6 (f_j after j tokens, the one that predicts dimension j) and the target's argmax token
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.models.configuration import checkpoint_directory
+from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.models.hf.hf_draft import (
     DRAFT_META_FILE,
     DRAFT_WEIGHTS_FILE,
@@ -166,7 +166,7 @@ def teacher_forced(policy: HFTokenVLA, data: DemoDataset, instructions: list[str
                   dynamic_ncols=True):
         obs = observation_at(data, instructions, i)
         if teacher == "expert":
-            out = policy.prefill_scored(obs, expert[i : i + 1, : ACTION_DIM - 1])
+            out = policy.prefill_batch([obs], expert[i : i + 1, : ACTION_DIM - 1])
             hidden, tokens, greedy = out.prefix.action_hidden[0], expert[i], out.logits[0].argmax(-1)
         else:
             hidden, greedy = greedy_rollout(policy, obs)
@@ -297,7 +297,7 @@ def train_hf_draft(cfg: HFDraftTrainConfig) -> dict[str, Any]:
     start = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
-    directory = checkpoint_directory(cfg.checkpoint)
+    directory = CheckpointRef.parse(cfg.checkpoint).directory
     # the demos first: a bad file fails before a large model has loaded
     data = load_demos(cfg.data, UNUSED_TEXT_LEN, cfg.max_episodes, not cfg.include_failures, cfg.progress)
     if len(data) < 2:

@@ -180,7 +180,7 @@ def evaluate_heads(policy: Policy, data: DemoDataset, val_idx: torch.Tensor, bat
         sums[name] = sums.get(name, 0) + value.double().sum(dim=0)
 
     for rows in tqdm(val_idx.split(batch_size), desc="held-out", unit="batch", disable=not progress):
-        prefix = policy.prefill_batch(data.images[rows], data.text[rows], data.proprio[rows])
+        prefix = policy.prefill_tensors(data.images[rows], data.text[rows], data.proprio[rows]).prefix
         greedy = policy.greedy_decode(prefix)
         for head, propose in proposers.items():
             draft, _ = propose(prefix, n_act)

@@ -77,7 +77,7 @@ def episode_keys(policy: Policy, episode: dict[str, np.ndarray], steps: np.ndarr
     images = torch.from_numpy(np.ascontiguousarray(episode["images"][steps]))
     text = torch.from_numpy(episode["text"]).unsqueeze(0).repeat(len(steps), 1)
     proprio = torch.from_numpy(np.ascontiguousarray(episode["proprio"][steps]))
-    prefix = policy.prefill_batch(images, text, proprio)
+    prefix = policy.prefill_tensors(images, text, proprio).prefix
     return prefix.pooled.to(torch.float32).cpu().numpy()
 
 

@@ -294,7 +294,7 @@ class Trainer:
         contact_logits, contact_labels, aux_errors, keypoint_errors = [], [], [], []
         for idx in self.batches(idx_all, self.cfg.eval_batch_size, False):
             b = self.batch(idx, augment=False)
-            prefix = policy.prefill_batch(b["images"], b["text"], b["proprio"])
+            prefix = policy.prefill_tensors(b["images"], b["text"], b["proprio"]).prefix
             with torch.inference_mode():  # the aux head reads the hidden state at BOS
                 aux_error = (policy.target.aux_head(prefix.hidden_last) - b["aux"]).view(-1, 2, 3).norm(dim=-1)
                 if policy.config.keypoints:

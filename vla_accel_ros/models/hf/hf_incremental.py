@@ -20,7 +20,7 @@ Either way a full prefill also comes on the first frame, when the instruction ch
 ``refresh_steps`` frames (incremental vision's rules, :mod:`vla_accel_ros.models.own.incremental_vision`).
 
 The language model then runs only on the dynamic image tokens, the text after the image and, for
-``prefill_scored``, the action tokens, each at its true position (RoPE), over a cache pre-filled
+``prefill_batch`` with tokens, the action tokens, each at its true position (RoPE), over a cache pre-filled
 with every layer's keys and values of the other prefix tokens (BOS and the static image tokens,
 whose keys carry their positions already). A 4D additive mask makes each recomputed token attend
 by true position: to the cached and the recomputed tokens at or before its own. The cache then
@@ -52,19 +52,20 @@ per-patch encoder, would leave the language model's cost, which dominates at a r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.models.api import Prefix, ReuseStats, ScoreOutput
 from vla_accel_ros.models.configuration import VisionReuseConfig
+from vla_accel_ros.models.hf.cache import CacheSlot
 from vla_accel_ros.models.hf.hf_direct import TowerCache
-from vla_accel_ros.models.hf.hf_vla import CacheSlot, HFPrefix, HFScoreOutput
-from vla_accel_ros.models.own.incremental_vision import ReuseStats
 
 if TYPE_CHECKING:
-    from vla_accel_ros.models.hf.hf_vla import HFTokenVLA
+    from vla_accel_ros.models.hf.hf_passes import HFPasses
 
 # The attention implementations that take the 4D additive mask as given (flash attention takes none).
 MASKED_ATTENTION = ("eager", "sdpa")
@@ -91,7 +92,7 @@ class _PrefixState:
 
 
 class HFIncrementalPrefill:
-    """``prefill`` and ``prefill_scored`` of one :class:`HFTokenVLA` over a stream of frames (batch 1),
+    """``prefill_batch`` of one Hugging Face VLA (its :class:`HFPasses`) over a stream of frames (batch 1),
     recomputing only the tokens that the image's changes reach (module docstring).
 
     ``last`` is the last frame's :class:`ReuseStats` (image tokens recomputed of ``n_image_tokens``);
@@ -100,7 +101,7 @@ class HFIncrementalPrefill:
     tower's grid, every text layer full attention, an attention implementation that takes a 4D mask.
     """
 
-    def __init__(self, policy: HFTokenVLA, config: VisionReuseConfig) -> None:
+    def __init__(self, policy: HFPasses, config: VisionReuseConfig) -> None:
         if not config.reuse_kv:
             raise ValueError(f"{policy.source}: a Hugging Face VLA runs incremental vision only with reused "
                              "keys/values (reuse_kv, --vision incremental_kv, bench --reuse-kv): its vision tower is "
@@ -149,18 +150,20 @@ class HFIncrementalPrefill:
         """Indices among the image tokens (row-major patches) of those the last frame recomputed."""
         return self._dynamic
 
-    def prefill(self, obs: Observation) -> HFPrefix:
+    def prefill(self, obs: Observation) -> Prefix:
         """``HFTokenVLA.prefill`` of one observation, reusing what the previous frames computed."""
-        with torch.inference_mode():
-            return self._prefix(*self._frame(obs, None), None)
+        return self.prefill_batch([obs]).prefix
 
-    def prefill_scored(self, obs: Observation, tokens: torch.Tensor) -> HFScoreOutput:
-        """``HFTokenVLA.prefill_scored``: the action tokens (1, k) ride along with the recomputed ones."""
+    def prefill_batch(self, observations: Sequence[Observation], tokens: torch.Tensor | None = None) -> ScoreOutput:
+        """``HFTokenVLA.prefill_batch`` of one observation: the action tokens (1, k), if any, ride along
+        with the recomputed ones."""
+        if len(observations) != 1:
+            raise ValueError(f"incremental prefill takes one frame at a time, got {len(observations)}")
         with torch.inference_mode():
-            tokens = self.policy.check_tokens(tokens)
-            slot, action_hidden = self._frame(obs, tokens)
-            prefix = self._prefix(slot, action_hidden, tokens)
-            return HFScoreOutput(self.policy.action_logits(prefix.action_hidden), prefix)
+            checked = None if tokens is None else self.policy.check_tokens(tokens)
+            slot, action_hidden = self._frame(observations[0], checked)
+            prefix = self._prefix(slot, action_hidden, checked)
+            return ScoreOutput(self.policy.action_logits(prefix.action_hidden), prefix)
 
     # --- one frame ----------------------------------------------------------------------------
     def _frame(self, obs: Observation, tokens: torch.Tensor | None) -> tuple[CacheSlot, torch.Tensor]:
@@ -234,13 +237,13 @@ class HFIncrementalPrefill:
                                    features=reference)
         return CacheSlot(cache, [] if tokens is None else tokens[0].tolist()), hidden[:, n_prefix:]
 
-    def _prefix(self, slot: CacheSlot, action_hidden: torch.Tensor, tokens: torch.Tensor | None) -> HFPrefix:
+    def _prefix(self, slot: CacheSlot, action_hidden: torch.Tensor, tokens: torch.Tensor | None) -> Prefix:
         """The prefix this frame made: the prompt's last hidden state, then the action tokens' (1, k, d)."""
         assert self._state is not None
         hidden = self._state.hidden
         if tokens is None:
             tokens = torch.empty(1, 0, dtype=torch.long, device=self.policy.device)
-        return HFPrefix(slot=slot, action_hidden=torch.cat([hidden[:, -1:], action_hidden], dim=1), tokens=tokens,
+        return Prefix(cache=slot, action_hidden=torch.cat([hidden[:, -1:], action_hidden], dim=1), tokens=tokens,
                         pooled=hidden.float().mean(dim=1), prefix_len=hidden.shape[1])
 
     # --- which tokens changed -----------------------------------------------------------------

@@ -127,6 +127,12 @@ def _read_meta(meta_path: Path, keys: Sequence[str] = ("config", "tokenizer", "p
     return meta
 
 
+def load_policy_directory(directory: Path, unnorm_key: str = "") -> Policy:
+    """The family loader of :mod:`vla_accel_ros.models.load`: the policy in ``directory``
+    (``unnorm_key`` is a Hugging Face VLA's: this family's statistics are its own)."""
+    return load_checkpoint(directory)
+
+
 def load_checkpoint(path: Path | str) -> Policy:
     """Load a Policy from a checkpoint directory, validating everything against the config."""
     path = Path(path)

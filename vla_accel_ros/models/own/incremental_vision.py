@@ -27,111 +27,92 @@ pooled feature (contact head, retrieval key), which keeps them from the last ful
 Proprioception and BOS come last in the prefix, so a new joint state with an unchanged image gives
 exactly the full prefill.
 
-A policy that declares its own incremental prefill (``own_incremental_prefill`` among its
-capabilities, served by ``policy.incremental_prefill(config)``: a Hugging Face VLA,
-:mod:`vla_accel_ros.models.hf.hf_incremental`) serves the frames through it instead.
+This is the own family's :class:`~vla_accel_ros.models.api.IncrementalPrefill`
+(``Policy.incremental_prefill(settings)``); the target's one pass over the prefix,
+``VLATarget.forward_prefix``, runs either way, in full or on the recomputed tokens.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.models.api import Prefix, ReuseStats, ScoreOutput
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.models.layers import KeysValues
-from vla_accel_ros.models.own.policy import Policy, Prefix, ScoreOutput
-
-if TYPE_CHECKING:
-    from vla_accel_ros.models.hf.hf_incremental import HFIncrementalPrefill
-    from vla_accel_ros.models.hf.hf_vla import HFPrefix, HFScoreOutput
+from vla_accel_ros.models.own.vla import PrefixPass, PrefixState, VLAConfig, VLATarget
 
 
-@dataclass(frozen=True)
-class ReuseStats:
-    """What one frame cost: patches recomputed (of ``n_patches``) and whether it was a full refresh."""
+class FramePolicy(Protocol):
+    """What the encoder calls of the own family's policy (:class:`~vla_accel_ros.models.own.policy.Policy`)."""
 
-    recomputed: int
-    n_patches: int
-    refreshed: bool
-    reason: str = ""
+    config: VLAConfig
+    target: VLATarget
 
     @property
-    def fraction(self) -> float:
-        return self.recomputed / self.n_patches
+    def world(self) -> Any: ...
+
+    def observation_tensors(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def check_action_tokens(self, tokens: torch.Tensor, batch_size: int) -> None: ...
+
+    def prefill_tensors(self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
+                        tokens: torch.Tensor | None = None, local_tokens: torch.Tensor | None = None) -> ScoreOutput: ...
+
+    def normalise_proprio(self, proprio: torch.Tensor) -> torch.Tensor: ...
+
+    def scored(self, result: PrefixPass, tokens: torch.Tensor | None) -> ScoreOutput: ...
+
+    def instruction_film(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class IncrementalVisionEncoder:
     """Local vision encodings of a stream of frames (batch 1), reusing unchanged patches, and the
-    policy's prefixes built from them."""
+    policy's prefixes built from them (the module docstring)."""
 
-    def __init__(self, policy: Policy, config: VisionReuseConfig | None = None) -> None:
+    def __init__(self, policy: FramePolicy, config: VisionReuseConfig | None = None) -> None:
         self.policy = policy
         self.config = config or VisionReuseConfig()
-        own = policy.capabilities().own_incremental_prefill
-        self._own: HFIncrementalPrefill | None = policy.incremental_prefill(self.config) if own else None
+        if self.config.reuse_kv and policy.world is not None:
+            raise ValueError("vision reuse_kv does not support a world-aware prefill; use reuse_kv=False")
         self.reset()
 
     def reset(self) -> None:
         """Forget the cache: the next frame is encoded in full."""
-        if self._own is not None:
-            self._own.reset()
         self._reference: torch.Tensor | None = None  # (H, W, 3) float: the pixels behind each cached patch
         self._local: torch.Tensor | None = None  # (1, P, W) cached local encodings
         self._text: torch.Tensor | None = None
         self._film: tuple[torch.Tensor, torch.Tensor] | None = None  # the patch encoder's FiLM of ``_text``
         self._dynamic = torch.zeros(0, dtype=torch.long)  # patches the last frame recomputed
-        self._prefix_cache: _PrefixCache | None = None
+        self._state: PrefixState | None = None  # reuse_kv: what the last pass left for the next
         self._since_refresh = 0
         self.last: ReuseStats | None = None
 
-    def prefill(self, obs: Observation) -> Prefix | HFPrefix:
+    def prefill(self, obs: Observation) -> Prefix:
         """The policy's prefix for one observation, reusing what the previous frames computed."""
-        if self._own is not None:
-            prefix = self._own.prefill(obs)
-            self.last = self._own.last
-            return prefix
+        return self.prefill_batch([obs]).prefix
+
+    def prefill_batch(self, observations: Sequence[Observation], tokens: torch.Tensor | None = None) -> ScoreOutput:
+        """``Policy.prefill_batch`` of one observation, with the action ``tokens`` (1, k) after it, if
+        any, in the same pass (with ``reuse_kv``, they ride along with the recomputed tokens)."""
+        if len(observations) != 1:
+            raise ValueError(f"incremental vision prefills one frame at a time, got {len(observations)}")
         policy = self.policy
-        images, text, proprio = policy.observation_tensors(obs)
+        images, text, proprio = policy.observation_tensors(observations[0])
         with torch.inference_mode():
+            if tokens is not None:
+                policy.check_action_tokens(tokens, 1)
             local = self._encode(images, text)
             if not self.config.reuse_kv:
-                return policy.prefill_batch(images, text, proprio, local)
-            return self._reuse_kv(local, text, proprio, None).prefix
-
-    def prefill_scored(self, obs: Observation, tokens: torch.Tensor) -> ScoreOutput | HFScoreOutput:
-        """``Policy.prefill_scored`` of one observation: action tokens (1, k) verified in the same
-        pass, here the incremental one (with ``reuse_kv``, they ride along with the recomputed
-        tokens)."""
-        if self._own is not None:
-            scored = self._own.prefill_scored(obs, tokens)
-            self.last = self._own.last
-            return scored
-        policy = self.policy
-        images, text, proprio = policy.observation_tensors(obs)
-        with torch.inference_mode():
-            local = self._encode(images, text)
-            if not self.config.reuse_kv:
-                return policy.prefill_batch_scored(images, text, proprio, tokens, local)
-            policy.check_action_tokens(tokens, 1)
-            return self._reuse_kv(local, text, proprio, tokens)
-
-    def _reuse_kv(self, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
-                  tokens: torch.Tensor | None) -> ScoreOutput:
-        """The prefix (extended by ``tokens``, if any) from the cached keys and values, which it
-        then updates; the logits are those of the action positions (empty without tokens). In
-        inference mode."""
-        policy = self.policy
-        if policy.world is not None:
-            raise ValueError("vision reuse_kv does not support a world-aware prefill; use reuse_kv=False")
-        assert self.last is not None
-        if self.last.refreshed or self._prefix_cache is None:
-            self._prefix_cache, scored = _PrefixCache.full(policy, local, text, proprio, tokens)
-        else:
-            self._prefix_cache, scored = self._prefix_cache.update(policy, local, proprio, self._dynamic, tokens)
-        return scored
+                return policy.prefill_tensors(images, text, proprio, tokens, local_tokens=local)
+            assert self.last is not None
+            past = None if self.last.refreshed else self._state
+            result = policy.target.forward_prefix(local, text, policy.normalise_proprio(proprio), tokens, past=past,
+                                                  dynamic=self._dynamic, keep_state=True)
+            self._state = result.state
+            return policy.scored(result, tokens)
 
     def encode(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         """uint8 images (1, H, W, 3), instruction ids (1, T) -> local encodings (1, P, W)."""
@@ -142,13 +123,13 @@ class IncrementalVisionEncoder:
         """:meth:`encode`, in inference mode."""
         if images.shape[0] != 1:
             raise ValueError(f"incremental vision encodes one frame at a time, got a batch of {images.shape[0]}")
-        policy = self.policy
-        target = policy.target
+        target = self.policy.target
         # Change detection on the image's own layout, in float: the per-patch sums of |change|
         # are integers below 2**24, so exact, and float has the fastest kernels for them.
         pixels = images[0].to(torch.float32, copy=True)  # (H, W, 3) on 0..255; it becomes the reference
         reason = self._refresh_reason(text)
         if not reason:
+            assert self._reference is not None
             total = self._per_patch((pixels - self._reference).abs_()).sum(dim=(1, 3)).flatten()  # (P,)
             # compared with the thresholds scaled to sums rather than divided down to means
             n_values = pixels.numel() // total.shape[0]
@@ -161,20 +142,17 @@ class IncrementalVisionEncoder:
         n_patches = target.config.n_patches
         if reason:
             if reason == "first frame" or reason == "instruction changed":
-                self._film = policy.instruction_film(text)
+                self._film = self.policy.instruction_film(text)
             self._local = target.encode_images(images, self._film)
             self._reference, self._text = pixels, text.clone()
             self._dynamic = torch.arange(n_patches)
             self._since_refresh = 1
             self.last = ReuseStats(n_patches, n_patches, True, reason)
             return self._local
+        assert self._local is not None and self._reference is not None
         if len(dynamic):
-            # the dynamic patches' pixels in the encoder's order: they become the reference, then its input
-            offsets = target.cell_offsets(dynamic)
-            values = pixels.view(-1).index_select(0, offsets)
-            self._reference.view(-1).index_copy_(0, offsets, values)
-            cells = target.patch_pixels(values).view(1, len(dynamic), *target.patch_cell_shape)
-            fresh = target.patch_encoder.encode_cells(cells, film=self._film)
+            # the dynamic patches' pixels become the reference, then the encoder's input
+            fresh = target.encode_patches_of(pixels, dynamic, self._film, reference=self._reference)
             self._local = self._local.index_copy(1, dynamic, fresh)  # a new tensor: callers may hold the old
         self._dynamic = dynamic
         self._since_refresh += 1
@@ -196,90 +174,3 @@ class IncrementalVisionEncoder:
         if self._since_refresh >= self.config.refresh_steps:
             return "timer"
         return ""
-
-
-# --- reuse of keys and values ---------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class _PrefixCache:
-    """What a prefill computed, per prefix position, for the next frame to reuse.
-
-    vision_kv / decoder_kv: per layer the keys and values (2, 1, H, P or L, hd); vision: (1, P, d)
-    patch tokens after the global layers; hidden: (1, L, d) final-norm decoder states of the
-    prefix; trailing_positions: the positions of the tokens an image change always recomputes
-    (the keypoint token, if any, proprioception, BOS).
-    """
-
-    vision_kv: tuple[KeysValues, ...]
-    vision: torch.Tensor
-    decoder_kv: tuple[KeysValues, ...]
-    hidden: torch.Tensor
-    trailing_positions: torch.Tensor
-
-    @classmethod
-    def full(cls, policy: Policy, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
-             tokens: torch.Tensor | None = None) -> tuple[_PrefixCache, ScoreOutput]:
-        """Every token computed (what ``Policy.prefill`` computes, or ``prefill_scored`` with action
-        ``tokens``), caches kept."""
-        target = policy.target
-        vision, vision_kv = target.vision_transformer(local)
-        keypoint = [target.keypoint_token(local)] if target.config.keypoints else []
-        x = target.embed_prefix(torch.cat([vision, *keypoint], dim=1), text, policy.normalise_proprio(proprio))
-        length = x.shape[1]
-        if tokens is not None:
-            x = torch.cat([x, target.embed_actions(tokens, length)], dim=1)
-        hidden, decoder_kv = target.decode(x)
-        positions = torch.arange(length, device=x.device)
-        trailing = torch.cat([positions[vision.shape[1] : vision.shape[1] + len(keypoint)], positions[-2:]])
-        cache = cls(tuple(torch.stack(kv) for kv in vision_kv), vision,
-                    tuple(torch.stack(kv)[..., :length, :] for kv in decoder_kv), hidden[:, :length], trailing)
-        return cache, cache._scored(policy, decoder_kv, hidden[:, length:], tokens)
-
-    def update(self, policy: Policy, local: torch.Tensor, proprio: torch.Tensor, dynamic: torch.Tensor,
-               tokens: torch.Tensor | None = None) -> tuple[_PrefixCache, ScoreOutput]:
-        """Recompute the dynamic patches' tokens, the keypoint token, proprioception and BOS (and
-        run the action ``tokens``, if any, after them in the same pass)."""
-        target = policy.target
-        length = self.hidden.shape[1]
-        tail = target.prefix_tail_tokens(policy.normalise_proprio(proprio))  # proprioception, BOS
-        if len(dynamic) == 0:
-            # An unchanged image: the vision tokens, the keypoint token (a function of the patches
-            # alone) and everything the decoder computed for them stand as they are, exactly.
-            vision_kv, vision, recomputed = self.vision_kv, self.vision, [*tail]
-            positions = self.trailing_positions[-2:]
-            n_trailing = 2
-        else:
-            changed, vision_kv = target.vision_transformer(local, dynamic, self.vision_kv)
-            vision = self.vision.index_copy(1, dynamic, changed)
-            # Only the recomputed tokens are embedded: the changed patches, the keypoint token, then
-            # the prefix tail (proprioception, BOS), each at its position.
-            keypoint = [target.keypoint_token(local)] if target.config.keypoints else []
-            n_trailing = len(keypoint) + 2
-            positions = torch.cat([dynamic, self.trailing_positions])
-            recomputed = [changed, *keypoint, *tail]
-        x = target.embed_at(torch.cat(recomputed, dim=1), positions)
-        n_actions = 0 if tokens is None else tokens.shape[1]
-        if n_actions:  # the action tokens come after the prefix: they see all of it, the prefix none of them
-            x = torch.cat([x, target.embed_actions(tokens, length)], dim=1)
-        # In the last layer the patch tokens give only keys and values (for the action tokens): their
-        # outputs would feed nothing but the pooled feature, which keeps them from their last full
-        # computation. The trailing tokens (keypoint, proprioception, BOS) are computed in full.
-        out, decoder_kv = target.decode(x, self.decoder_kv, positions, n_outputs=n_trailing + n_actions)
-        hidden = self.hidden.index_copy(1, self.trailing_positions if len(dynamic) else positions, out[:, :n_trailing])
-        prefix_kv = decoder_kv if not n_actions else [kv[..., :length, :] for kv in decoder_kv]
-        cache = _PrefixCache(tuple(vision_kv), vision, tuple(prefix_kv), hidden, self.trailing_positions)
-        return cache, cache._scored(policy, tuple((kv[0], kv[1]) for kv in decoder_kv), out[:, n_trailing:], tokens)
-
-    def _scored(self, policy: Policy, decoder_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...],
-                action_hidden: torch.Tensor, tokens: torch.Tensor | None) -> ScoreOutput:
-        """The prefix this frame's pass made (``decoder_kv``, per layer (keys, values), runs on over
-        the action ``tokens``, whose hidden states are ``action_hidden``) and the target's logits at
-        the action positions."""
-        scored = tokens is not None and tokens.shape[1] > 0
-        prefix = Prefix(
-            kv=decoder_kv,
-            action_hidden=torch.cat([self.hidden[:, -1:], action_hidden], dim=1) if scored else self.hidden[:, -1:],
-            tokens=tokens if tokens is not None else torch.empty(1, 0, dtype=torch.long),
-            pooled=self.hidden.mean(dim=1),
-            prefix_len=self.hidden.shape[1],
-        )
-        return ScoreOutput(policy.target.lm_head(prefix.action_hidden) if scored else torch.empty(0), prefix)

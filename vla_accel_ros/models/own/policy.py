@@ -11,19 +11,21 @@ training can reuse them under ``torch.no_grad`` (inference tensors cannot feed a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.models.capabilities import PolicyCapabilities
+from vla_accel_ros.models.api import PolicyCapabilities, Prefix, ScoreOutput
 from vla_accel_ros.models.layers import KVCache
 from vla_accel_ros.models.own.draft import ContactHead, DraftHead
 from vla_accel_ros.models.own.flow import FlowHeads
 from vla_accel_ros.models.own.vla import (
     PROPRIO_DIM,
+    PrefixPass,
     VLAConfig,
     VLATarget,
     count_parameters,
@@ -37,87 +39,27 @@ from vla_accel_ros.models.tokenizer import (
     encode_instruction,
 )
 
+if TYPE_CHECKING:
+    from vla_accel_ros.models.configuration import VisionReuseConfig
+    from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
+
 
 @dataclass(frozen=True, eq=False)
-class Prefix:
-    """Decoder state after the observation prefix (ending in BOS) and any action tokens consumed.
+class KVRows:
+    """The own family's keys and values behind a :class:`~vla_accel_ros.models.api.Prefix`: per decoder
+    layer (k, v), each (B, H, length, hd)."""
 
-    kv: per-layer (k, v) cache, each (B, H, length, hd). action_hidden: (B, n+1, d) final-norm
-    hidden states at BOS and after each of the n consumed tokens. tokens: (B, n) consumed tokens.
-    pooled: (B, d) mean of the final hidden states over the observation prefix. prefix_len:
-    positions of the observation prefix (BOS included). base: tokens consumed before the latest
-    ``score`` extension; ``truncate`` counts from there. Tensors are never written in place.
-    """
+    layers: KVCache
 
-    kv: KVCache
-    action_hidden: torch.Tensor
-    tokens: torch.Tensor
-    pooled: torch.Tensor
-    prefix_len: int
-    base: int = 0
+    def cropped(self, length: int) -> KVRows:
+        return KVRows(tuple((k[:, :, :length], v[:, :, :length]) for k, v in self.layers))
 
-    @property
-    def hidden_last(self) -> torch.Tensor:
-        """(B, d) target hidden state at the current end; the LM head of it gives the next token."""
-        return self.action_hidden[:, -1]
-
-    @property
-    def length(self) -> int:
-        return self.kv[0][0].shape[2]
-
-    @property
-    def n_tokens(self) -> int:
-        return self.tokens.shape[1]
-
-    @property
-    def batch_size(self) -> int:
-        return self.tokens.shape[0]
-
-    def select(self, i: int) -> Prefix:
-        """Batch row ``i`` alone (a batch of 1): one robot's prefix out of a fleet's batched prefill."""
-        row = slice(i, i + 1)
-        return Prefix(kv=tuple((k[row], v[row]) for k, v in self.kv), action_hidden=self.action_hidden[row],
-                      tokens=self.tokens[row], pooled=self.pooled[row], prefix_len=self.prefix_len, base=self.base)
-
-    def select_rows(self, rows: list[int]) -> Prefix:
-        """Batch rows ``rows``, in that order, as a batch of their own (some robots of a fleet's
-        batched prefill); consecutive rows are views of this prefix's tensors, others copies."""
+    def rows(self, rows: list[int]) -> KVRows:
         if rows and rows == list(range(rows[0], rows[0] + len(rows))):
             span = slice(rows[0], rows[0] + len(rows))
-
-            def pick(t: torch.Tensor) -> torch.Tensor:
-                return t[span]
-        else:
-            index = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)
-
-            def pick(t: torch.Tensor) -> torch.Tensor:
-                return t.index_select(0, index)
-        return Prefix(kv=tuple((pick(k), pick(v)) for k, v in self.kv), action_hidden=pick(self.action_hidden),
-                      tokens=pick(self.tokens), pooled=pick(self.pooled), prefix_len=self.prefix_len, base=self.base)
-
-    def truncate(self, m: int) -> Prefix:
-        """Keep the prefix as it was before the latest extension plus its first m new tokens."""
-        added = self.n_tokens - self.base
-        if not 0 <= m <= added:
-            raise ValueError(f"truncate({m}): the latest extension added {added} tokens")
-        keep = self.base + m
-        end = self.prefix_len + keep
-        return Prefix(
-            kv=tuple((k[:, :, :end], v[:, :, :end]) for k, v in self.kv),
-            action_hidden=self.action_hidden[:, : keep + 1],
-            tokens=self.tokens[:, :keep],
-            pooled=self.pooled,
-            prefix_len=self.prefix_len,
-            base=self.base,
-        )
-
-
-@dataclass(frozen=True, eq=False)
-class ScoreOutput:
-    """logits (B, k+1, 256): logits[:, i] is the next-token distribution after tokens[:, :i]."""
-
-    logits: torch.Tensor
-    prefix: Prefix
+            return KVRows(tuple((k[span], v[span]) for k, v in self.layers))
+        index = torch.tensor(rows, dtype=torch.long, device=self.layers[0][0].device)
+        return KVRows(tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in self.layers))
 
 
 class Policy:
@@ -185,9 +127,11 @@ class Policy:
         return cls(config, tokenizer, target, draft, contact, mean, std)
 
     def capabilities(self) -> PolicyCapabilities:
-        """Every head but the optional ones present: the flow head and the parallel draft head."""
+        """Every head but the optional ones present: the flow head and the parallel draft head; its
+        own incremental prefill, and passes over a batch of observations."""
         return PolicyCapabilities(draft_head=True, parallel_draft_head=self.parallel_draft is not None,
-                                  contact_head=True, flow_head=self.flow is not None)
+                                  contact_head=True, flow_head=self.flow is not None, incremental_prefill=True,
+                                  batched_passes=True)
 
     @property
     def n_action_tokens(self) -> int:
@@ -223,6 +167,14 @@ class Policy:
                      torch.as_tensor(self.proprio_std, device=proprio.device))
             self._proprio_tensors = stats
         return (proprio.to(torch.float32) - stats[0]) / stats[1]
+
+    def observation_batch(self, observations: Sequence[Observation]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`observation_tensors` of each observation, stacked (one observation: its own tensors)."""
+        parts = [self.observation_tensors(obs) for obs in observations]
+        if len(parts) == 1:
+            return parts[0]
+        images, text, proprio = zip(*parts)
+        return torch.cat(images), torch.cat(text), torch.cat(proprio)
 
     def observation_tensors(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(images (1, H, W, 3) uint8, text ids (1, T), raw proprio (1, 8)) for one observation."""
@@ -279,86 +231,52 @@ class Policy:
         with torch.no_grad():
             return self.world.patch_bias(images)
 
-    def prefill(self, obs: Observation, local_tokens: torch.Tensor | None = None) -> Prefix:
-        """Run the target over one observation's prefix. ``local_tokens`` (1, P, d), if given, are
-        reused instead of re-encoding the image (the caller refreshes changed patches itself); the
-        world-aware bias, if any, is added after them."""
-        images, text, proprio = self.observation_tensors(obs)
-        return self.prefill_batch(images, text, proprio, local_tokens)
+    def prefill(self, obs: Observation) -> Prefix:
+        """The prefix of one observation (``prefill_batch`` of it alone, without action tokens)."""
+        return self.prefill_batch([obs]).prefix
 
-    def prefill_scored(
-        self, obs: Observation, tokens: torch.Tensor, local_tokens: torch.Tensor | None = None
-    ) -> ScoreOutput:
-        """``score(prefill(obs), tokens)`` in ONE target pass: action tokens (1, k) known before the
-        observation (a decoder's cheap proposal) ride along with its prefix, so verifying them
-        costs k more rows of the prefill instead of a pass of its own. The prefix rows attend only
-        to the prefix (causal), so they are the prefill's; ``local_tokens`` as in :meth:`prefill`."""
-        images, text, proprio = self.observation_tensors(obs)
-        return self.prefill_batch_scored(images, text, proprio, tokens, local_tokens)
+    def prefill_batch(self, observations: Sequence[Observation], tokens: torch.Tensor | None = None) -> ScoreOutput:
+        """ONE target pass over each observation's prefix and, when given, the action ``tokens`` (B, k)
+        after it (a decoder's proposal, verified by k more rows of the prefill instead of a pass of
+        its own; the prefix rows attend only to the prefix, so they are a plain prefill's)."""
+        images, text, proprio = self.observation_batch(observations)
+        return self.prefill_tensors(images, text, proprio, tokens)
 
-    def prefill_batch(
-        self,
-        images: torch.Tensor,
-        text: torch.Tensor,
-        proprio: torch.Tensor,
-        local_tokens: torch.Tensor | None = None,
-    ) -> Prefix:
-        """Batched prefill: images (B, H, W, 3) uint8, text (B, T) ids, raw proprio (B, 8)."""
+    def prefill_tensors(self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
+                        tokens: torch.Tensor | None = None, local_tokens: torch.Tensor | None = None) -> ScoreOutput:
+        """:meth:`prefill_batch` from tensors: uint8 images (B, H, W, 3), text ids (B, T), raw proprio
+        (B, 8). ``local_tokens`` (B, P, W), if given, are reused instead of encoding the images (the
+        world-aware bias, if any, is added after them)."""
         with torch.inference_mode():
-            return self._prefill(images, text, proprio, local_tokens)
+            return self._prefill_tensors(images, text, proprio, tokens, local_tokens)
 
-    def prefill_batch_scored(
-        self,
-        images: torch.Tensor,
-        text: torch.Tensor,
-        proprio: torch.Tensor,
-        tokens: torch.Tensor,
-        local_tokens: torch.Tensor | None = None,
-    ) -> ScoreOutput:
-        """Batched :meth:`prefill_scored`: tokens (B, k) after each observation's prefix."""
-        with torch.inference_mode():
-            self.check_action_tokens(tokens, images.shape[0])
-            hidden, kv = self._prefix_pass(images, text, proprio, local_tokens, tokens)
-            n = hidden.shape[1] - tokens.shape[1]
-            prefix = Prefix(kv=kv, action_hidden=hidden[:, n - 1 :], tokens=tokens, pooled=hidden[:, :n].mean(dim=1),
-                            prefix_len=n, base=0)
-            return ScoreOutput(self.target.lm_head(prefix.action_hidden), prefix)
-
-    def _prefill(
-        self,
-        images: torch.Tensor,
-        text: torch.Tensor,
-        proprio: torch.Tensor,
-        local_tokens: torch.Tensor | None = None,
-    ) -> Prefix:
-        hidden, kv = self._prefix_pass(images, text, proprio, local_tokens)
-        b = hidden.shape[0]
-        return Prefix(
-            kv=kv,
-            action_hidden=hidden[:, -1:],
-            tokens=torch.empty(b, 0, dtype=torch.long, device=hidden.device),
-            pooled=hidden.mean(dim=1),
-            prefix_len=hidden.shape[1],
-        )
-
-    def _prefix_pass(
-        self,
-        images: torch.Tensor,
-        text: torch.Tensor,
-        proprio: torch.Tensor,
-        local_tokens: torch.Tensor | None = None,
-        tokens: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, KVCache]:
-        """The decoder over the observation prefix, then the action ``tokens`` (B, k) if given:
-        final-norm hidden states (B, prefix_len [+ k], d) and the cache."""
-        target = self.target
-        if local_tokens is None:
-            local_tokens = target.encode_images(images, self.instruction_film(text))
-        local_tokens = target.add_patch_bias(local_tokens, self.world_bias(images))
-        x = target.embed_prefix(target.global_vision(local_tokens), text, self.normalise_proprio(proprio))
+    def _prefill_tensors(self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
+                         tokens: torch.Tensor | None = None, local_tokens: torch.Tensor | None = None) -> ScoreOutput:
+        """:meth:`prefill_tensors` in whatever autograd mode the caller runs (training reads it too)."""
         if tokens is not None:
-            x = torch.cat([x, target.embed_actions(tokens, x.shape[1])], dim=1)
-        return target.decode(x)
+            self.check_action_tokens(tokens, images.shape[0])
+        if local_tokens is None:
+            local_tokens = self.target.encode_images(images, self.instruction_film(text))
+        result = self.target.forward_prefix(local_tokens, text, self.normalise_proprio(proprio), tokens,
+                                            patch_bias=self.world_bias(images))
+        return self.scored(result, tokens)
+
+    def scored(self, result: PrefixPass, tokens: torch.Tensor | None) -> ScoreOutput:
+        """The prefix a pass over the observation prefix made, and the target's logits at its end and
+        at the action ``tokens`` after it (none: the end alone)."""
+        hidden = result.action_hidden
+        if tokens is None:
+            tokens = torch.empty(hidden.shape[0], 0, dtype=torch.long, device=hidden.device)
+        prefix = Prefix(cache=KVRows(result.kv), action_hidden=hidden, tokens=tokens, pooled=result.pooled,
+                        prefix_len=result.prefix_len)
+        return ScoreOutput(self.target.lm_head(hidden), prefix)
+
+    def incremental_prefill(self, settings: VisionReuseConfig) -> IncrementalVisionEncoder:
+        """The prefill over a stream of frames that re-encodes only the changed patches
+        (:mod:`vla_accel_ros.models.own.incremental_vision`)."""
+        from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
+
+        return IncrementalVisionEncoder(self, settings)
 
     def score(self, prefix: Prefix, tokens: torch.Tensor) -> ScoreOutput:
         """ONE target forward over k new tokens (B, k) after the prefix; logits (B, k+1, 256)."""
@@ -382,10 +300,10 @@ class Policy:
             logits = self.target.lm_head(prefix.hidden_last).unsqueeze(1)
             return ScoreOutput(logits, replace(prefix, base=prefix.n_tokens))
         x = self.target.embed_actions(tokens, prefix.length)
-        hidden, kv = self.target.decode(x, prefix.kv)
+        hidden, kv = self.target.decode(x, prefix.cache.layers)
         action_hidden = torch.cat([prefix.action_hidden, hidden], dim=1)
         extended = Prefix(
-            kv=kv,
+            cache=KVRows(kv),
             action_hidden=action_hidden,
             tokens=torch.cat([prefix.tokens, tokens], dim=1),
             pooled=prefix.pooled,
@@ -468,7 +386,7 @@ class Policy:
         tokens = [pick_tokens(logits[-1], noise, start)]
         if n == 1:  # the target's own token alone (a decoder whose cheap sources cover the rest)
             return tokens[0], logits[0]
-        memory = prefix.kv[-1]
+        memory = prefix.cache.layers[-1]
         # the action dimension each later proposal predicts (past the last one: the last one again)
         positions = (start + torch.arange(1, n, device=device)).clamp_(max=self.n_action_tokens - 1)
         if parallel and n > 1:  # every query reads (first token, feature) at the prefix end

@@ -18,11 +18,11 @@ from torch import nn
 from vla_accel_ros.core.json_config import JsonConfig
 from vla_accel_ros.models.kernels import dense, layer_norm
 from vla_accel_ros.models.layers import Block, KeysValues, KVCache, extension_mask
+from vla_accel_ros.models.own.patch_encoder import PatchEncoder
 from vla_accel_ros.models.tokenizer import ACTION_DIM, BOS, N_BINS, TEXT_PAD, TEXT_VOCAB
 
 PROPRIO_DIM = 8
 AUX_OUTPUTS = 6
-KEYPOINT_INIT_SCALE = 10.0
 
 
 
@@ -86,96 +86,44 @@ class VLAConfig(JsonConfig):
         return self.n_vision_tokens + self.max_text_len + 2
 
     @property
+    def n_bins(self) -> int:
+        """Vocabulary of action bins."""
+        return N_BINS
+
+    @property
     def max_len(self) -> int:
         return self.prefix_len + self.n_action_tokens
 
 
-class PatchEncoder(nn.Module):
-    """Encodes each patch on its own (no cross-patch context), so a changed patch can be re-encoded
-    alone. A stride-4 "stem" (a linear map of every 4x4 sub-patch, i.e. a 4x4/4 convolution written
-    as one matmul, which is far faster than conv2d on CPU) and then an MLP over the sub-patch grid.
-    Pixels enter as RGB scaled to [-1, 1] with no per-channel normalisation: the task turns on
-    colour (red/green/blue cube), which must survive into the tokens.
+@dataclass(frozen=True, eq=False)
+class PrefixState:
+    """What a pass over the observation prefix leaves for a later frame's partial pass.
 
-    With ``keypoints`` K > 0 each patch also reports, per keypoint, the log of its softmax mass
-    (logsumexp of the keypoint's logits over the patch's sub-cells) and the mass-weighted mean
-    sub-cell position inside the patch. A softmax over patches of those masses then gives exactly
-    the image-wide spatial softmax (as in end-to-end visuomotor policies), yet stays per patch and
-    so cacheable. It turns "where is the named cube" into a coordinate, not a pattern to learn."""
+    vision_kv / decoder_kv: per layer the keys and values (2, 1, H, P or L, hd); vision: (1, P, d)
+    patch tokens after the global layers; hidden: (1, L, d) final-norm decoder states of the prefix;
+    trailing_positions: the positions of the tokens an image change always recomputes (the
+    keypoint token, if any, proprioception, BOS).
+    """
 
-    SUB = 4  # sub-patch side of the stem
+    vision_kv: tuple[KeysValues, ...]
+    vision: torch.Tensor
+    decoder_kv: tuple[KeysValues, ...]
+    hidden: torch.Tensor
+    trailing_positions: torch.Tensor
 
-    def __init__(self, patch_size: int, channels: int, d_model: int, keypoints: int = 0) -> None:
-        super().__init__()
-        self.grid = patch_size // self.SUB
-        self.keypoints = keypoints
-        self.stem = nn.Linear(3 * self.SUB * self.SUB, channels)
-        # FiLM from the instruction (as in language-conditioned grasping policies): the stem's
-        # features are scaled and shifted per instruction, so a patch showing the named colour
-        # stands out before any attention. Still per patch: no patch sees another.
-        self.film = nn.Linear(d_model, 2 * channels)
-        self.fc = nn.Linear(self.grid * self.grid * channels, 2 * d_model)
-        self.proj = nn.Linear(2 * d_model, d_model)
-        if keypoints:
-            self.keypoint_logits = nn.Linear(channels, keypoints)
-            # A spatial softmax over ~1000 sub-cells is flat unless the logits are large: a learned
-            # log-temperature, starting sharp, lets a keypoint commit to one place from the start.
-            self.keypoint_log_scale = nn.Parameter(torch.tensor(math.log(KEYPOINT_INIT_SCALE)))
-            centres = (torch.arange(self.grid, dtype=torch.float32) + 0.5) / self.grid  # in patch widths
-            ys, xs = torch.meshgrid(centres, centres, indexing="ij")
-            self.register_buffer("sub_xy", torch.stack([xs.flatten(), ys.flatten()], dim=-1), persistent=False)
 
-    def film_params(self, condition: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The FiLM (scale, shift), each (B, 1, 1, channels), of an instruction condition (B, d);
-        a caller encoding many frames under one instruction computes them once."""
-        gamma, beta = self.film(condition)[:, None, None, :].chunk(2, dim=-1)
-        return 1.0 + gamma, beta
+@dataclass(frozen=True, eq=False)
+class PrefixPass:
+    """One pass over an observation prefix (and the action tokens after it): action_hidden (B, k+1, d)
+    the final-norm states at the prefix's end and at each action token; pooled (B, d) their mean over
+    the prefix; kv per layer (k, v) over prefix and actions; prefix_len; state, for a later partial
+    pass (None unless asked for)."""
 
-    def forward(
-        self,
-        patches: torch.Tensor,
-        condition: torch.Tensor | None = None,
-        film: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """patches (B, P, 3, ps, ps) float in [-1, 1], instruction condition (B, d) or its
-        ``film_params`` -> local encodings (B, P, d + 3K): token, K keypoint log-masses, K x-offsets,
-        K y-offsets."""
-        return self.encode_cells(self.cells(patches), condition, film)
-
-    def cells(self, patches: torch.Tensor) -> torch.Tensor:
-        """patches (B, P, 3, ps, ps) -> the stem's input (B, P, cells, 3*SUB*SUB): each sub-patch's
-        values, channel-major, the sub-patches row-major."""
-        b, p, g, s = patches.shape[0], patches.shape[1], self.grid, self.SUB
-        return patches.reshape(b, p, 3, g, s, g, s).permute(0, 1, 3, 5, 2, 4, 6).reshape(b, p, g * g, 3 * s * s)
-
-    def encode_cells(
-        self,
-        cells: torch.Tensor,
-        condition: torch.Tensor | None = None,
-        film: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """:meth:`forward` from the stem's input (B, P, cells, 3*SUB*SUB) (:meth:`cells`,
-        ``VLATarget.patch_cells``)."""
-        b, p = cells.shape[:2]
-        x = dense(cells, self.stem, gelu=True)
-        if film is None and condition is not None:
-            film = self.film_params(condition)
-        if film is not None:
-            x = x * film[0] + film[1]
-        token = dense(dense(x.reshape(b, p, -1), self.fc, gelu=True), self.proj)
-        if not self.keypoints:
-            return token
-        logits = dense(x, self.keypoint_logits) * self.keypoint_log_scale.exp()  # (B, P, g*g, K)
-        # logsumexp and softmax over the sub-cells from one shared exp: torch.logsumexp and
-        # torch.softmax each redo it (and logsumexp guards infinities a finite logit never has),
-        # which made them a third of the encoder's time on the few patches of an incremental frame.
-        peak = logits.amax(dim=2, keepdim=True)
-        exp = (logits - peak).exp()  # out of place: training differentiates through it
-        total = exp.sum(dim=2, keepdim=True)
-        log_mass = (peak + total.log()).squeeze(2)  # (B, P, K)
-        weights = exp / total  # (B, P, g*g, K)
-        offset = (weights.transpose(2, 3) @ self.sub_xy).transpose(2, 3).reshape(b, p, 2 * self.keypoints)
-        return torch.cat([token, log_mass, offset], dim=-1)
+    action_hidden: torch.Tensor
+    pooled: torch.Tensor
+    kv: KVCache
+    prefix_len: int
+    state: PrefixState | None = None
 
 
 class VLATarget(nn.Module):
@@ -306,6 +254,19 @@ class VLATarget(nn.Module):
         """Local encodings (B, P, local_width) of images (B, H, W, 3) under an instruction's
         ``patch_encoder.film_params`` (inference: the fewest copies of the pixels)."""
         return self.patch_encoder.encode_cells(self.patch_cells(images), film=film)
+
+    def encode_patches_of(self, pixels: torch.Tensor, patches: torch.Tensor,
+                          film: tuple[torch.Tensor, torch.Tensor] | None, *,
+                          reference: torch.Tensor | None = None) -> torch.Tensor:
+        """Local encodings (1, P', local_width) of the patches numbered ``patches`` (P',) of one image's
+        pixels (H, W, 3) on the 0..255 scale (float), under an instruction's FiLM; their pixels are
+        also copied into ``reference`` (H, W, 3), when given (an incremental encoder's reference)."""
+        offsets = self.cell_offsets(patches)
+        values = pixels.reshape(-1).index_select(0, offsets)
+        if reference is not None:
+            reference.view(-1).index_copy_(0, offsets, values)
+        cells = self.patch_pixels(values).view(1, len(patches), *self.patch_cell_shape)
+        return self.patch_encoder.encode_cells(cells, film=film)
 
     def patchify(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images (B, H, W, 3) -> patch pixels (B, P, 3, ps, ps) float in [-1, 1], row-major."""
@@ -455,6 +416,76 @@ class VLATarget(nn.Module):
                                   attn_mask=mask, n_outputs=n_outputs if i == last else None)
             new_cache.append(kv)
         return layer_norm(self.ln_f, x), tuple(new_cache)
+
+    # --- the pass over the observation prefix -------------------------------------------------
+    def forward_prefix(self, local: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
+                       tokens: torch.Tensor | None = None, *, patch_bias: torch.Tensor | None = None,
+                       past: PrefixState | None = None, dynamic: torch.Tensor | None = None,
+                       keep_state: bool = False) -> PrefixPass:
+        """The whole pass over an observation prefix: local encodings (B, P, local_width) of the
+        image, instruction ids (B, T) and normalised proprioception (B, 8), through the global
+        vision layers and the decoder, then the action ``tokens`` (B, k), if any, after the prefix.
+        ``patch_bias`` (B, P, d) is added to the patch tokens first (the world-aware prefill).
+
+        With ``past`` (a batch of one), only the patches numbered ``dynamic`` (P',), the keypoint
+        token, proprioception and BOS are recomputed, attending to ``past``'s keys and values for
+        the rest (incremental vision with reused keys and values); in the last decoder layer the
+        changed patches give keys and values only, their hidden states staying ``past``'s.
+        ``keep_state`` (or ``past``) returns what a later frame's partial pass reuses."""
+        if past is not None:
+            if dynamic is None:
+                raise ValueError("forward_prefix: a partial pass over past keys and values needs the dynamic patches")
+            return self._partial_prefix(local, proprio, tokens, past, dynamic)
+        local = self.add_patch_bias(local, patch_bias)
+        vision, vision_kv = self.vision_transformer(local)
+        keypoint = [self.keypoint_token(local)] if self.config.keypoints else []
+        x = self.embed_prefix(torch.cat([vision, *keypoint], dim=1) if keypoint else vision, text, proprio)
+        length = x.shape[1]
+        if tokens is not None and tokens.shape[1]:
+            x = torch.cat([x, self.embed_actions(tokens, length)], dim=1)
+        hidden, kv = self.decode(x)
+        state = None
+        if keep_state:
+            positions = torch.arange(length, device=x.device)
+            p = vision.shape[1]
+            trailing = torch.cat([positions[p : p + len(keypoint)], positions[-2:]])
+            state = PrefixState(tuple(torch.stack(layer) for layer in vision_kv), vision,
+                                tuple(torch.stack(layer)[..., :length, :] for layer in kv), hidden[:, :length], trailing)
+        return PrefixPass(action_hidden=hidden[:, length - 1 :], pooled=hidden[:, :length].mean(dim=1), kv=kv,
+                          prefix_len=length, state=state)
+
+    def _partial_prefix(self, local: torch.Tensor, proprio: torch.Tensor, tokens: torch.Tensor | None,
+                        past: PrefixState, dynamic: torch.Tensor) -> PrefixPass:
+        """:meth:`forward_prefix` recomputing the dynamic patches and the trailing tokens alone."""
+        length = past.hidden.shape[1]
+        tail = self.prefix_tail_tokens(proprio)  # proprioception, BOS
+        if len(dynamic) == 0:
+            # An unchanged image: the vision tokens, the keypoint token (a function of the patches
+            # alone) and everything the decoder computed for them stand as they are, exactly.
+            vision_kv, vision, recomputed = past.vision_kv, past.vision, [*tail]
+            positions = past.trailing_positions[-2:]
+            n_trailing = 2
+        else:
+            changed, vision_kv = self.vision_transformer(local, dynamic, past.vision_kv)
+            vision = past.vision.index_copy(1, dynamic, changed)
+            keypoint = [self.keypoint_token(local)] if self.config.keypoints else []
+            n_trailing = len(keypoint) + 2
+            positions = torch.cat([dynamic, past.trailing_positions])
+            recomputed = [changed, *keypoint, *tail]
+        x = self.embed_at(torch.cat(recomputed, dim=1), positions)
+        n_actions = 0 if tokens is None else tokens.shape[1]
+        if n_actions:  # the action tokens come after the prefix: they see all of it, the prefix none of them
+            x = torch.cat([x, self.embed_actions(tokens, length)], dim=1)
+        # In the last layer the patch tokens give only keys and values (for the action tokens): their
+        # outputs would feed nothing but the pooled feature, which keeps them from their last full
+        # computation. The trailing tokens (keypoint, proprioception, BOS) are computed in full.
+        out, decoder_kv = self.decode(x, past.decoder_kv, positions, n_outputs=n_trailing + n_actions)
+        hidden = past.hidden.index_copy(1, past.trailing_positions if len(dynamic) else positions, out[:, :n_trailing])
+        prefix_kv = decoder_kv if not n_actions else [layer[..., :length, :] for layer in decoder_kv]
+        state = PrefixState(tuple(vision_kv), vision, tuple(prefix_kv), hidden, past.trailing_positions)
+        action_hidden = torch.cat([hidden[:, -1:], out[:, n_trailing:]], dim=1) if n_actions else hidden[:, -1:]
+        return PrefixPass(action_hidden=action_hidden, pooled=hidden.mean(dim=1),
+                          kv=tuple((layer[0], layer[1]) for layer in decoder_kv), prefix_len=length, state=state)
 
     def vision_tokens(self, images: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
         return self.global_vision(self.encode_patches(self.patchify(images), text))

@@ -1,0 +1,53 @@
+"""One loader recognises a checkpoint directory's family by its own files; ``hf:`` still declares one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vla_accel_ros.models.api import CheckpointRef, PolicyLike
+from vla_accel_ros.models.hf.hf_vla import HFTokenVLA
+from vla_accel_ros.models.load import load_policy, recognise
+from vla_accel_ros.models.own.policy import Policy
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory, tiny_hf_vla) -> Path:
+    return tiny_hf_vla(tmp_path_factory.mktemp("load") / "tiny_hf")
+
+
+@pytest.fixture(scope="module")
+def own_dir(tmp_path_factory, tiny_checkpoint) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("load") / "tiny_own")
+
+
+def test_each_family_is_recognised_by_its_own_files(own_dir: Path, hf_dir: Path) -> None:
+    assert recognise(own_dir).name == "own" and recognise(hf_dir).name == "hf"
+    own, hf = load_policy(own_dir), load_policy(str(hf_dir))
+    assert isinstance(own, Policy) and isinstance(hf, HFTokenVLA)
+    assert isinstance(own, PolicyLike) and isinstance(hf, PolicyLike)
+    assert isinstance(load_policy(f"hf:{hf_dir}"), HFTokenVLA)  # the prefix still declares the family
+
+
+def test_the_checkpoint_reference_is_parsed_once_and_written_back_alike(hf_dir: Path) -> None:
+    ref = CheckpointRef.parse(f"hf:{hf_dir}")
+    assert ref == CheckpointRef(hf_dir, "hf") and str(ref) == f"hf:{hf_dir}"
+    assert CheckpointRef.parse(ref) is ref and CheckpointRef.parse(str(hf_dir)) == CheckpointRef(hf_dir)
+    assert str(CheckpointRef.parse(hf_dir)) == str(hf_dir)
+
+
+def test_a_directory_no_family_recognises_is_one_line_naming_the_file_and_the_families(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"no such directory") as missing:
+        load_policy(tmp_path / "nowhere")
+    assert "\n" not in str(missing.value)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "openvla"}))
+    with pytest.raises(ValueError) as unknown:
+        load_policy(tmp_path)
+    message = str(unknown.value)
+    assert "\n" not in message and "config.json" in message and "'openvla'" in message
+    assert "own: model.json" in message and "hf: config.json" in message
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="config.json: not a JSON object"):
+        recognise(tmp_path)

@@ -1,4 +1,4 @@
-"""The package's layers: imports point downward only, no module reaches another's private names or a
+"""The package's layers: imports point downward only and never in a circle, no module reaches another's private names or a
 command module, and everything below ``ros/`` imports with rclpy made unimportable."""
 
 from __future__ import annotations
@@ -101,3 +101,48 @@ def test_every_module_but_the_rclpy_adapters_imports_without_rclpy() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports, at any depth (inside functions and under
+    ``TYPE_CHECKING`` too); ``from package import module`` points at the module."""
+    modules = {module_name(p): p for p in package_modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for target, names in imported(path):
+            submodules = {f"{target}.{n}" for n in names} & modules.keys()
+            targets |= submodules or ({target} & modules.keys())
+        graph[name] = targets - {name}
+    return graph
+
+
+def test_no_import_circle() -> None:
+    graph, circles = import_graph(), []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(" <-> ".join(sorted(component)))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not circles, "\n".join(circles)

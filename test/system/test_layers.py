@@ -1,5 +1,5 @@
-"""The package's layers: imports point downward only and never in a circle, no module reaches another's private names or a
-command module, and everything below ``ros/`` imports with rclpy made unimportable."""
+"""The package's layers: imports point downward only and never in a circle, no module reaches another's
+private names or a command module, and everything below ``ros/`` imports with rclpy made unimportable."""
 
 from __future__ import annotations
 

@@ -1,12 +1,18 @@
 """The package installs its data files where ROS 2 tools look for them."""
 
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
+# Gazebo's packages: a simulation host's, never a robot PC's (conditional on VLA_ACCEL_ROS_GAZEBO)
+GAZEBO = {"robot_state_publisher", "ros_gz_sim", "ros_gz_bridge", "gz_ros2_control", "controller_manager",
+          "joint_state_broadcaster", "forward_command_controller"}
 
 
 def test_package_xml_is_format_3_ament_python():
@@ -16,6 +22,30 @@ def test_package_xml_is_format_3_ament_python():
     assert root.find("export/build_type").text == "ament_python"
     deps = {d.text for d in root.findall("exec_depend")}
     assert {"rclpy", "sensor_msgs", "std_msgs", "trajectory_msgs", "diagnostic_msgs", "rosgraph_msgs"} <= deps
+
+
+def test_every_rosdep_key_exists_in_the_rosdistro_snapshot():
+    """rosdep stops at the first key it cannot resolve: each one package.xml names must be in the
+    committed snapshot of ros/rosdistro (test/fixtures/rosdep_keys.yaml says how it was read)."""
+    known = yaml.safe_load((ROOT / "test" / "fixtures" / "rosdep_keys.yaml").read_text())
+    root = ET.parse(ROOT / "package.xml").getroot()
+    keys = {d.text.strip() for d in root if d.tag.endswith("depend")}
+    assert sorted(keys - set(known)) == []
+
+
+def test_gazebo_is_not_pulled_onto_a_robot():
+    root = ET.parse(ROOT / "package.xml").getroot()
+    unconditional = {d.text.strip() for d in root if d.tag.endswith("depend") and not d.get("condition")}
+    assert not unconditional & GAZEBO
+    conditions = {d.text.strip(): d.get("condition") for d in root if d.tag.endswith("depend") and d.get("condition")}
+    assert set(conditions) == GAZEBO and set(conditions.values()) == {"$VLA_ACCEL_ROS_GAZEBO == 1"}
+
+
+def test_the_readme_pip_line_installs_what_has_no_rosdep_key():
+    readme = (ROOT / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("pip install") and "safetensors" in line)
+    named = set(re.findall(r"[a-z][a-z0-9_-]*(?==|>|<|\s|\"|$)", line.split("#")[0].removeprefix("pip install")))
+    assert {"safetensors", "transformers", "torch"} <= named
 
 
 def test_wheel_contains_share_files(tmp_path):

@@ -94,8 +94,9 @@ def test_the_specs_declare_each_decoders_capabilities() -> None:
     assert names_with(lambda s: s.draft_head) == ("sd", "kerv_released", "deadline", "heisd")
     assert names_with(lambda s: s.fill_check) == names_with(lambda s: s.kinematic_threshold) == ("kerv", "world_aware")
     # settings change what an instance does; the spec declares the defaults
-    assert make_decoder("world_aware", prefill_verify=False).capabilities().verifies_in_prefill is False
-    assert make_decoder("kerv", prefill_verify=True).capabilities().verifies_in_prefill is True
+    assert make_decoder("world_aware", prefill_verify=False).config.prefill_verify is False
+    assert make_decoder("kerv", prefill_verify=True).config.prefill_verify is True
+    assert make_decoder("kerv").capabilities() is spec_of("kerv")
     with pytest.raises(ValueError, match="unknown decoder 'beam'"):
         spec_of("beam")
 
@@ -338,12 +339,26 @@ def test_run_policy_step_over_an_episode(policy: Policy, kin: ArmKinematics, obs
     assert history.observe_joints(np.full(7, np.nan), 1.0) is False
 
 
-def test_a_context_with_less_time_left_keeps_everything_else() -> None:
-    context = DecodeContext(joint_positions=np.stack([Q_HOME] * 3), step=4, gripper_history=(1.0, 0.0),
-                            token_history=np.ones((2, 7), dtype=np.int64), time_left_s=0.05)
-    later = context.with_time_left(0.01)
-    assert later.time_left_s == 0.01 and context.time_left_s == 0.05
-    assert later.step == 4 and later.gripper_history == (1.0, 0.0) and later.joint_positions is context.joint_positions
-    assert context.with_time_left(None).time_left_s is None
-    with pytest.raises(ValueError, match="NaN"):
-        context.with_time_left(float("nan"))
+def test_the_time_left_counts_from_the_steps_start_the_prefill_included(
+    policy: Policy, kin: ArmKinematics, observations: Observations
+) -> None:
+    now = [0.0]
+
+    class SlowPrefill:
+        """The policy, its prefill taking 50 ms of the step's clock."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(policy, name)
+
+        def prefill(self, obs: Observation) -> object:
+            now[0] += 0.05
+            return policy.prefill(obs)
+
+    obs = observations(1, seed=7)[0]
+    context = DecodeContext(kalman=converged_filter(kin), gripper_history=(1.0,), time_left_s=0.04,
+                            clock=lambda: now[0])
+    settings = {"margin_s": 0.0, "draft_step_s": 0.0005, "verify_s": 0.004}
+    late = run_policy_step(SlowPrefill(), obs, make_decoder("deadline", **settings), context)
+    assert late.rounds == 0 and late.kf_filled == 7 and late.timings["prefill"] == pytest.approx(50.0)
+    in_time = run_policy_step(policy, obs, make_decoder("deadline", **settings), context)
+    assert in_time.rounds > 0 and in_time.timings["prefill"] == 0.0

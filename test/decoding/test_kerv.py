@@ -17,13 +17,13 @@ from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding import DecodeContext, make_decoder
+from vla_accel_ros.decoding.acceptor import checked_fill
 from vla_accel_ros.decoding.kerv import (
     TcpPositions,
-    checked_fill,
     kf_completion_tokens,
     update_rate,
 )
-from vla_accel_ros.decoding.protocol import PREFILL_VERIFIED
+from vla_accel_ros.decoding.protocol import PREFILL_VERIFIED, DecodeResult, PassResult, TargetPass, advance
 from vla_accel_ros.models import ParallelDraftHead, Policy
 from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
@@ -274,6 +274,25 @@ class PassCountingPolicy(CountingPolicy):
         return self.policy.prefill_batch(observations, tokens)
 
 
+def verified_by(decoder: Any, policy: Any, context: DecodeContext,
+                make_pass: Callable[[torch.Tensor], Any]) -> tuple[DecodeResult, tuple[int, ...]]:
+    """``decoder``'s step whose prefill carries its proposal, that pass made by ``make_pass`` (the
+    proposal (1, 6) -> its ScoreOutput): the result and the proposal's tokens."""
+    steps = decoder.step(policy, context)
+    request = advance(steps, None)
+    assert isinstance(request, TargetPass) and request.prefix is None and len(request.tokens) == 6
+    scored = make_pass(torch.tensor([request.tokens], dtype=torch.long))
+    result = advance(steps, PassResult.alone(policy, scored.prefix, scored.logits, 0.0))
+    assert isinstance(result, DecodeResult)
+    return result, request.tokens
+
+
+def proposes_in_prefill(decoder: Any, policy: Any, context: DecodeContext) -> bool:
+    """Whether ``decoder``'s step at ``context`` has a proposal ride along with its prefill."""
+    request = advance(decoder.step(policy, context), None)
+    return isinstance(request, TargetPass) and request.prefix is None and len(request.tokens) > 0
+
+
 def prefill_verify_context(kin: ArmKinematics, held: np.ndarray, **kwargs: Any) -> DecodeContext:
     return DecodeContext(kalman=converged_filter(kin), gripper_history=(1.0,), token_history=held[None], step=5,
                          joint_positions=np.stack([Q_HOME + 0.01 * i for i in range(5)]), **kwargs)
@@ -312,13 +331,12 @@ def test_verifying_inside_the_prefill_equals_verifying_the_same_proposal_after_i
         noise = torch.distributions.Gumbel(0.0, 0.5).sample((7, 256))
         context = prefill_verify_context(kin, held, token_noise=noise)
         one_pass = make_decoder("kerv", prefill_verify=True, r_min=r, r_max=r)
-        proposal = one_pass.prefill_proposal(policy, context)
-        fused = one_pass.decode_scored(policy, policy.prefill_batch([obs], torch.tensor([proposal[:6].tolist()])),
-                                       proposal, context)
+        fused, proposal = verified_by(one_pass, policy, context,
+                                      lambda feed, obs=obs: policy.prefill_batch([obs], feed))
         two_passes = make_decoder("kerv", prefill_verify=True, r_min=r, r_max=r)
-        two_passes.prefill_proposal(policy, context)
-        scored = policy.score(policy.prefill(obs), torch.tensor([proposal[:6].tolist()]))
-        after = two_passes.decode_scored(policy, scored, proposal, context)
+        after, _ = verified_by(two_passes, policy, context,
+                               lambda feed, obs=obs: policy.score(policy.prefill(obs), feed))
+        scored = policy.score(policy.prefill(obs), torch.tensor([proposal]))
         np.testing.assert_array_equal(fused.tokens, after.tokens)
         assert fused.accepted_len == after.accepted_len
         target = pick_tokens(scored.logits[0], noise, 0).numpy()
@@ -355,9 +373,8 @@ def test_the_checked_fill_replaces_kf_tokens_far_from_the_targets_picks_in_the_s
             decoder = make_decoder("kerv", prefill_verify=prefill_verify, r_min=2, r_max=2, fill_check=fill_check)
             counting = PassCountingPolicy(policy)
             if prefill_verify:
-                proposal = decoder.prefill_proposal(counting, context)
-                scored = counting.prefill_batch([obs], torch.tensor([proposal[:6].tolist()]))
-                results.append(decoder.decode_scored(counting, scored, proposal, context))
+                prefill = lambda feed, counting=counting, obs=obs: counting.prefill_batch([obs], feed)  # noqa: E731
+                results.append(verified_by(decoder, counting, context, prefill)[0])
             else:
                 results.append(run_policy_step(counting, obs, decoder, context))
             assert results[-1].target_passes == 1
@@ -393,7 +410,7 @@ def test_world_aware_verifies_inside_the_prefill_in_free_space_only(
         modes[clearance] = (result.mode, counting.calls["prefill_scored"], counting.calls["score"])
     assert modes == {0.01: ("", 0, 1), 0.2: (PREFILL_VERIFIED, 1, 0)}
     off = make_decoder("world_aware", prefill_verify=False)
-    assert off.prefill_proposal(policy, prefill_verify_context(kin, held, target_clearance=0.2)) is None
+    assert not proposes_in_prefill(off, policy, prefill_verify_context(kin, held, target_clearance=0.2))
     with pytest.raises(ValueError, match="prefill_min_looseness"):
         make_decoder("world_aware", prefill_min_looseness=-0.1)
 
@@ -424,13 +441,13 @@ def test_world_aware_without_the_scene_decides_from_the_previous_steps_contact_h
     held = np.array([3, 30, 60, 90, 120, 150, 180])
     context = lambda step: replace(prefill_verify_context(kin, held), step=step)  # noqa: E731
     obs = observations(3, seed=11)
-    assert free.prefill_proposal(policy, context(5)) is None  # no reading yet
+    assert not proposes_in_prefill(free, policy, context(5))  # no reading yet
     first = run_policy_step(policy, obs[0], free, context(5))
     assert first.mode == ""  # decoded after the prefill, which read the contact head
     second = run_policy_step(policy, obs[1], free, context(6))
     assert second.mode == PREFILL_VERIFIED  # the reading of step 5 decided
     assert run_policy_step(policy, obs[2], free, context(7)).mode == PREFILL_VERIFIED  # step 6 read it again
-    assert free.prefill_proposal(policy, context(9)) is None  # step 8 never ran: its reading is missing
+    assert not proposes_in_prefill(free, policy, context(9))  # step 8 never ran: its reading is missing
     strict = make_decoder("world_aware", prefill_min_looseness=1.0)  # a contact head never says "free" this surely
     run_policy_step(policy, obs[0], strict, context(5))
     assert run_policy_step(policy, obs[1], strict, context(6)).mode == ""
@@ -451,10 +468,10 @@ def test_prefill_verification_with_incremental_vision_with_and_without_reused_ke
         counting = PassCountingPolicy(policy)
         result = run_policy_step(counting, frames[0], make_decoder("world_aware"), context, reuse)
         assert result.mode == PREFILL_VERIFIED and reuse.last.refreshed and counting.calls["score"] == 0
-        decoder = make_decoder("world_aware")
-        decoder.prefill_proposal(policy, context)
-        np.testing.assert_array_equal(result.tokens, decoder.decode_scored(
-            policy, policy.prefill_batch([frames[0]], feed), held, context).tokens)
+        full, proposal = verified_by(make_decoder("world_aware"), policy, context,
+                                     lambda tokens: policy.prefill_batch([frames[0]], tokens))
+        assert proposal == tuple(held[:6])
+        np.testing.assert_array_equal(result.tokens, full.tokens)
         reuse.prefill_batch([frames[0]], feed)  # the same image again: nothing re-encoded
         assert reuse.last.recomputed == 0
 

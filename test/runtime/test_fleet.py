@@ -15,7 +15,8 @@ from vla_accel_ros.decoding.protocol import PREFILL_VERIFIED
 from vla_accel_ros.models import Policy, VLAConfig
 from vla_accel_ros.models.tokenizer import ActionTokenizer
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
-from vla_accel_ros.runtime.fleet import STAGES, FleetRunner, RoundPolicy
+from vla_accel_ros.runtime.fleet import STAGES, FleetRunner
+from vla_accel_ros.runtime.steps import BatchContact
 
 KIN = ArmKinematics(default_urdf())
 Q_HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
@@ -113,14 +114,19 @@ def test_world_aware_through_contact_gives_each_robot_what_its_own_runner_gives(
 
 
 def test_a_fleet_of_different_decoders(policy, monkeypatch):
-    """kerv and world_aware share the verify pass after the prefill; sd decodes on its own."""
+    """kerv's and world_aware's verify passes and sd's first round share one pass after the prefill;
+    sd's later rounds are its own."""
     names = ("kerv", "sd", "world_aware", "kerv")
     data = streams(len(names), 4)
     configs = [RunnerConfig(decoder=name, temperature=0.5, vision=None) for name in names]
     alone = [build_runner(c, KIN, policy=policy) for c in configs]
     fleet = FleetRunner([build_runner(c, KIN, policy=policy) for c in configs])
+    shapes = recording_score(policy, monkeypatch)
     for t in range(4):
+        shapes.clear()
         together = fleet.step([(r, data[r][t]) for r in range(len(names))])
+        assert shapes[0] == (sum(result.mode != PREFILL_VERIFIED for result in together), 6)
+        assert all(robots == 1 for robots, _ in shapes[1:])
         for r in range(len(names)):
             np.testing.assert_array_equal(together[r].tokens, alone[r](data[r][t]).tokens, err_msg=f"robot {r} step {t}")
 
@@ -161,15 +167,16 @@ def test_the_contact_head_runs_once_a_round_for_all_robots(policy, monkeypatch):
     assert batches == [3] * 4  # no scene clearance: every robot reads it, every round, in one call
 
 
-def test_a_round_policy_is_the_policy_but_for_its_rows_contact(policy):
-    data = streams(2, 1)
+def test_a_batched_prefills_contact_head_reads_every_row_at_once_as_each_would_alone(policy, monkeypatch):
+    data = streams(3, 1)
     batch = policy.prefill_tensors(*(torch.cat(t) for t in zip(*(policy.observation_tensors(s[0]) for s in data)))).prefix
-    shared = RoundPolicy(policy, batch)
-    row = shared.row(batch.select(1), 1)
-    other = batch.select(0)  # not recorded: the policy's own call
-    assert shared.tokenizer is policy.tokenizer and shared.n_action_tokens == policy.n_action_tokens
-    assert shared.contact_probability(row) == pytest.approx(policy.contact_probability(row), abs=1e-6)
-    assert shared.contact_probability(other) == policy.contact_probability(other)
+    batches = []
+    contact_logits = policy.contact_logits
+    monkeypatch.setattr(policy, "contact_logits", lambda prefix: batches.append(prefix.batch_size) or contact_logits(prefix))
+    contact = BatchContact(policy, batch)
+    for row in (2, 0, 1):
+        assert contact.row(row) == pytest.approx(policy.contact_probability(batch.select(row)), abs=1e-6)
+    assert batches == [3, 1, 1, 1]  # one call for the rows; each row alone for the comparison
 
 
 def test_only_some_robots_in_a_round_and_a_policy_without_batches(policy):

@@ -12,11 +12,7 @@ from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.decoding.ar import ARDecoder
-from vla_accel_ros.decoding.protocol import (
-    DecodeContext,
-    DecoderCapabilities,
-    DecodeResult,
-)
+from vla_accel_ros.decoding.protocol import DecodeContext, DecodeResult, Step
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.runtime.runner import EPISODE_JUMP_RAD, PolicyRunner
 
@@ -31,9 +27,9 @@ class RecordingAR(ARDecoder):
     def __init__(self) -> None:
         self.contexts: list[DecodeContext] = []
 
-    def decode(self, policy: Any, prefix: Any, context: DecodeContext) -> DecodeResult:
+    def step(self, policy: Any, context: DecodeContext, prefix: Any = None) -> Step:
         self.contexts.append(context)
-        return super().decode(policy, prefix, context)
+        return (yield from super().step(policy, context, prefix))
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +91,6 @@ def test_start_episode_clears_the_vision_cache_and_the_decoder_state(policy, mon
 
     runner = PolicyRunner(policy, RecordingAR(), KIN, action_dt_s=0.05, period_s=0.05, vision=VisionReuseConfig())
     resets: list[str] = []
-    monkeypatch.setattr(runner.decoder, "capabilities", lambda: DecoderCapabilities(episode_state=True))
     monkeypatch.setattr(runner.decoder, "reset", lambda: resets.append("decoder"))
     assert runner(observation(0)).vision_fraction == 1.0
     assert runner(observation(0)).vision_fraction == 0.0  # the same frame: nothing re-encoded

@@ -156,7 +156,8 @@ def calibrate_boundary(
     ok = ~np.isnan(radii) & ~np.isnan(distances)
     radii, distances = radii[ok], distances[ok]
     finite_r = radii[np.isfinite(radii)]
-    if len(finite_r) < 2 or len(distances) < 2 or finite_r.min() >= finite_r.max() or distances.min() >= distances.max():
+    if (len(finite_r) < 2 or len(distances) < 2 or finite_r.min() >= finite_r.max()
+            or distances.min() >= distances.max()):
         raise ValueError(f"too few distinct boundary windows to calibrate ({len(distances)} usable)")
     provisional = BoundaryConfig(float(finite_r.min()), float(finite_r.max()), float(distances.min()),
                                  float(distances.max()), 0.0)
@@ -164,7 +165,8 @@ def calibrate_boundary(
     config = BoundaryConfig(provisional.r_lo, provisional.r_hi, provisional.d_lo, provisional.d_hi,
                             float(np.percentile(m, percentile)))
     info = {
-        "method": f"ranges = min/max over demo windows (R: finite radii only); threshold = {percentile:g}th percentile of m",
+        "method": f"ranges = min/max over demo windows (R: finite radii only); "
+                  f"threshold = {percentile:g}th percentile of m",
         "windows": len(m),
         "infinite_radius_share": float(1.0 - len(finite_r) / len(radii)),
         "r_percentiles_1_50_99": [float(v) for v in np.percentile(finite_r, [1, 50, 99])],

@@ -1,8 +1,8 @@
 """Deadline-aware decoding: as many draft/verify rounds as the control period still affords.
 
 Policy, re-evaluated before every round on ``context.clock``:
-1. budget = time left until the deadline (``context.time_left_s`` after the decode started)
-   minus a safety margin;
+1. budget = time left until the deadline (``context.time_left_s`` after the step started, so the
+   prefill's time counts) minus a safety margin;
 2. a round drafting n tokens costs ``n * draft_step + verify`` by running averages (exponential,
    weight ``ema``) of this decoder's own measured pass costs (optimistic 0 until first measured,
    unless priors are configured); with the policy's parallel draft head (``parallel_draft``, as in
@@ -19,32 +19,23 @@ Without a deadline (``time_left_s`` None) this is relaxed speculative decoding w
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from vla_accel_ros.decoding import specs
+from vla_accel_ros.decoding.acceptor import fill_suffix
 from vla_accel_ros.decoding.kerv import KervDecoder, kf_completion_tokens
-from vla_accel_ros.decoding.protocol import (
-    DecodeContext,
-    DecoderCapabilities,
-    DecodeResult,
-)
-from vla_accel_ros.decoding.specs import DeadlineConfig
-from vla_accel_ros.decoding.speculation import (
-    PassLedger,
-    SpecState,
-    speculative_round,
-    start_speculation,
-)
-from vla_accel_ros.models.api import PolicyLike
+from vla_accel_ros.decoding.protocol import DecodeContext, Step
+from vla_accel_ros.decoding.specs import DeadlineConfig, DecoderSpec, KervConfig
+from vla_accel_ros.decoding.speculation import PassLedger, SpecState, speculative_round
+from vla_accel_ros.models.api import PolicyLike, Prefix
 
 
 class DeadlineDecoder(KervDecoder):
-    spec = specs.Deadline
-    config_type = DeadlineConfig
+    spec: ClassVar[type[DecoderSpec]] = specs.Deadline
+    config_type: ClassVar[type[KervConfig]] = DeadlineConfig
+    config: DeadlineConfig
 
     def __init__(self, **cfg: Any) -> None:
         super().__init__(**cfg)
@@ -52,11 +43,6 @@ class DeadlineDecoder(KervDecoder):
         self.verify_s: float | None = self.config.verify_s
         self.draft_call_s: float | None = None  # one parallel draft call (any length), measured
         self.parallel = False  # whether the current policy drafts with its parallel head
-
-    def capabilities(self) -> DecoderCapabilities:
-        # it drafts what the deadline allows, and decodes in several rounds: no split around one verify pass,
-        # and no verify pass over the positions it fills when out of time
-        return replace(super().capabilities(), draft_head=True, split_verify=False, fill_check=False)
 
     def _average(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.config.ema) * old + self.config.ema * new
@@ -73,41 +59,39 @@ class DeadlineDecoder(KervDecoder):
                 return n
         return 0
 
-    def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
+    def step(self, policy: PolicyLike, context: DecodeContext, prefix: Prefix | None = None) -> Step:
         cfg = self.config
         clock = context.clock
-        started, ledger, state = start_speculation(policy, prefix, context)
-        deadline = math.inf if context.time_left_s is None else started + context.time_left_s
+        ledger = PassLedger(policy, context)
+        deadline = math.inf if context.time_left_s is None else ledger.started + context.time_left_s
+        prefill = yield from ledger.prefill(prefix)
+        state = SpecState(prefill.prefix)
         kf_filled = 0
         self.parallel = self.uses_parallel_draft(policy)
-        with torch.inference_mode():
-            r = self.threshold(policy, prefix, context)
-            while state.remaining > 0 and state.rounds < cfg.max_rounds:
-                n = self.affordable_draft(deadline - clock() - cfg.margin_s, state.remaining)
-                if n == 0:
-                    break
-                speculative_round(ledger, state, r, n, parallel=self.parallel)
-                if self.parallel:
-                    self.draft_call_s = self._average(self.draft_call_s, ledger.last_draft_s)
-                else:
-                    self.draft_step_s = self._average(self.draft_step_s, ledger.last_draft_s / n)
-                self.verify_s = self._average(self.verify_s, ledger.last_verify_s)
-            if state.remaining > 0:
-                kf_filled = self._complete(ledger, state, policy, context)
-        return ledger.state_result(self.name, state, kf_filled=kf_filled, threshold=r, started=started)
+        r = self.threshold(policy, prefill, context)
+        while state.remaining > 0 and state.rounds < cfg.max_rounds:
+            n = self.affordable_draft(deadline - clock() - cfg.margin_s, state.remaining)
+            if n == 0:
+                break
+            yield from speculative_round(ledger, state, r, n, parallel=self.parallel)
+            if self.parallel:
+                self.draft_call_s = self._average(self.draft_call_s, ledger.last_draft_s)
+            else:
+                self.draft_step_s = self._average(self.draft_step_s, ledger.last_draft_s / n)
+            self.verify_s = self._average(self.verify_s, ledger.last_verify_s)
+        if state.remaining > 0:
+            kf_filled = self._complete(ledger, state, policy, context)
+        return ledger.state_result(self.name, state, kf_filled=kf_filled, threshold=r)
 
     def _complete(self, ledger: PassLedger, state: SpecState, policy: PolicyLike, context: DecodeContext) -> int:
         """Fill the missing positions: KF tokens where known, draft tokens elsewhere."""
         start = len(state.tokens)
-        missing = np.arange(start, len(state.tokens) + state.remaining)
-        filled = np.full(len(missing), -1, dtype=np.int64)
         completion = kf_completion_tokens(policy, context)
-        if completion is not None:
-            fill, known = completion
-            filled = np.where(known[missing], fill[missing], -1)
-        if np.any(filled < 0):
-            draft = ledger.draft(state.prefix, len(missing), state.consumed_last, state.pending, parallel=self.parallel)
-            filled = np.where(filled < 0, draft, filled)
-        n_kf = int(np.sum(known[missing])) if completion is not None else 0
-        state.tokens.extend(int(t) for t in filled)
-        return n_kf
+        tokens = np.zeros(start + state.remaining, dtype=np.int64)
+        tokens[:start] = state.tokens
+        if completion is None or not completion.known[start:].all():
+            tokens[start:] = ledger.draft(state.prefix, state.remaining, state.consumed_last, state.pending,
+                                          parallel=self.parallel)
+        tokens, filled = fill_suffix(tokens, start, completion)
+        state.tokens = [int(t) for t in tokens]
+        return filled

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -28,17 +28,18 @@ from vla_accel_ros.decoding.protocol import (
     N_ACTION_TOKENS,
     DecodeContext,
     Decoder,
-    DecodeResult,
+    Step,
     model_free_result,
 )
-from vla_accel_ros.decoding.specs import FlowDecoderConfig
-from vla_accel_ros.models.api import PolicyLike
+from vla_accel_ros.decoding.specs import DecoderSpec, FlowDecoderConfig
+from vla_accel_ros.decoding.speculation import PassLedger
+from vla_accel_ros.models.api import PolicyLike, Prefix
 from vla_accel_ros.models.own.flow import prefix_condition
 
 
 class FlowDecoder(Decoder):
-    spec: type[specs.DecoderSpec] = specs.Flow10
-    student = False
+    spec: ClassVar[type[DecoderSpec]] = specs.Flow10
+    student: ClassVar[bool] = False
 
     def __init__(self, **cfg: Any) -> None:
         self.config = FlowDecoderConfig(**cfg)
@@ -55,23 +56,21 @@ class FlowDecoder(Decoder):
             self.noise = rho * self.noise + math.sqrt(1.0 - rho * rho) * fresh
         return self.noise
 
-    def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
+    def step(self, policy: PolicyLike, context: DecodeContext, prefix: Prefix | None = None) -> Step:
         self.check_policy(policy)
         heads = policy.flow
-        started = context.clock()
+        ledger = PassLedger(policy, context)  # no target pass after the prefill: it only times the step
+        prefill = yield from ledger.prefill(prefix)
         if context.step == 0:
             self.generator.manual_seed(self.config.seed)
         noise = self.next_noise(context.step, heads.config.action_width)
-        with torch.inference_mode():
-            condition = prefix_condition(prefix.hidden_last, prefix.pooled)
-            head_start = context.clock()
-            sample = heads.sample(condition, noise, student=self.student)
-            head_ms = (context.clock() - head_start) * 1e3  # the sampler alone: its Euler steps
+        condition = prefix_condition(prefill.prefix.hidden_last, prefill.prefix.pooled)
+        head_start = context.clock()
+        sample = heads.sample(condition, noise, student=self.student)
+        head_ms = (context.clock() - head_start) * 1e3  # the sampler alone: its Euler steps
         chunk = np.asarray(policy.tokenizer.denormalise(sample[0].numpy().reshape(-1, N_ACTION_TOKENS)), dtype=float)
-        result = model_free_result(
-            self.name, chunk[0], policy.tokenizer.encode(chunk[0]),
-            {"head": head_ms, "decode": (context.clock() - started) * 1e3},  # read last: the encoding is counted
-        )
+        tokens = policy.tokenizer.encode(chunk[0])
+        result = model_free_result(self.name, chunk[0], tokens, {"head": head_ms, "decode": ledger.decode_ms()})
         # A chunked head (horizon > 1) hands the controller every step of its chunk.
         return replace(result, chunk=chunk) if len(chunk) > 1 else result
 

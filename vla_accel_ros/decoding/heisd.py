@@ -19,8 +19,8 @@ kinematics of the measured joints, through ``context.kalman.kin``) picks the mod
   keeps the accepted prefix and the target's bonus token, and drafter SD finishes the action.
 - **verify-skip**: when the retrieved action was accepted as a whole, the next ``skip_steps``
   rows of the retrieved trajectory are queued and executed on the following control steps with
-  no prefill and no target pass (:meth:`HeiSDDecoder.skip_step`, called by
-  :func:`~vla_accel_ros.decoding.protocol.run_policy_step`); then the model runs again. Queued tokens
+  no prefill and no target pass (:meth:`HeiSDDecoder.skip_step`: the step returns before asking
+  for its prefill); then the model runs again. Queued tokens
   are clipped to the token range and decoded with ``policy.tokens_to_action``, and the
   controller downstream applies the URDF limits to them like to any action.
 
@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from vla_accel_ros.decoding import specs
+from vla_accel_ros.decoding.acceptor import accept
 from vla_accel_ros.decoding.boundary import (
     PUBLISHED_BOUNDARY,
     BoundaryConfig,
@@ -55,19 +55,13 @@ from vla_accel_ros.decoding.protocol import (
     N_ACTION_TOKENS,
     DecodeContext,
     Decoder,
-    DecoderCapabilities,
     DecodeResult,
+    Step,
     model_free_result,
 )
-from vla_accel_ros.decoding.sd import SDDecoder
 from vla_accel_ros.decoding.specs import HeiSDConfig
-from vla_accel_ros.decoding.speculation import (
-    PassLedger,
-    SpecState,
-    accepted_length,
-    speculate_to_end,
-)
-from vla_accel_ros.models.api import PolicyLike
+from vla_accel_ros.decoding.speculation import PassLedger, SpecState, speculate_to_end
+from vla_accel_ros.models.api import PolicyLike, Prefix
 
 MODES = ("drafter", "retrieval", "skip")
 
@@ -75,12 +69,8 @@ MODES = ("drafter", "retrieval", "skip")
 class HeiSDDecoder(Decoder):
     spec = specs.HeiSD
 
-    def capabilities(self) -> DecoderCapabilities:
-        return DecoderCapabilities(retrieval_store=True, skips_steps=True, episode_state=True, draft_head=True)
-
     def __init__(self, **cfg: Any) -> None:
         self.config = HeiSDConfig(**cfg)
-        self._sd = SDDecoder(r=self.config.r)
         self.store: Any = None
         self.boundary: BoundaryConfig | None = PUBLISHED_BOUNDARY if self.config.preset == "published" else None
         self._queue: deque[tuple[np.ndarray, np.ndarray]] = deque()
@@ -168,21 +158,29 @@ class HeiSDDecoder(Decoder):
                                  mode="skip")
 
     # --- model steps --------------------------------------------------------------------------
-    def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
-        started = context.clock()
+    def step(self, policy: PolicyLike, context: DecodeContext, prefix: Prefix | None = None) -> Step:
+        """A queued retrieved action without the model (none with ``prefix``: the observation is
+        prefilled already); else a model step in the mode the boundary metric picks."""
+        if prefix is None:
+            skipped = self.skip_step(context)
+            if skipped is not None:
+                return skipped
+        ledger = PassLedger(policy, context)
+        prefill = yield from ledger.prefill(prefix)
         store = self._require_store()
         self._queue.clear()  # a model step supersedes whatever was queued
         self._next_step = context.step + 1
         m = self.metric(context)
         self.last_metric = m
-        if not m > self.boundary.threshold:  # NaN (too little history) -> the model
-            result = self._sd.decode(policy, prefix, context)
+        if self.boundary is None or not m > self.boundary.threshold:  # NaN (too little history) -> the model
+            state = SpecState(prefill.prefix)
+            yield from speculate_to_end(ledger, state, self.config.r)
             self.counts["drafter"] += 1
-            timings = dict(result.timings, decode=(context.clock() - started) * 1e3)
-            return replace(result, decoder=self.name, mode="drafter", timings=timings)
-        return self._retrieve(policy, prefix, context, store, started)
+            return ledger.state_result(self.name, state, kf_filled=0, threshold=self.config.r, mode="drafter")
+        return (yield from self._retrieve(ledger, policy, prefill.prefix, context, store))
 
-    def _retrieve(self, policy: PolicyLike, prefix: Any, context: DecodeContext, store: Any, started: float) -> DecodeResult:
+    def _retrieve(self, ledger: PassLedger, policy: PolicyLike, prefix: Prefix, context: DecodeContext,
+                  store: Any) -> Step:
         cfg = self.config
         clock = context.clock
         t0 = clock()
@@ -191,25 +189,19 @@ class HeiSDDecoder(Decoder):
         self.query_ms.append(query_ms)
         trajectory = np.clip(np.asarray(hit.values[0], dtype=np.int64), 0, MAX_TOKEN_ID)
         draft = trajectory[0]
-        ledger = PassLedger(policy, clock, context.token_noise)
-        with torch.inference_mode():
-            argmax, extended = ledger.score(prefix, draft.tolist())
-            target = argmax[:N_ACTION_TOKENS]
-            n_acc = accepted_length(draft, target, cfg.r)
-            whole = n_acc == N_ACTION_TOKENS or (
-                cfg.sequence_accept and float(np.mean(np.abs(draft - target))) <= cfg.r_seq
-            )
-            if whole:
-                result = ledger.result(self.name, draft, accepted_len=N_ACTION_TOKENS, drafted=N_ACTION_TOKENS,
-                                       rounds=1, kf_filled=0, threshold=cfg.r, started=started)
-            else:
-                state = SpecState(prefix=extended.truncate(n_acc), tokens=[int(t) for t in draft[:n_acc]],
-                                  accepted=n_acc, drafted=N_ACTION_TOKENS, rounds=1)
-                state.consumed_last = int(draft[n_acc - 1]) if n_acc > 0 else None
-                state.pending = int(target[n_acc])  # the target's own token: the bonus of this pass
-                state.tokens.append(state.pending)
-                speculate_to_end(ledger, state, cfg.r)
-                result = ledger.state_result(self.name, state, kf_filled=0, threshold=cfg.r, started=started)
+        picks, extended = yield from ledger.score(prefix, draft)
+        target = picks[:N_ACTION_TOKENS]
+        verdict = accept(draft, target, cfg.r, N_ACTION_TOKENS)
+        whole = verdict.bonus is None or (cfg.sequence_accept and float(np.mean(np.abs(draft - target))) <= cfg.r_seq)
+        result: DecodeResult
+        if whole:
+            result = ledger.result(self.name, draft, accepted_len=N_ACTION_TOKENS, drafted=N_ACTION_TOKENS,
+                                   rounds=1, kf_filled=0, threshold=cfg.r)
+        else:
+            state = SpecState(prefix=prefix, accepted=verdict.accepted, drafted=N_ACTION_TOKENS, rounds=1)
+            state.take(draft, verdict.accepted, verdict.bonus, extended.truncate(verdict.accepted))
+            yield from speculate_to_end(ledger, state, cfg.r)
+            result = ledger.state_result(self.name, state, kf_filled=0, threshold=cfg.r)
         self.counts["retrieval"] += 1
         if whole:
             self.retrieval_accepted += 1
@@ -228,6 +220,7 @@ class HeiSDDecoder(Decoder):
             **{f"{mode}_steps": float(n) for mode, n in self.counts.items()},
             "retrieval_mode_share": self.counts["retrieval"] / model_steps if model_steps else 0.0,
             "verify_skip_share": self.counts["skip"] / steps if steps else 0.0,
-            "retrieval_accept_rate": self.retrieval_accepted / self.counts["retrieval"] if self.counts["retrieval"] else 0.0,
+            "retrieval_accept_rate": (self.retrieval_accepted / self.counts["retrieval"]
+                                      if self.counts["retrieval"] else 0.0),
             "retrieval_query_ms_p50": float(np.median(self.query_ms)) if self.query_ms else math.nan,
         }

@@ -32,18 +32,15 @@ the steps after it conditioned on a token that is not in the proposal. The paral
 proposals read nothing but the prefix end, so ANY trusted position (>= 1) can take a cheap token.
 
 Verification inside the prefill (``prefill_verify``, on for ``world_aware`` in free space): the
-cheap sources need no image, so their tokens are known before the prefill starts. Fed after the
-observation prefix in the prefill's own pass (the policy's ``prefill_batch`` with the tokens), they are verified for 6
-more rows of that pass instead of a pass of their own, and the decoding after the prefill is only
-the acceptance test and the KF fill. The price: no draft head (it reads the prefix), and position
-0 is a cheap token too, which the target may reject; the bonus and the KF fill then take over as
-usual. Still exactly one verify pass per action, never a second round.
+cheap sources need no image, so their tokens are known before the prefill starts. The step asks for
+the prefill with them riding along after the observation prefix, so they are verified by 6 more
+rows of that pass instead of a pass of their own, and the decoding after the prefill is only the
+acceptance test and the KF fill. The price: no draft head (it reads the prefix), and position 0 is a
+cheap token too, which the target may reject; the bonus and the KF fill then take over as usual.
+Still exactly one verify pass per action, never a second round.
 
-Decoding after the prefill is split around its one verify pass (``split_verify``):
-:meth:`KervDecoder.propose_after_prefill` does everything before it (the proposal, the draft head
-included), :meth:`KervDecoder.finish_verified` everything after it (acceptance, the running rates,
-the KF fill), and ``decode`` runs the pass in between. A fleet makes that pass itself: one batched
-``score`` verifies the proposals of all its robots that decode after the prefill.
+Otherwise the step asks for a plain prefill, proposes after it (the draft head included) and asks
+for the one verify pass; a fleet makes that pass for all its robots that ask for it at once.
 
 The KF prediction is the TCP delta between the filtered joint configuration and its
 constant-acceleration extrapolation one control period ahead (clamped to URDF limits); the gripper
@@ -55,33 +52,31 @@ since without a motion model nothing supports a loose threshold.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from vla_accel_ros.decoding import specs
-from vla_accel_ros.decoding.ar import ARDecoder
+from vla_accel_ros.decoding.acceptor import Completed, Completion, complete, token_list
+from vla_accel_ros.decoding.ar import autoregressive
 from vla_accel_ros.decoding.protocol import (
     N_ACTION_TOKENS,
     PREFILL_VERIFIED,
     DecodeContext,
     Decoder,
-    DecoderCapabilities,
     DecodeResult,
-    PendingVerify,
+    PassResult,
+    Step,
 )
-from vla_accel_ros.decoding.specs import KervConfig
-from vla_accel_ros.decoding.speculation import PassLedger, accepted_length, token_list
+from vla_accel_ros.decoding.specs import DecoderSpec, KervConfig
+from vla_accel_ros.decoding.speculation import PassLedger
 from vla_accel_ros.decoding.thresholds import (
     N_CURVATURE_POINTS,
     KinematicSignals,
     fit_circle_radius,
     kinematic_threshold,
 )
-from vla_accel_ros.models.api import PolicyLike
-from vla_accel_ros.models.sampling import pick_tokens
+from vla_accel_ros.models.api import PolicyLike, Prefix
 
 GRIPPER_INDEX = N_ACTION_TOKENS - 1
 
@@ -126,7 +121,7 @@ def kinematic_signals(context: DecodeContext, tcp_positions: TcpPositions | None
     )
 
 
-def kf_completion_tokens(policy: PolicyLike, context: DecodeContext) -> tuple[np.ndarray, np.ndarray] | None:
+def kf_completion_tokens(policy: PolicyLike, context: DecodeContext) -> Completion | None:
     """Tokens of the KF-predicted next action and a mask of positions the filter actually knows
     (the gripper only when there is gripper history); None without a converged filter."""
     kf = context.kalman
@@ -138,39 +133,7 @@ def kf_completion_tokens(policy: PolicyLike, context: DecodeContext) -> tuple[np
     tokens = policy.tokenizer.encode_one(action)
     known = np.ones(N_ACTION_TOKENS, dtype=bool)
     known[GRIPPER_INDEX] = len(context.gripper_history) > 0
-    return tokens, known
-
-
-def complete_suffix(
-    tokens: np.ndarray,
-    start: int,
-    policy: PolicyLike,
-    context: DecodeContext,
-    completion: tuple[np.ndarray, np.ndarray] | None = None,
-) -> tuple[np.ndarray, int]:
-    """Overwrite ``tokens[start:]`` with KF tokens where the filter knows them; returns the new
-    tokens and the number of positions filled (0 when the filter cannot help: tokens unchanged).
-    ``completion`` is :func:`kf_completion_tokens`'s result when the caller already has it."""
-    out = np.array(tokens, dtype=np.int64)
-    if completion is None:
-        completion = kf_completion_tokens(policy, context)
-    if completion is None or start >= N_ACTION_TOKENS:
-        return out, 0
-    fill, known = completion
-    positions = np.arange(start, N_ACTION_TOKENS)
-    positions = positions[known[positions]]
-    out[positions] = fill[positions]
-    return out, len(positions)
-
-
-def checked_fill(tokens: np.ndarray, target: np.ndarray, start: int, r: float) -> tuple[np.ndarray, int]:
-    """``tokens`` with each position from ``start`` on that lies more than ``r`` from the target's
-    pick there replaced by that pick; returns them and the number of positions kept."""
-    out = np.array(tokens, dtype=np.int64)
-    suffix = slice(start, N_ACTION_TOKENS)
-    far = np.abs(out[suffix] - target[suffix]) > r
-    out[suffix] = np.where(far, target[suffix], out[suffix])
-    return out, int((~far).sum())
+    return Completion(tokens, known)
 
 
 def requested_length(kf_mask: np.ndarray | list[bool]) -> int:
@@ -184,34 +147,27 @@ def requested_length(kf_mask: np.ndarray | list[bool]) -> int:
 
 
 class KervDecoder(Decoder):
-    spec = specs.Kerv
-    config_type: type[KervConfig] = KervConfig
+    spec: ClassVar[type[DecoderSpec]] = specs.Kerv
+    config_type: ClassVar[type[KervConfig]] = KervConfig
 
     def __init__(self, **cfg: Any) -> None:
         self.config = self.config_type(**cfg)
         self.kf_acceptance = np.zeros(N_ACTION_TOKENS)  # running rate at which each KF token passes
         self.hold_acceptance = np.zeros(N_ACTION_TOKENS)  # the same for the previous action's tokens
         self.tcp_positions = TcpPositions()
-        # what ``prefill_proposal`` computed for ``decode_scored`` of the same step: the KF
-        # completion and the threshold
-        self._proposed: tuple[tuple[np.ndarray, np.ndarray] | None, float] | None = None
-
-    def capabilities(self) -> DecoderCapabilities:
-        return DecoderCapabilities(verifies_in_prefill=self.config.prefill_verify, parallel_draft=self.config.parallel_draft,
-                                   split_verify=True, fill_check=True)
 
     def uses_parallel_draft(self, policy: PolicyLike) -> bool:
         """Whether this decoder drafts with ``policy``'s parallel draft head."""
         return self.config.parallel_draft and policy.parallel_draft is not None
 
-    def kf_draft_mask(self, completion: tuple[np.ndarray, np.ndarray] | None, parallel: bool = False) -> np.ndarray:
+    def kf_draft_mask(self, completion: Completion | None, parallel: bool = False) -> np.ndarray:
         """(7,) bool: the positions whose proposal is the KF's token, those it knows and has been
         reliable on (never position 0, the target's own token). With the sequential head only the
         trailing run of them (see the module docstring); with the parallel head (``parallel``) all."""
         return self.cheap_proposal(completion, None, parallel)[1]
 
     def cheap_proposal(
-        self, completion: tuple[np.ndarray, np.ndarray] | None, hold: np.ndarray | None, parallel: bool = False
+        self, completion: Completion | None, hold: np.ndarray | None, parallel: bool = False
     ) -> tuple[np.ndarray, np.ndarray]:
         """(tokens (7,), mask (7,) bool): the positions the cheap sources propose (the KF's
         ``completion``, the previous action's tokens ``hold``) and their tokens; at each position
@@ -225,7 +181,8 @@ class KervDecoder(Decoder):
         if cfg.kf_draft and completion is not None:
             rates = self.kf_acceptance.tolist()
             known = completion[1].tolist()
-            sources.append((completion[0].tolist(), [k and rate >= cfg.kf_trust for k, rate in zip(known, rates)], rates))
+            trusted = [k and rate >= cfg.kf_trust for k, rate in zip(known, rates)]
+            sources.append((completion[0].tolist(), trusted, rates))
         if cfg.hold_draft and hold is not None:
             rates = self.hold_acceptance.tolist()
             sources.append((hold.tolist(), [rate >= cfg.hold_trust for rate in rates], rates))
@@ -239,7 +196,7 @@ class KervDecoder(Decoder):
             mask[:uncovered] = [False] * uncovered
         return np.array(tokens, dtype=np.int64), np.array(mask)
 
-    def draft_length(self, completion: tuple[np.ndarray, np.ndarray] | None, parallel: bool = False,
+    def draft_length(self, completion: Completion | None, parallel: bool = False,
                      hold: np.ndarray | None = None) -> int:
         """Tokens requested from the draft head (>= 1: the first is the target's own, free)."""
         return requested_length(self.cheap_proposal(completion, hold, parallel)[1])
@@ -249,7 +206,7 @@ class KervDecoder(Decoder):
         argmax is conditioned on the prefix and accepted tokens alone."""
         update_rate(self.kf_acceptance, kf_tokens, argmax, n_valid, r, self.config.kf_rate_weight)
 
-    def hold_allowed(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> bool:
+    def hold_allowed(self, policy: PolicyLike, prefill: PassResult, context: DecodeContext) -> bool:
         """Whether the previous action may draft at this step (always, for kerv)."""
         return True
 
@@ -258,23 +215,7 @@ class KervDecoder(Decoder):
         always, for kerv). Decided before the prefill, so from the context alone."""
         return True
 
-    def prefill_proposal(self, policy: PolicyLike, context: DecodeContext) -> np.ndarray | None:
-        """With ``prefill_verify``, the 7 tokens for the prefill to verify (:func:`run_policy_step`),
-        or None to decode after the prefill as usual. Every position, the first included, comes from
-        a cheap source: the KF where its running rate is the higher, else the previous action
-        (which the step needs, so never at an episode's first step)."""
-        if not (self.config.prefill_verify and context.step > 0 and len(context.token_history)):
-            return None
-        if not self.prefill_allowed(policy, context):
-            return None
-        completion = kf_completion_tokens(policy, context)
-        proposal = self.model_free_proposal(completion, context)
-        # The threshold too, while the kinematics' code is warm: it needs no image either.
-        self._proposed = (completion, self.threshold(policy, None, context))
-        return proposal
-
-    def model_free_proposal(self, completion: tuple[np.ndarray, np.ndarray] | None,
-                            context: DecodeContext) -> np.ndarray:
+    def model_free_proposal(self, completion: Completion | None, context: DecodeContext) -> np.ndarray:
         """All 7 tokens from the cheap sources: the KF's where its running rate is the higher, else
         the previous action's (so the step needs one: never an episode's first)."""
         proposal = np.array(context.token_history[-1], dtype=np.int64)
@@ -283,130 +224,83 @@ class KervDecoder(Decoder):
             proposal[kf_leads] = completion[0][kf_leads]
         return proposal
 
-    def decode_scored(self, policy: PolicyLike, scored: Any, proposal: np.ndarray, context: DecodeContext) -> DecodeResult:
-        """Finish an action whose ``proposal`` the prefill verified (``scored``: the prefix extended
-        by it, and the target's logits at every position): keep the accepted prefix, the target's
-        token at the first rejection and the KF's tokens after it. No target pass of its own; the
-        prefill's counts as this action's one verify pass."""
-        started = context.clock()
-        ledger = PassLedger(policy, context.clock, context.token_noise)
-        ledger.target_passes = 1  # the prefill's pass verified the proposal
-        if self._proposed is None:
-            raise RuntimeError("decode_scored needs this step's prefill_proposal first")
-        (completion, r), self._proposed = self._proposed, None
-        hold = context.token_history[-1]
-        argmax = pick_tokens(scored.logits[0], context.token_noise, 0).cpu().numpy()
-        n_acc = accepted_length(proposal, argmax, r)
-        if completion is not None:
-            self.update_kf_acceptance(completion[0], argmax, n_acc + 1, r)
-        update_rate(self.hold_acceptance, hold, argmax, n_acc + 1, r, self.config.kf_rate_weight)
-        self.after_prefill_verified(policy, scored.prefix, context)
-        return self._finish(ledger, proposal, argmax, n_acc, r, policy, context, completion, started,
-                            mode=PREFILL_VERIFIED)
-
-    def after_prefill_verified(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> None:
-        """What a prefill-verified step still reads from the prefix for later steps (kerv: nothing)."""
-
-    def _finish(self, ledger: PassLedger, proposal: np.ndarray, argmax: np.ndarray, n_acc: int, r: float,
-                policy: PolicyLike, context: DecodeContext, completion: tuple[np.ndarray, np.ndarray] | None,
-                started: float, mode: str = "") -> DecodeResult:
-        """The action from a verified proposal: its accepted prefix, the target's token at the first
-        rejection (the bonus, free from the same pass) and the KF's tokens after it."""
-        tokens, kf_filled = proposal.copy(), 0
-        if n_acc < N_ACTION_TOKENS:
-            tokens[n_acc] = argmax[n_acc]
-            tokens, kf_filled = complete_suffix(tokens, n_acc + 1, policy, context, completion)
-            if self.config.fill_check:
-                tokens, kept = checked_fill(tokens, argmax, n_acc + 1, r)
-                kf_filled = min(kf_filled, kept)
-        return ledger.result(
-            self.name,
-            tokens,
-            accepted_len=n_acc,
-            drafted=N_ACTION_TOKENS,
-            rounds=1,
-            kf_filled=kf_filled,
-            threshold=r,
-            started=started,
-            mode=mode,
-        )
-
-    def threshold(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
+    def threshold(self, policy: PolicyLike, prefill: PassResult | None, context: DecodeContext) -> float:
+        """The acceptance threshold r of this step; ``prefill`` None: decided before the prefill."""
         signals = kinematic_signals(context, self.tcp_positions)
         if signals is None:
             return float(self.config.r_min)
         return float(kinematic_threshold(signals, self.config.r_min, self.config.r_max))
 
-    def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
-        """:meth:`propose_after_prefill`, its verify pass, :meth:`finish_verified`."""
-        pending = self.propose_after_prefill(policy, prefix, context)
-        if isinstance(pending, DecodeResult):
-            return pending
-        with torch.inference_mode():
-            t0 = context.clock()
-            scored = policy.score(prefix, torch.tensor([pending.tokens.tolist()], dtype=torch.long))
-            verify_s = context.clock() - t0
-        return self.finish_verified(policy, pending, scored, context, verify_s)
+    def after_prefill_verified(self, policy: PolicyLike, prefill: PassResult, context: DecodeContext) -> None:
+        """What a prefill-verified step still reads from its prefill for later steps (kerv: nothing)."""
 
-    def propose_after_prefill(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> PendingVerify | DecodeResult:
-        """The step up to its verify pass: the cheap sources' record cleared at an episode's start,
-        the KF completion, the hold, the threshold and the proposal (the draft head's call
-        included). A policy without a draft head at an episode's first step decodes token by token
-        (``ar``): that step comes back finished."""
-        started = context.clock()
-        ledger = PassLedger(policy, context.clock, context.token_noise)
+    def step(self, policy: PolicyLike, context: DecodeContext, prefix: Prefix | None = None) -> Step:
+        """The cheap sources' record cleared at an episode's start; then, with ``prefill_verify`` and
+        a previous action (and where :meth:`prefill_allowed`), the cheap sources' 7 tokens verified
+        inside the prefill; otherwise a proposal after a plain prefill and its one verify pass."""
+        ledger = PassLedger(policy, context)
         if context.step == 0:  # a new episode: the cheap sources' record starts over
             self.kf_acceptance[:] = 0.0
             self.hold_acceptance[:] = 0.0
+        if (prefix is None and self.config.prefill_verify and context.step > 0 and len(context.token_history)
+                and self.prefill_allowed(policy, context)):
+            return (yield from self._verify_in_prefill(ledger, policy, context))
+        prefill = yield from ledger.prefill(prefix)
+        return (yield from self._verify_after_prefill(ledger, policy, context, prefill))
+
+    def _verify_in_prefill(self, ledger: PassLedger, policy: PolicyLike, context: DecodeContext) -> Step:
+        """Every position, the first included, from a cheap source (the KF where its running rate is
+        the higher, else the previous action), verified by the prefill: no target pass of its own."""
+        completion = kf_completion_tokens(policy, context)
+        proposal = self.model_free_proposal(completion, context)
+        r = self.threshold(policy, None, context)  # needs no image either
+        # The last proposed token is not fed: its output would predict an 8th token.
+        picks, prefill = yield from ledger.verify_in_prefill(proposal[: N_ACTION_TOKENS - 1])
+        done = self._judge(proposal, picks, r, completion, context.token_history[-1])
+        self.after_prefill_verified(policy, prefill, context)
+        return self._result(ledger, done, r, PREFILL_VERIFIED)
+
+    def _verify_after_prefill(self, ledger: PassLedger, policy: PolicyLike, context: DecodeContext,
+                              prefill: PassResult) -> Step:
+        """The KF completion, the hold, the threshold and the proposal (the draft head's call
+        included), then its verify pass. A policy without a draft head at an episode's first step
+        decodes token by token (``ar``)."""
+        prefix = prefill.prefix
         completion = kf_completion_tokens(policy, context)
         hold = context.token_history[-1] if len(context.token_history) else None
         if not policy.capabilities().draft_head:
             if hold is None:
-                return replace(ARDecoder().decode(policy, prefix, context), decoder=self.name, mode="first_step_ar")
+                tokens = yield from autoregressive(ledger, prefix)
+                return ledger.result(self.name, tokens, accepted_len=0, drafted=0, rounds=0, kf_filled=0,
+                                     threshold=None, mode="first_step_ar")
             proposal = self.model_free_proposal(completion, context)
-            with torch.inference_mode():
-                r = self.threshold(policy, prefix, context)
+            r = self.threshold(policy, prefill, context)
         else:
-            if hold is not None and not self.hold_allowed(policy, prefix, context):
+            if hold is not None and not self.hold_allowed(policy, prefill, context):
                 hold = None
             parallel = self.uses_parallel_draft(policy)
             cheap_tokens, cheap_mask = self.cheap_proposal(completion, hold, parallel)
             n_draft = requested_length(cheap_mask)
-            with torch.inference_mode():
-                r = self.threshold(policy, prefix, context)
-                drafted = ledger.draft(prefix, n_draft, parallel=parallel)
+            r = self.threshold(policy, prefill, context)
+            drafted = ledger.draft(prefix, n_draft, parallel=parallel)
             proposal = np.where(cheap_mask, cheap_tokens, np.concatenate([drafted, cheap_tokens[n_draft:]]))
-        step = _KervStep(started, ledger, prefix, completion, hold, proposal, r)
-        return PendingVerify(np.ascontiguousarray(proposal[: N_ACTION_TOKENS - 1], dtype=np.int64), step)
+        picks, _ = yield from ledger.score(prefix, proposal[: N_ACTION_TOKENS - 1])
+        return self._result(ledger, self._judge(proposal, picks, r, completion, hold), r)
 
-    def finish_verified(self, policy: PolicyLike, pending: PendingVerify, scored: Any, context: DecodeContext,
-                        verify_s: float = 0.0) -> DecodeResult:
-        """The action from the verify pass ``scored`` of :meth:`propose_after_prefill`'s proposal:
-        the accepted prefix, the target's token at the first rejection and the KF's tokens after
-        it; the cheap sources' running rates measured on it. One target pass, ``verify_s`` long."""
-        step: _KervStep = pending.state
-        ledger = step.ledger
-        argmax = ledger.record_pass(step.prefix, scored, verify_s)
-        n_acc = accepted_length(step.proposal, argmax, step.r)
-        if step.completion is not None:
-            self.update_kf_acceptance(step.completion[0], argmax, n_acc + 1, step.r)
-        if step.hold is not None:
-            update_rate(self.hold_acceptance, step.hold, argmax, n_acc + 1, step.r, self.config.kf_rate_weight)
-        return self._finish(ledger, step.proposal, argmax, n_acc, step.r, policy, context, step.completion,
-                            step.started)
+    def _judge(self, proposal: np.ndarray, picks: np.ndarray, r: float, completion: Completion | None,
+               hold: np.ndarray | None) -> Completed:
+        """The action from the verify pass's ``picks`` (the acceptor: accepted prefix, bonus, KF
+        fill, checked with ``fill_check``), and the cheap sources' running rates measured on it."""
+        done = complete(proposal, picks, r, completion, check=self.config.fill_check)
+        if completion is not None:
+            self.update_kf_acceptance(completion[0], picks, done.accepted + 1, r)
+        if hold is not None:
+            update_rate(self.hold_acceptance, hold, picks, done.accepted + 1, r, self.config.kf_rate_weight)
+        return done
 
-
-@dataclass(frozen=True, eq=False)
-class _KervStep:
-    """What :meth:`KervDecoder.propose_after_prefill` leaves for ``finish_verified``."""
-
-    started: float  # on the context clock
-    ledger: PassLedger
-    prefix: Any  # the prefix the proposal is verified after
-    completion: tuple[np.ndarray, np.ndarray] | None
-    hold: np.ndarray | None  # the previous action's tokens, where they may draft
-    proposal: np.ndarray  # (7,)
-    r: float
+    def _result(self, ledger: PassLedger, done: Completed, r: float, mode: str = "") -> DecodeResult:
+        return ledger.result(self.name, done.tokens, accepted_len=done.accepted, drafted=N_ACTION_TOKENS, rounds=1,
+                             kf_filled=done.filled, threshold=r, mode=mode)
 
 
 def update_rate(rate: np.ndarray, proposed: np.ndarray, argmax: np.ndarray, n_valid: int, r: float,
@@ -418,4 +312,3 @@ def update_rate(rate: np.ndarray, proposed: np.ndarray, argmax: np.ndarray, n_va
         hit = float(abs(proposed_list[i] - target_list[i]) <= r)
         values[i] = (1 - weight) * values[i] + weight * hit
     rate[:] = values
-

@@ -15,24 +15,20 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from vla_accel_ros.decoding import specs
+from vla_accel_ros.decoding.acceptor import Completion, complete
 from vla_accel_ros.decoding.protocol import (
     MAX_TOKEN_ID,
     N_ACTION_TOKENS,
     DecodeContext,
     Decoder,
-    DecodeResult,
+    Step,
 )
 from vla_accel_ros.decoding.specs import KervReleasedConfig
-from vla_accel_ros.decoding.speculation import (
-    accepted_length,
-    speculate_to_end,
-    start_speculation,
-)
+from vla_accel_ros.decoding.speculation import PassLedger, SpecState, speculate_to_end
 from vla_accel_ros.decoding.thresholds import released_schedule_threshold
-from vla_accel_ros.models.api import PolicyLike
+from vla_accel_ros.models.api import PolicyLike, Prefix
 
 
 def token_filter_prediction(history: np.ndarray, q: float = 1.0, r: float = 1e-3, p0: float = 10.0) -> np.ndarray:
@@ -59,20 +55,22 @@ class KervReleasedDecoder(Decoder):
     def forced(self, step: int) -> bool:
         return (step + 1) % self.config.period == 0
 
-    def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
-        started, ledger, state = start_speculation(policy, prefix, context)
+    def step(self, policy: PolicyLike, context: DecodeContext, prefix: Prefix | None = None) -> Step:
+        ledger = PassLedger(policy, context)
+        prefill = yield from ledger.prefill(prefix)
+        state = SpecState(prefill.prefix)
         cfg = self.config
         r = released_schedule_threshold(context.step, context.max_steps, cfg.r_start, cfg.r_min)
         kf_filled = 0
-        with torch.inference_mode():
-            if self.forced(context.step) and len(context.token_history) > 0:
-                draft = ledger.draft(state.prefix, N_ACTION_TOKENS)
-                argmax, _ = ledger.score(state.prefix, draft[: N_ACTION_TOKENS - 1].tolist())  # no 8th token
-                n_acc = accepted_length(draft, argmax, r)
-                fill = token_filter_prediction(context.token_history, cfg.q, cfg.r_noise, cfg.p0)
-                state.tokens = draft[:n_acc].tolist() + fill[n_acc:].tolist()
-                state.accepted, state.drafted, state.rounds = n_acc, N_ACTION_TOKENS, 1
-                kf_filled = N_ACTION_TOKENS - n_acc
-            else:
-                speculate_to_end(ledger, state, r)
-        return ledger.state_result(self.name, state, kf_filled=kf_filled, threshold=r, started=started)
+        if self.forced(context.step) and len(context.token_history) > 0:
+            draft = ledger.draft(state.prefix, N_ACTION_TOKENS)
+            picks, _ = yield from ledger.score(state.prefix, draft[: N_ACTION_TOKENS - 1])  # no 8th token
+            fill = token_filter_prediction(context.token_history, cfg.q, cfg.r_noise, cfg.p0)
+            # the filter fills from the first rejection on: the peer keeps no bonus token
+            done = complete(draft, picks, r, Completion(fill, np.ones(N_ACTION_TOKENS, dtype=bool)), bonus=False)
+            state.tokens = done.tokens.tolist()
+            state.accepted, state.drafted, state.rounds = done.accepted, N_ACTION_TOKENS, 1
+            kf_filled = done.filled
+        else:
+            yield from speculate_to_end(ledger, state, r)
+        return ledger.state_result(self.name, state, kf_filled=kf_filled, threshold=r)

@@ -1,28 +1,35 @@
-"""Shared pieces of every decoder: context in, result out, relaxed acceptance, pass accounting.
+"""The decoder contract: a step proposes, the runner makes the target's passes.
 
-A decoder turns a prefilled prefix into the 7 action tokens of one control step. It talks to the
-policy only through ``score`` (one target forward pass per call, whatever the number of tokens)
-and ``draft_tokens`` (the light draft head), so the counts in :class:`DecodeResult` are exact.
+A decoder turns one observation into the 7 action tokens of one control step. Its
+:meth:`Decoder.step` is a generator: it yields each target forward pass it needs
+(:class:`TargetPass`), receives what the pass gave (:class:`PassResult`), and returns the
+:class:`DecodeResult`. The first pass it yields is the prefill of the step's observation, with
+any tokens it wants verified riding along (k >= 0; ``world_aware`` in free space); every later
+one scores k tokens after a prefix. A step served without any model pass (``heisd``'s
+verify-skip) returns before yielding. Whoever drives the step makes the passes: the runtime
+(:mod:`vla_accel_ros.runtime.steps`) batches them over robots where the policy can, and
+:meth:`Decoder.decode` makes them one by one after a prefill its caller made. The draft head, the
+contact head and the Kalman filter are the decoder's own: they are not target passes.
 
-Relaxed acceptance (all speculative decoders): draft token d_i is accepted when
-``|d_i - argmax target_i| <= r``, prefix-wise (the accepted length is the first failure's index);
-the draft token is kept, not the argmax. At the first rejection the target's argmax there comes
-free with the same verify pass (the "bonus" token). With sampling (``DecodeContext.token_noise``,
-see :mod:`vla_accel_ros.models.sampling`) "argmax" reads "the target's sampled token" throughout.
+What a step does with a verify pass's picks (relaxed acceptance, the bonus token, the Kalman fill)
+is :mod:`.acceptor`'s; counting and timing its passes is :class:`.speculation.PassLedger`'s.
+With sampling (``DecodeContext.token_noise``, :mod:`vla_accel_ros.models.sampling`) the target's
+pick is its sample under the step's shared noise.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 import numpy as np
 import torch
 
-from vla_accel_ros.models.api import PolicyLike
+from vla_accel_ros.models.api import PolicyLike, Prefix
 from vla_accel_ros.models.tokenizer import N_BINS
 
 if TYPE_CHECKING:
@@ -43,7 +50,7 @@ class DecodeContext:
     kalman: the joint-space filter, already fed with the measurements (or None).
     step / max_steps: control step index in the episode and the episode step limit.
     control_period_s: the node's fixed control period; the action is the TCP delta over it.
-    time_left_s: seconds left in the control period when decoding starts (None = no deadline).
+    time_left_s: seconds left in the control period when the step starts (None = no deadline).
     gripper_history: previous gripper action values (policy action space, 1 = open), oldest first.
     target_clearance: gripper-to-target distance (m) from the scene, None on a real robot.
     token_history: (S, 7) action tokens of the episode's previous steps, oldest first.
@@ -92,14 +99,6 @@ class DecodeContext:
         object.__setattr__(self, "token_history", tokens.reshape(-1, N_ACTION_TOKENS))
         object.__setattr__(self, "gripper_history", tuple(float(g) for g in self.gripper_history))
 
-    def with_time_left(self, time_left_s: float | None) -> DecodeContext:
-        """This context with another ``time_left_s`` (the rest already validated: no second check)."""
-        if time_left_s is not None and np.isnan(time_left_s):
-            raise ValueError("DecodeContext.time_left_s is NaN; pass None for 'no deadline'")
-        context = object.__new__(DecodeContext)
-        context.__dict__.update(self.__dict__, time_left_s=time_left_s)
-        return context
-
 
 @dataclass(frozen=True, eq=False)
 class DecodeResult:
@@ -108,13 +107,14 @@ class DecodeResult:
     action / tokens: (7,) action at the tokens' bin centres, and the tokens.
     accepted_len: draft tokens accepted, summed over verify rounds.
     drafted: draft tokens proposed for verification (accepted_len / drafted = acceptance rate).
-    target_passes: target forward passes (``score`` calls).
+    target_passes: target forward passes after the prefill, and the prefill's when it verified a proposal.
     draft_passes: tokens requested from the draft head (each at most one light draft-layer step).
     rounds: draft/verify rounds (AR: 0).
     kf_filled: positions filled by a Kalman completion (joint-space or token-space).
     threshold: the acceptance threshold r used (None for AR).
-    timings: milliseconds; draft, verify, decode (the decoder itself) and, after
-        :func:`run_policy_step`, prefill and total (prefill + decode).
+    timings: milliseconds; draft, verify, decode (the decoder's own time before and after the
+        prefill, its later passes included) and, from the runtime, prefill (the prefill pass) and
+        total (the whole step).
     """
 
     action: np.ndarray
@@ -144,58 +144,83 @@ def model_free_result(
                         decoder=name, mode=mode)
 
 
-@dataclass(frozen=True)
-class DecoderCapabilities:
-    """What a decoder needs from the policy and from the runner, declared, never probed.
-
-    flow_head: decodes with the policy's continuous action head (``vla-accel train-flow``).
-    retrieval_store: needs a retrieval store (``vla-accel build-store``), attached at start-up.
-    verifies_in_prefill: may propose the action before the prefill (``prefill_proposal``), for the
-        prefill to verify in its own pass (``decode_scored`` finishes it).
-    skips_steps: may serve a step with no model pass at all (``skip_step``).
-    episode_state: keeps state across steps that a new episode clears (``reset``).
-    parallel_draft: drafts with the policy's parallel draft head when the policy has one.
-    draft_head: needs the policy's draft head (``draft_tokens``); refused at start-up without one.
-    contact_head: reads the policy's contact head where the scene gives no clearance; without
-        one, the kinematics alone set the threshold (a warning says so).
-    split_verify: ``decode`` is ``propose_after_prefill``, ONE target pass over the tokens it
-        returns, then ``finish_verified``; a runner may make that pass itself (a fleet: one batched
-        ``score`` for the verify passes of several robots).
-    fill_check: fills a rejected suffix with the Kalman filter's tokens and can check that fill
-        against the target's own picks from the same verify pass (its ``fill_check`` setting; the
-        node's ``kf_fill_check``).
-    """
-
-    flow_head: bool = False
-    retrieval_store: bool = False
-    verifies_in_prefill: bool = False
-    skips_steps: bool = False
-    episode_state: bool = False
-    parallel_draft: bool = False
-    draft_head: bool = False
-    contact_head: bool = False
-    split_verify: bool = False
-    fill_check: bool = False
-
-
+# --- passes -----------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
-class PendingVerify:
-    """A step decoded up to its one verify pass (``Decoder.propose_after_prefill``).
+class TargetPass:
+    """One target forward pass a step asks for: the action ``tokens`` (k >= 0) after ``prefix``, or,
+    with ``prefix`` None, the prefill of the step's observation with the tokens riding along."""
 
-    tokens: (N_ACTION_TOKENS - 1,) int64, to score after the prefix the step was given (the
-        proposal's first 6: the last one's output would predict an 8th token).
-    state: the decoder's own record of the step, for its ``finish_verified``.
+    tokens: tuple[int, ...]
+    prefix: Prefix | None = None
+
+    @classmethod
+    def of(cls, tokens: Sequence[int] | np.ndarray, prefix: Prefix | None = None) -> TargetPass:
+        return cls(tuple(int(t) for t in tokens), prefix)
+
+
+@dataclass(eq=False)
+class PassResult:
+    """What a :class:`TargetPass` gave, as a batch of one.
+
+    prefix: the pass's prefix extended by its tokens. logits: (1, k+1, n_bins), ``logits[:, i]``
+    the next-token distribution after the first i tokens; None for a prefill without tokens (no
+    decoder reads its end: the first token is a pass of its own). seconds: the pass's time (a
+    batched pass's time is each robot's). ``contact_probability()`` reads the contact head on the
+    prefix once; after a batched prefill the first row to ask reads it for every row at once.
     """
 
-    tokens: np.ndarray
-    state: Any = None
+    prefix: Prefix
+    logits: torch.Tensor | None
+    seconds: float
+    read_contact: Callable[[], float]
+    _contact: float | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def alone(cls, policy: PolicyLike, prefix: Prefix, logits: torch.Tensor | None, seconds: float) -> PassResult:
+        """A pass of this robot's alone: the contact head reads its own prefix."""
+        return cls(prefix, logits, seconds, partial(policy.contact_probability, prefix))
+
+    def contact_probability(self) -> float:
+        if self._contact is None:
+            self._contact = self.read_contact()
+        return self._contact
 
 
+Step: TypeAlias = Generator[TargetPass, PassResult, DecodeResult]
+
+
+def advance(steps: Step, reply: PassResult | None) -> TargetPass | DecodeResult:
+    """The next pass ``steps`` asks for once given ``reply`` (None: start it), or its result when done."""
+    try:
+        return next(steps) if reply is None else steps.send(reply)
+    except StopIteration as done:
+        result: DecodeResult = done.value
+        return result
+
+
+def score_alone(policy: PolicyLike, request: TargetPass, clock: Callable[[], float]) -> PassResult:
+    """``request`` (a pass after a prefix) as one pass of its own, timed on ``clock``."""
+    if request.prefix is None:
+        raise RuntimeError("a step asked for a prefill after its first pass (or after the prefill it was given)")
+    feed = torch.tensor([list(request.tokens)], dtype=torch.long)  # (1, k), k = 0 too
+    t0 = clock()
+    out = policy.score(request.prefix, feed)
+    return PassResult.alone(policy, out.prefix, out.logits, clock() - t0)
+
+
+def finish_alone(steps: Step, pending: TargetPass | DecodeResult, policy: PolicyLike,
+                 clock: Callable[[], float]) -> DecodeResult:
+    """Run ``steps`` to its result from ``pending`` (what it asked for last), making each pass alone."""
+    while isinstance(pending, TargetPass):
+        pending = advance(steps, score_alone(policy, pending, clock))
+    return pending
+
+
+# --- the contract -----------------------------------------------------------------------------
 class Decoder:
-    """The decoder contract: ``decode`` one action after the prefill, and declare in
-    :meth:`capabilities` which of the optional steps below the runner must call. Each optional
-    step has a neutral default here, so a decoder overrides only the ones it declares. ``spec``
-    (:mod:`vla_accel_ros.decoding.specs`) names the decoder and declares what it needs."""
+    """A decoder: :meth:`step` (the module docstring). ``spec`` (:mod:`vla_accel_ros.decoding.specs`)
+    names it and declares what it needs; :meth:`reset` forgets the episode (with ``episode_state``),
+    :meth:`attach_checkpoint_store` loads what it needs beside the checkpoint (``retrieval_store``)."""
 
     spec: ClassVar[type[DecoderSpec]]
 
@@ -203,11 +228,22 @@ class Decoder:
     def name(self) -> str:
         return self.spec.name
 
-    def capabilities(self) -> DecoderCapabilities:
-        return DecoderCapabilities()
+    @classmethod
+    def capabilities(cls) -> type[DecoderSpec]:
+        """What the decoder declares: its spec's capabilities."""
+        return cls.spec
 
-    def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
+    def step(self, policy: PolicyLike, context: DecodeContext, prefix: Prefix | None = None) -> Step:
+        """One control step (the module docstring). With ``prefix``, the step's observation is
+        prefilled already: the step yields no prefill, has nothing ride along with one, and decodes
+        after it (never a step without the model)."""
         raise NotImplementedError
+
+    def decode(self, policy: PolicyLike, prefix: Prefix, context: DecodeContext) -> DecodeResult:
+        """:meth:`step` after the prefill ``prefix`` its caller made, every pass made alone on ``policy``."""
+        with torch.inference_mode():
+            steps = self.step(policy, context, prefix)
+            return finish_alone(steps, advance(steps, None), policy, context.clock)
 
     def check_policy(self, policy: PolicyLike) -> list[str]:
         """Raise ValueError, naming what is missing, when ``policy`` cannot serve this decoder;
@@ -223,48 +259,3 @@ class Decoder:
 
     def reset(self) -> None:
         """With ``episode_state``: forget the previous episode."""
-
-    def skip_step(self, context: DecodeContext) -> DecodeResult | None:
-        """With ``skips_steps``: this step's action without any model pass, or None."""
-        return None
-
-    def prefill_proposal(self, policy: PolicyLike, context: DecodeContext) -> np.ndarray | None:
-        """With ``verifies_in_prefill``: the 7 tokens for the prefill to verify, or None."""
-        return None
-
-    def decode_scored(self, policy: PolicyLike, scored: Any, proposal: np.ndarray, context: DecodeContext) -> DecodeResult:
-        """With ``verifies_in_prefill``: finish the action the prefill verified."""
-        raise NotImplementedError(f"decoder '{self.name}' does not verify inside the prefill")
-
-    def propose_after_prefill(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> PendingVerify | DecodeResult:
-        """With ``split_verify``: ``decode`` up to its verify pass, or the finished result of a step
-        that needs no such pass (then nothing is left to verify)."""
-        raise NotImplementedError(f"decoder '{self.name}' does not split its verify pass")
-
-    def finish_verified(self, policy: PolicyLike, pending: PendingVerify, scored: Any, context: DecodeContext,
-                        verify_s: float = 0.0) -> DecodeResult:
-        """With ``split_verify``: the action of ``pending`` from its verify pass, ``scored`` (a
-        batch of one: ``Policy.score`` of ``pending.tokens`` after the step's prefix), which took
-        ``verify_s`` seconds."""
-        raise NotImplementedError(f"decoder '{self.name}' does not split its verify pass")
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

@@ -204,7 +204,7 @@ class RetrievalStore:
     ``provenance``, ``index_benchmark``...). Usable as a context manager (releases the index).
     """
 
-    def __init__(self, keys: np.ndarray, values: np.ndarray, config: RetrievalStoreConfig | None = None,
+    def __init__(self, keys: np.ndarray | torch.Tensor, values: np.ndarray, config: RetrievalStoreConfig | None = None,
                  meta: dict[str, Any] | None = None, index_kind: str | None = None) -> None:
         self.config = config or RetrievalStoreConfig()
         keys = normalise_keys(keys)
@@ -336,7 +336,8 @@ class RetrievalStore:
         if meta["kind"] != STORE_KIND:
             raise CheckpointError(meta_path, f"not a retrieval store (kind {meta['kind']!r})")
         if meta["format_version"] != FORMAT_VERSION:
-            raise CheckpointError(meta_path, f"unknown format_version {meta['format_version']!r} (this version reads {FORMAT_VERSION})")
+            raise CheckpointError(meta_path, f"unknown format_version {meta['format_version']!r} "
+                                             f"(this version reads {FORMAT_VERSION})")
         try:
             config = RetrievalStoreConfig.from_dict(meta["config"])
         except (TypeError, ValueError) as exc:
@@ -391,8 +392,8 @@ class RetrievalStore:
         return f"RetrievalStore(entries={len(self)}, dim={self.dim}, horizon={self.horizon}, index={self.index_kind})"
 
 
-_RESERVED = frozenset({"format_version", "kind", "config", "index_kind", "entries", "key_dim", "horizon", "n_action_tokens",
-                       "key_dtype"})
+_RESERVED = frozenset({"format_version", "kind", "config", "index_kind", "entries", "key_dim", "horizon",
+                       "n_action_tokens", "key_dtype"})
 
 
 def choose_index(figures: dict[str, dict[str, float]], config: RetrievalStoreConfig) -> str:

@@ -8,15 +8,11 @@ the AR tokens.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
 from vla_accel_ros.decoding import specs
-from vla_accel_ros.decoding.protocol import DecodeContext, Decoder, DecodeResult
+from vla_accel_ros.decoding.protocol import DecodeContext, Decoder, Step
 from vla_accel_ros.decoding.specs import SDConfig
-from vla_accel_ros.decoding.speculation import speculate_to_end, start_speculation
-from vla_accel_ros.models.api import PolicyLike
+from vla_accel_ros.decoding.speculation import PassLedger, SpecState, speculate_to_end
+from vla_accel_ros.models.api import PolicyLike, Prefix
 
 
 class SDDecoder(Decoder):
@@ -25,8 +21,9 @@ class SDDecoder(Decoder):
     def __init__(self, r: float = 9) -> None:
         self.config = SDConfig(r=r)
 
-    def decode(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> DecodeResult:
-        started, ledger, state = start_speculation(policy, prefix, context)
-        with torch.inference_mode():
-            speculate_to_end(ledger, state, self.config.r)
-        return ledger.state_result(self.name, state, kf_filled=0, threshold=self.config.r, started=started)
+    def step(self, policy: PolicyLike, context: DecodeContext, prefix: Prefix | None = None) -> Step:
+        ledger = PassLedger(policy, context)
+        prefill = yield from ledger.prefill(prefix)
+        state = SpecState(prefill.prefix)
+        yield from speculate_to_end(ledger, state, self.config.r)
+        return ledger.state_result(self.name, state, kf_filled=0, threshold=self.config.r)

@@ -392,8 +392,8 @@ def shared_settings(name: str, *, fill_check: bool = False,
         if r_min > r_max:
             raise ValueError(f"'kinematic_r_min' = {r_min} exceeds 'kinematic_r_max' = {r_max}")
         if not spec.kinematic_threshold:
-            raise ValueError(f"'kinematic_r_min' and 'kinematic_r_max' are for the decoders with the kinematic threshold "
-                             f"({', '.join(names_with(lambda s: s.kinematic_threshold))}), not '{name}'")
+            raise ValueError(f"'kinematic_r_min' and 'kinematic_r_max' are for the decoders with the kinematic "
+                             f"threshold ({', '.join(names_with(lambda s: s.kinematic_threshold))}), not '{name}'")
         settings["r_min"], settings["r_max"] = r_min, r_max
     return settings
 

@@ -1,76 +1,45 @@
-"""Speculative decoding's shared machinery: relaxed acceptance, the pass ledger that calls and counts the
-policy's passes, and the draft/verify rounds.
+"""Speculative decoding's shared machinery: the pass ledger that asks for a step's passes and counts
+and times them, and the draft/verify rounds (relaxed acceptance and the bonus: :mod:`.acceptor`).
 
-Relaxed acceptance: draft token d_i is accepted when ``|d_i - target_i| <= r``, prefix-wise (the
-accepted length is the first failure's index), and the draft token is kept. At the first rejection
-the target's own token there comes free with the same verify pass (the bonus token). With sampling
-(``DecodeContext.token_noise``) the target's token is its sample under the step's shared noise.
+The ledger's pass methods are generators, used with ``yield from`` inside a decoder's
+:meth:`~vla_accel_ros.decoding.protocol.Decoder.step`: each yields its
+:class:`~vla_accel_ros.decoding.protocol.TargetPass` and returns what the decoder reads of the
+result (the target's picks, the extended prefix).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
+from vla_accel_ros.decoding.acceptor import accept
 from vla_accel_ros.decoding.protocol import (
     MAX_TOKEN_ID,
     N_ACTION_TOKENS,
     DecodeContext,
     DecodeResult,
+    PassResult,
+    TargetPass,
 )
-from vla_accel_ros.models.api import PolicyLike
+from vla_accel_ros.models.api import PolicyLike, Prefix
 from vla_accel_ros.models.sampling import pick_tokens
 
-
-# --- relaxed acceptance -----------------------------------------------------------------------
-def relaxed_accept_mask(
-    draft: Sequence[int] | np.ndarray, target_argmax: Sequence[int] | np.ndarray, r: float
-) -> np.ndarray:
-    """Prefix-wise acceptance: True up to (not including) the first |d - a| > r."""
-    d = np.asarray(draft, dtype=np.int64)
-    a = np.asarray(target_argmax, dtype=np.int64)
-    if d.shape != a.shape:
-        raise ValueError(f"draft {d.shape} and target argmax {a.shape} differ in shape")
-    if not r >= 0:
-        raise ValueError(f"acceptance threshold r must be >= 0, got {r}")
-    return np.cumprod(np.abs(d - a) <= r).astype(bool)
+Passes = Generator[TargetPass, PassResult, PassResult]
 
 
-def accepted_length(
-    draft: Sequence[int] | np.ndarray, target_argmax: Sequence[int] | np.ndarray, r: float
-) -> int:
-    """Number of leading draft tokens accepted under threshold r: the length of
-    :func:`relaxed_accept_mask`'s run of True, counted on plain ints (it runs on every verify pass)."""
-    d, a = token_list(draft), token_list(target_argmax)
-    if len(d) != len(a):
-        raise ValueError(f"draft ({len(d)},) and target argmax ({len(a)},) differ in shape")
-    if not r >= 0:
-        raise ValueError(f"acceptance threshold r must be >= 0, got {r}")
-    n = 0
-    for proposed, target in zip(d, a):
-        if abs(proposed - target) > r:
-            break
-        n += 1
-    return n
-
-
-def token_list(tokens: Sequence[int] | np.ndarray) -> list[int]:
-    """Tokens (any sequence of ints, or an int array of any shape) as a flat list of Python ints."""
-    return tokens.ravel().tolist() if isinstance(tokens, np.ndarray) else [int(t) for t in tokens]
-
-
-# --- pass accounting --------------------------------------------------------------------------
 class PassLedger:
-    """Calls the policy, counts its passes and times them on the context clock."""
+    """One step's passes: asks for them, counts them, and times the step on the context clock from
+    its start (``decode`` excludes the wait for the prefill)."""
 
-    def __init__(self, policy: PolicyLike, clock: Callable[[], float], noise: torch.Tensor | None = None) -> None:
+    def __init__(self, policy: PolicyLike, context: DecodeContext) -> None:
         self.policy = policy
-        self.clock = clock
-        self.noise = noise  # the step's sampling noise: every token picked, drafted or verified, reads it
+        self.clock = context.clock
+        self.noise = context.token_noise  # the step's sampling noise: every token picked, drafted or verified, reads it
+        self.started = self.clock()
+        self.prefill_s = 0.0
         self.target_passes = 0
         self.draft_passes = 0
         self.draft_s = 0.0
@@ -78,9 +47,48 @@ class PassLedger:
         self.last_draft_s = 0.0
         self.last_verify_s = 0.0
 
+    # --- target passes ------------------------------------------------------------------------
+    def prefill(self, given: Prefix | None = None) -> Passes:
+        """The step's prefill (none when its caller gave the prefix, ``given``)."""
+        if given is not None:
+            return PassResult.alone(self.policy, given, None, 0.0)
+        return (yield from self._prefill(TargetPass(())))
+
+    def verify_in_prefill(self, tokens: Sequence[int] | np.ndarray) -> Generator[TargetPass, PassResult,
+                                                                                  tuple[np.ndarray, PassResult]]:
+        """The prefill with ``tokens`` riding along, which verifies them: one target pass; the
+        target's pick (k+1,) at each position, and the pass."""
+        result = yield from self._prefill(TargetPass.of(tokens))
+        self.target_passes += 1
+        return self.picks(result, 0), result
+
+    def _prefill(self, request: TargetPass) -> Passes:
+        asked = self.clock()
+        result = yield request
+        self.prefill_s += self.clock() - asked
+        return result
+
+    def score(self, prefix: Prefix, tokens: Sequence[int] | np.ndarray) -> Generator[TargetPass, PassResult,
+                                                                                      tuple[np.ndarray, Prefix]]:
+        """One target pass over ``tokens`` after ``prefix``: the target's pick (k+1,) at each
+        position, and the extended prefix."""
+        result = yield TargetPass.of(tokens, prefix)
+        self.last_verify_s = result.seconds
+        self.verify_s += result.seconds
+        self.target_passes += 1
+        return self.picks(result, prefix.n_tokens if self.noise is not None else 0), result.prefix
+
+    def picks(self, result: PassResult, first: int) -> np.ndarray:
+        """The target's pick (argmax, or sample) at each position of ``result``, the noise of its
+        positions starting at action position ``first``."""
+        if result.logits is None:
+            raise RuntimeError("a prefill without tokens has no positions to pick from")
+        return pick_tokens(result.logits[0], self.noise, first).cpu().numpy()
+
+    # --- the draft head -----------------------------------------------------------------------
     def draft(
         self,
-        prefix: Any,
+        prefix: Prefix,
         n: int,
         last_consumed: int | None = None,
         pending: int | None = None,
@@ -106,23 +114,10 @@ class PassLedger:
         self.draft_passes += n + extra
         return tokens[0, extra:].detach().cpu().numpy()
 
-    def score(self, prefix: Any, tokens: Sequence[int]) -> tuple[np.ndarray, Any]:
-        """One target pass: the picked (argmax, or sampled) token (k+1,) at each position, and the
-        extended prefix."""
-        feed = torch.tensor([[int(t) for t in tokens]], dtype=torch.long)  # (1, k), k = 0 too
-        t0 = self.clock()
-        out = self.policy.score(prefix, feed)
-        return self.record_pass(prefix, out, self.clock() - t0), out.prefix
-
-    def record_pass(self, prefix: Any, scored: Any, seconds: float) -> np.ndarray:
-        """Count one target pass over ``prefix`` that took ``seconds`` (made here, or by a caller
-        that batched it with others) and pick its token (k+1,) at each position from ``scored``,
-        a batch of one: the noise of its positions starts at the prefix's end."""
-        self.last_verify_s = seconds
-        self.verify_s += seconds
-        self.target_passes += 1
-        first = prefix.n_tokens if self.noise is not None else 0
-        return pick_tokens(scored.logits[0], self.noise, first).cpu().numpy()
+    # --- the result ---------------------------------------------------------------------------
+    def decode_ms(self) -> float:
+        """The step's own time so far (ms): since its start, without the wait for the prefill."""
+        return (self.clock() - self.started - self.prefill_s) * 1e3
 
     def result(
         self,
@@ -134,14 +129,13 @@ class PassLedger:
         rounds: int,
         kf_filled: int,
         threshold: float | None,
-        started: float,
         mode: str = "",
     ) -> DecodeResult:
         toks = np.clip(np.asarray(tokens, dtype=np.int64), 0, MAX_TOKEN_ID)
         if toks.shape != (N_ACTION_TOKENS,):
             raise RuntimeError(f"decoder {name} produced {toks.shape} tokens, expected ({N_ACTION_TOKENS},)")
         action = self.policy.tokenizer.decode_checked(toks)
-        timings = {"draft": self.draft_s * 1e3, "verify": self.verify_s * 1e3, "decode": (self.clock() - started) * 1e3}
+        timings = {"draft": self.draft_s * 1e3, "verify": self.verify_s * 1e3, "decode": self.decode_ms()}
         return DecodeResult(
             action=action,
             tokens=toks,
@@ -157,20 +151,11 @@ class PassLedger:
             mode=mode,
         )
 
-    def state_result(
-        self, name: str, state: SpecState, *, kf_filled: int, threshold: float | None, started: float
-    ) -> DecodeResult:
+    def state_result(self, name: str, state: SpecState, *, kf_filled: int, threshold: float | None,
+                     mode: str = "") -> DecodeResult:
         """:meth:`result` of speculative decoding: the tokens and counts ``state`` holds."""
-        return self.result(
-            name,
-            state.tokens,
-            accepted_len=state.accepted,
-            drafted=state.drafted,
-            rounds=state.rounds,
-            kf_filled=kf_filled,
-            threshold=threshold,
-            started=started,
-        )
+        return self.result(name, state.tokens, accepted_len=state.accepted, drafted=state.drafted, rounds=state.rounds,
+                           kf_filled=kf_filled, threshold=threshold, mode=mode)
 
 
 @dataclass
@@ -182,7 +167,7 @@ class SpecState:
     consumed_last: the last token the cache holds (None while it holds none).
     """
 
-    prefix: Any
+    prefix: Prefix
     tokens: list[int] = field(default_factory=list)
     pending: int | None = None
     consumed_last: int | None = None
@@ -194,28 +179,37 @@ class SpecState:
     def remaining(self) -> int:
         return N_ACTION_TOKENS - len(self.tokens)
 
+    def take(self, draft: np.ndarray, accepted: int, bonus: int | None, prefix: Prefix) -> None:
+        """Keep ``accepted`` draft tokens and the ``bonus`` after them (not in ``prefix``, the cache
+        holding the decided tokens before it)."""
+        self.tokens.extend(int(t) for t in draft[:accepted])
+        self.prefix = prefix
+        if accepted > 0:
+            self.consumed_last = int(draft[accepted - 1])
+        elif self.pending is not None:
+            self.consumed_last = self.pending
+        self.pending = bonus
+        if bonus is not None:
+            self.tokens.append(bonus)
 
-def start_speculation(policy: PolicyLike, prefix: Any, context: DecodeContext) -> tuple[float, PassLedger, SpecState]:
-    """The start of speculative decoding: the time on ``context.clock``, a ledger and a fresh state."""
-    started = context.clock()
-    return started, PassLedger(policy, context.clock, context.token_noise), SpecState(prefix=prefix)
+
+Round = Generator[TargetPass, PassResult, None]
 
 
-def speculate_to_end(ledger: PassLedger, state: SpecState, r: float) -> None:
+def speculate_to_end(ledger: PassLedger, state: SpecState, r: float) -> Round:
     """Relaxed speculative rounds, each drafting every remaining token, until all tokens exist."""
     while state.remaining > 0:
-        speculative_round(ledger, state, r)
+        yield from speculative_round(ledger, state, r)
 
 
-def speculative_round(
-    ledger: PassLedger, state: SpecState, r: float, n_draft: int | None = None, parallel: bool = False
-) -> tuple[np.ndarray, int]:
+def speculative_round(ledger: PassLedger, state: SpecState, r: float, n_draft: int | None = None,
+                      parallel: bool = False) -> Round:
     """One draft/verify round with relaxed acceptance, advancing ``state`` in place.
 
     Drafts ``n_draft`` (default: all remaining) tokens (with the parallel head when ``parallel``),
     verifies them in one target pass (the pending bonus, if any, is fed first), keeps the accepted
-    prefix, then appends the target's argmax at the first rejection, or after the last draft token
-    when all were accepted and tokens are still missing. Returns (draft tokens, accepted count).
+    prefix, then appends the target's pick at the first rejection, or after the last draft token
+    when all were accepted and tokens are still missing.
     """
     n = state.remaining if n_draft is None else max(1, min(n_draft, state.remaining))
     draft = ledger.draft(state.prefix, n, state.consumed_last, state.pending, parallel=parallel)
@@ -223,19 +217,9 @@ def speculative_round(
     feed = ([state.pending] if state.pending is not None else []) + [int(t) for t in draft]
     if n == state.remaining:  # the draft ends the action: its last token's output would predict an 8th
         feed = feed[:-1]
-    argmax, extended = ledger.score(state.prefix, feed)
-    n_acc = accepted_length(draft, argmax[offset : offset + n], r)
-    state.tokens.extend(int(t) for t in draft[:n_acc])
-    state.prefix = extended.truncate(min(offset + n_acc, len(feed)))
-    if n_acc > 0:
-        state.consumed_last = int(draft[n_acc - 1])
-    elif state.pending is not None:
-        state.consumed_last = state.pending
-    state.accepted += n_acc
+    picks, extended = yield from ledger.score(state.prefix, feed)
+    verdict = accept(draft, picks[offset:], r, state.remaining)
+    state.take(draft, verdict.accepted, verdict.bonus, extended.truncate(min(offset + verdict.accepted, len(feed))))
+    state.accepted += verdict.accepted
     state.drafted += n
     state.rounds += 1
-    state.pending = None
-    if state.remaining > 0:
-        state.pending = int(argmax[offset + n_acc])
-        state.tokens.append(state.pending)
-    return draft, n_acc

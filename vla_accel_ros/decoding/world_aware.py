@@ -8,26 +8,27 @@ where it has earned it), which is accepted further, so less of the action is lef
 unverified fill.
 
 In free space (contact looseness from ``prefill_min_looseness``, by default where the previous
-action drafts too) the cheap sources' proposal is verified inside the prefill (``prefill_verify``, :mod:`kerv`): the action costs 6 more rows of the
-prefill and no pass after it. With the checked fill (``fill_check``) that is every step by default:
-near contact the prefill's proposal is rejected more often, and unchecked, the Kalman fill after the
-rejection is what costs grasps there; checked, it stays within r (0.4x the kinematic r at
-contact) of the target's own picks. That decision comes before the prefill, so without the scene it
-reads the contact head of the episode's previous step (one control period old; none at the first
-step, which decodes after the prefill). Decoding is otherwise exactly :class:`KervDecoder`'s,
-including its split around the verify pass after the prefill (``split_verify``), where the
-contact head is read in ``propose_after_prefill``.
+action drafts too) the cheap sources' proposal is verified inside the prefill (``prefill_verify``,
+:mod:`kerv`): the action costs 6 more rows of the prefill and no pass after it. With the checked
+fill (``fill_check``) that is every step by default: near contact the prefill's proposal is
+rejected more often, and unchecked, the Kalman fill after the rejection is what costs grasps there;
+checked, it stays within r (0.4x the kinematic r at contact) of the target's own picks. That
+decision comes before the prefill, so without the scene it reads the contact head of the episode's
+previous step (one control period old; none at the first step, which decodes after the prefill).
+Decoding is otherwise exactly :class:`KervDecoder`'s; the contact head is read on the step's
+prefill (:meth:`PassResult.contact_probability
+<vla_accel_ros.decoding.protocol.PassResult.contact_probability>`: once per step, and once per
+batched prefill for all its robots).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 from vla_accel_ros.decoding import specs
 from vla_accel_ros.decoding.kerv import KervDecoder
-from vla_accel_ros.decoding.protocol import DecodeContext, DecoderCapabilities
-from vla_accel_ros.decoding.specs import WorldAwareConfig
+from vla_accel_ros.decoding.protocol import DecodeContext, PassResult
+from vla_accel_ros.decoding.specs import DecoderSpec, KervConfig, WorldAwareConfig
 from vla_accel_ros.decoding.thresholds import (
     clearance_looseness,
     contact_probability_looseness,
@@ -36,38 +37,31 @@ from vla_accel_ros.decoding.thresholds import (
 from vla_accel_ros.models.api import PolicyLike
 
 
-def contact_looseness(policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
-    """1 in free space, 0 at contact: from the scene clearance if known, else the contact head."""
+def contact_looseness(prefill: PassResult, context: DecodeContext) -> float:
+    """1 in free space, 0 at contact: from the scene clearance if known, else the contact head on
+    the step's prefill."""
     if context.target_clearance is not None:
         return clearance_looseness(float(context.target_clearance))
-    return contact_probability_looseness(float(policy.contact_probability(prefix)))
+    return contact_probability_looseness(prefill.contact_probability())
 
 
 class WorldAwareDecoder(KervDecoder):
-    spec = specs.WorldAware
-    config_type = WorldAwareConfig
+    spec: ClassVar[type[DecoderSpec]] = specs.WorldAware
+    config_type: ClassVar[type[KervConfig]] = WorldAwareConfig
+    config: WorldAwareConfig
 
     def __init__(self, **cfg: Any) -> None:
         super().__init__(**cfg)
-        self._last_contact: tuple[Any, DecodeContext, float] | None = None
         self._previous_looseness: tuple[int, float] | None = None  # (step, contact looseness) last computed
-
-    def capabilities(self) -> DecoderCapabilities:
-        return replace(super().capabilities(), contact_head=True)
 
     @staticmethod
     def kinematics_only(policy: PolicyLike, context: DecodeContext) -> bool:
         """No scene clearance and no contact head: nothing tells contact, so the step is kerv's."""
         return context.target_clearance is None and not policy.capabilities().contact_head
 
-    def contact_looseness(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
-        """:func:`contact_looseness`, computed once per (prefix, context): the threshold and the
-        drafting decision of one step both ask (on a robot it is a contact-head forward)."""
-        last = self._last_contact
-        if last is not None and last[0] is prefix and last[1] is context:
-            return last[2]
-        value = contact_looseness(policy, prefix, context)
-        self._last_contact = (prefix, context, value)
+    def contact_looseness(self, prefill: PassResult, context: DecodeContext) -> float:
+        """:func:`contact_looseness`, kept for the next step's decision before its prefill."""
+        value = contact_looseness(prefill, context)
         self._previous_looseness = (context.step, value)
         return value
 
@@ -81,10 +75,10 @@ class WorldAwareDecoder(KervDecoder):
             return None
         return previous[1]
 
-    def hold_allowed(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> bool:
+    def hold_allowed(self, policy: PolicyLike, prefill: PassResult, context: DecodeContext) -> bool:
         if self.kinematics_only(policy, context):
             return True
-        return self.contact_looseness(policy, prefix, context) >= self.config.hold_min_looseness
+        return self.contact_looseness(prefill, context) >= self.config.hold_min_looseness
 
     def prefill_allowed(self, policy: PolicyLike, context: DecodeContext) -> bool:
         """In free space (looseness from ``prefill_min_looseness``), judged before the prefill."""
@@ -93,19 +87,19 @@ class WorldAwareDecoder(KervDecoder):
         looseness, minimum = self.looseness_before_prefill(context), self.config.prefill_min_looseness
         return looseness is not None and minimum is not None and looseness >= minimum
 
-    def threshold(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> float:
-        """The kinematic r scaled by contact; with ``prefix`` None (before the prefill) the contact
+    def threshold(self, policy: PolicyLike, prefill: PassResult | None, context: DecodeContext) -> float:
+        """The kinematic r scaled by contact; with ``prefill`` None (before the prefill) the contact
         known then (:meth:`looseness_before_prefill`), tight when there is none."""
-        r_kin = super().threshold(policy, prefix, context)
+        r_kin = super().threshold(policy, prefill, context)
         if self.kinematics_only(policy, context):
             return r_kin
-        if prefix is None:
+        if prefill is None:
             looseness = self.looseness_before_prefill(context) or 0.0
         else:
-            looseness = self.contact_looseness(policy, prefix, context)
+            looseness = self.contact_looseness(prefill, context)
         return float(world_aware_threshold(int(r_kin), looseness, self.config.r_max))
 
-    def after_prefill_verified(self, policy: PolicyLike, prefix: Any, context: DecodeContext) -> None:
+    def after_prefill_verified(self, policy: PolicyLike, prefill: PassResult, context: DecodeContext) -> None:
         """Without the scene, the next step's decision reads this step's contact head."""
         if context.target_clearance is None and not self.kinematics_only(policy, context):
-            self.contact_looseness(policy, prefix, context)
+            self.contact_looseness(prefill, context)

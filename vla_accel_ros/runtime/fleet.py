@@ -1,24 +1,20 @@
-"""Several robots on one policy: their steps decoded together, two batched passes per round.
+"""Several robots on one policy: their steps decoded together, their passes batched.
 
 A :class:`FleetRunner` holds one :class:`~vla_accel_ros.runtime.runner.PolicyRunner` per robot over
-one shared :class:`~vla_accel_ros.models.own.policy.Policy`, so every robot keeps its own Kalman
-filter, token history, sampling noise and decoder state. :meth:`FleetRunner.step` takes one
-observation of each robot (of any subset) and:
+one shared policy, so every robot keeps its own Kalman filter, token history, sampling noise and
+decoder state. :meth:`FleetRunner.step` takes one observation of each robot (of any subset), does
+each robot's bookkeeping before and after, and between them runs the robots' steps with
+:func:`~vla_accel_ros.runtime.steps.run_steps`, the driver a single runner uses with a batch of one:
 
-- asks each decoder for the proposal it would verify inside the prefill (``verifies_in_prefill``:
-  ``world_aware`` in free space);
-- runs ONE batched prefill for all of them, with each proposal riding along with its robot's
-  prefix (a robot without one gets placeholder tokens, whose rows it never reads); a decoder with
-  a proposal then finishes with ``decode_scored`` on its rows (no pass of its own);
-- on its row of the prefix alone (the prefill's rows before the tokens), lets each other decoder
-  either make its proposal (``split_verify``: ``kerv``; ``world_aware`` near contact and at an
-  episode's first step) with ``propose_after_prefill``, its draft head call still its own, or
-  ``decode`` with its own draft and verify passes (``ar``, ``sd``, ``deadline``); the contact head
-  the decoders read on their rows runs once for the whole batch (:class:`RoundPolicy`);
-- verifies all those proposals in ONE batched ``Policy.score`` over their prefix rows, whose time
-  is each such robot's verify time, then each robot's ``finish_verified`` reads its own row of it;
-- serves a decoder that skips steps (``heisd``) or a policy without batched passes (a Hugging
-  Face VLA) one robot at a time, as a single runner would.
+- ONE batched prefill for all of them, each robot's proposal riding along with its prefix (the
+  proposals ``world_aware`` verifies inside the prefill in free space; placeholders for a robot
+  without one, whose rows it never reads), and one contact-head call for the round's rows;
+- ONE batched ``score`` for the passes right after it with the same shape (the verify passes of
+  ``kerv``, ``world_aware`` near contact and at an episode's first step, and the first round of
+  the speculative decoders), whose time is each such robot's;
+- every later pass, each robot's own; a step served without the model (``heisd``'s verify-skip)
+  takes no part; a policy without batched passes (a Hugging Face VLA) serves the robots one at a
+  time, as a single runner would.
 
 Batching changes what a step costs, never what it computes: each robot's rows see only its own
 prefix (the batch dimension is independent) and its own sampling noise (drawn per robot, episode
@@ -30,60 +26,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any
-
-import numpy as np
-import torch
 
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.decoding.protocol import (
-    N_ACTION_TOKENS,
-    DecodeContext,
-    DecoderCapabilities,
-    DecodeResult,
-    PendingVerify,
-)
-from vla_accel_ros.models.api import PolicyLike, Prefix, ScoreOutput
-from vla_accel_ros.runtime.runner import PolicyRunner, run_policy_step
+from vla_accel_ros.decoding.protocol import DecodeResult
+from vla_accel_ros.runtime.runner import PolicyRunner
+from vla_accel_ros.runtime.steps import DRIVER_STAGES, RobotStep, run_steps
 
-# A round's stages, in order: each robot's bookkeeping before the model (``begin``: its filter and
-# decode context), the proposals for the prefill to verify, the observations into batched tensors,
-# the ONE batched prefill (``batched_pass``), the ONE batched verify pass after it
-# (``batched_verify``, 0 when no robot needs one), each decoder's own work after the prefill
-# (``finish``: proposals and draft heads, finishing, the passes of decoders that verify on their
-# own), and each robot's history (``end``). Robots served one at a time count whole under ``alone``.
-STAGES = ("begin", "propose", "tensors", "batched_pass", "batched_verify", "finish", "end", "alone")
-
-
-class RoundPolicy:
-    """The fleet's policy as the decoders of one round see it: every call and attribute is the
-    policy's, except ``contact_probability`` of this round's row prefixes (those passed through
-    :meth:`row`), which the first such call computes for every row of the batch in ONE contact-head
-    call (a ``world_aware`` robot asks once a step without the scene: one head call per robot
-    otherwise, each costing about what the batched one does)."""
-
-    def __init__(self, policy: PolicyLike, batch: Prefix) -> None:
-        self._policy = policy
-        self._batch = batch
-        self._rows: dict[int, tuple[Prefix, int]] = {}  # id -> (the row prefix, kept alive so its id stays its own; row)
-        self._probabilities: list[float] | None = None
-
-    def row(self, prefix: Prefix, index: int) -> Prefix:
-        """``prefix`` (batch row ``index`` of the round's prefill, as decoded), recorded as that row."""
-        self._rows[id(prefix)] = (prefix, index)
-        return prefix
-
-    def contact_probability(self, prefix: Prefix) -> float:
-        known = self._rows.get(id(prefix))
-        if known is None:
-            return self._policy.contact_probability(prefix)
-        if self._probabilities is None:
-            self._probabilities = torch.sigmoid(self._policy.contact_logits(self._batch)).tolist()
-        return self._probabilities[known[1]]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._policy, name)
+# A round's stages: each robot's bookkeeping before the model (``begin``: its filter and decode
+# context), the driver's (:data:`~vla_accel_ros.runtime.steps.DRIVER_STAGES`), and each robot's
+# history (``end``).
+STAGES = ("begin", *DRIVER_STAGES, "end")
 
 
 class FleetRunner:
@@ -100,7 +52,6 @@ class FleetRunner:
             raise ValueError("a fleet decodes with full vision (incremental vision is per robot)")
         self.runners = list(runners)
         self.policy = policy
-        self.batched = policy.capabilities().batched_passes
         self.last_stages: dict[str, float] = dict.fromkeys(STAGES, 0.0)  # ms, the latest round
 
     def step(self, observations: Sequence[tuple[int, Observation]]) -> list[DecodeResult]:
@@ -108,96 +59,11 @@ class FleetRunner:
         clock = time.perf_counter
         stages = dict.fromkeys(STAGES, 0.0)
         t0 = clock()
-        contexts = {i: self.runners[i].begin(obs) for i, obs in observations}
+        robots = [RobotStep(obs, self.runners[i].decoder, self.runners[i].begin(obs)) for i, obs in observations]
         stages["begin"] = (clock() - t0) * 1e3
-        results: dict[int, DecodeResult] = {}
-        together: list[tuple[int, Observation, DecoderCapabilities]] = []
-        for i, obs in observations:
-            runner = self.runners[i]
-            capabilities = runner.decoder.capabilities()  # once per robot and round: a dataclass each call
-            if not self.batched or capabilities.skips_steps:
-                t1 = clock()
-                results[i] = run_policy_step(self.policy, obs, runner.decoder, contexts[i])
-                stages["alone"] += (clock() - t1) * 1e3
-            else:
-                together.append((i, obs, capabilities))
-        if together:
-            results.update(self._batched(together, contexts, stages))
-        t2 = clock()
-        out = [self.runners[i].end(results[i]) for i, _ in observations]
-        stages["end"] = (clock() - t2) * 1e3
+        results = run_steps(self.policy, robots, together=True, clock=clock, stages=stages)
+        t1 = clock()
+        out = [self.runners[i].end(result) for (i, _), result in zip(observations, results, strict=True)]
+        stages["end"] = (clock() - t1) * 1e3
         self.last_stages = stages
         return out
-
-    def _batched(self, batch: list[tuple[int, Observation, DecoderCapabilities]], contexts: dict[int, DecodeContext],
-                 stages: dict[str, float]) -> dict[int, DecodeResult]:
-        policy = self.policy
-        out: dict[int, DecodeResult] = {}
-        clock = time.perf_counter
-        with torch.inference_mode():
-            started = clock()
-            proposals = [self.runners[i].decoder.prefill_proposal(policy, contexts[i])
-                         if capabilities.verifies_in_prefill else None for i, _, capabilities in batch]
-            proposed_at = clock()
-            # The rows of a robot without a proposal hold zeros (placeholders no decoder reads: the
-            # prefix's rows come first); the last proposed token is not fed (it would predict an 8th).
-            feed = np.zeros((len(batch), N_ACTION_TOKENS - 1), dtype=np.int64)
-            for row, proposal in enumerate(proposals):
-                if proposal is not None:
-                    feed[row] = proposal[: N_ACTION_TOKENS - 1]
-            t0 = clock()
-            output = policy.prefill_batch([obs for _, obs, _ in batch], torch.from_numpy(feed))
-            t1 = clock()
-            prefill_ms = (t1 - t0) * 1e3
-            shared = RoundPolicy(policy, output.prefix)
-            waiting: list[tuple[int, int, PendingVerify]] = []  # (row, robot, its step up to the verify pass)
-            for row, ((i, _, capabilities), proposal, (logits, prefix)) in enumerate(
-                    zip(batch, proposals, self._rows(output), strict=True)):
-                decoder = self.runners[i].decoder
-                if proposal is not None:
-                    scored = ScoreOutput(logits, shared.row(prefix, row))
-                    result = decoder.decode_scored(shared, scored, proposal, contexts[i])  # type: ignore[arg-type]
-                    out[i] = self._timed(result, prefill_ms, (proposed_at - started) * 1e3, started)
-                    continue
-                # the prefix alone: the prefill's rows up to its end, as a plain prefill gives them
-                alone = shared.row(prefix.truncate(0), row)
-                if capabilities.split_verify:
-                    step = decoder.propose_after_prefill(shared, alone, contexts[i])  # type: ignore[arg-type]
-                    if isinstance(step, PendingVerify):
-                        waiting.append((row, i, step))
-                        continue
-                    result = step  # finished without a verify pass to share
-                else:
-                    result = decoder.decode(shared, alone, contexts[i])  # type: ignore[arg-type]
-                out[i] = self._timed(result, prefill_ms, 0.0, started)
-            verify_ms = 0.0
-            if waiting:
-                t2 = clock()
-                verified = policy.score(output.prefix.truncate(0).select_rows([row for row, _, _ in waiting]),
-                                        torch.from_numpy(np.stack([step.tokens for _, _, step in waiting])))
-                verify_s = clock() - t2
-                verify_ms = verify_s * 1e3
-                for (_, i, step), scored in zip(waiting, self._rows(verified), strict=True):
-                    result = self.runners[i].decoder.finish_verified(shared, step, ScoreOutput(*scored), contexts[i],  # type: ignore[arg-type]
-                                                                     verify_s)
-                    out[i] = self._timed(result, prefill_ms, 0.0, started)
-            stages.update(propose=(proposed_at - started) * 1e3, tensors=(t0 - proposed_at) * 1e3,
-                          batched_pass=prefill_ms, batched_verify=verify_ms,
-                          finish=(clock() - t1) * 1e3 - verify_ms)
-        return out
-
-    @staticmethod
-    def _rows(output: ScoreOutput) -> list[tuple[torch.Tensor, Prefix]]:
-        """Each batch row's (logits (1, k+1, 256), prefix); a batch of one is its own row, with no
-        slicing of its cache."""
-        prefix = output.prefix
-        if prefix.batch_size == 1:
-            return [(output.logits, prefix)]
-        return [(output.logits[row : row + 1], prefix.select(row)) for row in range(prefix.batch_size)]
-
-    @staticmethod
-    def _timed(result: DecodeResult, prefill_ms: float, proposal_ms: float, started: float) -> DecodeResult:
-        """The result with the round's timings: the shared prefill, its own decoding, the round so far."""
-        decode_ms = result.timings["decode"] + proposal_ms
-        total_ms = (time.perf_counter() - started) * 1e3
-        return replace(result, timings=dict(result.timings, prefill=prefill_ms, decode=decode_ms, total=total_ms))

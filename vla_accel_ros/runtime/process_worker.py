@@ -319,8 +319,8 @@ class ProcessInferenceWorker(WorkerBase):
             return
         with self._lock:
             self._child_ms.append(float(reply["latency_ms"]))
-        report = StepReport(np.asarray(reply["actions"], dtype=float), int(reply["accepted_len"]), int(reply["drafted"]),
-                            int(reply["target_passes"]), float(reply["vision_fraction"]))
+        report = StepReport(np.asarray(reply["actions"], dtype=float), int(reply["accepted_len"]),
+                            int(reply["drafted"]), int(reply["target_passes"]), float(reply["vision_fraction"]))
         self._deliver(report, obs.stamp, obs.instruction, latency_ms)
 
     def _recover(self, dead: _Child | None) -> None:

@@ -4,33 +4,28 @@ Every path from an observation to an action goes through :class:`PolicyRunner` (
 and process workers, the lock-step core of record and replay, eval, bench); what the bench times
 is what the node runs. The runner keeps the per-episode history the decoders read and starts a new
 episode when told (``start_episode``) or when the observations say so (a new instruction, a jump of
-the arm). :func:`run_policy_step` is the one step beneath it: prefill, then decode.
+the arm). :func:`run_policy_step` is the one step beneath it: :func:`~vla_accel_ros.runtime.steps.run_steps`
+with a batch of one robot.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding.history import EpisodeHistory
-from vla_accel_ros.decoding.protocol import (
-    N_ACTION_TOKENS,
-    DecodeContext,
-    Decoder,
-    DecodeResult,
-)
+from vla_accel_ros.decoding.protocol import DecodeContext, Decoder, DecodeResult
 from vla_accel_ros.models.api import CheckpointRef, IncrementalPrefill, PolicyLike
 from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.models.sampling import SamplingConfig
+from vla_accel_ros.runtime.steps import RobotStep, run_steps
 
 # A measured joint jump this large (rad) between two observations is a new episode (sim reset):
 # the decoder's history (filter, tokens, gripper) no longer describes the arm.
@@ -92,8 +87,7 @@ class PolicyRunner:
         self.history.reset(episode=key)
         if self.vision is not None:
             self.vision.reset()
-        if self.decoder.capabilities().episode_state:
-            self.decoder.reset()
+        self.decoder.reset()
         self._episode_started = True
 
     def __call__(self, obs: Observation, *, target_clearance: float | None = None) -> DecodeResult:
@@ -140,54 +134,14 @@ def run_policy_step(
     context: DecodeContext,
     vision: IncrementalPrefill | None = None,
 ) -> DecodeResult:
-    """Prefill ``obs`` and decode one action, timing both on ``context.clock``.
+    """Decode one action for ``obs``: ``decoder``'s step, its passes made alone, timed on
+    ``context.clock`` (:func:`~vla_accel_ros.runtime.steps.run_steps`, a batch of one).
 
-    ``context.time_left_s`` counts from the start of this call; the decoder sees what is left
-    after the prefill. With ``vision``, the prefill re-encodes only the image patches that changed
-    (:mod:`vla_accel_ros.models.own.incremental_vision`).
-
-    A decoder that declares ``skips_steps`` may serve the step without the model (HeiSD's
-    verify-skip executes queued retrieved actions): when ``skip_step`` returns a result, that result
-    is returned at once, with no prefill (prefill time 0, nothing re-encoded) and no target pass.
-
-    A decoder that declares ``verifies_in_prefill`` may propose the 7 tokens before the
-    prefill (from what it knows without the image: the previous action, the Kalman filter). When
-    it does, the prefill verifies them in the same pass (``prefill_batch`` with the tokens: its first 6
-    ride along with the prefix) and ``decode_scored(policy, scored, proposal, context)`` finishes
-    the action, with no target pass of its own. The proposal's time counts as decoding; the one
-    pass counts as the prefill (incremental too).
+    ``context.time_left_s`` counts from the start of the step, the prefill included. With
+    ``vision``, the prefill re-encodes only the image patches that changed
+    (:mod:`vla_accel_ros.models.own.incremental_vision`). A plain ``prefill`` when nothing rides
+    along with it; ``prefill_batch`` of the one observation with a proposal the prefill verifies
+    (``world_aware`` in free space). A step served without the model (HeiSD's verify-skip) has no
+    prefill (its time 0, nothing re-encoded) and no target pass.
     """
-    clock = context.clock
-    t0 = clock()
-    capabilities = decoder.capabilities()
-    if capabilities.skips_steps:
-        skipped = decoder.skip_step(context)
-        if skipped is not None:
-            elapsed = (clock() - t0) * 1e3
-            return replace(skipped, timings=dict(skipped.timings, prefill=0.0, total=elapsed), vision_fraction=0.0)
-    fraction = 1.0
-    with torch.inference_mode():
-        proposal = decoder.prefill_proposal(policy, context) if capabilities.verifies_in_prefill else None
-        t_proposed = clock()
-        if proposal is not None:
-            # The last proposed token is not fed: its output would predict an 8th token.
-            feed = torch.tensor([proposal[: N_ACTION_TOKENS - 1].tolist()], dtype=torch.long)
-            scored = (policy if vision is None else vision).prefill_batch([obs], feed)
-        elif vision is None:
-            prefix = policy.prefill(obs)
-        else:
-            prefix = vision.prefill_batch([obs]).prefix
-        if vision is not None and vision.last is not None:
-            fraction = vision.last.fraction
-        t1 = clock()
-        if context.time_left_s is not None:
-            context = context.with_time_left(context.time_left_s - (t1 - t0))
-        if proposal is not None:
-            result = decoder.decode_scored(policy, scored, proposal, context)
-        else:
-            result = decoder.decode(policy, prefix, context)
-    t2 = clock()
-    # Choosing a proposal for the prefill to verify (or deciding not to) is decoding work.
-    decode_ms = result.timings["decode"] + (t_proposed - t0) * 1e3
-    timings = dict(result.timings, decode=decode_ms, prefill=(t1 - t_proposed) * 1e3, total=(t2 - t0) * 1e3)
-    return replace(result, timings=timings, vision_fraction=fraction)
+    return run_steps(policy, [RobotStep(obs, decoder, context, vision)], clock=context.clock)[0]

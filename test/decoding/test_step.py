@@ -1,6 +1,6 @@
-"""kerv and world_aware split their decoding after the prefill around its one verify pass
-(``split_verify``): ``propose_after_prefill``, the pass, ``finish_verified``. Run by hand, or with
-the pass batched over several robots' prefixes, that is ``decode`` token for token."""
+"""A decoder's step yields the target passes it needs and whoever drives it makes them: its prefill
+first (plain, or with a proposal riding along), then passes after a prefix. Driven by hand, with
+the verify pass batched over several robots' prefixes, a step is ``decode`` token for token."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding import DecodeContext, DecodeResult, make_decoder
-from vla_accel_ros.decoding.protocol import PendingVerify
+from vla_accel_ros.decoding.protocol import PassResult, TargetPass, advance
 from vla_accel_ros.models import Policy
 from vla_accel_ros.models.api import PolicyCapabilities
 
@@ -43,23 +43,37 @@ def contexts(kin: ArmKinematics, steps: int, noise: bool) -> list[DecodeContext]
 
 
 def by_hand(decoder: Any, policy: Any, prefix: Any, context: DecodeContext) -> DecodeResult:
-    step = decoder.propose_after_prefill(policy, prefix, context)
-    if isinstance(step, DecodeResult):
-        return step
-    return decoder.finish_verified(policy, step, policy.score(prefix, torch.from_numpy(step.tokens[None])), context, 1e-3)
+    """``decoder``'s step after ``prefix``, each pass made here and said to take 1 ms."""
+    steps = decoder.step(policy, context, prefix)
+    pending = advance(steps, None)
+    while isinstance(pending, TargetPass):
+        scored = policy.score(pending.prefix, torch.tensor([pending.tokens], dtype=torch.long))
+        pending = advance(steps, PassResult.alone(policy, scored.prefix, scored.logits, 1e-3))
+    return pending
 
 
-def test_kerv_and_world_aware_declare_the_split_and_deadline_does_not() -> None:
-    assert make_decoder("kerv").capabilities().split_verify
-    assert make_decoder("world_aware").capabilities().split_verify
-    for name in ("deadline", "sd", "ar", "kerv_released"):  # deadline is a kerv that decodes in rounds
-        assert not make_decoder(name).capabilities().split_verify, name
+@pytest.mark.parametrize("name", ["ar", "sd", "kerv", "world_aware", "deadline", "kerv_released"])
+def test_a_steps_first_pass_is_its_prefill_and_a_given_prefix_has_none(policy: Policy, kin: ArmKinematics,
+                                                                        observations: Observations, name: str) -> None:
+    context = contexts(kin, 1, noise=False)[0]
+    first = advance(make_decoder(name).step(policy, context), None)
+    assert isinstance(first, TargetPass) and first.prefix is None and first.tokens == ()  # step 0: nothing to propose
+    prefix = policy.prefill(observations(1, seed=20)[0])
+    after = advance(make_decoder(name).step(policy, context, prefix), None)
+    assert isinstance(after, TargetPass) and after.prefix is prefix
+
+
+def test_world_aware_proposes_inside_the_prefill_in_free_space(policy: Policy, kin: ArmKinematics) -> None:
+    context = replace(contexts(kin, 3, noise=False)[2], target_clearance=0.2)
+    first = advance(make_decoder("world_aware").step(policy, context), None)
+    assert isinstance(first, TargetPass) and first.prefix is None
+    assert first.tokens == tuple(context.token_history[-1][:6])  # no rate measured yet: the previous action
 
 
 @pytest.mark.parametrize("name", ["kerv", "world_aware"])
 @pytest.mark.parametrize("noise", [False, True])
-def test_the_split_steps_are_decode(policy: Policy, kin: ArmKinematics, observations: Observations, name: str,
-                                    noise: bool) -> None:
+def test_a_step_driven_by_hand_is_decode(policy: Policy, kin: ArmKinematics, observations: Observations, name: str,
+                                        noise: bool) -> None:
     whole, split = make_decoder(name), make_decoder(name)
     for obs, context in zip(observations(6, seed=21), contexts(kin, 6, noise), strict=True):
         prefix = policy.prefill(obs)
@@ -84,13 +98,15 @@ def test_one_batched_pass_verifies_several_robots_proposals(policy: Policy, kin:
     for t in range(5):
         tensors = [policy.observation_tensors(frames[r][t]) for r in range(n)]
         batch = policy.prefill_tensors(*(torch.cat([x[k] for x in tensors]) for k in range(3))).prefix
-        steps = [shared[r].propose_after_prefill(policy, batch.select(r), episodes[r][t]) for r in range(n)]
-        assert all(isinstance(step, PendingVerify) and step.tokens.shape == (6,) for step in steps)
-        scored = policy.score(batch.select_rows(list(range(n))), torch.from_numpy(np.stack([s.tokens for s in steps])))
+        steps = [shared[r].step(policy, episodes[r][t], batch.select(r)) for r in range(n)]
+        requests = [advance(step, None) for step in steps]
+        assert all(isinstance(request, TargetPass) and len(request.tokens) == 6 for request in requests)
+        proposals = torch.tensor([request.tokens for request in requests], dtype=torch.long)
+        scored = policy.score(batch.select_rows(list(range(n))), proposals)
         for r in range(n):
-            row = type(scored)(scored.logits[r : r + 1], scored.prefix.select(r))
-            got = shared[r].finish_verified(policy, steps[r], row, episodes[r][t])
+            got = advance(steps[r], PassResult.alone(policy, scored.prefix.select(r), scored.logits[r : r + 1], 0.0))
             expected = own[r].decode(policy, policy.prefill(frames[r][t]), episodes[r][t])
+            assert isinstance(got, DecodeResult)
             np.testing.assert_array_equal(got.tokens, expected.tokens, err_msg=f"robot {r} step {t}")
 
 
@@ -112,22 +128,26 @@ class WithoutDraftHead:
         return self.policy.score(prefix, tokens)
 
 
-def test_without_a_draft_head_the_first_step_comes_back_finished(policy: Policy, kin: ArmKinematics,
-                                                                 observations: Observations) -> None:
-    """No previous action to propose from: the first step decodes token by token (``ar``) inside
-    ``propose_after_prefill``; later steps propose the cheap sources' 7 tokens for one pass."""
+def test_without_a_draft_head_the_first_step_is_ar_and_later_ones_one_pass(policy: Policy, kin: ArmKinematics,
+                                                                           observations: Observations) -> None:
+    """No previous action to propose from: the first step decodes token by token (``ar``); later
+    steps propose the cheap sources' 7 tokens for one pass."""
     bare = WithoutDraftHead(policy)
     decoder, reference = make_decoder("kerv"), make_decoder("kerv")
     for obs, context in zip(observations(3, seed=40), contexts(kin, 3, noise=False), strict=True):
         prefix = policy.prefill(obs)
-        step = decoder.propose_after_prefill(bare, prefix, context)
+        steps = decoder.step(bare, context, prefix)
+        request = advance(steps, None)
+        assert isinstance(request, TargetPass)
         if context.step == 0:
-            assert isinstance(step, DecodeResult) and step.mode == "first_step_ar"
+            assert request.tokens == ()  # the target's own first token
+            result = by_hand(decoder, bare, prefix, context)
+            assert result.mode == "first_step_ar" and result.target_passes == 7
             reference.decode(bare, prefix, context)
             continue
-        assert isinstance(step, PendingVerify)
         if context.step == 1:  # no rate measured yet: the previous action proposes
-            np.testing.assert_array_equal(step.tokens, context.token_history[-1][:6])
-        result = decoder.finish_verified(bare, step, policy.score(prefix, torch.from_numpy(step.tokens[None])), context)
-        assert result.draft_passes == 0 and result.target_passes == 1
+            assert request.tokens == tuple(context.token_history[-1][:6])
+        scored = policy.score(prefix, torch.tensor([request.tokens], dtype=torch.long))
+        result = advance(steps, PassResult.alone(bare, scored.prefix, scored.logits, 0.0))
+        assert isinstance(result, DecodeResult) and result.draft_passes == 0 and result.target_passes == 1
         np.testing.assert_array_equal(result.tokens, reference.decode(bare, prefix, context).tokens)

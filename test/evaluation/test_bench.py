@@ -310,11 +310,10 @@ def test_plain_bench_includes_heisd_when_the_checkpoint_has_a_store(tmp_path) ->
 
     ckpt = default_checkpoint()
     policy = load_policy(ckpt)
-    plain = argparse.Namespace(decoders=None, store=None)
     decoders = default_decoders(policy)
     assert "heisd" in decoders  # the shipped checkpoint has heisd's draft head
-    options = bench_store_options(plain, decoders, ckpt, policy)
+    options = bench_store_options(decoders, ckpt, policy)
     assert options["store"].dim == policy.config.d_model
     assert "heisd" in [e.name for e in bench_entries(decoders, sweep=False)]
     storeless = default_decoders(policy)  # a checkpoint directory without retrieval_store/: heisd is left out
-    assert bench_store_options(plain, storeless, tmp_path, policy) == {} and "heisd" not in storeless
+    assert bench_store_options(storeless, tmp_path, policy) == {} and "heisd" not in storeless

@@ -58,21 +58,15 @@ from vla_accel_ros.evaluation.episode import (
     peak_rss_mb,
     run_episode,
 )
-from vla_accel_ros.evaluation.options import (
-    add_sampling_arguments,
-    sampling_config,
-)
-from vla_accel_ros.evaluation.robot_check import (
-    add_robot_arguments,
-    checkpoints_fit_robot,
-    sim_robot,
-)
-from vla_accel_ros.evaluation.vision_options import add_vision_arguments, vision_config
+from vla_accel_ros.evaluation.robot_check import checkpoints_fit_robot, sim_robot
 from vla_accel_ros.models.load import load_policy
 from vla_accel_ros.models.sampling import SamplingConfig
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
 from vla_accel_ros.sim.gl import check_rendering
+
+from .closed_loop_options import add_robot_arguments, add_sampling_arguments, sampling_config
+from .vision_options import add_vision_arguments, vision_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,11 +143,11 @@ def run(args: argparse.Namespace) -> int:
     for name in decoders:
         if name in names() and (why := spec_of(name).refusal(policy.capabilities())):
             raise SystemExit(f"{ckpt}: {why}")
-    wa_policy = wa_setup(args, decoders, policy)
+    wa_policy = wa_setup(decoders, policy, args.wa_checkpoint, decoders_named=args.decoders is not None)
     unknown = [d for d in decoders if d.removeprefix(WA_PREFILL_PREFIX) not in names()]
     if unknown:
         raise SystemExit(f"unknown decoders: {', '.join(unknown)} (choose from {', '.join(names())})")
-    store_options = bench_store_options(args, decoders, ckpt, policy)
+    store_options = bench_store_options(decoders, ckpt, policy, args.store, decoders_named=args.decoders is not None)
     if BASELINE not in decoders:
         decoders.insert(0, BASELINE)  # every speed-up is relative to the baseline from this same run
     entries = bench_entries(decoders, sweep=not args.no_sweep, incremental_vision=args.incremental_vision,

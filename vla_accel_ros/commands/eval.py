@@ -23,6 +23,7 @@ from vla_accel_ros.decoding.specs import (
     spec_of,
 )
 from vla_accel_ros.decoding.wa_prefill import WA_PREFILL_PREFIX, split_prefill
+from vla_accel_ros.evaluation.decoder_options import decoder_options
 from vla_accel_ros.evaluation.episode import (
     checkpoint_megabytes,
     peak_rss_mb,
@@ -30,22 +31,19 @@ from vla_accel_ros.evaluation.episode import (
     run_episode,
     summarize,
 )
-from vla_accel_ros.evaluation.options import (
-    add_episode_arguments,
-    add_sampling_arguments,
-    decoder_options,
-    sampling_config,
-)
-from vla_accel_ros.evaluation.robot_check import (
-    add_robot_arguments,
-    checkpoints_fit_robot,
-    sim_robot,
-)
-from vla_accel_ros.evaluation.vision_options import add_vision_arguments, vision_config
+from vla_accel_ros.evaluation.robot_check import checkpoints_fit_robot, sim_robot
 from vla_accel_ros.models.load import load_policy
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
 from vla_accel_ros.sim.gl import check_rendering
+
+from .closed_loop_options import (
+    add_episode_arguments,
+    add_robot_arguments,
+    add_sampling_arguments,
+    sampling_config,
+)
+from .vision_options import add_vision_arguments, vision_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

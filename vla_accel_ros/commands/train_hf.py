@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.training.common import config_from_args
 from vla_accel_ros.training.hf_vla import (
     AUTOCAST_DTYPES,
     PROMPT_LAYOUTS,
@@ -13,7 +12,8 @@ from vla_accel_ros.training.hf_vla import (
     HFTrainConfig,
     train_hf_vla,
 )
-from vla_accel_ros.training.options import add_run_arguments
+
+from .training_options import add_run_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -48,7 +48,6 @@ success, NCF share, accepted length and the speed-up over X alone.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -68,8 +67,8 @@ from vla_accel_ros.evaluation.comparisons import (
     CONTACT_COMPARISON,
     THRESHOLD_SWEPT,
 )
+from vla_accel_ros.evaluation.decoder_options import decoder_options
 from vla_accel_ros.evaluation.episode import EpisodeRecord, summarize
-from vla_accel_ros.evaluation.options import decoder_options
 from vla_accel_ros.models import Policy, load_checkpoint
 
 SWEEP_R = (3, 5, 9, 15, 20)
@@ -188,10 +187,12 @@ def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = F
             if e.decoder.startswith(WA_PREFILL_PREFIX) else e for e in entries]
 
 
-def wa_setup(args: argparse.Namespace, decoders: list[str], policy: Policy) -> Policy | None:
-    """The ``--wa-checkpoint`` policy, None without one. Adds ``wa_prefill+X`` for the default
-    bases when no decoders were named, and every X that a ``wa_prefill+X`` is compared with."""
-    if args.wa_checkpoint is not None and args.decoders is None:
+def wa_setup(decoders: list[str], policy: Policy, wa_checkpoint: Path | None,
+             decoders_named: bool = False) -> Policy | None:
+    """The policy of ``wa_checkpoint`` (``--wa-checkpoint``), None without one. Adds ``wa_prefill+X``
+    for the default bases to ``decoders`` unless they were named, and every X that a ``wa_prefill+X``
+    is compared with."""
+    if wa_checkpoint is not None and not decoders_named:
         decoders += [WA_PREFILL_PREFIX + d for d in WA_DEFAULT_BASES if d in names() and d in decoders]
     try:
         split = [split_prefill(d) for d in decoders]
@@ -199,19 +200,19 @@ def wa_setup(args: argparse.Namespace, decoders: list[str], policy: Policy) -> P
         raise SystemExit(str(err)) from err
     bases = [base for base, wa in split if wa]
     if not bases:
-        if args.wa_checkpoint is not None:
+        if wa_checkpoint is not None:
             raise SystemExit(f"--wa-checkpoint needs a {WA_PREFILL_PREFIX}X decoder among --decoders")
         return None
-    if args.wa_checkpoint is None:
+    if wa_checkpoint is None:
         raise SystemExit(f"{WA_PREFILL_PREFIX}X decoders need --wa-checkpoint (a checkpoint from vla-accel train-world)")
-    wa_policy = load_checkpoint(args.wa_checkpoint)
+    wa_policy = load_checkpoint(wa_checkpoint)
     if wa_policy.world is None:
-        raise SystemExit(f"{args.wa_checkpoint} has no world component: run vla-accel train-world")
+        raise SystemExit(f"{wa_checkpoint} has no world component: run vla-accel train-world")
     if wa_policy.config.image_size != policy.config.image_size:
-        raise SystemExit(f"{args.wa_checkpoint} and the base checkpoint use different image sizes")
+        raise SystemExit(f"{wa_checkpoint} and the base checkpoint use different image sizes")
     flow_decoders = flow_head_decoders()
     if wa_policy.flow is None and any(b in flow_decoders for b in bases):
-        raise SystemExit(f"{args.wa_checkpoint} has no continuous action head for {', '.join(flow_decoders)}")
+        raise SystemExit(f"{wa_checkpoint} has no continuous action head for {', '.join(flow_decoders)}")
     for base in bases:  # each wa_prefill+X is reported against X from this same run (listed just before it)
         if base not in decoders:
             decoders.insert(decoders.index(WA_PREFILL_PREFIX + base), base)
@@ -586,21 +587,22 @@ def plot_contact_bounds(rows: dict[str, dict[str, Any]], bounds: tuple[tuple[int
 
 
 
-def bench_store_options(args: argparse.Namespace, decoders: list[str], ckpt: Path, policy: Policy) -> dict[str, Any]:
-    """The retrieval store of the decoders that need one (:func:`store_decoders`), loaded once and
-    shared by every entry that runs one of them. Without ``--decoders`` and without a store, they
-    are dropped from ``decoders`` with a note; named explicitly, a missing store ends the run
-    saying how to build one."""
+def bench_store_options(decoders: list[str], ckpt: Path, policy: Policy, store: Path | None = None,
+                        decoders_named: bool = False) -> dict[str, Any]:
+    """The retrieval store of the decoders that need one (:func:`store_decoders`): ``store``, else
+    CKPT/retrieval_store, loaded once and shared by every entry that runs one of them. When
+    ``decoders`` were not named and there is no store, they are dropped from ``decoders`` with a
+    note; named, a missing store ends the run saying how to build one."""
     needing_store = store_decoders()
     needs = [d for d in decoders if d.removeprefix(WA_PREFILL_PREFIX) in needing_store]
     if not needs:
         return {}
-    if args.decoders is None and args.store is None and not default_store_dir(ckpt).exists():
+    if not decoders_named and store is None and not default_store_dir(ckpt).exists():
         print(f"note: no retrieval store at {default_store_dir(ckpt)}, {', '.join(needing_store)} left out "
               "(run vla-accel build-store)")
         for d in needs:
             decoders.remove(d)
         return {}
-    return decoder_options(needs[0].removeprefix(WA_PREFILL_PREFIX), args.store, ckpt, policy, ckpt)
+    return decoder_options(needs[0].removeprefix(WA_PREFILL_PREFIX), store, ckpt, policy, ckpt)
 
 

@@ -26,15 +26,17 @@ from vla_accel_ros.evaluation.bench import (
     bench_entries,
     bench_rows,
     bench_schedule,
-    bench_store_options,
     default_decoders,
-    markdown_table,
     matched_success,
+    row,
+)
+from vla_accel_ros.evaluation.bench_report import (
+    markdown_table,
     matched_success_table,
     plot_pareto,
     retrieval_note,
-    row,
 )
+from vla_accel_ros.evaluation.bench_run import bench_store_options
 from vla_accel_ros.evaluation.episode import EpisodeRecord
 
 

@@ -131,7 +131,8 @@ def test_after_prefill_entries_only_for_decoders_that_verify_inside_the_prefill(
 
 def summary(prefill: float, decode: float, total: float, **extra: float) -> dict:
     """An episode summary with these latency p50s (ms) and ``extra`` latency keys."""
-    latency = {"prefill_p50": prefill, "prefill_mean": prefill, "decode_p50": decode, "head_p50": None, "total_p50": total,
+    latency = {"prefill_p50": prefill, "prefill_mean": prefill, "decode_p50": decode, "head_p50": None,
+               "total_p50": total,
                "total_p99": total, "total_mean": total, **extra}
     return {"success_rate": 1.0, "ncf_rate": 0.0, "ncf_share": 0.0, "mean_accepted_len": 4.0,
             "acceptance_rate": 0.5, "target_passes_per_action": 1.0, "draft_passes_per_action": 1.0,
@@ -302,7 +303,8 @@ def test_heisd_row_reports_its_verify_skip_share_and_both_speed_ups() -> None:
     assert heisd["retrieval_mode_share"] == pytest.approx(2 / 5)
     assert {"speedup_vs_ar", "speedup_vs_ar_mean", "speedup_vs_ar_min", "speedup_vs_ar_mean_max"} <= set(heisd)
     note = retrieval_note(main)
-    assert note.startswith("heisd: verify-skip on 38% of actions") and "(p50 latency)" in note and "(mean latency)" in note
+    assert note.startswith("heisd: verify-skip on 38% of actions")
+    assert "(p50 latency)" in note and "(mean latency)" in note
     assert "[2.00–2.00]" in note and retrieval_note({"ar": main["ar"]}) == ""
 
 

@@ -15,7 +15,8 @@ def add_episode_arguments(parser: argparse.ArgumentParser, episodes: int = 50,
                           episodes_help: str = "number of episodes") -> None:
     """What every closed-loop command takes: episodes, first seed, output, checkpoint, step limit, threads."""
     parser.add_argument("--episodes", type=int, default=episodes, help=episodes_help)
-    parser.add_argument("--seed", type=int, default=EVAL_SEED_START, help=f"first seed (held out: >= {EVAL_SEED_START})")
+    parser.add_argument("--seed", type=int, default=EVAL_SEED_START,
+                        help=f"first seed (held out: >= {EVAL_SEED_START})")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory, or hf:DIR for a Hugging "
                         "Face VLA with OpenVLA's action tokens (default: the shipped one)")
@@ -27,8 +28,9 @@ def add_episode_arguments(parser: argparse.ArgumentParser, episodes: int = 50,
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
-                        help=f"action-token sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE}: the shipped "
-                             "policy's setting); the noise follows each episode's seed, and the draft heads share it")
+                        help=f"action-token sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE}: the "
+                             "shipped policy's setting); the noise follows each episode's seed, and the draft heads "
+                             "share it")
 
 
 def sampling_config(args: argparse.Namespace) -> SamplingConfig:

@@ -58,8 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="kerv, world_aware: the bounds of the kinematic acceptance threshold, in token bins "
                              "(default: the decoder's own, 5:15)")
     parser.add_argument("--store", type=Path, default=None,
-                        help=f"{', '.join(names_with(lambda s: s.retrieval_store))}: retrieval store directory (default: "
-                             "CHECKPOINT/retrieval_store; see vla-accel build-store)")
+                        help=f"{', '.join(names_with(lambda s: s.retrieval_store))}: retrieval store directory "
+                             "(default: CHECKPOINT/retrieval_store; see vla-accel build-store)")
     parser.add_argument("--wa-checkpoint", type=Path, default=None,
                         help=f"checkpoint with a world component (vla-accel train-world) for --decoder "
                              f"{WA_PREFILL_PREFIX}X (default: --checkpoint, which must then have one)")
@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_mb=checkpoint_megabytes(ckpt),
         peak_rss_mb=peak_rss_mb(),
         wall_s=time.perf_counter() - start,
-        per_episode=[{"seed": r.seed, "success": r.success, "steps": r.steps, "min_clearance": r.min_clearance} for r in records],
+        per_episode=[{"seed": r.seed, "success": r.success, "steps": r.steps, "min_clearance": r.min_clearance}
+                     for r in records],
     )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_latency(records, args.out / "latency.png", f"{args.decoder}: per-step latency")

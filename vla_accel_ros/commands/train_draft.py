@@ -17,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hf:DIR, a Hugging Face VLA (frozen); the head is written into DIR")
     parser.add_argument("--data", required=True, help="demo directory with episode_*.npz (docs/data_layout.md)")
     parser.add_argument("--device", default=d.device, help="where the model and the head run: cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", choices=DTYPES, default=d.dtype, help="the model's weights (default: vla_spec.json's)")
+    parser.add_argument("--dtype", choices=DTYPES, default=d.dtype,
+                        help="the model's weights (default: vla_spec.json's)")
     parser.add_argument("--unnorm-key", default=d.unnorm_key, help="dataset of the action statistics")
     parser.add_argument("--teacher", choices=TEACHERS, default=d.teacher,
                         help="tokens the target consumes while its hidden states are collected: the demo's "

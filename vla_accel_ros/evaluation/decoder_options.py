@@ -10,7 +10,8 @@ from vla_accel_ros.decoding.specs import spec_of
 from vla_accel_ros.models import Policy
 
 
-def decoder_options(name: str, store: Path | None, base_checkpoint: Path, policy: Policy, checkpoint: Path) -> dict[str, Any]:
+def decoder_options(name: str, store: Path | None, base_checkpoint: Path, policy: Policy,
+                    checkpoint: Path) -> dict[str, Any]:
     """What a decoder needs besides its defaults: for one with ``retrieval_store`` (heisd), the store
     (``store``, else BASE_CHECKPOINT/retrieval_store), checked against the policy; exits with how to
     build one."""

@@ -70,8 +70,8 @@ def command_line(cfg: Any, subcommand: str) -> str:
     return shlex.join(parts)
 
 
-def component_recipe(cfg: Any, data: DemoDataset, n_train: int, n_val: int, *, drop: Sequence[str] = ("progress", "out"),
-                     unit: str = "samples") -> dict[str, Any]:
+def component_recipe(cfg: Any, data: DemoDataset, n_train: int, n_val: int, *,
+                     drop: Sequence[str] = ("progress", "out"), unit: str = "samples") -> dict[str, Any]:
     """The recipe of a component trained on a checkpoint (``cfg`` has ``checkpoint`` and ``data``):
     its settings without ``drop``, both paths resolved, and the episode and split counts."""
     return {

@@ -26,15 +26,17 @@ from vla_accel_ros.evaluation.bench import (
     bench_entries,
     bench_rows,
     bench_schedule,
-    bench_store_options,
     default_decoders,
-    markdown_table,
     matched_success,
+    row,
+)
+from vla_accel_ros.evaluation.bench_report import (
+    markdown_table,
     matched_success_table,
     plot_pareto,
     retrieval_note,
-    row,
 )
+from vla_accel_ros.evaluation.bench_run import bench_store_options
 from vla_accel_ros.evaluation.episode import EpisodeRecord
 
 
@@ -129,7 +131,8 @@ def test_after_prefill_entries_only_for_decoders_that_verify_inside_the_prefill(
 
 def summary(prefill: float, decode: float, total: float, **extra: float) -> dict:
     """An episode summary with these latency p50s (ms) and ``extra`` latency keys."""
-    latency = {"prefill_p50": prefill, "prefill_mean": prefill, "decode_p50": decode, "head_p50": None, "total_p50": total,
+    latency = {"prefill_p50": prefill, "prefill_mean": prefill, "decode_p50": decode, "head_p50": None,
+               "total_p50": total,
                "total_p99": total, "total_mean": total, **extra}
     return {"success_rate": 1.0, "ncf_rate": 0.0, "ncf_share": 0.0, "mean_accepted_len": 4.0,
             "acceptance_rate": 0.5, "target_passes_per_action": 1.0, "draft_passes_per_action": 1.0,
@@ -300,7 +303,8 @@ def test_heisd_row_reports_its_verify_skip_share_and_both_speed_ups() -> None:
     assert heisd["retrieval_mode_share"] == pytest.approx(2 / 5)
     assert {"speedup_vs_ar", "speedup_vs_ar_mean", "speedup_vs_ar_min", "speedup_vs_ar_mean_max"} <= set(heisd)
     note = retrieval_note(main)
-    assert note.startswith("heisd: verify-skip on 38% of actions") and "(p50 latency)" in note and "(mean latency)" in note
+    assert note.startswith("heisd: verify-skip on 38% of actions")
+    assert "(p50 latency)" in note and "(mean latency)" in note
     assert "[2.00–2.00]" in note and retrieval_note({"ar": main["ar"]}) == ""
 
 
@@ -310,11 +314,10 @@ def test_plain_bench_includes_heisd_when_the_checkpoint_has_a_store(tmp_path) ->
 
     ckpt = default_checkpoint()
     policy = load_policy(ckpt)
-    plain = argparse.Namespace(decoders=None, store=None)
     decoders = default_decoders(policy)
     assert "heisd" in decoders  # the shipped checkpoint has heisd's draft head
-    options = bench_store_options(plain, decoders, ckpt, policy)
+    options = bench_store_options(decoders, ckpt, policy)
     assert options["store"].dim == policy.config.d_model
     assert "heisd" in [e.name for e in bench_entries(decoders, sweep=False)]
     storeless = default_decoders(policy)  # a checkpoint directory without retrieval_store/: heisd is left out
-    assert bench_store_options(plain, storeless, tmp_path, policy) == {} and "heisd" not in storeless
+    assert bench_store_options(storeless, tmp_path, policy) == {} and "heisd" not in storeless

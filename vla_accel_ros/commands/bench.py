@@ -4,18 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
-
-import numpy as np
-import torch
-from tqdm import tqdm
 
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding import make_decoder
-from vla_accel_ros.decoding.specs import names, spec_of
 from vla_accel_ros.decoding.wa_prefill import WA_DEFAULT_BASES, WA_PREFILL_PREFIX
 from vla_accel_ros.evaluation.bench import (
     AFTER_PREFILL_SUFFIX,
@@ -23,56 +16,25 @@ from vla_accel_ros.evaluation.bench import (
     SEQUENTIAL_SUFFIX,
     SWEEP_R,
     TEMPERATURE_PREFIX,
-    bench_entries,
-    bench_rows,
-    bench_schedule,
-    bench_store_options,
-    default_decoders,
     fill_check_decoders,
     flow_head_decoders,
-    markdown_table,
-    matched_success,
-    matched_success_table,
     parallel_draft_decoders,
-    plot_contact_bounds,
-    plot_pareto,
-    plot_temperature_sweep,
-    plot_threshold_trace,
-    plot_wa_relaxation,
     prefill_verifying_decoders,
-    retrieval_note,
     store_decoders,
-    wa_comparison,
-    wa_setup,
-    wa_table,
 )
+from vla_accel_ros.evaluation.bench_run import BenchOptions, run_bench
 from vla_accel_ros.evaluation.comparisons import (
     BASELINE,
     CONTACT_COMPARISON,
     THRESHOLD_SWEPT,
-    THRESHOLD_TRACED,
 )
-from vla_accel_ros.evaluation.episode import (
-    EpisodeRecord,
-    checkpoint_megabytes,
-    peak_rss_mb,
-    run_episode,
-)
-from vla_accel_ros.evaluation.options import (
-    add_sampling_arguments,
-    sampling_config,
-)
-from vla_accel_ros.evaluation.robot_check import (
-    add_robot_arguments,
-    checkpoints_fit_robot,
-    sim_robot,
-)
-from vla_accel_ros.evaluation.vision_options import add_vision_arguments, vision_config
-from vla_accel_ros.models.load import load_policy
+from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.models.sampling import SamplingConfig
-from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
-from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
+from vla_accel_ros.sim.env import EVAL_SEED_START
 from vla_accel_ros.sim.gl import check_rendering
+
+from .closed_loop_options import add_robot_arguments, add_sampling_arguments, sampling_config
+from .vision_options import add_vision_arguments, vision_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"CHECKPOINT/retrieval_store; without one, {', '.join(store_decoders())} is left out of "
                              "the default decoders; see vla-accel build-store)")
     parser.add_argument("--wa-checkpoint", type=Path, default=None,
-                        help=f"checkpoint with a world component (vla-accel train-world): runs the {WA_PREFILL_PREFIX}X "
+                        help="checkpoint with a world component (vla-accel train-world): runs the "
+                             f"{WA_PREFILL_PREFIX}X "
                              f"decoders (default: {', '.join(WA_PREFILL_PREFIX + d for d in WA_DEFAULT_BASES)}) and "
                              "compares each with X (wa_comparison.json)")
     parser.add_argument("--incremental-vision", action="store_true",
@@ -116,12 +79,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "plot success against temperature (temperature_sweep.png)")
     parser.add_argument("--sequential-draft", action="store_true",
                         help=f"also run {', '.join(parallel_draft_decoders())} with the sequential draft head "
-                             f"(entries named DECODER{SEQUENTIAL_SUFFIX}), next to the parallel head they use by default")
+                             f"(entries named DECODER{SEQUENTIAL_SUFFIX}), next to the parallel head they use by "
+                             "default")
     parser.add_argument("--contact-bounds", type=parse_contact_bounds, default=(), metavar="R_MIN:R_MAX,...",
-                        help=f"also run {' and '.join(CONTACT_COMPARISON)} at each of these same r bounds (entries named "
+                        help=f"also run {' and '.join(CONTACT_COMPARISON)} at each of these same r bounds (entries "
+                             "named "
                              "DECODER@r=[R_MIN,R_MAX]) and plot their near-contact failures (contact_bounds.png)")
     parser.add_argument("--after-prefill", action="store_true",
-                        help=f"also run {', '.join(prefill_verifying_decoders())} verifying after the prefill on every step "
+                        help=f"also run {', '.join(prefill_verifying_decoders())} verifying after the prefill on "
+                             "every step "
                              f"(entries named DECODER{AFTER_PREFILL_SUFFIX}), next to their default of verifying the "
                              "proposal inside the prefill in free space")
     parser.add_argument("--fill-check", action="store_true",
@@ -139,122 +105,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not check_rendering("bench"):  # no GL: one line saying what to set, before any work
         return 2
-    torch.set_num_threads(args.threads)
-    ckpt = args.checkpoint or default_checkpoint()
-    policy = load_policy(ckpt, unnorm_key=args.unnorm_key)
-    if args.decoders is None:  # every decoder the policy can serve (a Hugging Face VLA has no draft head)
-        decoders = default_decoders(policy)
-    else:
-        decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
-    for name in decoders:
-        if name in names() and (why := spec_of(name).refusal(policy.capabilities())):
-            raise SystemExit(f"{ckpt}: {why}")
-    wa_policy = wa_setup(args, decoders, policy)
-    unknown = [d for d in decoders if d.removeprefix(WA_PREFILL_PREFIX) not in names()]
-    if unknown:
-        raise SystemExit(f"unknown decoders: {', '.join(unknown)} (choose from {', '.join(names())})")
-    store_options = bench_store_options(args, decoders, ckpt, policy)
-    if BASELINE not in decoders:
-        decoders.insert(0, BASELINE)  # every speed-up is relative to the baseline from this same run
-    entries = bench_entries(decoders, sweep=not args.no_sweep, incremental_vision=args.incremental_vision,
-                            reuse_kv=args.reuse_kv, sequential_draft=args.sequential_draft,
-                            temperatures=args.temperature_sweep, contact_bounds=args.contact_bounds,
-                            after_prefill=args.after_prefill, sweep_r=args.sweep_r,
-                            sweep_decoders=args.sweep_decoders, fill_check=args.fill_check,
-                            fill_check_bounds=args.fill_check_bounds)
-    sampling = sampling_config(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    # entry name -> one list of episode records per repeat
-    records: dict[str, list[list[EpisodeRecord]]] = {e.name: [[] for _ in range(args.repeats)] for e in entries}
-    policies = {e.name: wa_policy if e.wa_prefill else policy for e in entries}
-    with PickCubeEnv(SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)) as env:
-        checkpoints = [ckpt] if wa_policy is None else [ckpt, args.wa_checkpoint]
-        if not checkpoints_fit_robot("bench", checkpoints, sim_robot(env), args.allow_unmatched_robot):
-            return 2
-        try:  # a setting this policy refuses (e.g. +iv on a Hugging Face VLA) ends the run with its reason
-            runners = {
-                e.name: build_runner(
-                    RunnerConfig(decoder=e.decoder,
-                                 temperature=sampling.temperature if e.temperature is None else e.temperature,
-                                 vision=vision_config(args, e.reuse_kv) if e.incremental_vision else None,
-                                 action_dt_s=env.control_dt, period_s=env.control_dt, max_steps=args.max_steps,
-                                 torch_threads=args.threads),
-                    env.kin, policy=policies[e.name],
-                    decoder=make_decoder(e.decoder, **dict(e.settings),
-                                         **(store_options if spec_of(e.decoder).retrieval_store else {})))
-                for e in entries
-            }
-        except ValueError as err:
-            raise SystemExit(f"{ckpt}: {err}") from err
-        schedule = bench_schedule(entries, args.episodes, args.repeats)
-        bar = tqdm(total=len(schedule), desc="bench", unit="ep")
-        for i, k, entry in schedule:
-            records[entry.name][k].append(run_episode(env, runners[entry.name], args.seed + i))
-            bar.update(1)
-            if entry is entries[-1]:
-                bar.set_postfix({n: f"{np.mean([r.success for rs in records[n] for r in rs]):.0%}" for n in decoders[:4]})
-        bar.close()
-
-    main_rows, sweep_rows = bench_rows(records, entries)
-    meta = {
-        "seed": args.seed,
-        "episodes": args.episodes,
-        "repeats": args.repeats,
-        "checkpoint": str(ckpt),
-        "checkpoint_mb": checkpoint_megabytes(ckpt),
-        "peak_rss_mb": peak_rss_mb(),
-        "wall_s": time.perf_counter() - start,
-        "threads": args.threads,
-        "temperature": sampling.temperature,
-        "fill_check_bounds": args.fill_check_bounds,  # None: each decoder's own
-    }
-    every_row = {**main_rows, **sweep_rows}
-    comparison = wa_comparison(every_row)
-    matched = matched_success(every_row)
-    (args.out / "matched_success.json").write_text(json.dumps(matched, indent=2))
-    if wa_policy is not None:
-        meta.update(wa_checkpoint=str(args.wa_checkpoint), wa_checkpoint_mb=checkpoint_megabytes(args.wa_checkpoint))
-        (args.out / "wa_comparison.json").write_text(json.dumps(comparison, indent=2))
-        (args.out / "wa_comparison.md").write_text(wa_table(comparison) + "\n")
-        plot_wa_relaxation(comparison, every_row, args.out / "wa_relaxation.png")
-    (args.out / "summary.json").write_text(json.dumps(main_rows, indent=2))
-    (args.out / "sweep.json").write_text(json.dumps(sweep_rows, indent=2))
-    (args.out / "meta.json").write_text(json.dumps(meta, indent=2))
-    table = markdown_table(main_rows)
-    verified = {name: r for name, r in main_rows.items() if "prefill_verified_share" in r}
-    if verified:
-        table += f"\n\nverified inside the prefill (decode ms = total - the prefill of {BASELINE} with the same vision): " + ", ".join(
-            f"{name} {r['prefill_verified_share']:.0%} of actions (prefill {r['prefill_verified_ms_p50']:.2f} ms there, "
-            f"{r['decode_after_prefill_ms_p50']:.2f} ms after it)" for name, r in verified.items())
-    incremental = {name: r for name, r in main_rows.items() if "prefill_speedup_vs_full" in r}
-    if incremental:
-        table += "\n\nprefill speed-up over the same decoder with full vision (p50, mean): " + ", ".join(
-            f"{name} {r['prefill_speedup_vs_full']:.2f}x, {r['prefill_speedup_vs_full_mean']:.2f}x"
-            for name, r in incremental.items())
-    if note := retrieval_note(main_rows):
-        table += "\n\n" + note
-    table += "\n\n" + matched_success_table(matched, main_rows[BASELINE]["success_rate"])
-    sweep_table = markdown_table(sweep_rows) if sweep_rows else ""
-    (args.out / "table.md").write_text(table + ("\n\nr sweep:\n\n" + sweep_table if sweep_table else "") + "\n")
-    if sweep_rows:
-        plot_pareto(sweep_rows, main_rows, args.out / "pareto.png")
-    swept = {e.temperature: main_rows[e.name] for e in entries if e.temperature is not None}
-    if swept:
-        plot_temperature_sweep(swept, args.out / "temperature_sweep.png")
-    if args.contact_bounds:
-        plot_contact_bounds(main_rows, args.contact_bounds, args.out / "contact_bounds.png")
-    traced = {n: records[n][0][0] for n in THRESHOLD_TRACED if n in records and records[n][0]}
-    if traced:
-        plot_threshold_trace(traced, args.out / "threshold_trace.png")
-    print(table)
-    if comparison:
-        print("\nworld-aware prefill vs the same decoder alone:\n" + wa_table(comparison))
-    if sweep_table:
-        print("\nr sweep:\n" + sweep_table)
-    print(f"bench: {args.episodes} episodes x {args.repeats} repeats x {len(entries)} decoder settings in "
-          f"{meta['wall_s']:.0f} s -> {args.out}")
+    options = bench_options(args)
+    result = run_bench(options)
+    if result is None:  # a checkpoint made for another arm: the reason is on stderr
+        return 2
+    print(result.report)
+    print(f"bench: {options.episodes} episodes x {options.repeats} repeats x {result.settings} decoder settings in "
+          f"{result.wall_s:.0f} s -> {options.out}")
     return 0
+
+
+def bench_options(args: argparse.Namespace) -> BenchOptions:
+    """The run the flags ask for; a bad ``--temperature`` or incremental-vision setting ends the
+    command with the reason."""
+    checkpoint = args.checkpoint or default_checkpoint()
+    try:  # the vision flags count only for the incremental entries
+        vision = vision_config(args) if args.incremental_vision or args.reuse_kv else VisionReuseConfig()
+    except ValueError as err:
+        raise SystemExit(f"{checkpoint}: {err}") from err
+    decoders = None if args.decoders is None else tuple(d.strip() for d in args.decoders.split(",") if d.strip())
+    return BenchOptions(
+        out=args.out, checkpoint=checkpoint, unnorm_key=args.unnorm_key, decoders=decoders, episodes=args.episodes,
+        seed=args.seed, repeats=args.repeats, max_steps=args.max_steps, threads=args.threads,
+        sampling=sampling_config(args), sweep=not args.no_sweep, sweep_r=args.sweep_r,
+        sweep_decoders=args.sweep_decoders, store=args.store, wa_checkpoint=args.wa_checkpoint,
+        incremental_vision=args.incremental_vision, reuse_kv=args.reuse_kv, vision=vision,
+        temperatures=args.temperature_sweep, sequential_draft=args.sequential_draft,
+        contact_bounds=args.contact_bounds, after_prefill=args.after_prefill, fill_check=args.fill_check,
+        fill_check_bounds=args.fill_check_bounds, allow_unmatched_robot=args.allow_unmatched_robot)
 
 
 def parse_contact_bounds(text: str) -> tuple[tuple[int, int], ...]:

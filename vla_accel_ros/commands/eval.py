@@ -23,6 +23,7 @@ from vla_accel_ros.decoding.specs import (
     spec_of,
 )
 from vla_accel_ros.decoding.wa_prefill import WA_PREFILL_PREFIX, split_prefill
+from vla_accel_ros.evaluation.decoder_options import decoder_options
 from vla_accel_ros.evaluation.episode import (
     checkpoint_megabytes,
     peak_rss_mb,
@@ -30,22 +31,19 @@ from vla_accel_ros.evaluation.episode import (
     run_episode,
     summarize,
 )
-from vla_accel_ros.evaluation.options import (
-    add_episode_arguments,
-    add_sampling_arguments,
-    decoder_options,
-    sampling_config,
-)
-from vla_accel_ros.evaluation.robot_check import (
-    add_robot_arguments,
-    checkpoints_fit_robot,
-    sim_robot,
-)
-from vla_accel_ros.evaluation.vision_options import add_vision_arguments, vision_config
+from vla_accel_ros.evaluation.robot_check import checkpoints_fit_robot, sim_robot
 from vla_accel_ros.models.load import load_policy
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
 from vla_accel_ros.sim.gl import check_rendering
+
+from .closed_loop_options import (
+    add_episode_arguments,
+    add_robot_arguments,
+    add_sampling_arguments,
+    sampling_config,
+)
+from .vision_options import add_vision_arguments, vision_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,8 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="kerv, world_aware: the bounds of the kinematic acceptance threshold, in token bins "
                              "(default: the decoder's own, 5:15)")
     parser.add_argument("--store", type=Path, default=None,
-                        help=f"{', '.join(names_with(lambda s: s.retrieval_store))}: retrieval store directory (default: "
-                             "CHECKPOINT/retrieval_store; see vla-accel build-store)")
+                        help=f"{', '.join(names_with(lambda s: s.retrieval_store))}: retrieval store directory "
+                             "(default: CHECKPOINT/retrieval_store; see vla-accel build-store)")
     parser.add_argument("--wa-checkpoint", type=Path, default=None,
                         help=f"checkpoint with a world component (vla-accel train-world) for --decoder "
                              f"{WA_PREFILL_PREFIX}X (default: --checkpoint, which must then have one)")
@@ -129,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_mb=checkpoint_megabytes(ckpt),
         peak_rss_mb=peak_rss_mb(),
         wall_s=time.perf_counter() - start,
-        per_episode=[{"seed": r.seed, "success": r.success, "steps": r.steps, "min_clearance": r.min_clearance} for r in records],
+        per_episode=[{"seed": r.seed, "success": r.success, "steps": r.steps, "min_clearance": r.min_clearance}
+                     for r in records],
     )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_latency(records, args.out / "latency.png", f"{args.decoder}: per-step latency")

@@ -8,11 +8,9 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.evaluation.hf_cost import CostOptions, hf_cost
-from vla_accel_ros.evaluation.vision_options import (
-    add_vision_reuse_arguments,
-    vision_config,
-)
 from vla_accel_ros.sim.gl import check_rendering
+
+from .vision_options import add_vision_reuse_arguments, vision_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,13 +43,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise SystemExit(f"hf-cost: {err}") from err
     r = hf_cost(opts)
-    print(f"{r['parameters'] / 1e6:.0f} M parameters, {r['prefix_tokens']}-token prefix: prefill {r['prefill_ms']:.0f} ms, "
-          f"1-token step {r['step_1_token_ms']:.1f} ms, 6-token verify {r['verify_6_tokens_ms']:.1f} ms, "
-          f"prefill verifying 6 {r['prefill_verifying_6_ms']:.0f} ms; vision tower and projector {r['vision_ms']:.1f} ms")
+    print(f"{r['parameters'] / 1e6:.0f} M parameters, {r['prefix_tokens']}-token prefix: prefill "
+          f"{r['prefill_ms']:.0f} ms, 1-token step {r['step_1_token_ms']:.1f} ms, 6-token verify "
+          f"{r['verify_6_tokens_ms']:.1f} ms, prefill verifying 6 {r['prefill_verifying_6_ms']:.0f} ms; vision tower "
+          f"and projector {r['vision_ms']:.1f} ms")
     print("| decoder | target passes / action | implied ms / action | implied e2e speed-up |")
     print("|---|---|---|---|")
     for row in r["decoders"]:
-        print(f"| {row['decoder']} | {row['target_passes']:.2f} | {row['implied_ms']:.0f} | {row['implied_speedup']:.2f}x |")
+        print(f"| {row['decoder']} | {row['target_passes']:.2f} | {row['implied_ms']:.0f} | "
+              f"{row['implied_speedup']:.2f}x |")
     if "incremental" in r:
         i = r["incremental"]
         rule = (f"feature threshold {vision.feature_threshold:g}" if vision.feature_threshold > 0

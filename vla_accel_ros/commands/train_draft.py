@@ -6,12 +6,9 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.models.hf.vla_spec import DTYPES
-from vla_accel_ros.training.common import config_from_args
 from vla_accel_ros.training.hf_draft import TEACHERS, HFDraftTrainConfig, train_hf_draft
-from vla_accel_ros.training.options import (
-    add_draft_optimiser_arguments,
-    add_run_arguments,
-)
+
+from .training_options import add_draft_optimiser_arguments, add_run_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hf:DIR, a Hugging Face VLA (frozen); the head is written into DIR")
     parser.add_argument("--data", required=True, help="demo directory with episode_*.npz (docs/data_layout.md)")
     parser.add_argument("--device", default=d.device, help="where the model and the head run: cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", choices=DTYPES, default=d.dtype, help="the model's weights (default: vla_spec.json's)")
+    parser.add_argument("--dtype", choices=DTYPES, default=d.dtype,
+                        help="the model's weights (default: vla_spec.json's)")
     parser.add_argument("--unnorm-key", default=d.unnorm_key, help="dataset of the action statistics")
     parser.add_argument("--teacher", choices=TEACHERS, default=d.teacher,
                         help="tokens the target consumes while its hidden states are collected: the demo's "

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.training.common import config_from_args
 from vla_accel_ros.training.flow import FlowTrainConfig, train_flow
-from vla_accel_ros.training.options import add_run_arguments
+
+from .training_options import add_run_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

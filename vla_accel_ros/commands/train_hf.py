@@ -1,11 +1,11 @@
-"""``vla-accel train-hf``: a small Hugging Face VLA (Llava: SigLIP/CLIP + Llama) in OpenVLA's layout, from demonstrations.
+"""``vla-accel train-hf``: a small Hugging Face VLA (Llava: SigLIP/CLIP + Llama) in OpenVLA's layout, from
+demonstrations.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.training.common import config_from_args
 from vla_accel_ros.training.hf_vla import (
     AUTOCAST_DTYPES,
     PROMPT_LAYOUTS,
@@ -13,7 +13,8 @@ from vla_accel_ros.training.hf_vla import (
     HFTrainConfig,
     train_hf_vla,
 )
-from vla_accel_ros.training.options import add_run_arguments
+
+from .training_options import add_run_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-vocab", type=int, default=d.text_vocab,
                         help="text vocabulary below the added tokens; its top 256 ids are the action ids")
     parser.add_argument("--dagger-rounds", type=int, default=d.dagger_rounds,
-                        help="rounds of policy-in-the-loop episodes labelled by the expert, each followed by fine-tuning")
+                        help="rounds of policy-in-the-loop episodes labelled by the expert, each followed by "
+                             "fine-tuning")
     parser.add_argument("--dagger-episodes", type=int, default=d.dagger_episodes, help="episodes per DAgger round")
     parser.add_argument("--dagger-share", type=float, default=d.dagger_share, help="share of steps the model drives")
     parser.add_argument("--dagger-seed", type=int, default=d.dagger_seed, help="seed of the first DAgger episode")

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.training.common import config_from_args
-from vla_accel_ros.training.options import (
-    add_draft_optimiser_arguments,
-    add_run_arguments,
-)
 from vla_accel_ros.training.parallel_draft import (
     ParallelDraftTrainConfig,
     train_parallel_draft,
 )
+
+from .training_options import add_draft_optimiser_arguments, add_run_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="trained checkpoint (its target and draft head are frozen)")
     parser.add_argument("--data", required=True, help="demo directory with episode_*.npz")
     parser.add_argument("--out", default=None,
-                        help="write a copy of the checkpoint with the parallel draft head here (required unless --in-place)")
+                        help="write a copy of the checkpoint with the parallel draft head here (required unless "
+                             "--in-place)")
     parser.add_argument("--in-place", action="store_true", help="add the head to --checkpoint itself instead of --out")
     add_draft_optimiser_arguments(parser, d, "feature")
     parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)

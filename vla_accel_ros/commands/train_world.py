@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.training.common import config_from_args
-from vla_accel_ros.training.options import add_run_arguments
 from vla_accel_ros.training.world import WorldTrainConfig, train_world
+
+from .training_options import add_run_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,12 +12,7 @@ import torch
 from tqdm import tqdm
 
 from vla_accel_ros.core.resources import default_checkpoint
-from vla_accel_ros.evaluation.options import add_episode_arguments
-from vla_accel_ros.evaluation.robot_check import (
-    add_robot_arguments,
-    checkpoints_fit_robot,
-    sim_robot,
-)
+from vla_accel_ros.evaluation.robot_check import checkpoints_fit_robot, sim_robot
 from vla_accel_ros.evaluation.vision_fidelity import (
     MODES,
     FidelityRecord,
@@ -25,13 +20,12 @@ from vla_accel_ros.evaluation.vision_fidelity import (
     plot_fidelity,
     run_episode,
 )
-from vla_accel_ros.evaluation.vision_options import (
-    add_vision_reuse_arguments,
-    vision_config,
-)
 from vla_accel_ros.models import load_checkpoint
 from vla_accel_ros.runtime.builder import build_runner
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
+
+from .closed_loop_options import add_episode_arguments, add_robot_arguments
+from .vision_options import add_vision_reuse_arguments, vision_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     ckpt = args.checkpoint or default_checkpoint()
     policy = load_checkpoint(ckpt)
     if policy.world is not None:
-        raise SystemExit(f"{ckpt} has a world-aware prefill, which incremental vision with reused keys/values does not support")
+        raise SystemExit(f"{ckpt} has a world-aware prefill, which incremental vision with reused keys/values "
+                         "does not support")
     encoders = {mode: policy.incremental_prefill(vision_config(args, reuse_kv)) for mode, reuse_kv in MODES.items()}
     records = {mode: FidelityRecord() for mode in MODES}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -67,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "summary.json").write_text(json.dumps({**summaries, "meta": meta}, indent=2))
     plot_fidelity(summaries, args.out / "fidelity.png")
     for mode, s in summaries.items():
-        print(f"{mode}: greedy action equal to full {s['action_agreement']:.1%}, tokens equal {s['token_agreement']:.1%} "
+        print(f"{mode}: greedy action equal to full {s['action_agreement']:.1%}, tokens equal "
+              f"{s['token_agreement']:.1%} "
               f"(within 2: {s['token_within_2']:.1%}, max distance {s['max_token_distance']}), hidden error p50 "
               f"{s['hidden_rel_error_p50']:.2e} / p99 {s['hidden_rel_error_p99']:.2e}, "
               f"{s['recomputed_fraction']:.0%} of patches re-encoded")

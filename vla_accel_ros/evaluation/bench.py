@@ -1,11 +1,13 @@
-"""The decoder bench: every decoder on the same seeded episodes, side by side, in one process (``vla-accel bench``).
+"""The decoder bench's entries, run order and rows: every decoder on the same seeded episodes, side by
+side, in one process (``vla-accel bench``; :mod:`~vla_accel_ros.evaluation.bench_run` runs them and
+:mod:`~vla_accel_ros.evaluation.bench_report` writes the files).
 
 Seeds are the outer loop and decoders the inner one, so machine noise hits every decoder alike;
 speed-ups are ratios of latencies measured in this one run, against the registry's ``BASELINE``
 (``ar``). With ``--repeats K`` each seed runs K times per decoder (:func:`bench_schedule`: for
 each seed, K rounds of every decoder in order), so drift within a seed hits all decoders alike
-too. Each ratio (``RATIO_KEYS``) is computed per repeat over that repeat's episodes; summary.json
-holds its median over the repeats under the plain key and the spread beside it (``speedup_vs_ar``,
+too. Each ratio (``RATIO_KEYS``) is computed per repeat over that repeat's episodes; a row holds
+its median over the repeats under the plain key and the spread beside it (``speedup_vs_ar``,
 ``speedup_vs_ar_min``, ``speedup_vs_ar_max``; likewise for the other ratios), also for K = 1
 (min = max = the value). Everything else in a row (success and NCF rates, accepted length, the
 latency percentiles, the mode shares) pools the episodes of all repeats; ``repeats`` is K.
@@ -16,52 +18,45 @@ speed-up.
 
 Which decoders get which extra rows is asked of the registry and the decoders' capabilities,
 never decided by name here: ``@sequential`` rows for those with ``parallel_draft``,
-``@after_prefill`` rows for those with ``verifies_in_prefill``, ``@fill_check`` rows (``--fill-check``) for
-those with ``fill_check``, the store for those with
-``retrieval_store``, the flow-head check for those with ``flow_head``.
+``@after_prefill`` rows for those with ``verifies_in_prefill``, ``@fill_check`` rows
+(``--fill-check``) for those with ``fill_check``, the store for those with ``retrieval_store``, the
+flow-head check for those with ``flow_head``.
 
-Outputs in DIR: ``summary.json`` (decoder name -> ``success_rate``, ``ncf_rate``, ``ncf_share``,
+A row (summary.json's, :func:`row`): ``success_rate``, ``ncf_rate``, ``ncf_share``,
 ``mean_accepted_len``, ``target_passes_per_action``, ``decode_ms_p50``, ``total_ms_p50``,
 ``total_ms_p99``, ``wall_ms_p50`` (the wall time around the runner's call per action; None when the
 episode summary has none), ``speedup_vs_ar`` (ratio of p50 latencies), ``speedup_vs_ar_mean``
 (ratio of mean latencies: time per action), ``decode_speedup_vs_ar``, each with ``_min``/``_max``,
-``repeats``, …), ``sweep.json``, ``table.md`` (ratios as ``median [min–max]`` when K > 1),
-``pareto.png`` (success vs speed-up over the sweep) and ``threshold_trace.png`` (r and acceptance
-per step of one episode). Incremental-vision rows (``DECODER+iv``, ``DECODER+ivkv``) also hold
-``prefill_speedup_vs_full``: the same decoder's full-vision prefill p50 over theirs, and
-``prefill_speedup_vs_full_mean`` the same of the means (full passes every few frames weigh there). The row of a
-decoder with a retrieval store (``heisd``) also holds ``retrieval_mode_share``,
-``verify_skip_share``, ``retrieval_accept_rate`` and ``retrieval_query_ms_p50``; it needs a
-retrieval store (``--store``, default CHECKPOINT/retrieval_store, from ``vla-accel build-store``; the
-shipped checkpoint has one, so a plain ``vla-accel bench`` runs heisd), and table.md says its
-verify-skip share and both speed-ups under the table (:func:`retrieval_note`).
+``repeats``, …; an r-sweep row (sweep.json's) also its ``sweep_r`` and ``decoder``.
+Incremental-vision rows (``DECODER+iv``, ``DECODER+ivkv``) also hold ``prefill_speedup_vs_full``:
+the same decoder's full-vision prefill p50 over theirs, and ``prefill_speedup_vs_full_mean`` the
+same of the means (full passes every few frames weigh there). The row of a decoder with a retrieval
+store (``heisd``) also holds ``retrieval_mode_share``, ``verify_skip_share``,
+``retrieval_accept_rate`` and ``retrieval_query_ms_p50``; it needs a retrieval store (``--store``,
+default CHECKPOINT/retrieval_store, from ``vla-accel build-store``; the shipped checkpoint has one,
+so a plain ``vla-accel bench`` runs heisd).
 
 ``--contact-bounds R_MIN:R_MAX,...`` adds the registry's ``CONTACT_COMPARISON`` pair (``kerv`` and
-``world_aware``) at each of those same r bounds (rows ``DECODER@r=[R_MIN,R_MAX]``) and ``contact_bounds.png``: at bounds loose enough for
-``kerv`` to fail near contact, what the contact signal saves.
+``world_aware``) at each of those same r bounds (rows ``DECODER@r=[R_MIN,R_MAX]``): at bounds loose
+enough for ``kerv`` to fail near contact, what the contact signal saves.
 
 With ``--wa-checkpoint`` (a checkpoint from ``vla-accel train-world``), ``wa_prefill+X`` rows run
-decoder X with that checkpoint's world-aware prefill on the same seeds (same summary.json keys;
-speed-ups vs AR are against the base AR), and ``wa_comparison.json`` / ``.md`` set each against X:
-success, NCF share, accepted length and the speed-up over X alone.
+decoder X with that checkpoint's world-aware prefill on the same seeds (same keys; speed-ups vs AR
+are against the base AR), and :func:`wa_comparison` sets each against X: success, NCF share,
+accepted length and the speed-up over X alone.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from vla_accel_ros.decoding.retrieval import default_store_dir
 from vla_accel_ros.decoding.specs import names, names_with, spec_of, threshold_sweep
 from vla_accel_ros.decoding.wa_prefill import (
-    WA_DEFAULT_BASES,
     WA_PREFILL_PREFIX,
-    split_prefill,
 )
 from vla_accel_ros.evaluation.comparisons import (
     BASELINE,
@@ -69,23 +64,17 @@ from vla_accel_ros.evaluation.comparisons import (
     THRESHOLD_SWEPT,
 )
 from vla_accel_ros.evaluation.episode import EpisodeRecord, summarize
-from vla_accel_ros.evaluation.options import decoder_options
-from vla_accel_ros.models import Policy, load_checkpoint
 
 SWEEP_R = (3, 5, 9, 15, 20)
 SEQUENTIAL_SUFFIX = "@sequential"
 AFTER_PREFILL_SUFFIX = "@after_prefill"
 FILL_CHECK_SUFFIX = "@fill_check"
 TEMPERATURE_PREFIX = "@T="
-# The speed-ups the accelerated decoders aim for (decode, end to end), drawn on pareto.png.
-DECODE_SPEEDUP_TARGET = 2.5
-E2E_SPEEDUP_TARGET = 1.5
 # The mode shares and store query time of a decoder with a retrieval store, copied into its row.
 RETRIEVAL_KEYS = ("retrieval_mode_share", "verify_skip_share", "retrieval_accept_rate", "retrieval_query_ms_p50")
 # The ratios of a row, each computed per repeat: the median goes under the key, the spread beside it.
 RATIO_KEYS = ("speedup_vs_ar", "decode_speedup_vs_ar", "speedup_vs_ar_mean", "prefill_speedup_vs_full",
               "prefill_speedup_vs_full_mean")
-SWEEP_COLOURS = ("tab:orange", "tab:blue", "tab:purple", "tab:brown", "tab:olive")  # one per THRESHOLD_SWEPT decoder
 
 
 Entry = TypeVar("Entry")
@@ -188,36 +177,6 @@ def bench_entries(decoders: list[str], sweep: bool, incremental_vision: bool = F
             if e.decoder.startswith(WA_PREFILL_PREFIX) else e for e in entries]
 
 
-def wa_setup(args: argparse.Namespace, decoders: list[str], policy: Policy) -> Policy | None:
-    """The ``--wa-checkpoint`` policy, None without one. Adds ``wa_prefill+X`` for the default
-    bases when no decoders were named, and every X that a ``wa_prefill+X`` is compared with."""
-    if args.wa_checkpoint is not None and args.decoders is None:
-        decoders += [WA_PREFILL_PREFIX + d for d in WA_DEFAULT_BASES if d in names() and d in decoders]
-    try:
-        split = [split_prefill(d) for d in decoders]
-    except ValueError as err:
-        raise SystemExit(str(err)) from err
-    bases = [base for base, wa in split if wa]
-    if not bases:
-        if args.wa_checkpoint is not None:
-            raise SystemExit(f"--wa-checkpoint needs a {WA_PREFILL_PREFIX}X decoder among --decoders")
-        return None
-    if args.wa_checkpoint is None:
-        raise SystemExit(f"{WA_PREFILL_PREFIX}X decoders need --wa-checkpoint (a checkpoint from vla-accel train-world)")
-    wa_policy = load_checkpoint(args.wa_checkpoint)
-    if wa_policy.world is None:
-        raise SystemExit(f"{args.wa_checkpoint} has no world component: run vla-accel train-world")
-    if wa_policy.config.image_size != policy.config.image_size:
-        raise SystemExit(f"{args.wa_checkpoint} and the base checkpoint use different image sizes")
-    flow_decoders = flow_head_decoders()
-    if wa_policy.flow is None and any(b in flow_decoders for b in bases):
-        raise SystemExit(f"{args.wa_checkpoint} has no continuous action head for {', '.join(flow_decoders)}")
-    for base in bases:  # each wa_prefill+X is reported against X from this same run (listed just before it)
-        if base not in decoders:
-            decoders.insert(decoders.index(WA_PREFILL_PREFIX + base), base)
-    return wa_policy
-
-
 def wa_comparison(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each ``wa_prefill+X`` row against X (``wa_prefill+X@r=…`` against ``X@r=…``): success, NCF
     share and the speed-up of the world-aware prefill over X alone (X's end-to-end latency / its
@@ -240,18 +199,6 @@ def wa_comparison(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "decode_speedup_vs_base": base["decode_ms_p50"] / wa["decode_ms_p50"],
         }
     return out
-
-
-def wa_table(comparison: dict[str, dict[str, Any]]) -> str:
-    lines = [("| world-aware prefill | SR (base -> wa) | NCF share (base -> wa) | accepted len (base -> wa) | "
-              "decode speed-up vs base | e2e speed-up vs base |"), "|" + "---|" * 6]
-    for name, c in comparison.items():
-        lines.append(
-            f"| {name} vs {c['base']} | {c['base_success_rate']:.0%} -> {c['success_rate']:.0%} | "
-            f"{c['base_ncf_share']:.0%} -> {c['ncf_share']:.0%} | {c['base_mean_accepted_len']:.2f} -> "
-            f"{c['mean_accepted_len']:.2f} | {c['decode_speedup_vs_base']:.2f}x | {c['speedup_vs_base']:.2f}x |"
-        )
-    return "\n".join(lines)
 
 
 def setting_family(name: str) -> str:
@@ -280,18 +227,6 @@ def matched_success(rows: dict[str, dict[str, Any]], tolerance: float = 0.02) ->
                if k in rows[best]},
         }
     return out
-
-
-def matched_success_table(matched: dict[str, dict[str, Any] | None], baseline_success: float) -> str:
-    lines = [f"fastest setting within 2 points of {BASELINE} ({baseline_success:.0%} success):", "",
-             "| family | setting | SR | NCF rate | accepted len | e2e speed-up vs ar |", "|" + "---|" * 6]
-    for family, m in matched.items():
-        if m is None:
-            lines.append(f"| {family} | none within 2 points | | | | |")
-        else:
-            lines.append(f"| {family} | {m['setting']} | {m['success_rate']:.0%} | {m['ncf_rate']:.0%} | "
-                         f"{m['mean_accepted_len']:.2f} | {ratio_cell(m, 'speedup_vs_ar')} |")
-    return "\n".join(lines)
 
 
 def row(summary: dict[str, Any], ar: dict[str, Any] | None, plain_prefill_ms: float | None = None) -> dict[str, Any]:
@@ -347,7 +282,8 @@ def bench_schedule(entries: Sequence[Entry], episodes: int, repeats: int = 1) ->
 def main_rows(summaries: dict[str, dict[str, Any]], entries: Sequence[BenchEntry]) -> dict[str, dict[str, Any]]:
     """summary.json's rows (every entry outside the r sweep) from each entry's episode summary."""
     baseline = summaries[BASELINE]
-    rows = {e.name: row(summaries[e.name], baseline, plain_prefill_ms(summaries, e)) for e in entries if e.sweep_r is None}
+    rows = {e.name: row(summaries[e.name], baseline, plain_prefill_ms(summaries, e))
+            for e in entries if e.sweep_r is None}
     for e in entries:  # incremental rows: their prefill against the same decoder's full-vision prefill
         if e.incremental_vision and e.decoder in rows:
             rows[e.name]["prefill_speedup_vs_full"] = rows[e.decoder]["prefill_ms_p50"] / rows[e.name]["prefill_ms_p50"]
@@ -401,206 +337,7 @@ def plain_prefill_ms(summaries: dict[str, dict[str, Any]], entry: BenchEntry) ->
     return summaries[reference]["latency_ms"]["prefill_p50"] if reference in summaries else None
 
 
-def ratio_cell(r: dict[str, Any], key: str) -> str:
-    """A ratio as "1.52x", with its spread over the repeats, "1.52x [1.40–1.61]", when there were several."""
-    value = r.get(key, float("nan"))
-    if r.get("repeats", 1) > 1 and key + "_min" in r:
-        return f"{value:.2f}x [{r[key + '_min']:.2f}–{r[key + '_max']:.2f}]"
-    return f"{value:.2f}x"
-
-
-def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
-    """One line per row; ``wall ms p50`` is "-" for a row without ``wall_ms_p50``; the speed-ups
-    are ``median [min–max]`` over the repeats when the rows have several (:func:`ratio_cell`)."""
-    header = "| decoder | SR | NCF rate | NCF share | accepted len | target passes/action | draft steps/action | prefill ms p50 | decode ms p50 | total ms p50 | total ms p99 | wall ms p50 | decode speed-up | e2e speed-up | e2e speed-up (mean) |"
-    lines = [header, "|" + "---|" * 15]
-    for name, r in rows.items():
-        wall = r.get("wall_ms_p50")
-        lines.append(
-            f"| {name} | {r['success_rate']:.0%} | {r['ncf_rate']:.0%} | {r['ncf_share']:.0%} | {r['mean_accepted_len']:.2f} | "
-            f"{r['target_passes_per_action']:.2f} | {r['draft_passes_per_action']:.2f} | {r['prefill_ms_p50']:.2f} | {r['decode_ms_p50']:.2f} | {r['total_ms_p50']:.2f} | "
-            f"{r['total_ms_p99']:.2f} | {'-' if wall is None else f'{wall:.2f}'} | "
-            f"{ratio_cell(r, 'decode_speedup_vs_ar')} | {ratio_cell(r, 'speedup_vs_ar')} | {ratio_cell(r, 'speedup_vs_ar_mean')} |"
-        )
-    return "\n".join(lines)
-
-
-def retrieval_note(rows: dict[str, dict[str, Any]]) -> str:
-    """One line per row with a retrieval store (heisd): its verify-skip share, retrieval-mode share
-    and query time, and both end-to-end speed-ups (p50 latency, and mean latency, which counts the
-    near-free skipped steps that the median hides); "" without such rows."""
-    lines = []
-    for name, r in rows.items():
-        if "verify_skip_share" not in r:
-            continue
-        query = r.get("retrieval_query_ms_p50")
-        lines.append(
-            f"{name}: verify-skip on {r['verify_skip_share']:.0%} of actions, retrieval mode on "
-            f"{r['retrieval_mode_share']:.0%} of model steps (retrieved action accepted whole "
-            f"{r['retrieval_accept_rate']:.0%}, query p50 {'-' if query is None else f'{query:.3f} ms'}); "
-            f"e2e speed-up {ratio_cell(r, 'speedup_vs_ar')} (p50 latency), "
-            f"{ratio_cell(r, 'speedup_vs_ar_mean')} (mean latency)")
-    return "\n".join(lines)
-
-
-def plot_pareto(sweep: dict[str, dict[str, Any]], main: dict[str, dict[str, Any]], out: Path) -> None:
-    """Success against decode and end-to-end speed-up: the r sweep of each ``THRESHOLD_SWEPT``
-    decoder as a line, the named rows as points, the speed-up targets as dashed lines (so the plot
-    shows how far off they are) and the band within 2 points of the baseline's success as "matched
-    success"."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
-    panels = (("decode_speedup_vs_ar", "decode speed-up vs AR (same run)", DECODE_SPEEDUP_TARGET),
-              ("speedup_vs_ar", "end-to-end speed-up vs AR (same run)", E2E_SPEEDUP_TARGET))
-    for ax, (key, label, target) in zip(axes, panels):
-        for family, color in zip(THRESHOLD_SWEPT, SWEEP_COLOURS):
-            pts = sorted((v["sweep_r"], v.get(key, 1.0), v["success_rate"])
-                         for k, v in sweep.items() if k.startswith(family + "@"))
-            if pts:
-                ax.plot([p[1] for p in pts], [p[2] for p in pts], "o-", color=color, label=f"{family} (r sweep)")
-                for r, x, y in pts:
-                    ax.annotate(f"r={r}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-        for name, v in main.items():
-            if "@" not in name:  # variants (@sequential, @r=[...], @T=...) have their own plots and tables
-                ax.scatter([v.get(key, 1.0)], [v["success_rate"]], marker="s", s=30, label=name, zorder=3)
-        ax.axvline(target, color="tab:red", linestyle="--", linewidth=1)
-        ax.annotate(f"target {target:g}x", (target, 0.02), xycoords=("data", "axes fraction"),
-                    textcoords="offset points", xytext=(4, 0), fontsize=8, color="tab:red")
-        if BASELINE in main:
-            ax.axhspan(main[BASELINE]["success_rate"] - 0.02, main[BASELINE]["success_rate"] + 0.02, color="tab:green",
-                       alpha=0.12, label="matched success (AR ± 2 points)")
-        ax.set_xlim(left=min(0.9, ax.get_xlim()[0]), right=max(target * 1.1, ax.get_xlim()[1]))
-        ax.set_xlabel(label)
-        ax.grid(alpha=0.3)
-    lowest = min([v["success_rate"] for v in (*sweep.values(), *main.values())], default=1.0)
-    axes[0].set_ylim(max(0.0, min(0.5, lowest - 0.1)), 1.03)  # whole-scale: a flat 100% stays readable
-    axes[0].set_ylabel("success rate")
-    axes[1].legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
-def plot_temperature_sweep(rows: dict[float, dict[str, Any]], out: Path) -> None:
-    """Success and NCF rate of the baseline against the token sampling temperature (0 = greedy)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    temperatures = sorted(rows)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label, style in (("success_rate", "success", "o-"), ("ncf_rate", "near-contact failure", "s--")):
-        ax.plot(temperatures, [rows[t][key] for t in temperatures], style, label=label)
-    ax.set_xlabel("sampling temperature (0 = greedy)")
-    ax.set_ylabel("rate over the episodes")
-    ax.set_ylim(-0.03, 1.03)
-    ax.set_title(f"{BASELINE}: success against temperature")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
-def plot_threshold_trace(records: dict[str, EpisodeRecord], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_r, ax_a) = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
-    for name, rec in records.items():
-        ax_r.plot(rec.thresholds, label=name)
-        ax_a.plot(rec.accepted, label=name)
-    ax_r.set_ylabel("threshold r (bins)")
-    ax_a.set_ylabel("accepted draft tokens")
-    ax_a.set_xlabel(f"control step (seed {next(iter(records.values())).seed})")
-    ax_r.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
-def plot_wa_relaxation(comparison: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]], out: Path) -> None:
-    """Success and end-to-end speed-up vs ar of each ``wa_prefill+X`` setting beside X at the same
-    setting: does the world-aware prefill keep success as the relaxation loosens?"""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(comparison)
-    x = np.arange(len(names))
-    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 0.9 * len(names) + 3), 4.2))
-    for ax, key, title in ((axes[0], "success_rate", "success rate"), (axes[1], "speedup_vs_ar", "e2e speed-up vs ar")):
-        base = [rows[comparison[n]["base"]].get(key, np.nan) for n in names]
-        wa = [rows[n].get(key, np.nan) for n in names]
-        ax.bar(x - 0.2, base, width=0.4, label="X alone")
-        ax.bar(x + 0.2, wa, width=0.4, label="wa_prefill+X")
-        ax.set_xticks(x, [comparison[n]["base"] for n in names], rotation=45, ha="right", fontsize=7)
-        ax.set_title(title)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0].set_ylim(0, 1.05)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
 def bounds_name(decoder: str, r_min: int, r_max: int) -> str:
     return f"{decoder}@r=[{r_min},{r_max}]"
-
-
-def plot_contact_bounds(rows: dict[str, dict[str, Any]], bounds: tuple[tuple[int, int], ...], out: Path) -> None:
-    """Near-contact failure and success of the ``CONTACT_COMPARISON`` pair at each of the same r bounds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
-    x = np.arange(len(bounds))
-    for ax, key, title in ((axes[0], "ncf_rate", "near-contact failure rate"), (axes[1], "success_rate", "success rate")):
-        for k, name in enumerate(CONTACT_COMPARISON):
-            values = [rows[bounds_name(name, lo, hi)][key] for lo, hi in bounds]
-            ax.bar(x + (k - 0.5) * 0.38, values, width=0.38, label=name)
-        ax.set_xticks(x, [f"[{lo}, {hi}]" for lo, hi in bounds])
-        ax.set_xlabel("r bounds [r_min, r_max]")
-        ax.set_title(title)
-        ax.set_ylim(0, 1.05)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
-
-
-
-
-
-
-def bench_store_options(args: argparse.Namespace, decoders: list[str], ckpt: Path, policy: Policy) -> dict[str, Any]:
-    """The retrieval store of the decoders that need one (:func:`store_decoders`), loaded once and
-    shared by every entry that runs one of them. Without ``--decoders`` and without a store, they
-    are dropped from ``decoders`` with a note; named explicitly, a missing store ends the run
-    saying how to build one."""
-    needing_store = store_decoders()
-    needs = [d for d in decoders if d.removeprefix(WA_PREFILL_PREFIX) in needing_store]
-    if not needs:
-        return {}
-    if args.decoders is None and args.store is None and not default_store_dir(ckpt).exists():
-        print(f"note: no retrieval store at {default_store_dir(ckpt)}, {', '.join(needing_store)} left out "
-              "(run vla-accel build-store)")
-        for d in needs:
-            decoders.remove(d)
-        return {}
-    return decoder_options(needs[0].removeprefix(WA_PREFILL_PREFIX), args.store, ckpt, policy, ckpt)
 
 

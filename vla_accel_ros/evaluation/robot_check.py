@@ -8,7 +8,6 @@ rate, image size) ends it unless ``--allow-unmatched-robot`` is given, which tur
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,13 +21,6 @@ from vla_accel_ros.core.robot_record import (
 )
 from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.sim.env import PickCubeEnv
-
-
-def add_robot_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--allow-unmatched-robot`` (``args.allow_unmatched_robot``, for :func:`checkpoints_fit_robot`)."""
-    parser.add_argument("--allow-unmatched-robot", action="store_true",
-                        help="run a checkpoint made for another arm with the same DOF (other joint names, TCP "
-                             "frame, policy rate or image size), with a warning; a different DOF never runs")
 
 
 def sim_robot(env: PickCubeEnv) -> RobotRecord:

@@ -1,6 +1,6 @@
 """The inference worker as a child process: the policy's Python glue never holds the node's GIL.
 
-``inference_mode: process`` (DESIGN §2): a thread beside the control timer shares one interpreter,
+``inference_mode: process`` (the node's default): a thread beside the control timer shares one interpreter,
 so every Python step between torch operators can delay a tick by up to a switch interval. Here the
 policy (the ``PolicyRunner`` that :func:`~vla_accel_ros.runtime.builder.build_runner` makes of the
 node's ``RunnerConfig``: checkpoint, decoder, episode history) lives in a child interpreter; the

@@ -5,7 +5,6 @@ targets, and loss plots.
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
 import shlex
@@ -71,8 +70,8 @@ def command_line(cfg: Any, subcommand: str) -> str:
     return shlex.join(parts)
 
 
-def component_recipe(cfg: Any, data: DemoDataset, n_train: int, n_val: int, *, drop: Sequence[str] = ("progress", "out"),
-                     unit: str = "samples") -> dict[str, Any]:
+def component_recipe(cfg: Any, data: DemoDataset, n_train: int, n_val: int, *,
+                     drop: Sequence[str] = ("progress", "out"), unit: str = "samples") -> dict[str, Any]:
     """The recipe of a component trained on a checkpoint (``cfg`` has ``checkpoint`` and ``data``):
     its settings without ``drop``, both paths resolved, and the episode and split counts."""
     return {
@@ -223,9 +222,3 @@ def plot_loss_curve(ax: Any, losses: Sequence[float],
         ax.legend()
     else:
         ax.text(0.5, 0.5, "not trained in this run", ha="center", va="center", transform=ax.transAxes)
-
-
-def config_from_args(config_type: type[Any], args: argparse.Namespace) -> Any:
-    """The config dataclass ``config_type`` from the parsed flags that name its fields."""
-    names = {f.name for f in fields(config_type)}
-    return config_type(**{k: v for k, v in vars(args).items() if k in names})

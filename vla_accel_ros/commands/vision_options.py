@@ -30,11 +30,12 @@ def add_vision_reuse_arguments(parser: argparse.ArgumentParser) -> None:
                         help="incremental prefill of a Hugging Face VLA: relative change of an image token's features "
                              "that makes it dynamic (0 = judge by pixels, --vision-threshold)")
     parser.add_argument("--vision-reuse-tower", action="store_true",
-                        help="incremental prefill of a Hugging Face VLA: run its vision tower, too, only on the patches "
-                             "whose pixels moved (--vision-tower-threshold), the others keeping their keys, values and "
-                             "features in every tower layer")
+                        help="incremental prefill of a Hugging Face VLA: run its vision tower, too, only on the "
+                             "patches whose pixels moved (--vision-tower-threshold), the others keeping their keys, "
+                             "values and features in every tower layer")
     parser.add_argument("--vision-tower-threshold", type=float, default=d.tower_threshold,
-                        help="--vision-reuse-tower: mean |pixel change| (0..255) that makes the tower recompute a patch")
+                        help="--vision-reuse-tower: mean |pixel change| (0..255) that makes the tower recompute a "
+                             "patch")
     parser.add_argument("--vision-tower-refresh", type=int, default=d.tower_refresh_steps,
                         help="--vision-reuse-tower: run the tower on every patch at least every N frames")
 

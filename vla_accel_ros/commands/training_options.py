@@ -1,10 +1,11 @@
-"""Command-line options shared by the training commands (train, train-flow, train-parallel-draft,
-train-draft, train-world): the data selection, the seed, the threads and the progress bars, and
-the optimiser of the draft-head trainers."""
+"""The flags shared by the training commands (train, train-flow, train-parallel-draft, train-draft,
+train-world, train-hf): the data selection, the seed, the threads and the progress bars, and the
+optimiser of the draft-head trainers; and the trainer's config from the parsed flags."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from typing import Any
 
 
@@ -28,3 +29,9 @@ def add_draft_optimiser_arguments(parser: argparse.ArgumentParser, defaults: Any
     parser.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
     parser.add_argument("--feature-weight", type=float, default=defaults.feature_weight,
                         help=f"weight of the {feature} regression next to the token cross-entropy")
+
+
+def config_from_args(config_type: type[Any], args: argparse.Namespace) -> Any:
+    """The config dataclass ``config_type`` from the parsed flags that name its fields."""
+    names = {f.name for f in fields(config_type)}
+    return config_type(**{k: v for k, v in vars(args).items() if k in names})

@@ -23,8 +23,12 @@ ALLOWED: dict[str, set[str]] = {
     # evaluation may build what it measures with the trainers' builders (hf-cost: a random VLA)
     "evaluation": {"core", "models", "decoding", "runtime", "sim", "training", "evaluation"},
     "rosbag": {"core", "models", "decoding", "runtime", "sim", "ros", "rosbag"},
-    "commands": {"core", "models", "decoding", "runtime", "sim", "ros", "training", "evaluation", "rosbag"},
+    "commands": {"core", "models", "decoding", "runtime", "sim", "ros", "training", "evaluation", "rosbag",
+                 "commands"},
 }
+# What the commands share: the flags several of them take. No other command module is imported by another.
+SHARED_COMMAND_MODULES = {"vla_accel_ros.commands.closed_loop_options", "vla_accel_ros.commands.vision_options",
+                          "vla_accel_ros.commands.training_options"}
 # The rclpy adapters: the only modules that import rclpy when imported. Everything else, the
 # commands that start ROS processes included (sim, record, replay), imports rclpy only when it runs.
 RCLPY_ADAPTERS = {"vla_accel_ros.ros.node", "vla_accel_ros.ros.rclpy_util", "vla_accel_ros.ros.sim_node",
@@ -44,10 +48,15 @@ def package_modules() -> list[Path]:
 
 
 def imported(path: Path) -> list[tuple[str, list[str]]]:
-    """Every ``vla_accel_ros`` import of a module, at any depth: (module, names imported from it)."""
+    """Every ``vla_accel_ros`` import of a module, at any depth, relative ones resolved: (module,
+    names imported from it)."""
     found = []
+    package = module_name(path).split(".") if path.name == "__init__.py" else module_name(path).split(".")[:-1]
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vla_accel_ros"):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            found.append((".".join([*base, *([node.module] if node.module else [])]), [a.name for a in node.names]))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vla_accel_ros"):
             found.append((node.module, [a.name for a in node.names]))
         elif isinstance(node, ast.Import):
             found += [(a.name, []) for a in node.names if a.name.startswith("vla_accel_ros")]
@@ -71,12 +80,20 @@ def test_imports_point_downward() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def test_no_relative_imports() -> None:
+    """Every import names its module in full: the layer checks above read what a module imports."""
+    relative = [module_name(p) for p in package_modules()
+                if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(ast.parse(p.read_text())))]
+    assert not relative, relative
+
+
 def test_no_private_names_and_no_command_modules_are_imported() -> None:
     wrong = []
     for path in package_modules():
         for target, names in imported(path):
             wrong += [f"{module_name(path)} imports {target}.{n}" for n in names if n.startswith("_")]
-            if layer_of(target) == "commands" and module_name(path) != "vla_accel_ros.commands":
+            if (layer_of(target) == "commands" and module_name(path) != "vla_accel_ros.commands"
+                    and not (target in SHARED_COMMAND_MODULES and layer_of(module_name(path)) == "commands")):
                 wrong.append(f"{module_name(path)} imports the command module {target}")
     for path in sorted((PACKAGE.parent / "test").rglob("*.py")):  # the tests use the public names too
         for target, names in imported(path):

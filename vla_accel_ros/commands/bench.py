@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vla_accel_ros.commands.closed_loop_options import add_robot_arguments, add_sampling_arguments, sampling_config
+from vla_accel_ros.commands.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding import make_decoder
@@ -32,9 +34,6 @@ from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.models.sampling import SamplingConfig
 from vla_accel_ros.sim.env import EVAL_SEED_START
 from vla_accel_ros.sim.gl import check_rendering
-
-from .closed_loop_options import add_robot_arguments, add_sampling_arguments, sampling_config
-from .vision_options import add_vision_arguments, vision_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

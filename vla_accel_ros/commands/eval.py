@@ -12,6 +12,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from vla_accel_ros.commands.closed_loop_options import (
+    add_episode_arguments,
+    add_robot_arguments,
+    add_sampling_arguments,
+    sampling_config,
+)
+from vla_accel_ros.commands.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding import make_decoder
@@ -36,14 +43,6 @@ from vla_accel_ros.models.load import load_policy
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
 from vla_accel_ros.sim.gl import check_rendering
-
-from .closed_loop_options import (
-    add_episode_arguments,
-    add_robot_arguments,
-    add_sampling_arguments,
-    sampling_config,
-)
-from .vision_options import add_vision_arguments, vision_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

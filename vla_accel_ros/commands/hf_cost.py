@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import argparse
 
+from vla_accel_ros.commands.vision_options import add_vision_reuse_arguments, vision_config
 from vla_accel_ros.evaluation.hf_cost import CostOptions, hf_cost
 from vla_accel_ros.sim.gl import check_rendering
-
-from .vision_options import add_vision_reuse_arguments, vision_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

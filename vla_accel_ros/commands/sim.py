@@ -7,9 +7,9 @@ import argparse
 import sys
 import time
 
+from vla_accel_ros.commands.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding.specs import DEFAULT
-from vla_accel_ros.evaluation.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE
 from vla_accel_ros.ros.launcher import (
     NodeRefused,

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from vla_accel_ros.commands.training_options import add_run_arguments, config_from_args
 from vla_accel_ros.training.target import TrainConfig, train
-
-from .training_options import add_run_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+from vla_accel_ros.commands.training_options import add_draft_optimiser_arguments, add_run_arguments, config_from_args
 from vla_accel_ros.models.hf.vla_spec import DTYPES
 from vla_accel_ros.training.hf_draft import TEACHERS, HFDraftTrainConfig, train_hf_draft
-
-from .training_options import add_draft_optimiser_arguments, add_run_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

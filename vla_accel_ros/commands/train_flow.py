@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from vla_accel_ros.commands.training_options import add_run_arguments, config_from_args
 from vla_accel_ros.training.flow import FlowTrainConfig, train_flow
-
-from .training_options import add_run_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

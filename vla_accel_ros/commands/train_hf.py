@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from vla_accel_ros.commands.training_options import add_run_arguments, config_from_args
 from vla_accel_ros.training.hf_vla import (
     AUTOCAST_DTYPES,
     PROMPT_LAYOUTS,
@@ -13,8 +14,6 @@ from vla_accel_ros.training.hf_vla import (
     HFTrainConfig,
     train_hf_vla,
 )
-
-from .training_options import add_run_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import argparse
 
+from vla_accel_ros.commands.training_options import add_draft_optimiser_arguments, add_run_arguments, config_from_args
 from vla_accel_ros.training.parallel_draft import (
     ParallelDraftTrainConfig,
     train_parallel_draft,
 )
-
-from .training_options import add_draft_optimiser_arguments, add_run_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from vla_accel_ros.commands.closed_loop_options import add_episode_arguments, add_robot_arguments
+from vla_accel_ros.commands.vision_options import add_vision_reuse_arguments, vision_config
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.evaluation.robot_check import checkpoints_fit_robot, sim_robot
 from vla_accel_ros.evaluation.vision_fidelity import (
@@ -23,9 +25,6 @@ from vla_accel_ros.evaluation.vision_fidelity import (
 from vla_accel_ros.models import load_checkpoint
 from vla_accel_ros.runtime.builder import build_runner
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
-
-from .closed_loop_options import add_episode_arguments, add_robot_arguments
-from .vision_options import add_vision_reuse_arguments, vision_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image, JointState  # noqa: E402
 from std_msgs.msg import Float64MultiArray, String  # noqa: E402
 
-from vla_accel_ros.core import remote_protocol  # noqa: E402
+from vla_accel_ros.ros import remote_protocol  # noqa: E402
 from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.core.observation import Observation  # noqa: E402
 from vla_accel_ros.core.resources import default_urdf  # noqa: E402

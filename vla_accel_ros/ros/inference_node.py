@@ -2,7 +2,7 @@
 
 For each robot (``robots``: their namespaces), it subscribes to the observations that robot's
 control node publishes in ``inference_mode: remote`` and answers each with its actions, in the
-standard messages of ``core/remote_protocol.py``: observations best effort, depth 1; actions
+standard messages of ``ros/remote_protocol.py``: observations best effort, depth 1; actions
 reliable, depth 1. Every robot has its own :class:`~vla_accel_ros.runtime.runner.PolicyRunner`
 (its Kalman filter, token history and sampling noise) over one shared policy, and a daemon thread
 decodes the newest complete observation of every robot that has one together, in rounds: one
@@ -31,7 +31,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 
-from vla_accel_ros.core import remote_protocol
+from vla_accel_ros.ros import remote_protocol
 from vla_accel_ros.core.convert import compressed_to_rgb, image_to_rgb
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf

@@ -169,7 +169,7 @@ class _Monitor:
     def inference_connected(self) -> bool:
         """vla_inference_node is up and its endpoints are discovered from this side (across the
         veth pair in --netns), so the first episode's observations reach it."""
-        from vla_accel_ros.core import remote_protocol
+        from vla_accel_ros.ros import remote_protocol
 
         return (bool(self.inference_stats) and self.node.count_subscribers(f"/{remote_protocol.STATE_TOPIC}") >= 1
                 and self.node.count_publishers(f"/{remote_protocol.ACTION_TOPIC}") >= 1)

@@ -61,7 +61,7 @@ from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import SetBool
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
-from vla_accel_ros.core import remote_protocol
+from vla_accel_ros.ros import remote_protocol
 from vla_accel_ros.core.controller import Controller, TickResult
 from vla_accel_ros.core.convert import (
     compressed_to_rgb,

@@ -230,11 +230,11 @@ def test_deterministic_summary_counts_input_errors_by_kind(arms: dict[str, Path]
 
 
 def test_params_file_then_flags_reach_the_node_in_that_order(arms: dict[str, Path]) -> None:
-    opts = ReplayOptions(bag=str(arms["plain"]), params_file=str(arms["params"]), decoder="sd",
+    opts = ReplayOptions(bag=str(arms["plain"]), params_file=str(arms["params"]), policy={"decoder": "sd"},
                          tcp_frame="fr_flange")
     settings = node_settings(opts, {"decoder": "ar", "control_rate_hz": 25.0})
     cfg = settings.config
-    assert (cfg.decoder, cfg.tcp_frame, cfg.control_rate_hz, cfg.allow_unmatched_robot) == ("sd", "fr_flange", 25.0,
+    assert (cfg.policy.decoder, cfg.tcp_frame, cfg.control_rate_hz, cfg.allow_unmatched_robot) == ("sd", "fr_flange", 25.0,
                                                                                             True)
     assert cfg.urdf_file == str(arms["urdf"]) and "use_sim_time" not in settings.file
     args = node_arguments(settings, {"use_sim_time": True}, "/tmp/over.yaml", str(arms["params"]))
@@ -249,8 +249,8 @@ def test_params_file_then_flags_reach_the_node_in_that_order(arms: dict[str, Pat
 
 def test_a_recorded_kf_fill_check_reaches_the_replayed_node(arms: dict[str, Path]) -> None:
     opts = ReplayOptions(bag=str(arms["plain"]))
-    assert node_settings(opts, {"decoder": "world_aware", "kf_fill_check": True}).config.kf_fill_check is True
-    assert node_settings(opts, {"decoder": "world_aware"}).config.kf_fill_check is False  # an older bag
+    assert node_settings(opts, {"decoder": "world_aware", "kf_fill_check": True}).config.policy.kf_fill_check is True
+    assert node_settings(opts, {"decoder": "world_aware"}).config.policy.kf_fill_check is False  # an older bag
     for custom in ({"decoder": "sd", "kf_fill_check": True}, {"decoder": "kerv", "kf_fill_check": "yes"}):
         with pytest.raises(ValueError, match="kf_fill_check"):
             node_settings(opts, custom)

@@ -219,7 +219,7 @@ class VlaAccelNode(LifecycleNode):
         inputs = ", ".join(s.topic_name for s in self._inputs.values())
         self.get_logger().info(
             f"ready: {cfg.control_rate_hz:g} Hz, output {cfg.output} on {outputs}, inputs {inputs}, joints "
-            f"{list(self.controller_joints)}, decoder {cfg.decoder if self.worker else '(inference off)'} "
+            f"{list(self.controller_joints)}, decoder {cfg.policy.decoder if self.worker else '(inference off)'} "
             f"({cfg.inference_mode}), image {self.image_size}px")
         return result
 
@@ -289,7 +289,7 @@ class VlaAccelNode(LifecycleNode):
                     model_size = self.runner.image_size
             except (OSError, ValueError, KeyError) as err:
                 raise ConfigError(f"cannot load policy checkpoint '{runner_config.checkpoint_path}' with decoder "
-                                  f"'{cfg.decoder}': {err}") from err
+                                  f"'{cfg.policy.decoder}': {err}") from err
         self.image_size = cfg.image_size or model_size or 128
         if model_size and self.image_size != model_size:
             raise ConfigError(f"parameter 'image_size' = {cfg.image_size} but the checkpoint expects "
@@ -562,7 +562,7 @@ class VlaAccelNode(LifecycleNode):
                                **self._error_counts.to_json(),
                                "peak_rss_mb": _rss_mb(), "realtime_priority": self._realtime_priority,
                                "robot_warning": self._robot_warning,
-                               "decoder": self.cfg.decoder if self.worker else ""}
+                               "decoder": self.cfg.policy.decoder if self.worker else ""}
         if self.controller is None:
             return out
         out.update({

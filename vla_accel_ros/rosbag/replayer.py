@@ -48,8 +48,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +59,8 @@ import yaml
 from vla_accel_ros.core.convert import controller_joint_order
 from vla_accel_ros.core.input_errors import InputErrorCounts
 from vla_accel_ros.core.params_file import read_node_parameters
-from vla_accel_ros.core.settings import ConfigError, from_params
-from vla_accel_ros.ros.parameters import NodeConfig
+from vla_accel_ros.core.settings import ConfigError, from_params, parameter_specs
+from vla_accel_ros.ros.parameters import NodeConfig, PolicySettings
 from vla_accel_ros.rosbag.io import (
     STORAGES,
     TOPICS,
@@ -181,8 +181,9 @@ class ReplayOptions:
     mode: str = "deterministic"
     remap: tuple[str, ...] = ()
     summary: str = ""
-    checkpoint: str = ""
-    decoder: str = ""
+    # PolicySettings parameters given as flags (decoder, checkpoint), by name: over the recording's
+    # and the params file's
+    policy: Mapping[str, Any] = field(default_factory=dict)
     control_rate_hz: float = 0.0  # 0 = from the params file, else the recording's, else 20
     instruction: str = ""
     storage: str = "mcap"
@@ -216,6 +217,9 @@ class ReplayOptions:
         if len(set(self.controller_joints)) != len(self.controller_joints) or not all(self.controller_joints):
             raise ValueError(f"--controller-joints must name each joint once, got {list(self.controller_joints)}")
         parse_remaps(self.remap)  # fail early on a malformed remap
+        unknown = sorted(set(self.policy) - {spec.name for spec in parameter_specs(PolicySettings)})
+        if unknown:
+            raise ValueError(f"ReplayOptions.policy: no policy setting(s) {', '.join(unknown)}")
 
 
 @dataclass(frozen=True)
@@ -246,11 +250,9 @@ def node_settings(opts: ReplayOptions, custom: dict[str, Any]) -> NodeSettings:
     if opts.params_file:
         file = {name: value for name, value in read_node_parameters(opts.params_file, NODE_NAME).items()
                 if name not in ROS_BUILTIN_PARAMETERS and not name.startswith("qos_overrides.")}
-    cli: dict[str, Any] = {}
-    if opts.decoder:
-        cli["decoder"] = opts.decoder
-    if opts.checkpoint:
-        cli["checkpoint"] = str(Path(opts.checkpoint).resolve())
+    cli: dict[str, Any] = dict(opts.policy)
+    if opts.policy.get("checkpoint"):
+        cli["checkpoint"] = str(Path(opts.policy["checkpoint"]).resolve())
     if opts.control_rate_hz:
         cli["control_rate_hz"] = float(opts.control_rate_hz)
     if opts.instruction:
@@ -389,9 +391,10 @@ def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str
 
 
 def _out_custom(opts: ReplayOptions, cfg: NodeConfig) -> dict[str, Any]:
+    policy = cfg.policy
     return {"source": "replay", "mode": opts.mode, "input_bag": str(Path(opts.bag).resolve()),
-            "decoder": cfg.decoder, "checkpoint": cfg.checkpoint, "control_rate_hz": cfg.control_rate_hz,
-            "temperature": cfg.temperature, "kf_fill_check": cfg.kf_fill_check, "tcp_frame": cfg.tcp_frame,
+            "decoder": policy.decoder, "checkpoint": policy.checkpoint, "control_rate_hz": cfg.control_rate_hz,
+            "temperature": policy.temperature, "kf_fill_check": policy.kf_fill_check, "tcp_frame": cfg.tcp_frame,
             "params_file": opts.params_file}
 
 
@@ -405,7 +408,7 @@ def _summarise(opts: ReplayOptions, cfg: NodeConfig, kin: Any, produced: list[Co
         **compare(produced, recorded, kin.joint_names, cfg.period_s, opts.tolerance),
         "errors": tally.lines() + list(inference_errors),
         "input_errors": tally.total, "input_errors_by_kind": dict(tally.by_kind),
-        "decoder": cfg.decoder, "control_rate_hz": cfg.control_rate_hz, "wall_s": wall_s,
+        "decoder": cfg.policy.decoder, "control_rate_hz": cfg.control_rate_hz, "wall_s": wall_s,
         "arm_joints": list(kin.joint_names), "tcp_frame": kin.tcp_frame, "params_file": opts.params_file,
         "robot_warning": "", **extra,
     }

@@ -19,6 +19,7 @@ from vla_accel_ros.cli import main as cli_main
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.settings import ConfigError
+from vla_accel_ros.ros.processes import exit_error
 from vla_accel_ros.rosbag.io import (
     TOPICS,
     BagWriter,
@@ -32,7 +33,6 @@ from vla_accel_ros.rosbag.io import (
 from vla_accel_ros.rosbag.replayer import (
     ReplayOptions,
     node_arguments,
-    node_exit_error,
     node_settings,
     overrides_yaml,
 )
@@ -275,10 +275,10 @@ def test_params_file_errors_name_the_file(arms: dict[str, Path], tmp_path: Path)
      ["code 1", "ImportError: no module named torch"]),
     ("", -9, RuntimeError, ["code -9", "(nothing)"]),
 ])
-def test_node_exit_error_quotes_the_refusal(tmp_path: Path, log: str, code: int, kind: type, words: list[str]) -> None:
+def test_exit_error_quotes_the_refusal(tmp_path: Path, log: str, code: int, kind: type, words: list[str]) -> None:
     path = tmp_path / "replay_node.log"
     path.write_text(log)
-    err = node_exit_error(code, path, "before playback")
+    err = exit_error(code, path, "before playback")
     assert type(err) is kind and str(path) in str(err) and all(w in str(err) for w in words), err
 
 

@@ -11,13 +11,9 @@ from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding.specs import DEFAULT, KINEMATIC_R_BOUNDS
 from vla_accel_ros.evaluation.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE
-from vla_accel_ros.ros.launcher import (
-    NodeRefused,
-    SimRunOptions,
-    run_sim,
-    run_sim_decoders,
-)
+from vla_accel_ros.ros.launcher import SimRunOptions, run_sim, run_sim_decoders
 from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS, PolicySettings
+from vla_accel_ros.ros.processes import NodeRefused
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

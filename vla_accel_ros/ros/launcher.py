@@ -1,7 +1,9 @@
 """The sim bridge and the VLA node as separate processes talking over DDS (what ``vla-accel sim`` runs).
 
 The same two nodes ``sim.launch.py`` starts, without the ros2 CLI: each is a
-``python -m ... --ros-args`` subprocess on a private ROS_DOMAIN_ID. This process drives episodes
+``python -m ... --ros-args`` subprocess (``ros/processes.py``) on a private ROS_DOMAIN_ID, its
+parameters those of its settings (:meth:`SimRunOptions.node_config`, ...) that differ from the
+defaults. This process drives episodes
 through the bridge's ``~/reset`` and ``~/episode`` topics, then stops the node (SIGINT; it writes
 its statistics), and writes ``DIR/summary.json``, ``DIR/tick_jitter.png`` and
 ``DIR/joint_tracking.png``.
@@ -12,9 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -39,23 +38,9 @@ from vla_accel_ros.ros.parameters import (
     PolicySettings,
     SimBridgeConfig,
 )
+from vla_accel_ros.ros.processes import NodeProcess, NodeRefused, parameter_arguments
 
 READY_TIMEOUT_S = 90.0
-REFUSED_EXIT = 2  # a node executable's exit status when it refuses to start (rclpy_util.run_node)
-
-
-class NodeRefused(RuntimeError):
-    """A node refused to start (bad parameters, URDF, checkpoint, or a robot the checkpoint was not
-    made for); the message is its own reason."""
-
-
-def refusal_reason(log: Path) -> str:
-    """The node's "refusing to start" line from its log, or '' when there is none."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return next((line.strip() for line in reversed(lines) if "refusing to start" in line), "")
 
 
 @dataclass(frozen=True)
@@ -132,34 +117,6 @@ class SimRunOptions:
         policy = options.pop("policy")
         del policy["kinematic_r_min"], policy["kinematic_r_max"]
         return {**options, **policy, "kinematic_r_bounds": self.policy.kinematic_r_bounds}
-
-
-def ros_args(params: dict[str, Any]) -> list[str]:
-    args = ["--ros-args"]
-    for key, value in params.items():
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        args += ["-p", f"{key}:={text}"]
-    return args
-
-
-def _peak_rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return float("nan")
-
-
-def stop_process(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class _Monitor:
@@ -252,84 +209,78 @@ def run_sim(opts: SimRunOptions, progress: bool = True,
                PYTHONUNBUFFERED="1")
     stats_file = opts.stats_file
     stats_file.unlink(missing_ok=True)
-    sim_params = changed_params(opts.bridge_config())
-    node_params = changed_params(opts.node_config())
-    logs = [open(out / "sim_node.log", "w"), open(out / "vla_accel_node.log", "w")]
-    remote = None
     with contextlib.ExitStack() as stack:
+        remote = None
         if opts.inference_mode == "remote":
             host = stack.enter_context(NetworkNamespace(f"vla_accel_{domain}")) if opts.netns else None
             env = dict(env, **host.peers_env()) if host is not None else env
-            log = stack.enter_context(open(out / "vla_inference_node.log", "w"))
-            remote = _start_inference_node(opts, env, host, log)
-            stack.callback(stop_process, remote)
-        return _run_episodes(opts, progress, attach, out, env, domain, stats_file, sim_params, node_params, logs,
-                             remote)
+            remote = _start_inference_node(opts, out, env, host)
+            stack.callback(remote.stop)
+        episodes, peak_rss = _run_episodes(opts, progress, attach, out, env, domain, remote)
+    if not stats_file.is_file():
+        raise RuntimeError(f"the node wrote no statistics to {stats_file}; see {out}/vla_accel_node.log")
+    node_stats = json.loads(stats_file.read_text())
+    summary = _summarise(opts, episodes, node_stats, peak_rss, domain)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _plot(node_stats, opts.control_rate_hz, out)
+    return summary
 
 
-def _start_inference_node(opts: SimRunOptions, env: dict[str, str], host: NetworkNamespace | None,
-                          log: Any) -> subprocess.Popen:
+def _ros_args(config: Any) -> list[str]:
+    """A node's command line for ``config``: the parameters that differ from their defaults."""
+    return ["--ros-args", *parameter_arguments(changed_params(config))]
+
+
+def _start_inference_node(opts: SimRunOptions, out: Path, env: dict[str, str],
+                          host: NetworkNamespace | None) -> NodeProcess:
     """The policy as vla_inference_node (in the namespace ``host`` when given) for the robot."""
-    command = [sys.executable, "-m", "vla_accel_ros.ros.inference_node",
-               *ros_args(changed_params(opts.inference_config()))]
     node_env = dict(env, **host.peers_env(inside=True)) if host is not None else env
-    return subprocess.Popen(host.command(command) if host is not None else command, env=node_env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    return NodeProcess.start("vla_accel_ros.ros.inference_node", _ros_args(opts.inference_config()),
+                             out / "vla_inference_node.log", node_env, wrap=host.command if host is not None else None)
 
 
 def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], Attachment] | None, out: Path,
-                  env: dict[str, str], domain: int, stats_file: Path, sim_params: dict[str, Any],
-                  node_params: dict[str, Any], logs: list[Any], remote: subprocess.Popen | None) -> dict[str, Any]:
+                  env: dict[str, str], domain: int,
+                  remote: NodeProcess | None) -> tuple[list[dict[str, Any]], float]:
+    """The bridge and the node up, then the episodes: their reports and the node's peak RSS."""
     from tqdm import tqdm
 
-    sim = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.sim_node", *ros_args(sim_params)],
-                           env=env, stdout=logs[0], stderr=subprocess.STDOUT)
-    node = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.node", *ros_args(node_params)],
-                            env=env, stdout=logs[1], stderr=subprocess.STDOUT)
+    sim = NodeProcess.start("vla_accel_ros.ros.sim_node", _ros_args(opts.bridge_config()), out / "sim_node.log", env)
+    node = NodeProcess.start("vla_accel_ros.ros.node", _ros_args(opts.node_config()), out / "vla_accel_node.log", env)
     monitor = _Monitor(domain)
-    peak_rss = float("nan")
     attached = None
+
+    def ended() -> bool:
+        return any(p.returncode is not None for p in (node, sim, remote) if p is not None)
+
     try:
         attached = attach(domain) if attach is not None else None
         ready = monitor.wait_for(lambda: bool(monitor.stats) and monitor.joint_states > 0 and
                                  (remote is None or monitor.inference_connected()) and
-                                 (attached is None or attached.ready()) or
-                                 node.poll() is not None or sim.poll() is not None or
-                                 (remote is not None and remote.poll() is not None), READY_TIMEOUT_S)
-        if remote is not None and remote.poll() is not None:
-            raise RuntimeError(f"vla_inference_node exited (rc={remote.poll()}); see {out}/vla_inference_node.log")
-        if node.poll() == REFUSED_EXIT:
-            logs[1].flush()
-            raise NodeRefused(refusal_reason(out / "vla_accel_node.log") or
-                              f"vla_accel_node refused to start; see {out}/vla_accel_node.log")
-        if not ready or node.poll() is not None or sim.poll() is not None:
-            raise RuntimeError(f"nodes did not come up (node rc={node.poll()}, sim rc={sim.poll()}); "
-                               f"see {out}/vla_accel_node.log and {out}/sim_node.log")
+                                 (attached is None or attached.ready()) or ended(), READY_TIMEOUT_S)
+        if remote is not None and remote.returncode is not None:
+            raise RuntimeError(f"vla_inference_node exited (rc={remote.returncode}); see {remote.log}")
+        if node.refused:
+            raise NodeRefused(node.refusal() or f"vla_accel_node refused to start; see {node.log}")
+        if not ready or ended():
+            raise RuntimeError(f"nodes did not come up (node rc={node.returncode}, sim rc={sim.returncode}); "
+                               f"see {node.log} and {sim.log}")
         bar = tqdm(range(opts.episodes), desc="episodes", disable=not progress)
         for i in bar:
             n_before = len(monitor.episodes)
             monitor.reset(opts.seed + i)
-            done = monitor.wait_for(lambda: len(monitor.episodes) > n_before or node.poll() is not None,
+            done = monitor.wait_for(lambda: len(monitor.episodes) > n_before or node.returncode is not None,
                                     opts.duration_s / max(opts.real_time_factor, 0.05) + 30.0)
             if not done or len(monitor.episodes) <= n_before:
-                raise RuntimeError(f"episode {i} (seed {opts.seed + i}) did not finish; node rc={node.poll()}")
+                raise RuntimeError(f"episode {i} (seed {opts.seed + i}) did not finish; node rc={node.returncode}")
             bar.set_postfix(success=sum(e["success"] for e in monitor.episodes) / len(monitor.episodes))
-        peak_rss = _peak_rss_mb(node.pid)
+        return monitor.episodes, node.peak_rss_mb()
     finally:
         if attached is not None:
             attached.close()
-        stop_process(node)
-        stop_process(sim)
+        node.stop()
+        sim.stop()
         monitor.close()
-        for f in logs:
-            f.close()
-    if not stats_file.is_file():
-        raise RuntimeError(f"the node wrote no statistics to {stats_file}; see {out}/vla_accel_node.log")
-    node_stats = json.loads(stats_file.read_text())
-    summary = _summarise(opts, monitor.episodes, node_stats, peak_rss, domain)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    _plot(node_stats, opts.control_rate_hz, out)
-    return summary
 
 
 def _summarise(opts: SimRunOptions, episodes: list[dict[str, Any]], node: dict[str, Any], peak_rss: float,

@@ -43,8 +43,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -61,6 +59,7 @@ from vla_accel_ros.core.input_errors import InputErrorCounts
 from vla_accel_ros.core.params_file import read_node_parameters
 from vla_accel_ros.core.settings import ConfigError, from_params, parameter_specs
 from vla_accel_ros.ros.parameters import NodeConfig, PolicySettings
+from vla_accel_ros.ros.processes import NodeProcess, parameter_arguments
 from vla_accel_ros.rosbag.io import (
     STORAGES,
     TOPICS,
@@ -93,7 +92,6 @@ NODE_NAME = "vla_accel_node"  # its section in a --params-file; the node runs in
 ROS_BUILTIN_PARAMETERS = ("use_sim_time", "start_type_description_service")
 # The node's report rate in realtime replay: frequent reports keep apart the kinds of input error.
 STATS_RATE_HZ = 10.0
-REFUSAL = "refusing to start"  # what the node logs when it will not start (and exits with 2)
 
 
 def grouped(messages: Iterable[BagMessage], roles: dict[str, str]) -> Iterator[tuple[str, BagMessage]]:
@@ -457,20 +455,6 @@ def verdict(s: dict[str, Any]) -> str:
 
 
 # --- realtime --------------------------------------------------------------------------------
-def ros_value(value: Any) -> str:
-    """A parameter value as ``-p name:=VALUE`` takes it (YAML; strings quoted, so that 'a: b' or
-    '1.5' stay strings)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(list(value) if isinstance(value, tuple) else value)
-
-
-def _p(params: dict[str, Any]) -> list[str]:
-    return [arg for name, value in params.items() for arg in ("-p", f"{name}:={ros_value(value)}")]
-
-
 def node_arguments(settings: NodeSettings, fixed: dict[str, Any], overrides_file: str = "",
                    params_file: str = "") -> list[str]:
     """The node's ``--ros-args``, each over the one before: the recording's settings (``-p``),
@@ -478,32 +462,18 @@ def node_arguments(settings: NodeSettings, fixed: dict[str, Any], overrides_file
     ``overrides_file`` (written by the caller: -p values apply to every node, so they lose to a
     params file's section for this node) and as ``-p``."""
     explicit = {**settings.cli, **fixed}
-    args = ["--ros-args", *_p(settings.recording)]
+    args = ["--ros-args", *parameter_arguments(settings.recording)]
     if params_file:
         args += ["--params-file", params_file]
         if overrides_file:
             args += ["--params-file", overrides_file]
-    return args + _p(explicit)
+    return args + parameter_arguments(explicit)
 
 
 def overrides_yaml(settings: NodeSettings, fixed: dict[str, Any]) -> str:
     """The ROS 2 parameter file of the explicit flags and ``fixed``, for the node's own section."""
     values = {name: list(v) if isinstance(v, tuple) else v for name, v in {**settings.cli, **fixed}.items()}
     return yaml.safe_dump({f"/{NODE_NAME}": {"ros__parameters": values}}, sort_keys=False)
-
-
-def node_exit_error(returncode: int, log_path: Path, when: str) -> Exception:
-    """Why the node process ended: its refusal line when it refused to start (ConfigError), else
-    the end of its log (RuntimeError)."""
-    try:
-        lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        lines = []
-    refusal = next((line for line in lines if REFUSAL in line), "")
-    if refusal:
-        return ConfigError(f"the node exited with code {returncode} {when}: {refusal} (see {log_path})")
-    tail = " | ".join(lines[-3:]) or "(nothing)"
-    return RuntimeError(f"the node exited with code {returncode} {when}; its log ends: {tail} (see {log_path})")
 
 
 class BagPlayer:
@@ -601,13 +571,12 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
     from tqdm import tqdm
 
     from vla_accel_ros.core.kinematics import ArmKinematics
-    from vla_accel_ros.ros.launcher import stop_process
 
     started = time.monotonic()
     deadline = started + opts.timeout_s
     bag, settings, topics = _open_checked(opts)
     cfg = settings.config
-    node_proc: subprocess.Popen | None = None
+    node: NodeProcess | None = None
     player: BagPlayer | None = None
     log_path = Path(opts.summary or ".") / "replay_node.log"
     try:
@@ -644,13 +613,11 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
         args = node_arguments(settings, fixed, str(overrides), str(Path(opts.params_file).resolve())
                               if opts.params_file else "")
         env = dict(os.environ, ROS_DOMAIN_ID=str(domain), PYTHONUNBUFFERED="1")
-        with open(log_path, "w") as log:
-            node_proc = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.node", *args], env=env,
-                                         stdout=log, stderr=subprocess.STDOUT)
+        node = NodeProcess.start("vla_accel_ros.ros.node", args, log_path, env)
         ready_by = time.monotonic() + min(READY_TIMEOUT_S, opts.timeout_s)
         while player.pubs["camera"].get_subscription_count() == 0 or player.pubs["joint_states"].get_subscription_count() == 0:
-            if node_proc.poll() is not None:
-                raise node_exit_error(node_proc.returncode, log_path, "before playback")
+            if node.returncode is not None:
+                raise node.exit_error("before playback")
             if time.monotonic() > ready_by:
                 raise ReplayTimeout(f"the node did not subscribe to {TOPICS['camera'][0]} ({camera_type}) and "
                                     f"{TOPICS['joint_states'][0]} within {READY_TIMEOUT_S:g} s; see {log_path}")
@@ -667,8 +634,8 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
                             disable=not progress):
             if time.monotonic() > deadline:
                 raise ReplayTimeout(f"replay of {opts.bag} ran past --timeout-s {opts.timeout_s:g} s")
-            if node_proc.poll() is not None:
-                raise node_exit_error(node_proc.returncode, log_path, "during playback")
+            if node.returncode is not None:
+                raise node.exit_error("during playback")
             bag0 = m.log_ns if bag0 is None else bag0
             delay = wall0 + (m.log_ns - bag0) * 1e-9 / opts.rate - time.monotonic()
             if delay > 0:
@@ -683,11 +650,11 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
         time.sleep(3.0 * cfg.period_s / opts.rate)  # the last frame's command
         # Two more reports: the second one was made after the node took the last message.
         reports_by, wanted = time.monotonic() + 10.0 / STATS_RATE_HZ, player.reports + 2
-        while player.reports < wanted and time.monotonic() < reports_by and node_proc.poll() is None:
+        while player.reports < wanted and time.monotonic() < reports_by and node.returncode is None:
             time.sleep(0.02)
     finally:
-        if node_proc is not None:
-            stop_process(node_proc)
+        if node is not None:
+            node.stop()
         if player is not None:
             player.close()
         bag.close()

@@ -29,7 +29,8 @@ from vla_accel_ros.rosbag.io import (  # noqa: E402
     open_bag,
 )
 from vla_accel_ros.rosbag.recorder import RecordOptions, record  # noqa: E402
-from vla_accel_ros.rosbag.replayer import ReplayOptions, replay  # noqa: E402
+from vla_accel_ros.rosbag.replay_settings import ReplayOptions  # noqa: E402
+from vla_accel_ros.rosbag.replayer import replay  # noqa: E402
 
 torch.set_num_threads(1)
 KIN = ArmKinematics(default_urdf())

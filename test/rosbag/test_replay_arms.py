@@ -30,7 +30,7 @@ from vla_accel_ros.rosbag.io import (
     make_string,
     open_bag,
 )
-from vla_accel_ros.rosbag.replayer import (
+from vla_accel_ros.rosbag.replay_settings import (
     ReplayOptions,
     node_arguments,
     node_settings,

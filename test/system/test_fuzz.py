@@ -2,7 +2,7 @@
 with whatever stamps, nothing crashes and no command is NaN or outside the URDF limits.
 
 The bulk runs the node's own decision path without DDS (its converters, ``Controller`` and a real
-policy through :class:`~vla_accel_ros.rosbag.replayer.LockstepCore`); a smaller sample goes through a real
+policy through :class:`~vla_accel_ros.rosbag.lockstep.LockstepCore`); a smaller sample goes through a real
 node over DDS.
 """
 

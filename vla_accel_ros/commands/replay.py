@@ -11,15 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vla_accel_ros.rosbag.compare import DEFAULT_TOLERANCE, no_command_cause, verdict
 from vla_accel_ros.rosbag.io import STORAGES, BagError
-from vla_accel_ros.rosbag.replayer import (
-    DEFAULT_TOLERANCE,
-    MODES,
-    ReplayOptions,
-    no_command_cause,
-    replay,
-    verdict,
-)
+from vla_accel_ros.rosbag.replay_settings import MODES, ReplayOptions
+from vla_accel_ros.rosbag.replayer import replay
 
 
 # --- command line ----------------------------------------------------------------------------

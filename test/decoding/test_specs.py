@@ -44,7 +44,8 @@ def test_a_spec_registered_here_is_a_decoder_of_the_node_and_the_builder(twin, p
     assert "kerv_twin" in next(p for p in parameter_specs(NodeConfig) if p.name == "decoder").choices
     config = NodeConfig(policy=PolicySettings(decoder="kerv_twin", kf_fill_check=True, kinematic_r_min=2,
                                               kinematic_r_max=6))
-    assert InferenceNodeConfig(policy=PolicySettings(decoder="kerv_twin", kf_fill_check=True)).policy.decoder == "kerv_twin"
+    inference = InferenceNodeConfig(policy=PolicySettings(decoder="kerv_twin", kf_fill_check=True))
+    assert inference.policy.decoder == "kerv_twin"
     runner = build_runner(config.runner_config(), ArmKinematics(default_urdf()), policy=policy)
     assert isinstance(runner.decoder, TwinDecoder) and runner.decoder.name == "kerv_twin"
     assert runner.decoder.config.fill_check and (runner.decoder.config.r_min, runner.decoder.config.r_max) == (2, 6)

@@ -234,8 +234,8 @@ def test_params_file_then_flags_reach_the_node_in_that_order(arms: dict[str, Pat
                          tcp_frame="fr_flange")
     settings = node_settings(opts, {"decoder": "ar", "control_rate_hz": 25.0})
     cfg = settings.config
-    assert (cfg.policy.decoder, cfg.tcp_frame, cfg.control_rate_hz, cfg.allow_unmatched_robot) == ("sd", "fr_flange", 25.0,
-                                                                                            True)
+    assert (cfg.policy.decoder, cfg.tcp_frame, cfg.control_rate_hz, cfg.allow_unmatched_robot) == (
+        "sd", "fr_flange", 25.0, True)
     assert cfg.urdf_file == str(arms["urdf"]) and "use_sim_time" not in settings.file
     args = node_arguments(settings, {"use_sim_time": True}, "/tmp/over.yaml", str(arms["params"]))
     files = [i for i, a in enumerate(args) if a == "--params-file"]

@@ -15,20 +15,15 @@ from typing import Any
 import numpy as np
 
 from vla_accel_ros.core.controller import TickResult
+from vla_accel_ros.runtime.process_worker import peak_rss_mb
 
 SOURCE_CODES = {"policy": 0, "fallback": 1, "hold": 2}
 MAX_TICK_LOG = 200_000
 
 
 def own_peak_rss_mb() -> float:
-    """Peak resident set size of this process (MiB)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """Peak resident set size of this process (MiB); from getrusage where /proc cannot tell."""
+    return peak_rss_mb(os.getpid()) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 class TickLog:

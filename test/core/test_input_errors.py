@@ -1,4 +1,5 @@
-"""Input errors counted by kind (the numbers left out), and their round trip through ~/stats."""
+"""Input errors counted by kind (the numbers left out), their round trip through ~/stats, and the
+node's log of them (throttled, the recent ones kept)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from vla_accel_ros.core.input_errors import InputErrorCounts, error_kind
+from vla_accel_ros.core.input_errors import InputErrorCounts, InputErrorLog, error_kind
 
 
 @pytest.mark.parametrize("messages, expected", [
@@ -29,3 +30,17 @@ def test_every_kind_is_counted_apart_with_its_first_message(messages, expected):
 
 def test_stats_without_counts_give_none():
     assert InputErrorCounts.from_json({"input_errors": 3}).total == 0
+
+
+def test_the_log_counts_every_error_logs_each_kind_once_per_throttle_and_keeps_the_recent_ones():
+    log = InputErrorLog(throttle_s=10.0)
+    assert log.add("image rejected: 0x0", now=100.0) is True
+    assert log.add("image rejected: 2x0", now=105.0) is False  # the same kind, within the throttle
+    assert log.add("joint state rejected: NaN", now=106.0) is True  # another kind
+    assert log.add("image rejected: 0x0", now=111.0) is True  # the throttle has passed
+    assert log.to_json() == {"input_errors": 4, "last_input_error": "image rejected: 0x0",
+                             **log.counts.to_json()}
+    assert log.counts.by_kind["image rejected: #x#"] == 3
+    assert log.recent(now=111.0, window_s=7.0) == ["image rejected: 2x0", "joint state rejected: NaN",
+                                                   "image rejected: 0x0"]
+    assert log.recent(now=111.0, window_s=5.5) == ["joint state rejected: NaN", "image rejected: 0x0"]

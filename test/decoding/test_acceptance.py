@@ -19,8 +19,8 @@ from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.decoding import DecodeContext, make_decoder
-from vla_accel_ros.decoding.kerv_released import token_filter_prediction
 from vla_accel_ros.decoding.acceptor import accepted_length, relaxed_accept_mask
+from vla_accel_ros.decoding.kerv_released import token_filter_prediction
 from vla_accel_ros.models.api import PolicyCapabilities
 from vla_accel_ros.models.tokenizer import ActionTokenizer
 

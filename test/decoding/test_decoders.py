@@ -15,10 +15,10 @@ import vla_accel_ros
 from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.decoding.history import EpisodeHistory
 from vla_accel_ros.decoding.kerv import kf_completion_tokens
 from vla_accel_ros.decoding.protocol import DecodeContext
-from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.decoding.specs import (
     names,
     names_with,

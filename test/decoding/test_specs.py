@@ -13,7 +13,7 @@ from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.settings import ConfigError, parameter_specs
 from vla_accel_ros.decoding import specs
 from vla_accel_ros.decoding.kerv import KervDecoder
-from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig
+from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig, PolicySettings
 from vla_accel_ros.runtime.builder import build_runner
 
 
@@ -42,8 +42,10 @@ def twin() -> Iterator[type[specs.DecoderSpec]]:
 
 def test_a_spec_registered_here_is_a_decoder_of_the_node_and_the_builder(twin, policy) -> None:
     assert "kerv_twin" in next(p for p in parameter_specs(NodeConfig) if p.name == "decoder").choices
-    config = NodeConfig(decoder="kerv_twin", kf_fill_check=True, kinematic_r_min=2, kinematic_r_max=6)
-    assert InferenceNodeConfig(decoder="kerv_twin", kf_fill_check=True).decoder == "kerv_twin"
+    config = NodeConfig(policy=PolicySettings(decoder="kerv_twin", kf_fill_check=True, kinematic_r_min=2,
+                                              kinematic_r_max=6))
+    inference = InferenceNodeConfig(policy=PolicySettings(decoder="kerv_twin", kf_fill_check=True))
+    assert inference.policy.decoder == "kerv_twin"
     runner = build_runner(config.runner_config(), ArmKinematics(default_urdf()), policy=policy)
     assert isinstance(runner.decoder, TwinDecoder) and runner.decoder.name == "kerv_twin"
     assert runner.decoder.config.fill_check and (runner.decoder.config.r_min, runner.decoder.config.r_max) == (2, 6)
@@ -59,10 +61,10 @@ def test_a_spec_without_a_capability_is_refused_that_setting(twin) -> None:
     specs.register(Plain)
     try:
         with pytest.raises(ConfigError, match="kf_fill_check.*kerv, world_aware, kerv_twin.*'plain_twin'"):
-            NodeConfig(decoder="plain_twin", kf_fill_check=True)
+            PolicySettings(decoder="plain_twin", kf_fill_check=True)
         with pytest.raises(ValueError, match="taken"):
             specs.register(Plain)
     finally:
         specs.unregister(Plain.name)
     with pytest.raises(ConfigError, match="plain_twin"):
-        NodeConfig(decoder="plain_twin")
+        PolicySettings(decoder="plain_twin")

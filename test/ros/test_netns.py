@@ -37,10 +37,12 @@ def test_the_namespace_and_its_pair_exist_inside_the_block_only():
 
 def test_episodes_run_with_the_policy_in_another_namespace(tmp_path, tiny_checkpoint):
     from vla_accel_ros.ros.launcher import SimRunOptions, run_sim
+    from vla_accel_ros.ros.parameters import PolicySettings
 
     out = tmp_path / "run"
     opts = SimRunOptions(episodes=1, duration_s=4.0, inference_mode="remote", netns=True, out=str(out),
-                         checkpoint=str(tiny_checkpoint(tmp_path / "ckpt")), domain_id=211, decoder="kerv")
+                         policy=PolicySettings(checkpoint=str(tiny_checkpoint(tmp_path / "ckpt")), decoder="kerv"),
+                         domain_id=211)
     summary = run_sim(opts, progress=False)
     assert summary["episodes"] == 1 and summary["inference_round_trip_ms_p50"] > 0
     assert summary["policy_ticks"] > 0

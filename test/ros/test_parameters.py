@@ -23,21 +23,20 @@ from vla_accel_ros.core.settings import (
     to_params,
 )
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.ros.parameters import (
-    InferenceNodeConfig,
-    NodeConfig,
-    SimBridgeConfig,
-)
+from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig, PolicySettings, SimBridgeConfig
 
+POLICY_PARAMETERS = ["checkpoint", "unnorm_key", "decoder", "temperature", "kf_fill_check", "kinematic_r_min",
+                     "kinematic_r_max"]
 VISION_PARAMETERS = ["vision_reuse", "vision_threshold", "vision_refresh_steps", "vision_max_drift", "vision_reuse_kv",
                      "vision_feature_threshold", "vision_reuse_tower", "vision_tower_threshold",
                      "vision_tower_refresh_steps"]
 
 
-@pytest.mark.parametrize("cls", [NodeConfig, SimBridgeConfig, ControllerConfig])
+@pytest.mark.parametrize("cls", [NodeConfig, InferenceNodeConfig, SimBridgeConfig, ControllerConfig])
 def test_every_field_is_documented_and_numeric_ones_have_ranges(cls):
     specs = parameter_specs(cls)
-    flat = [name for f in dataclasses.fields(cls) for name in (VISION_PARAMETERS if f.name == "vision" else [f.name])]
+    groups = {"vision": VISION_PARAMETERS, "policy": POLICY_PARAMETERS}
+    flat = [name for f in dataclasses.fields(cls) for name in groups.get(f.name, [f.name])]
     assert [s.name for s in specs] == flat
     for spec in specs:
         assert len(spec.description) > 10, spec.name
@@ -152,6 +151,26 @@ def test_kinematic_r_bounds_are_parameters_for_the_kinematic_threshold_decoders_
             from_params(cls, {"decoder": "sd", "kinematic_r_max": 9})
         with pytest.raises(ConfigError, match="'kinematic_r_min' = 7 exceeds 'kinematic_r_max' = 6"):
             from_params(cls, {"decoder": "kerv", "kinematic_r_min": 7, "kinematic_r_max": 6})
+
+
+def test_policy_settings_are_one_group_of_flat_parameters_in_both_nodes():
+    node, inference = ({s.name: s for s in parameter_specs(cls)} for cls in (NodeConfig, InferenceNodeConfig))
+    assert [s.name for s in parameter_specs(PolicySettings)] == POLICY_PARAMETERS
+    assert all(node[name] == inference[name] for name in POLICY_PARAMETERS)  # one definition
+    cfg = from_params(NodeConfig, {"decoder": "world_aware", "kf_fill_check": True, "kinematic_r_min": 2})
+    assert cfg.policy == PolicySettings(decoder="world_aware", kf_fill_check=True, kinematic_r_min=2)
+    assert "policy" not in to_params(cfg) and to_params(cfg)["kinematic_r_min"] == 2
+    with pytest.raises(ConfigError, match="kf_fill_check"):
+        NodeConfig(policy=PolicySettings(decoder="sd", kf_fill_check=True))
+
+
+def test_policy_settings_for_another_decoder_keep_only_what_it_takes():
+    policy = PolicySettings(decoder="world_aware", kf_fill_check=True, kinematic_r_min=2, kinematic_r_max=6)
+    assert policy.kinematic_r_bounds == (2, 6) and PolicySettings().kinematic_r_bounds is None
+    assert policy.for_decoder("kerv") == PolicySettings(decoder="kerv", kf_fill_check=True, kinematic_r_min=2,
+                                                        kinematic_r_max=6)
+    plain = policy.for_decoder("ar")
+    assert (plain.decoder, plain.kf_fill_check, plain.kinematic_r_bounds) == ("ar", False, None)
 
 
 def test_bad_yaml_file_is_reported(tmp_path):

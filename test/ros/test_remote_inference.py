@@ -15,10 +15,10 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image, JointState  # noqa: E402
 from std_msgs.msg import Float64MultiArray, String  # noqa: E402
 
-from vla_accel_ros.core import remote_protocol  # noqa: E402
 from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.core.observation import Observation  # noqa: E402
 from vla_accel_ros.core.resources import default_urdf  # noqa: E402
+from vla_accel_ros.ros import remote_protocol  # noqa: E402
 from vla_accel_ros.ros.inference_node import VlaInferenceNode  # noqa: E402
 from vla_accel_ros.ros.node import VlaAccelNode  # noqa: E402
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS  # noqa: E402

@@ -12,10 +12,11 @@ pytest.importorskip("rclpy")
 
 def test_each_decoder_runs_on_the_same_seeds_and_is_compared(tmp_path, tiny_checkpoint):
     from vla_accel_ros.ros.launcher import SimRunOptions, run_sim_decoders
+    from vla_accel_ros.ros.parameters import PolicySettings
 
+    policy = PolicySettings(checkpoint=str(tiny_checkpoint(tmp_path / "ckpt")), kinematic_r_min=2, kinematic_r_max=6)
     opts = SimRunOptions(episodes=1, duration_s=1.5, out=str(tmp_path / "run"), domain_id=212, inference_mode="thread",
-                         checkpoint=str(tiny_checkpoint(tmp_path / "ckpt")), realtime_priority=0,
-                         kinematic_r_bounds=(2, 6))
+                         policy=policy, realtime_priority=0)
     result = run_sim_decoders(opts, ["ar", "kerv"], progress=False)
     assert [r["decoder"] for r in result["decoders"]] == ["ar", "kerv"] and result["baseline"] == "ar"
     rows = {r["decoder"]: r for r in result["decoders"]}

@@ -19,6 +19,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint  # noqa: E
 
 from vla_accel_ros.core.resources import default_checkpoint  # noqa: E402
 from vla_accel_ros.ros.launcher import SimRunOptions, run_sim  # noqa: E402
+from vla_accel_ros.ros.parameters import PolicySettings  # noqa: E402
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS  # noqa: E402
 from vla_accel_ros.ros.sim_node import SimBridgeNode  # noqa: E402
 
@@ -103,8 +104,9 @@ def test_bridge_publishes_robot_topics_and_applies_every_command_format(bridge, 
 
 
 def _episode_run(tmp_path, checkpoint, episodes, duration, domain, rate=20.0):
-    opts = SimRunOptions(episodes=episodes, control_rate_hz=rate, decoder="kerv", out=str(tmp_path / "run"),
-                         seed=100_000, checkpoint=str(checkpoint), duration_s=duration, domain_id=domain)
+    opts = SimRunOptions(episodes=episodes, control_rate_hz=rate, out=str(tmp_path / "run"), seed=100_000,
+                         policy=PolicySettings(checkpoint=str(checkpoint), decoder="kerv"), duration_s=duration,
+                         domain_id=domain)
     summary = run_sim(opts, progress=False)
     stats = json.loads((tmp_path / "run" / "node_stats.json").read_text())
     return summary, stats

@@ -19,6 +19,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 from vla_accel_ros.cli import main as cli_main  # noqa: E402
 from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.core.resources import default_urdf  # noqa: E402
+from vla_accel_ros.ros.parameters import PolicySettings  # noqa: E402
 from vla_accel_ros.rosbag.io import (  # noqa: E402
     TOPICS,
     BagError,
@@ -28,7 +29,8 @@ from vla_accel_ros.rosbag.io import (  # noqa: E402
     open_bag,
 )
 from vla_accel_ros.rosbag.recorder import RecordOptions, record  # noqa: E402
-from vla_accel_ros.rosbag.replayer import ReplayOptions, replay  # noqa: E402
+from vla_accel_ros.rosbag.replay_settings import ReplayOptions  # noqa: E402
+from vla_accel_ros.rosbag.replayer import replay  # noqa: E402
 
 torch.set_num_threads(1)
 KIN = ArmKinematics(default_urdf())
@@ -50,8 +52,8 @@ def ckpt(work, tiny_checkpoint) -> Path:
 def det_bag(work, ckpt) -> Path:
     """A deterministic sim recording: 2 short episodes (the second starts with a reset)."""
     out = work / "det_mcap"
-    record(RecordOptions(episodes=2, out=str(out), mode="deterministic", checkpoint=str(ckpt), duration_s=0.6,
-                         decoder="kerv", seed=3), progress=False)
+    record(RecordOptions(episodes=2, out=str(out), mode="deterministic", duration_s=0.6,
+                         policy=PolicySettings(checkpoint=str(ckpt), decoder="kerv"), seed=3), progress=False)
     return out
 
 
@@ -100,8 +102,8 @@ def test_replay_reproduces_a_deterministic_recording_and_two_replays_are_bit_ide
 
 def test_sqlite3_storage_round_trip(work, ckpt):
     bag = work / "det_sqlite"
-    record(RecordOptions(episodes=1, out=str(bag), mode="deterministic", storage="sqlite3", checkpoint=str(ckpt),
-                         duration_s=0.4, decoder="ar"), progress=False)
+    record(RecordOptions(episodes=1, out=str(bag), mode="deterministic", storage="sqlite3",
+                         policy=PolicySettings(checkpoint=str(ckpt), decoder="ar"), duration_s=0.4), progress=False)
     assert list(bag.glob("*.db3")) and "storage_identifier: sqlite3" in (bag / "metadata.yaml").read_text()
     out = work / "det_sqlite_replay"
     s = replay(ReplayOptions(bag=str(bag), out=str(out), storage="sqlite3"), progress=False)
@@ -123,8 +125,8 @@ def test_replay_command_line_prints_a_verdict_and_can_check(det_bag, work, capsy
 def test_live_recording_then_replays(work, ckpt):
     """The live node over DDS recorded by the recorder node; both replay modes on it."""
     bag = work / "live"
-    s = record(RecordOptions(episodes=1, out=str(bag), checkpoint=str(ckpt), duration_s=1.0, domain_id=40),
-               progress=False)
+    s = record(RecordOptions(episodes=1, out=str(bag), policy=PolicySettings(checkpoint=str(ckpt)), duration_s=1.0,
+                             domain_id=40), progress=False)
     assert s["commands"] > 5
     with open_bag(bag) as reader:
         for role in RECORDED_TOPICS:
@@ -217,7 +219,7 @@ def test_remap_renames_bag_topics(work, ckpt):
             t = 10**12 + k * 50_000_000
             writer.write("/robot/joints", t, make_joint_state(KIN.joint_names, [0, -0.785, 0, -2.356, 0, 1.571, 0.785], t))
             writer.write("/cam/rgb", t, make_image(np.full((48, 64, 3), 90, np.uint8), t))
-    opts = dict(checkpoint=str(ckpt), instruction="pick up the red cube")
+    opts = dict(policy={"checkpoint": str(ckpt)}, instruction="pick up the red cube")
     with pytest.raises(BagError, match="lacks topic"):
         replay(ReplayOptions(bag=str(bag), **opts), progress=False)
     s = replay(ReplayOptions(bag=str(bag), remap=("/robot/joints:=/joint_states", "/cam/rgb:=/camera/image_raw"),

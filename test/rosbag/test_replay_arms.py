@@ -19,6 +19,7 @@ from vla_accel_ros.cli import main as cli_main
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.settings import ConfigError
+from vla_accel_ros.ros.processes import exit_error
 from vla_accel_ros.rosbag.io import (
     TOPICS,
     BagWriter,
@@ -29,10 +30,9 @@ from vla_accel_ros.rosbag.io import (
     make_string,
     open_bag,
 )
-from vla_accel_ros.rosbag.replayer import (
+from vla_accel_ros.rosbag.replay_settings import (
     ReplayOptions,
     node_arguments,
-    node_exit_error,
     node_settings,
     overrides_yaml,
 )
@@ -230,12 +230,12 @@ def test_deterministic_summary_counts_input_errors_by_kind(arms: dict[str, Path]
 
 
 def test_params_file_then_flags_reach_the_node_in_that_order(arms: dict[str, Path]) -> None:
-    opts = ReplayOptions(bag=str(arms["plain"]), params_file=str(arms["params"]), decoder="sd",
+    opts = ReplayOptions(bag=str(arms["plain"]), params_file=str(arms["params"]), policy={"decoder": "sd"},
                          tcp_frame="fr_flange")
     settings = node_settings(opts, {"decoder": "ar", "control_rate_hz": 25.0})
     cfg = settings.config
-    assert (cfg.decoder, cfg.tcp_frame, cfg.control_rate_hz, cfg.allow_unmatched_robot) == ("sd", "fr_flange", 25.0,
-                                                                                            True)
+    assert (cfg.policy.decoder, cfg.tcp_frame, cfg.control_rate_hz, cfg.allow_unmatched_robot) == (
+        "sd", "fr_flange", 25.0, True)
     assert cfg.urdf_file == str(arms["urdf"]) and "use_sim_time" not in settings.file
     args = node_arguments(settings, {"use_sim_time": True}, "/tmp/over.yaml", str(arms["params"]))
     files = [i for i, a in enumerate(args) if a == "--params-file"]
@@ -249,8 +249,8 @@ def test_params_file_then_flags_reach_the_node_in_that_order(arms: dict[str, Pat
 
 def test_a_recorded_kf_fill_check_reaches_the_replayed_node(arms: dict[str, Path]) -> None:
     opts = ReplayOptions(bag=str(arms["plain"]))
-    assert node_settings(opts, {"decoder": "world_aware", "kf_fill_check": True}).config.kf_fill_check is True
-    assert node_settings(opts, {"decoder": "world_aware"}).config.kf_fill_check is False  # an older bag
+    assert node_settings(opts, {"decoder": "world_aware", "kf_fill_check": True}).config.policy.kf_fill_check is True
+    assert node_settings(opts, {"decoder": "world_aware"}).config.policy.kf_fill_check is False  # an older bag
     for custom in ({"decoder": "sd", "kf_fill_check": True}, {"decoder": "kerv", "kf_fill_check": "yes"}):
         with pytest.raises(ValueError, match="kf_fill_check"):
             node_settings(opts, custom)
@@ -275,10 +275,10 @@ def test_params_file_errors_name_the_file(arms: dict[str, Path], tmp_path: Path)
      ["code 1", "ImportError: no module named torch"]),
     ("", -9, RuntimeError, ["code -9", "(nothing)"]),
 ])
-def test_node_exit_error_quotes_the_refusal(tmp_path: Path, log: str, code: int, kind: type, words: list[str]) -> None:
+def test_exit_error_quotes_the_refusal(tmp_path: Path, log: str, code: int, kind: type, words: list[str]) -> None:
     path = tmp_path / "replay_node.log"
     path.write_text(log)
-    err = node_exit_error(code, path, "before playback")
+    err = exit_error(code, path, "before playback")
     assert type(err) is kind and str(path) in str(err) and all(w in str(err) for w in words), err
 
 

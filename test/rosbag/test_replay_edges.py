@@ -15,6 +15,7 @@ pytest.importorskip("rclpy")
 from vla_accel_ros.cli import main as cli_main  # noqa: E402
 from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.core.resources import default_urdf  # noqa: E402
+from vla_accel_ros.rosbag.compare import no_command_cause  # noqa: E402
 from vla_accel_ros.rosbag.io import (  # noqa: E402
     TOPICS,
     BagWriter,
@@ -23,7 +24,7 @@ from vla_accel_ros.rosbag.io import (  # noqa: E402
     make_string,
     open_bag,
 )
-from vla_accel_ros.rosbag.replayer import BagPlayer, no_command_cause  # noqa: E402
+from vla_accel_ros.rosbag.replayer import BagPlayer  # noqa: E402
 
 KIN = ArmKinematics(default_urdf())
 Q_HOME = [0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785]

@@ -15,7 +15,7 @@ from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.resources import default_checkpoint, default_urdf
 from vla_accel_ros.models.configuration import DEFAULT_TEMPERATURE, VisionReuseConfig
-from vla_accel_ros.ros.parameters import NodeConfig
+from vla_accel_ros.ros.parameters import NodeConfig, PolicySettings
 from vla_accel_ros.runtime.builder import RunnerConfig, build_controller, build_runner
 
 KIN = ArmKinematics(default_urdf())
@@ -48,8 +48,8 @@ def test_runner_config_defaults_and_the_node_s_view():
     assert RunnerConfig().checkpoint_path == default_checkpoint()
     assert RunnerConfig(checkpoint="/x").checkpoint_path == Path("/x")
     assert RunnerConfig().temperature == DEFAULT_TEMPERATURE
-    cfg = NodeConfig(checkpoint="/ckpt", decoder="sd", temperature=0.0, control_rate_hz=50.0, action_dt_s=0.04,
-                     torch_threads=3, vision=VisionReuseConfig(threshold=5.0))
+    cfg = NodeConfig(policy=PolicySettings(checkpoint="/ckpt", decoder="sd", temperature=0.0), control_rate_hz=50.0,
+                     action_dt_s=0.04, torch_threads=3, vision=VisionReuseConfig(threshold=5.0))
     assert cfg.runner_config() == RunnerConfig(checkpoint="/ckpt", decoder="sd", temperature=0.0,
                                                vision=VisionReuseConfig(threshold=5.0), action_dt_s=0.04,
                                                period_s=0.02, torch_threads=3)

@@ -100,8 +100,8 @@ def test_the_file_carries_its_arms_names_topics_and_output(name):
 @pytest.mark.parametrize("name", sorted(ARMS))
 def test_the_file_runs_a_teams_own_checkpoint(name):
     cfg = config_of(name)
-    assert cfg.checkpoint.startswith("hf:") and len(cfg.checkpoint) > len("hf:/")
-    assert cfg.runner_config().checkpoint == cfg.checkpoint
+    assert cfg.policy.checkpoint.startswith("hf:") and len(cfg.policy.checkpoint) > len("hf:/")
+    assert cfg.runner_config().checkpoint == cfg.policy.checkpoint
 
 
 @pytest.mark.parametrize("name", sorted(ARMS))

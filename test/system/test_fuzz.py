@@ -2,7 +2,7 @@
 with whatever stamps, nothing crashes and no command is NaN or outside the URDF limits.
 
 The bulk runs the node's own decision path without DDS (its converters, ``Controller`` and a real
-policy through :class:`~vla_accel_ros.rosbag.replayer.LockstepCore`); a smaller sample goes through a real
+policy through :class:`~vla_accel_ros.rosbag.lockstep.LockstepCore`); a smaller sample goes through a real
 node over DDS.
 """
 
@@ -26,7 +26,7 @@ from vla_accel_ros.core.convert import image_to_rgb, joint_state_to_arm
 from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.core.resources import default_urdf  # noqa: E402
 from vla_accel_ros.ros.node import VlaAccelNode  # noqa: E402
-from vla_accel_ros.ros.parameters import NodeConfig  # noqa: E402
+from vla_accel_ros.ros.parameters import NodeConfig, PolicySettings  # noqa: E402
 from vla_accel_ros.rosbag.lockstep import LockstepCore  # noqa: E402
 
 torch.set_num_threads(1)
@@ -120,7 +120,7 @@ def ckpt(tmp_path_factory, tiny_checkpoint):
 
 
 def test_fuzzed_messages_never_crash_the_core_or_produce_unsafe_commands(ckpt):
-    core = LockstepCore(NodeConfig(checkpoint=str(ckpt), decoder="kerv", autostart=True,
+    core = LockstepCore(NodeConfig(policy=PolicySettings(checkpoint=str(ckpt), decoder="kerv"), autostart=True,
                                    instruction="pick up the red cube"))
     state = {"t": 1000.0, "messages": 0, "commands": 0, "rejected": 0}
     good_image = Image(height=48, width=64, encoding="rgb8", step=192, data=bytes(48 * 192))

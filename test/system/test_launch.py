@@ -212,7 +212,7 @@ def test_the_parameter_files_decoder_is_the_one_that_runs(tmp_path, ros_context)
     try:
         node = VlaAccelNode(context=context, namespace=spec.namespace, parameter_overrides=[
             Parameter(k, value=v) for k, v in {**overrides, "inference": False}.items()])
-        assert node.cfg.decoder == "ar" and node.cfg.control_rate_hz == 40.0
+        assert node.cfg.policy.decoder == "ar" and node.cfg.control_rate_hz == 40.0
         assert node.get_fully_qualified_name() == "/arm1/vla_accel_node"
         node.destroy_node()
     finally:
@@ -279,6 +279,6 @@ def test_the_inference_host_serves_the_robots_it_is_given(tmp_path):
     assert spec.executable == "vla_inference_node" and spec.parameters[1] == {"robots": ["left_arm", "right_arm"]}
     cfg = from_params(InferenceNodeConfig, {**read_node_parameters(spec.parameters[0], spec.name),
                                             **spec.parameters[1]})
-    assert cfg.decoder == "world_aware" and cfg.robots == ("left_arm", "right_arm")
+    assert cfg.policy.decoder == "world_aware" and cfg.robots == ("left_arm", "right_arm")
     (robot,) = vla_accel_nodes({"params_file": str(params), "inference_mode": "remote"})
     assert robot.parameters[1] == {"inference_mode": "remote"}

@@ -1,5 +1,6 @@
 """The package's layers: imports point downward only and never in a circle, no module reaches another's
-private names or a command module, and everything below ``ros/`` imports with rclpy made unimportable."""
+private names or a command module, everything below ``ros/`` imports with rclpy made unimportable,
+``core/`` with every ROS package made unimportable, and the settings without torch."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ SHARED_COMMAND_MODULES = {"vla_accel_ros.commands.closed_loop_options", "vla_acc
 # The rclpy adapters: the only modules that import rclpy when imported. Everything else, the
 # commands that start ROS processes included (sim, record, replay), imports rclpy only when it runs.
 RCLPY_ADAPTERS = {"vla_accel_ros.ros.node", "vla_accel_ros.ros.rclpy_util", "vla_accel_ros.ros.sim_node",
-                  "vla_accel_ros.ros.inference_node"}
+                  "vla_accel_ros.ros.inference_node", "vla_accel_ros.ros.robot_description",
+                  "vla_accel_ros.ros.remote_link"}
 # The launch files' actions: the only module that imports launch and launch_ros (a ROS 2
 # distribution's, imported by ``ros2 launch`` alone); its argument handling lives in launch_args.
 LAUNCH_ADAPTERS = {"vla_accel_ros.ros.launch_actions"}
@@ -105,17 +107,40 @@ def test_every_module_but_the_rclpy_adapters_imports_without_rclpy() -> None:
     modules = [module_name(p) for p in package_modules()
                if module_name(p) not in RCLPY_ADAPTERS | LAUNCH_ADAPTERS]
     assert len(modules) > 60
+    done = _import_blocked(modules, "top in ('rclpy', 'rosidl_runtime_py', 'launch', 'launch_ros')")
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def _import_blocked(modules: list[str], blocked: str) -> subprocess.CompletedProcess:
+    """Import ``modules`` in a fresh interpreter whose finder refuses every top-level package
+    ``top`` for which the expression ``blocked`` is true."""
     script = (
         "import importlib, importlib.abc, sys\n"
         "class Block(importlib.abc.MetaPathFinder):\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('rclpy', 'rosidl_runtime_py', 'launch', 'launch_ros'):\n"
+        "        top = name.split('.')[0]\n"
+        f"        if {blocked}:\n"
         "            raise ImportError(f'{name} is blocked')\n"
         "sys.meta_path.insert(0, Block())\n"
         f"for name in {modules!r}:\n"
         "    importlib.import_module(name)\n"
         "print('ok')\n"
     )
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+
+
+def test_core_imports_no_ros_package() -> None:
+    modules = [module_name(p) for p in package_modules() if layer_of(module_name(p)) == "core"]
+    assert len(modules) > 10
+    ros = ("top in ('rclpy', 'launch', 'launch_ros') or top.startswith('rosidl') "
+           "or top.endswith(('_msgs', '_srvs', '_interfaces'))")
+    done = _import_blocked(modules, ros)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_the_settings_and_the_decoder_registry_import_without_torch() -> None:
+    script = ("import sys\nsys.modules['torch'] = None\n"
+              "import vla_accel_ros.ros.parameters, vla_accel_ros.decoding.specs\nprint('ok')\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 

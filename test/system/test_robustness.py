@@ -145,7 +145,7 @@ class Rig:
     def ticks(self) -> list[tuple[float, str]]:
         """(sim stamp, source) of every tick so far."""
         names = {0: "policy", 1: "fallback", 2: "hold"}
-        return [(t[1], names[t[2]]) for t in list(self.node._tick_log)]
+        return [(t[1], names[t[2]]) for t in list(self.node.ticks.entries)]
 
     def diagnosed(self, words: str, since: int = 0) -> bool:
         for diag in self.diagnostics[since:]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.decoding.specs import DEFAULT
+from vla_accel_ros.ros.parameters import PolicySettings
 from vla_accel_ros.rosbag.io import STORAGES, TOPICS
 from vla_accel_ros.rosbag.recorder import MODES, RecordOptions, record
 
@@ -31,10 +32,10 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     try:
+        policy = PolicySettings(checkpoint=args.checkpoint, decoder=args.decoder, kf_fill_check=args.kf_fill_check)
         opts = RecordOptions(episodes=args.episodes, out=args.out, storage=args.storage, mode=args.mode,
-                             decoder=args.decoder, kf_fill_check=args.kf_fill_check,
-                             control_rate_hz=args.control_rate, seed=args.seed,
-                             checkpoint=args.checkpoint, duration_s=args.duration_s, domain_id=args.domain_id)
+                             policy=policy, control_rate_hz=args.control_rate, seed=args.seed,
+                             duration_s=args.duration_s, domain_id=args.domain_id)
         s = record(opts)
     except (ValueError, OSError, RuntimeError) as err:
         print(f"record: error: {err}", file=sys.stderr, flush=True)

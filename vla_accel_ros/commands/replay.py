@@ -11,15 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vla_accel_ros.rosbag.compare import DEFAULT_TOLERANCE, no_command_cause, verdict
 from vla_accel_ros.rosbag.io import STORAGES, BagError
-from vla_accel_ros.rosbag.replayer import (
-    DEFAULT_TOLERANCE,
-    MODES,
-    ReplayOptions,
-    no_command_cause,
-    replay,
-    verdict,
-)
+from vla_accel_ros.rosbag.replay_settings import MODES, ReplayOptions
+from vla_accel_ros.rosbag.replayer import replay
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -60,9 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        policy = {name: value for name, value in {"decoder": args.decoder, "checkpoint": args.checkpoint}.items()
+                  if value}  # given: over the recording's
         opts = ReplayOptions(bag=args.bag, out=args.out, mode=args.mode, remap=tuple(args.remap),
-                             summary=args.summary, checkpoint=args.checkpoint, decoder=args.decoder,
-                             control_rate_hz=args.control_rate, instruction=args.instruction, storage=args.storage,
+                             summary=args.summary, policy=policy, control_rate_hz=args.control_rate,
+                             instruction=args.instruction, storage=args.storage,
                              tolerance=args.tolerance, timeout_s=args.timeout_s, rate=args.rate,
                              domain_id=args.domain_id, params_file=args.params_file, urdf=args.urdf,
                              tcp_frame=args.tcp_frame, allow_unmatched_robot=args.allow_unmatched_robot,

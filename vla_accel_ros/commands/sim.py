@@ -9,15 +9,11 @@ import time
 
 from vla_accel_ros.commands.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.core.settings import parse_r_bounds
-from vla_accel_ros.decoding.specs import DEFAULT
+from vla_accel_ros.decoding.specs import DEFAULT, KINEMATIC_R_BOUNDS
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE
-from vla_accel_ros.ros.launcher import (
-    NodeRefused,
-    SimRunOptions,
-    run_sim,
-    run_sim_decoders,
-)
-from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS
+from vla_accel_ros.ros.launcher import SimRunOptions, run_sim, run_sim_decoders
+from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS, PolicySettings
+from vla_accel_ros.ros.processes import NodeRefused
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,11 +92,12 @@ def run(args: argparse.Namespace) -> int:
 
 def sim_options(args: argparse.Namespace) -> SimRunOptions:
     """The run's options from the flags; ValueError naming a bad one."""
-    return SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, decoder=args.decoder,
-                         temperature=args.temperature, kf_fill_check=args.kf_fill_check,
-                         kinematic_r_bounds=args.kinematic_r_bounds, out=args.out, seed=args.seed,
-                         checkpoint=args.checkpoint, unnorm_key=args.unnorm_key,
-                         inference_python=args.inference_python,
-                         duration_s=args.duration_s, output=args.output, executor=args.executor, domain_id=args.domain_id,
+    r_min, r_max = args.kinematic_r_bounds or KINEMATIC_R_BOUNDS
+    policy = PolicySettings(checkpoint=args.checkpoint, unnorm_key=args.unnorm_key, decoder=args.decoder,
+                            temperature=args.temperature, kf_fill_check=args.kf_fill_check,
+                            kinematic_r_min=r_min, kinematic_r_max=r_max)
+    return SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, policy=policy, out=args.out,
+                         seed=args.seed, inference_python=args.inference_python, duration_s=args.duration_s,
+                         output=args.output, executor=args.executor, domain_id=args.domain_id,
                          inference_mode=args.inference_mode, netns=args.netns, realtime_priority=args.realtime_priority,
                          vision=vision_config(args) if args.vision != "full" else None)

@@ -1,17 +1,20 @@
 """Message conversion on numpy, for the node and for replay: camera images in any common encoding (raw
 or compressed) to RGB at the model's size, joint states by name to the arm's order, and a
-comparison of two arms' kinematics. Reads message fields only; no rclpy.
+comparison of two arms' kinematics. Reads message fields only (rclpy's messages or rosbags' with the
+same fields); imports no ROS package.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
-from sensor_msgs.msg import CompressedImage, Image
 
 from vla_accel_ros.core.kinematics import ArmKinematics
+
+if TYPE_CHECKING:
+    from sensor_msgs.msg import CompressedImage, Image
 
 
 # --- message conversion (no per-pixel Python) ----------------------------------------------------

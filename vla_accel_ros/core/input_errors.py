@@ -1,12 +1,15 @@
 """Input errors counted by kind: a kind is the message with its numbers left out, so "joint state
 rejected: 0.52 rad" and "... 0.61 rad" are one kind. The node counts every rejected input this
-way (``~/stats`` reports the counts and the first message of each kind); replay lists them.
+way (``~/stats`` reports the counts and the first message of each kind; :class:`InputErrorLog`
+also keeps the newest ones for ``/diagnostics`` and says when a kind may be logged again); replay
+lists them.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 _NUMBER = re.compile(r"-?\d+(\.\d+)?(e[-+]?\d+)?")
@@ -51,3 +54,34 @@ class InputErrorCounts:
     def lines(self) -> list[str]:
         """One line per kind: its first message and the count."""
         return [f"{self.examples.get(kind, kind)} (x{n})" for kind, n in self.by_kind.items()]
+
+
+class InputErrorLog:
+    """Every input the node rejected: counted in total and by kind, the newest message, the recent
+    ones with their (monotonic) times, and each kind logged at most once per ``throttle_s``."""
+
+    def __init__(self, throttle_s: float, keep: int = 64) -> None:
+        self.throttle_s = throttle_s
+        self.total = 0
+        self.last = ""
+        self.counts = InputErrorCounts()
+        self._recent: deque[tuple[float, str]] = deque(maxlen=keep)
+        self._logged: dict[str, float] = {}  # kind -> when it was last logged
+
+    def add(self, message: str, now: float) -> bool:
+        """Count ``message``, rejected at ``now``; True when its kind is due to be logged."""
+        self.total += 1
+        self.last = message
+        self._recent.append((now, message))
+        kind = self.counts.add(message)  # the same problem with other numbers is one kind
+        if now - self._logged.get(kind, -math.inf) < self.throttle_s:
+            return False
+        self._logged[kind] = now
+        return True
+
+    def recent(self, now: float, window_s: float) -> list[str]:
+        """The distinct messages of the last ``window_s`` seconds, oldest first."""
+        return list(dict.fromkeys(m for t, m in self._recent if now - t <= window_s))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"input_errors": self.total, "last_input_error": self.last, **self.counts.to_json()}

@@ -213,6 +213,10 @@ def _build(cls: type[C], values: Mapping[tuple[str, ...], Any], defaults: Any) -
     return dataclasses.replace(defaults, **kwargs) if defaults is not None else cls(**kwargs)
 
 
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
 def to_params(cfg: Any) -> dict[str, Any]:
     """The config as flat plain ROS/YAML values (string arrays as lists)."""
     params = {}
@@ -220,8 +224,15 @@ def to_params(cfg: Any) -> dict[str, Any]:
         value = cfg
         for attr in leaf.path:
             value = getattr(value, attr)
-        params[leaf.name] = list(value) if isinstance(value, tuple) else value
+        params[leaf.name] = _plain(value)
     return params
+
+
+def changed_params(cfg: Any) -> dict[str, Any]:
+    """The parameters of ``cfg`` that differ from their declared defaults (as :func:`to_params`):
+    what a node's command line sets for the node to hold ``cfg``."""
+    defaults = {leaf.name: _plain(leaf.default) for leaf in _leaves(type(cfg))}
+    return {name: value for name, value in to_params(cfg).items() if value != defaults[name]}
 
 
 def dump_yaml_params(cfg: Any, node_name: str) -> str:

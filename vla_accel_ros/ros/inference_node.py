@@ -2,7 +2,7 @@
 
 For each robot (``robots``: their namespaces), it subscribes to the observations that robot's
 control node publishes in ``inference_mode: remote`` and answers each with its actions, in the
-standard messages of ``core/remote_protocol.py``: observations best effort, depth 1; actions
+standard messages of ``ros/remote_protocol.py``: observations best effort, depth 1; actions
 reliable, depth 1. Every robot has its own :class:`~vla_accel_ros.runtime.runner.PolicyRunner`
 (its Kalman filter, token history and sampling noise) over one shared policy, and a daemon thread
 decodes the newest complete observation of every robot that has one together, in rounds: one
@@ -31,12 +31,12 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 
-from vla_accel_ros.core import remote_protocol
 from vla_accel_ros.core.convert import compressed_to_rgb, image_to_rgb
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.robot_record import check_checkpoint_robot
 from vla_accel_ros.core.settings import ConfigError
+from vla_accel_ros.ros import remote_protocol
 from vla_accel_ros.ros.parameters import InferenceNodeConfig
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS, declare_config, run_node
 from vla_accel_ros.runtime.builder import build_runner
@@ -102,7 +102,7 @@ class VlaInferenceNode(Node):
                 self.robots.append(self._serve_robot(name, runner))
         except (OSError, ValueError, KeyError) as err:
             raise ConfigError(f"cannot load policy checkpoint '{runner_config.checkpoint_source}' with decoder "
-                              f"'{cfg.decoder}': {err}") from err
+                              f"'{cfg.policy.decoder}': {err}") from err
         self.fleet = FleetRunner([r.runner for r in self.robots])
         self.image_size = self.robots[0].runner.image_size
         self._pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
@@ -112,7 +112,7 @@ class VlaInferenceNode(Node):
         self._thread = threading.Thread(target=self._decode_loop, name="vla_inference_decoder", daemon=True)
         self._thread.start()
         served = ", ".join(self._topic(r.name, remote_protocol.ACTION_TOPIC) for r in self.robots)
-        self.get_logger().info(f"ready: {len(self.robots)} robot(s), decoder {cfg.decoder}, image "
+        self.get_logger().info(f"ready: {len(self.robots)} robot(s), decoder {cfg.policy.decoder}, image "
                                f"{self.image_size}px; answering on {served}")
 
     def _topic(self, robot: str, topic: str) -> str:
@@ -203,7 +203,7 @@ class VlaInferenceNode(Node):
             lat = np.asarray(r.latency_ms, dtype=float)
             robots[r.name or "/"] = {"answered": r.answered, "errors": r.errors, "last_error": r.last_error,
                                      "decode_ms_p50": percentile(lat, 50), "decode_ms_p99": percentile(lat, 99)}
-        return {"decoder": self.cfg.decoder, "robot_warning": self.robot_warning, "robots": robots}
+        return {"decoder": self.cfg.policy.decoder, "robot_warning": self.robot_warning, "robots": robots}
 
     def _publish_stats(self) -> None:
         stats = self.stats()

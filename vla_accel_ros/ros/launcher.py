@@ -1,7 +1,9 @@
 """The sim bridge and the VLA node as separate processes talking over DDS (what ``vla-accel sim`` runs).
 
 The same two nodes ``sim.launch.py`` starts, without the ros2 CLI: each is a
-``python -m ... --ros-args`` subprocess on a private ROS_DOMAIN_ID. This process drives episodes
+``python -m ... --ros-args`` subprocess (``ros/processes.py``) on a private ROS_DOMAIN_ID, its
+parameters those of its settings (:meth:`SimRunOptions.node_config`, ...) that differ from the
+defaults. This process drives episodes
 through the bridge's ``~/reset`` and ``~/episode`` topics, then stops the node (SIGINT; it writes
 its statistics), and writes ``DIR/summary.json``, ``DIR/tick_jitter.png`` and
 ``DIR/joint_tracking.png``.
@@ -12,58 +14,38 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from vla_accel_ros.core.settings import to_params
-from vla_accel_ros.decoding.specs import DEFAULT, spec_of
+from vla_accel_ros.core.settings import changed_params
 from vla_accel_ros.models.api import CheckpointRef
-from vla_accel_ros.models.configuration import (
-    DEFAULT_TEMPERATURE,
-    MAX_TEMPERATURE,
-    VisionReuseConfig,
-)
+from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.ros.netns import NetworkNamespace
-from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS, NodeConfig
+from vla_accel_ros.ros.parameters import (
+    INFERENCE_MODES,
+    OUTPUT_FORMATS,
+    InferenceNodeConfig,
+    NodeConfig,
+    PolicySettings,
+    SimBridgeConfig,
+)
+from vla_accel_ros.ros.processes import NodeProcess, NodeRefused, parameter_arguments
 
 READY_TIMEOUT_S = 90.0
-REFUSED_EXIT = 2  # a node executable's exit status when it refuses to start (rclpy_util.run_node)
-
-
-class NodeRefused(RuntimeError):
-    """A node refused to start (bad parameters, URDF, checkpoint, or a robot the checkpoint was not
-    made for); the message is its own reason."""
-
-
-def refusal_reason(log: Path) -> str:
-    """The node's "refusing to start" line from its log, or '' when there is none."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return next((line.strip() for line in reversed(lines) if "refusing to start" in line), "")
 
 
 @dataclass(frozen=True)
 class SimRunOptions:
     episodes: int = 3
     control_rate_hz: float = 20.0
-    decoder: str = DEFAULT
-    temperature: float = DEFAULT_TEMPERATURE
-    kf_fill_check: bool = False
-    kinematic_r_bounds: tuple[int, int] | None = None  # None: the decoder's own
+    policy: PolicySettings = field(default_factory=PolicySettings)
     out: str = "outputs/sim"
     seed: int = 100_000
-    checkpoint: str = ""
-    unnorm_key: str = ""
     inference_python: str = ""
     netns: bool = False  # remote mode: the inference node in a network namespace of its own
     duration_s: float = 6.0  # = `vla-accel eval`'s 120 steps at 20 Hz, so success rates compare
@@ -83,8 +65,6 @@ class SimRunOptions:
             raise ValueError(f"--control-rate must be in [1, 500] Hz, got {self.control_rate_hz}")
         if self.duration_s <= 0:
             raise ValueError(f"--duration-s must be > 0, got {self.duration_s}")
-        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(f"--temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
         if self.output not in OUTPUT_FORMATS:
             raise ValueError(f"--output must be one of {', '.join(OUTPUT_FORMATS)}, got {self.output}")
         if not 0 <= self.domain_id <= 232:
@@ -96,42 +76,43 @@ class SimRunOptions:
         if self.vision is not None and self.inference_mode == "remote":
             raise ValueError("--vision needs --inference-mode thread or process: vla_inference_node encodes every "
                              "patch of every frame")
+        self.node_config()  # what the nodes would refuse (ConfigError naming the parameter), refused here
+        self.bridge_config()
 
+    @property
+    def stats_file(self) -> Path:
+        return Path(self.out) / "node_stats.json"
 
+    def node_config(self) -> NodeConfig:
+        """vla_accel_node's settings for the run: the policy's checkpoint made absolute, since the node
+        runs in another working directory."""
+        policy = self.policy
+        if policy.checkpoint:
+            ref = CheckpointRef.parse(policy.checkpoint)
+            policy = replace(policy, checkpoint=str(replace(ref, directory=ref.directory.resolve())))
+        config = NodeConfig(control_rate_hz=self.control_rate_hz, policy=policy, autostart=True, output=self.output,
+                            executor=self.executor, stats_file=str(self.stats_file.resolve()),
+                            inference=self.inference, robot_description_timeout_s=10.0,
+                            inference_mode=self.inference_mode, realtime_priority=self.realtime_priority,
+                            inference_python=self.inference_python)
+        return config if self.vision is None else replace(config, vision=self.vision)
 
+    def inference_config(self) -> InferenceNodeConfig:
+        """vla_inference_node's settings in remote mode: the node's policy, at its control period."""
+        return InferenceNodeConfig(policy=self.node_config().policy, control_period_s=1.0 / self.control_rate_hz)
 
-def vision_parameters(vision: VisionReuseConfig) -> dict[str, Any]:
-    """The node's ``vision_*`` parameters that set ``vision`` (NodeConfig's one mapping)."""
-    params = to_params(NodeConfig(vision=vision))
-    return {name: value for name, value in params.items() if name.startswith("vision_")}
+    def bridge_config(self) -> SimBridgeConfig:
+        """sim_node's settings: episodes start on this run's resets."""
+        return SimBridgeConfig(start_episode=False, episode_duration_s=self.duration_s,
+                               real_time_factor=self.real_time_factor)
 
-
-def ros_args(params: dict[str, Any]) -> list[str]:
-    args = ["--ros-args"]
-    for key, value in params.items():
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        args += ["-p", f"{key}:={text}"]
-    return args
-
-
-def _peak_rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return float("nan")
-
-
-def stop_process(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    def to_json(self) -> dict[str, Any]:
+        """The options as summary.json records them: flat, the policy's settings beside the others
+        and its kinematic bounds as ``kinematic_r_bounds`` (None: the decoder's own)."""
+        options = asdict(self)
+        policy = options.pop("policy")
+        del policy["kinematic_r_min"], policy["kinematic_r_max"]
+        return {**options, **policy, "kinematic_r_bounds": self.policy.kinematic_r_bounds}
 
 
 class _Monitor:
@@ -167,7 +148,7 @@ class _Monitor:
     def inference_connected(self) -> bool:
         """vla_inference_node is up and its endpoints are discovered from this side (across the
         veth pair in --netns), so the first episode's observations reach it."""
-        from vla_accel_ros.core import remote_protocol
+        from vla_accel_ros.ros import remote_protocol
 
         return (bool(self.inference_stats) and self.node.count_subscribers(f"/{remote_protocol.STATE_TOPIC}") >= 1
                 and self.node.count_publishers(f"/{remote_protocol.ACTION_TOPIC}") >= 1)
@@ -222,105 +203,80 @@ def run_sim(opts: SimRunOptions, progress: bool = True,
     domain = opts.domain_id or (100 + os.getpid() % 100)
     env = dict(os.environ, ROS_DOMAIN_ID=str(domain), MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"),
                PYTHONUNBUFFERED="1")
-    stats_file = out / "node_stats.json"
+    stats_file = opts.stats_file
     stats_file.unlink(missing_ok=True)
-    sim_params = {"start_episode": False, "episode_duration_s": float(opts.duration_s), "success_hold_s": 0.15,
-                  "real_time_factor": float(opts.real_time_factor)}
-    node_params = {"control_rate_hz": float(opts.control_rate_hz), "decoder": opts.decoder,
-                   "temperature": float(opts.temperature), "kf_fill_check": opts.kf_fill_check, "autostart": True,
-                   "output": opts.output, "executor": opts.executor, "stats_file": str(stats_file.resolve()),
-                   "inference": opts.inference, "robot_description_timeout_s": 10.0,
-                   "inference_mode": opts.inference_mode, "realtime_priority": opts.realtime_priority}
-    if opts.checkpoint:  # absolute: the node runs in another working directory
-        ref = CheckpointRef.parse(opts.checkpoint)
-        node_params["checkpoint"] = str(replace(ref, directory=ref.directory.resolve()))
-    if opts.unnorm_key:
-        node_params["unnorm_key"] = opts.unnorm_key
-    if opts.kinematic_r_bounds is not None:
-        node_params["kinematic_r_min"], node_params["kinematic_r_max"] = opts.kinematic_r_bounds
-    if opts.vision is not None:  # as the node names them (vision_reuse, vision_reuse_kv, ...)
-        node_params.update(vision_parameters(opts.vision))
-    if opts.inference_python:
-        node_params["inference_python"] = opts.inference_python
-    logs = [open(out / "sim_node.log", "w"), open(out / "vla_accel_node.log", "w")]
-    remote = None
     with contextlib.ExitStack() as stack:
+        remote = None
         if opts.inference_mode == "remote":
             host = stack.enter_context(NetworkNamespace(f"vla_accel_{domain}")) if opts.netns else None
             env = dict(env, **host.peers_env()) if host is not None else env
-            log = stack.enter_context(open(out / "vla_inference_node.log", "w"))
-            remote = _start_inference_node(opts, node_params, env, host, log)
-            stack.callback(stop_process, remote)
-        return _run_episodes(opts, progress, attach, out, env, domain, stats_file, sim_params, node_params, logs,
-                             remote)
+            remote = _start_inference_node(opts, out, env, host)
+            stack.callback(remote.stop)
+        episodes, peak_rss = _run_episodes(opts, progress, attach, out, env, domain, remote)
+    if not stats_file.is_file():
+        raise RuntimeError(f"the node wrote no statistics to {stats_file}; see {out}/vla_accel_node.log")
+    node_stats = json.loads(stats_file.read_text())
+    summary = _summarise(opts, episodes, node_stats, peak_rss, domain)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _plot(node_stats, opts.control_rate_hz, out)
+    return summary
 
 
-def _start_inference_node(opts: SimRunOptions, node_params: dict[str, Any], env: dict[str, str],
-                          host: NetworkNamespace | None, log: Any) -> subprocess.Popen:
+def _ros_args(config: Any) -> list[str]:
+    """A node's command line for ``config``: the parameters that differ from their defaults."""
+    return ["--ros-args", *parameter_arguments(changed_params(config))]
+
+
+def _start_inference_node(opts: SimRunOptions, out: Path, env: dict[str, str],
+                          host: NetworkNamespace | None) -> NodeProcess:
     """The policy as vla_inference_node (in the namespace ``host`` when given) for the robot."""
-    params = {key: node_params[key] for key in ("decoder", "temperature", "kf_fill_check", "kinematic_r_min",
-                                                "kinematic_r_max", "checkpoint", "unnorm_key")
-              if key in node_params}
-    params["control_period_s"] = 1.0 / float(opts.control_rate_hz)
-    command = [sys.executable, "-m", "vla_accel_ros.ros.inference_node", *ros_args(params)]
     node_env = dict(env, **host.peers_env(inside=True)) if host is not None else env
-    return subprocess.Popen(host.command(command) if host is not None else command, env=node_env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    return NodeProcess.start("vla_accel_ros.ros.inference_node", _ros_args(opts.inference_config()),
+                             out / "vla_inference_node.log", node_env, wrap=host.command if host is not None else None)
 
 
 def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], Attachment] | None, out: Path,
-                  env: dict[str, str], domain: int, stats_file: Path, sim_params: dict[str, Any],
-                  node_params: dict[str, Any], logs: list[Any], remote: subprocess.Popen | None) -> dict[str, Any]:
+                  env: dict[str, str], domain: int,
+                  remote: NodeProcess | None) -> tuple[list[dict[str, Any]], float]:
+    """The bridge and the node up, then the episodes: their reports and the node's peak RSS."""
     from tqdm import tqdm
 
-    sim = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.sim_node", *ros_args(sim_params)],
-                           env=env, stdout=logs[0], stderr=subprocess.STDOUT)
-    node = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.node", *ros_args(node_params)],
-                            env=env, stdout=logs[1], stderr=subprocess.STDOUT)
+    sim = NodeProcess.start("vla_accel_ros.ros.sim_node", _ros_args(opts.bridge_config()), out / "sim_node.log", env)
+    node = NodeProcess.start("vla_accel_ros.ros.node", _ros_args(opts.node_config()), out / "vla_accel_node.log", env)
     monitor = _Monitor(domain)
-    peak_rss = float("nan")
     attached = None
+
+    def ended() -> bool:
+        return any(p.returncode is not None for p in (node, sim, remote) if p is not None)
+
     try:
         attached = attach(domain) if attach is not None else None
         ready = monitor.wait_for(lambda: bool(monitor.stats) and monitor.joint_states > 0 and
                                  (remote is None or monitor.inference_connected()) and
-                                 (attached is None or attached.ready()) or
-                                 node.poll() is not None or sim.poll() is not None or
-                                 (remote is not None and remote.poll() is not None), READY_TIMEOUT_S)
-        if remote is not None and remote.poll() is not None:
-            raise RuntimeError(f"vla_inference_node exited (rc={remote.poll()}); see {out}/vla_inference_node.log")
-        if node.poll() == REFUSED_EXIT:
-            logs[1].flush()
-            raise NodeRefused(refusal_reason(out / "vla_accel_node.log") or
-                              f"vla_accel_node refused to start; see {out}/vla_accel_node.log")
-        if not ready or node.poll() is not None or sim.poll() is not None:
-            raise RuntimeError(f"nodes did not come up (node rc={node.poll()}, sim rc={sim.poll()}); "
-                               f"see {out}/vla_accel_node.log and {out}/sim_node.log")
+                                 (attached is None or attached.ready()) or ended(), READY_TIMEOUT_S)
+        if remote is not None and remote.returncode is not None:
+            raise RuntimeError(f"vla_inference_node exited (rc={remote.returncode}); see {remote.log}")
+        if node.refused:
+            raise NodeRefused(node.refusal() or f"vla_accel_node refused to start; see {node.log}")
+        if not ready or ended():
+            raise RuntimeError(f"nodes did not come up (node rc={node.returncode}, sim rc={sim.returncode}); "
+                               f"see {node.log} and {sim.log}")
         bar = tqdm(range(opts.episodes), desc="episodes", disable=not progress)
         for i in bar:
             n_before = len(monitor.episodes)
             monitor.reset(opts.seed + i)
-            done = monitor.wait_for(lambda: len(monitor.episodes) > n_before or node.poll() is not None,
+            done = monitor.wait_for(lambda: len(monitor.episodes) > n_before or node.returncode is not None,
                                     opts.duration_s / max(opts.real_time_factor, 0.05) + 30.0)
             if not done or len(monitor.episodes) <= n_before:
-                raise RuntimeError(f"episode {i} (seed {opts.seed + i}) did not finish; node rc={node.poll()}")
+                raise RuntimeError(f"episode {i} (seed {opts.seed + i}) did not finish; node rc={node.returncode}")
             bar.set_postfix(success=sum(e["success"] for e in monitor.episodes) / len(monitor.episodes))
-        peak_rss = _peak_rss_mb(node.pid)
+        return monitor.episodes, node.peak_rss_mb()
     finally:
         if attached is not None:
             attached.close()
-        stop_process(node)
-        stop_process(sim)
+        node.stop()
+        sim.stop()
         monitor.close()
-        for f in logs:
-            f.close()
-    if not stats_file.is_file():
-        raise RuntimeError(f"the node wrote no statistics to {stats_file}; see {out}/vla_accel_node.log")
-    node_stats = json.loads(stats_file.read_text())
-    summary = _summarise(opts, monitor.episodes, node_stats, peak_rss, domain)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    _plot(node_stats, opts.control_rate_hz, out)
-    return summary
 
 
 def _summarise(opts: SimRunOptions, episodes: list[dict[str, Any]], node: dict[str, Any], peak_rss: float,
@@ -341,7 +297,7 @@ def _summarise(opts: SimRunOptions, episodes: list[dict[str, Any]], node: dict[s
         "node_process_peak_rss_mb": peak_rss if np.isfinite(peak_rss) else node.get("peak_rss_mb"),
         "inference_child_peak_rss_mb": node.get("inference_child_peak_rss_mb"),
         "per_episode": episodes,
-        "options": asdict(opts),
+        "options": opts.to_json(),
         "ros_domain_id": domain,
     }
 
@@ -387,18 +343,15 @@ def _plot(node: dict[str, Any], rate_hz: float, out: Path) -> None:
 def run_sim_decoders(opts: SimRunOptions, decoders: list[str], progress: bool = True) -> dict[str, Any]:
     """The node with each decoder in turn, on the same seeds (``opts.out/DECODER``): each one's
     success and inference latency, and that latency's ratio to the first decoder's (``ar`` first
-    for ratios against it). Also written to ``opts.out/decoders.json``. ``opts.kf_fill_check`` goes
-    to the decoders that have a Kalman fill to check, ``opts.kinematic_r_bounds`` to those with the
-    kinematic threshold."""
+    for ratios against it). Also written to ``opts.out/decoders.json``. ``opts.policy``'s
+    kf_fill_check and kinematic bounds go to the decoders that take them
+    (:meth:`~vla_accel_ros.ros.parameters.PolicySettings.for_decoder`)."""
     if not decoders:
         raise ValueError("--decoders names no decoder")
     rows = []
     for decoder in decoders:
-        spec = spec_of(decoder)
-        checked = opts.kf_fill_check and spec.fill_check
-        bounds = opts.kinematic_r_bounds if spec.kinematic_threshold else None
-        summary = run_sim(replace(opts, decoder=decoder, kf_fill_check=checked, kinematic_r_bounds=bounds,
-                                  out=str(Path(opts.out) / decoder)), progress=progress)
+        summary = run_sim(replace(opts, policy=opts.policy.for_decoder(decoder), out=str(Path(opts.out) / decoder)),
+                          progress=progress)
         rows.append({"decoder": decoder, "success_rate": summary["success_rate"],
                      "inference_latency_ms_p50": summary["inference_latency_ms_p50"],
                      "inference_latency_ms_p99": summary["inference_latency_ms_p99"],
@@ -408,7 +361,7 @@ def run_sim_decoders(opts: SimRunOptions, decoders: list[str], progress: bool = 
     for row in rows:
         latency = row["inference_latency_ms_p50"]
         row[f"latency_ratio_vs_{rows[0]['decoder']}"] = latency / base if latency else float("nan")
-    result = {"decoders": rows, "baseline": rows[0]["decoder"], "options": asdict(opts)}
+    result = {"decoders": rows, "baseline": rows[0]["decoder"], "options": opts.to_json()}
     Path(opts.out).mkdir(parents=True, exist_ok=True)
     (Path(opts.out) / "decoders.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -1,17 +1,21 @@
-"""Settings of the VLA node and the sim bridge: frozen dataclasses, one mapping to/from ROS
-parameters and YAML, validation with messages that name the parameter.
+"""Settings of the VLA node, the inference node and the sim bridge: frozen dataclasses, one mapping
+to/from ROS parameters and YAML, validation with messages that name the parameter.
 
 Every field carries its ROS documentation in ``metadata``: a ``description`` and either a numeric
-``range`` (lo, hi) or a set of ``choices``. ``ros/node.py`` and ``ros/sim_node.py`` declare their
-parameters from :func:`parameter_specs`, so the ROS interface, the YAML files and the validation
-cannot drift apart. The incremental-vision parameters (``vision_reuse``, ``vision_threshold``, ...)
-are the fields of one nested :class:`~vla_accel_ros.models.configuration.VisionReuseConfig`
-(``NodeConfig.vision``). Importable without rclpy or torch.
+``range`` (lo, hi) or a set of ``choices``. ``ros/node.py``, ``ros/inference_node.py`` and
+``ros/sim_node.py`` declare their parameters from :func:`parameter_specs`, so the ROS interface, the
+YAML files and the validation cannot drift apart. Two groups of parameters are settings dataclasses
+of their own, nested flat into the nodes' configs: :class:`PolicySettings` (``checkpoint``,
+``decoder``, ``kinematic_r_min``, ...: what chooses and configures the policy and its decoder, also
+in the sim, record and replay options) and the incremental-vision parameters (``vision_reuse``,
+``vision_threshold``, ...: :class:`~vla_accel_ros.models.configuration.VisionReuseConfig`,
+``NodeConfig.vision``). Importable without rclpy or torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from vla_accel_ros.core.controller import ControllerConfig
 from vla_accel_ros.core.settings import ConfigError, check_fields, nested, setting
@@ -21,6 +25,7 @@ from vla_accel_ros.decoding.specs import (
     names,
     names_with,
     shared_settings,
+    spec_of,
 )
 from vla_accel_ros.models.configuration import (
     DEFAULT_TEMPERATURE,
@@ -33,24 +38,63 @@ OUTPUT_FORMATS = ("forward_position", "joint_trajectory", "joint_state")
 EXECUTORS = ("single", "multi")
 INFERENCE_MODES = ("thread", "process", "remote")
 
-
-def decoder_settings(decoder: str, kf_fill_check: bool, r_min: int, r_max: int) -> tuple[int, int] | None:
-    """Check the decoder parameters together (ConfigError naming what does not fit) and return the
-    runner's ``kinematic_r_bounds``: None at the defaults."""
-    bounds = None if (r_min, r_max) == KINEMATIC_R_BOUNDS else (r_min, r_max)
-    try:
-        shared_settings(decoder, fill_check=kf_fill_check, kinematic_r_bounds=bounds)
-    except ValueError as err:
-        raise ConfigError(f"parameter {err}") from None
-    return bounds
-
-
 FILL_CHECK = ", ".join(names_with(lambda spec: spec.fill_check))
 KINEMATIC = ", ".join(names_with(lambda spec: spec.kinematic_threshold))
 R_MIN_HELP = (f"{KINEMATIC}: lower bound of the kinematic acceptance threshold r, in token bins (a proposed "
               "token within r of the target's pick is accepted); checkpoints/hf_small with kf_fill_check: 2, "
               "with kinematic_r_max 6")
 R_MAX_HELP = f"{KINEMATIC}: upper bound of the kinematic acceptance threshold r, in token bins"
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """The policy and its decoder: the checkpoint, the decoder and the settings every decoder is
+    offered, checked together against the decoder registry (``decoding/specs.py``)."""
+
+    checkpoint: str = setting("", "Policy checkpoint directory, or hf:DIR for a Hugging Face VLA with OpenVLA's "
+                              "action tokens; empty = the package's checkpoints/default")
+    unnorm_key: str = setting("", "hf:DIR only: the dataset in its dataset_statistics.json whose statistics "
+                              "unnormalise the actions; empty = the file's only one")
+    decoder: str = setting(DEFAULT, "Action decoder (see README, Decoders)", choices=names)
+    temperature: float = setting(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy (every decoder "
+                                 "samples the same way; see README, The policy)", range=(0.0, MAX_TEMPERATURE))
+    kf_fill_check: bool = setting(False, f"{FILL_CHECK}: check the Kalman filter's fill of a rejected suffix "
+                                  "against the target's own picks from the same verify pass (a KF token more than r "
+                                  "from the target's pick gives way to it); for a model whose tokens the KF predicts "
+                                  "poorly, such as checkpoints/hf_small")
+    kinematic_r_min: int = setting(KINEMATIC_R_BOUNDS[0], R_MIN_HELP, range=(0, 255))
+    kinematic_r_max: int = setting(KINEMATIC_R_BOUNDS[1], R_MAX_HELP, range=(0, 255))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if not self.decoder.strip():
+            raise ConfigError("parameter 'decoder' must name a decoder")
+        try:
+            shared_settings(self.decoder, fill_check=self.kf_fill_check, kinematic_r_bounds=self.kinematic_r_bounds)
+        except ValueError as err:
+            raise ConfigError(f"parameter {err}") from None
+
+    @property
+    def kinematic_r_bounds(self) -> tuple[int, int] | None:
+        """(kinematic_r_min, kinematic_r_max) as the runner takes them: None at the defaults (the
+        decoder's own)."""
+        bounds = (self.kinematic_r_min, self.kinematic_r_max)
+        return None if bounds == KINEMATIC_R_BOUNDS else bounds
+
+    def for_decoder(self, decoder: str) -> PolicySettings:
+        """These settings with ``decoder``, and the shared settings it does not take
+        (``kf_fill_check``, the kinematic bounds) at their defaults."""
+        spec = spec_of(decoder)
+        r_min, r_max = (self.kinematic_r_min, self.kinematic_r_max) if spec.kinematic_threshold else KINEMATIC_R_BOUNDS
+        return replace(self, decoder=decoder, kf_fill_check=self.kf_fill_check and spec.fill_check,
+                       kinematic_r_min=r_min, kinematic_r_max=r_max)
+
+    def runner_config(self, **runtime: Any) -> RunnerConfig:
+        """The runner's settings: these, and ``runtime``'s (periods, threads, vision) under
+        :class:`~vla_accel_ros.runtime.builder.RunnerConfig`'s names."""
+        return RunnerConfig(checkpoint=self.checkpoint, unnorm_key=self.unnorm_key, decoder=self.decoder,
+                            temperature=self.temperature, kf_fill_check=self.kf_fill_check,
+                            kinematic_r_bounds=self.kinematic_r_bounds, **runtime)
 
 
 @dataclass(frozen=True)
@@ -77,19 +121,8 @@ class NodeConfig:
                                             "robot_description nor urdf_file is set", range=(0.0, 60.0))
     urdf_file: str = setting("", "URDF file; empty = the package's urdf/arm7.urdf (after the topic)")
     tcp_frame: str = setting("tcp", "URDF frame the policy's end-effector deltas refer to")
-    checkpoint: str = setting("", "Policy checkpoint directory, or hf:DIR for a Hugging Face VLA with OpenVLA's "
-                         "action tokens; empty = the package's checkpoints/default")
-    unnorm_key: str = setting("", "hf:DIR only: the dataset in its dataset_statistics.json whose statistics "
-                         "unnormalise the actions; empty = the file's only one")
-    decoder: str = setting(DEFAULT, "Action decoder (see README, Decoders)", choices=names)
-    temperature: float = setting(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy (every decoder "
-                            "samples the same way; see README, The policy)", range=(0.0, MAX_TEMPERATURE))
-    kf_fill_check: bool = setting(False, f"{FILL_CHECK}: check the Kalman filter's fill of a rejected suffix "
-                                  "against the target's own picks from the same verify pass (a KF token more than r "
-                                  "from the target's pick gives way to it); for a model whose tokens the KF predicts "
-                                  "poorly, such as checkpoints/hf_small")
-    kinematic_r_min: int = setting(KINEMATIC_R_BOUNDS[0], R_MIN_HELP, range=(0, 255))
-    kinematic_r_max: int = setting(KINEMATIC_R_BOUNDS[1], R_MAX_HELP, range=(0, 255))
+    # checkpoint, unnorm_key, decoder, temperature, kf_fill_check, kinematic_r_min, kinematic_r_max
+    policy: PolicySettings = nested(PolicySettings())
     # vision_reuse (the on/off switch), vision_threshold, vision_refresh_steps, vision_max_drift, vision_reuse_kv
     vision: VisionReuseConfig = nested(VisionReuseConfig(enabled=False), prefix="vision_",
                                        names={"enabled": "vision_reuse"})
@@ -150,9 +183,6 @@ class NodeConfig:
             raise ConfigError(f"parameter 'controller' must name a controller for output '{self.output}'")
         if len(set(self.controller_joints)) != len(self.controller_joints):
             raise ConfigError(f"parameter 'controller_joints' has duplicates: {list(self.controller_joints)}")
-        if not self.decoder.strip():
-            raise ConfigError("parameter 'decoder' must name a decoder")
-        decoder_settings(self.decoder, self.kf_fill_check, self.kinematic_r_min, self.kinematic_r_max)
         if self.inference_python and self.inference_mode != "process":
             raise ConfigError("parameter 'inference_python' needs inference_mode: process (a thread shares the "
                               "node's interpreter)")
@@ -163,19 +193,8 @@ class NodeConfig:
 
     def runner_config(self) -> RunnerConfig:
         """The runner's settings (checkpoint, decoder, sampling, vision, periods, threads)."""
-        return RunnerConfig(
-            checkpoint=self.checkpoint,
-            unnorm_key=self.unnorm_key,
-            decoder=self.decoder,
-            temperature=self.temperature,
-            vision=self.vision,
-            action_dt_s=self.action_dt_s,
-            period_s=self.period_s,
-            torch_threads=self.torch_threads,
-            kf_fill_check=self.kf_fill_check,
-            kinematic_r_bounds=decoder_settings(self.decoder, self.kf_fill_check, self.kinematic_r_min,
-                                                self.kinematic_r_max),
-        )
+        return self.policy.runner_config(vision=self.vision, action_dt_s=self.action_dt_s, period_s=self.period_s,
+                                         torch_threads=self.torch_threads)
 
     def controller_config(self) -> ControllerConfig:
         return ControllerConfig(
@@ -197,16 +216,8 @@ class InferenceNodeConfig:
 
     robots: tuple[str, ...] = setting((), "Namespaces of the robots served (each one's control node runs with "
                                       "inference_mode: remote there); empty = the node's own namespace, one robot")
-    checkpoint: str = setting("", "Policy checkpoint directory, or hf:DIR for a Hugging Face VLA; empty = the "
-                              "package's checkpoints/default")
-    unnorm_key: str = setting("", "hf:DIR only: the dataset of its dataset_statistics.json; empty = the only one")
-    decoder: str = setting(DEFAULT, "Action decoder (see README, Decoders)", choices=names)
-    temperature: float = setting(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy",
-                                 range=(0.0, MAX_TEMPERATURE))
-    kf_fill_check: bool = setting(False, f"{FILL_CHECK}: check the Kalman filter's fill of a rejected suffix "
-                                  "against the target's own picks from the same verify pass")
-    kinematic_r_min: int = setting(KINEMATIC_R_BOUNDS[0], R_MIN_HELP, range=(0, 255))
-    kinematic_r_max: int = setting(KINEMATIC_R_BOUNDS[1], R_MAX_HELP, range=(0, 255))
+    # checkpoint, unnorm_key, decoder, temperature, kf_fill_check, kinematic_r_min, kinematic_r_max
+    policy: PolicySettings = nested(PolicySettings())
     urdf_file: str = setting("", "URDF of the robots (the decoders' Kalman filter and IK); empty = the package's")
     tcp_frame: str = setting("tcp", "URDF frame the policy's end-effector deltas refer to")
     allow_unmatched_robot: bool = setting(False, "Run a checkpoint on a same-DOF arm it was not made for (WARN)")
@@ -220,15 +231,10 @@ class InferenceNodeConfig:
         check_fields(self)
         if len(set(self.robots)) != len(self.robots):
             raise ConfigError(f"parameter 'robots' has duplicates: {list(self.robots)}")
-        decoder_settings(self.decoder, self.kf_fill_check, self.kinematic_r_min, self.kinematic_r_max)
 
     def runner_config(self) -> RunnerConfig:
-        return RunnerConfig(checkpoint=self.checkpoint, decoder=self.decoder, temperature=self.temperature,
-                            action_dt_s=self.action_dt_s, period_s=self.control_period_s,
-                            torch_threads=self.torch_threads, unnorm_key=self.unnorm_key,
-                            kf_fill_check=self.kf_fill_check,
-                            kinematic_r_bounds=decoder_settings(self.decoder, self.kf_fill_check,
-                                                                self.kinematic_r_min, self.kinematic_r_max))
+        return self.policy.runner_config(action_dt_s=self.action_dt_s, period_s=self.control_period_s,
+                                         torch_threads=self.torch_threads)
 
 
 @dataclass(frozen=True)

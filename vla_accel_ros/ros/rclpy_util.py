@@ -4,17 +4,18 @@
 - :func:`declare_config`: declare every field of a config dataclass as a described, ranged ROS
   parameter and build the config from the values (``ConfigError`` naming a bad one);
 - :func:`run_node`: the ``main()`` of a node executable (refuse to start with the reason, spin,
-  shut down in order);
+  shut down in order), and :func:`set_realtime_priority` for the thread that spins;
 - :class:`BackgroundNode`: a plain node in a private context and DDS domain, spun by a daemon
   thread of this process (replay's player, the sim runner's monitor).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import rclpy
@@ -121,6 +122,28 @@ def run_node(name: str, make_node: Callable[[], Any], make_executor: Callable[[A
         # installed to the default, so a SIGINT then would end the process by the signal: ignore it.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     return 0
+
+
+def set_realtime_priority(priority: int, logger: Any, also: Sequence[Callable[[int], None]] = ()) -> int:
+    """Put the calling thread (the one about to spin the executor) under SCHED_FIFO at ``priority``,
+    so that other processes on the machine cannot delay the control tick by a scheduler slice.
+    Threads it creates later (executor pools) inherit it; an inference thread started before does
+    not (it would take a core). ``also`` sets it on other threads that share this one's GIL (the
+    process worker's feeder). Returns the priority in effect: 0 (normal scheduling) when
+    ``priority`` is 0 or the system refuses, which ``logger`` warns about."""
+    if priority <= 0:
+        return 0
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+        for set_priority in also:
+            set_priority(priority)
+    except (OSError, AttributeError) as err:
+        logger.warn(f"could not run the control loop at SCHED_FIFO priority {priority} ({err}); it runs with normal "
+                    f"scheduling, so busy processes can delay ticks by a few ms. Grant CAP_SYS_NICE or an rtprio "
+                    f"limit, or set realtime_priority: 0 to silence this")
+        return 0
+    logger.info(f"control loop runs at SCHED_FIFO priority {priority}")
+    return priority
 
 
 class BackgroundNode:

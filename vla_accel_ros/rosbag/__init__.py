@@ -1,2 +1,2 @@
-"""rosbag2 recording and replay: bag I/O, the deterministic lock-step core, the recorder and the
-replayer that diffs a bag's commands against the node's."""
+"""rosbag2 recording and replay: bag I/O, the deterministic lock-step core, the recorder, the replay's
+node settings, the replayer, and the comparison of a bag's commands with the node's."""

@@ -95,7 +95,8 @@ class LockstepCore:
         try:
             self.runner = build_runner(runner_config, self.kin, clock=frozen_clock)
         except (OSError, ValueError, KeyError) as err:
-            raise ValueError(f"cannot load policy checkpoint '{checkpoint}' with decoder '{cfg.decoder}': {err}") from err
+            raise ValueError(f"cannot load policy checkpoint '{checkpoint}' with decoder '{cfg.policy.decoder}': "
+                             f"{err}") from err
         self.image_size = cfg.image_size or self.runner.image_size
         self.checkpoint = checkpoint
         self.errors: Counter[str] = Counter()

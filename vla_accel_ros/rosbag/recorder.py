@@ -3,8 +3,8 @@
 The bag holds the camera (``/camera/image_raw``), ``/joint_states``, the instruction topic, the
 node's commands (``/arm_controller/commands`` and ``/gripper_controller/commands``), ``/clock``,
 ``/robot_description``, the node's ``~/stats`` and the bridge's episode reports; the recording's
-settings (decoder, kf_fill_check, control rate, checkpoint, seed, mode) go into metadata.yaml's custom_data, and
-``vla-accel replay`` picks them up.
+settings (decoder, kf_fill_check, temperature, control rate, checkpoint, seed, mode) go into metadata.yaml's
+custom_data, and ``vla-accel replay`` picks them up.
 
 - ``--mode live`` (default) runs the sim bridge and the node as processes over DDS (the
   orchestration of ``vla-accel sim``) with a recorder node on the same domain: sensor topics
@@ -24,14 +24,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vla_accel_ros.decoding.specs import DEFAULT
-from vla_accel_ros.ros.parameters import NodeConfig, SimBridgeConfig
+from vla_accel_ros.ros.parameters import NodeConfig, PolicySettings, SimBridgeConfig
 from vla_accel_ros.rosbag.io import (
     STORAGES,
     TOPICS,
@@ -53,11 +52,9 @@ class RecordOptions:
     out: str = "outputs/bags/sim"
     storage: str = "mcap"
     mode: str = "live"
-    decoder: str = DEFAULT
-    kf_fill_check: bool = False
+    policy: PolicySettings = field(default_factory=PolicySettings)
     control_rate_hz: float = 20.0
     seed: int = 100_000
-    checkpoint: str = ""
     duration_s: float = 8.0
     domain_id: int = 0
 
@@ -76,13 +73,15 @@ class RecordOptions:
             raise ValueError(f"--out {self.out} exists already; rosbag2 writes a new directory")
 
     def custom(self) -> dict[str, Any]:
-        data = asdict(self)
-        if data["checkpoint"]:
-            data["checkpoint"] = str(Path(data["checkpoint"]).resolve())
-        # the node's sampling temperature: a replay must sample the same way to reproduce the commands
-        return {"source": "record", **data, "temperature": NodeConfig().temperature}
-
-
+        """The recording's settings for the bag's metadata, flat: these options and the policy's
+        decoder, kf_fill_check, checkpoint (absolute) and sampling temperature, which a replay
+        needs to reproduce the commands."""
+        options = asdict(self)
+        del options["policy"]
+        policy = self.policy
+        checkpoint = str(Path(policy.checkpoint).resolve()) if policy.checkpoint else ""
+        return {"source": "record", **options, "decoder": policy.decoder, "kf_fill_check": policy.kf_fill_check,
+                "checkpoint": checkpoint, "temperature": policy.temperature}
 
 
 # --- deterministic ----------------------------------------------------------------------------
@@ -99,8 +98,7 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
     rate = bridge.joint_state_rate_hz
     camera_every = max(1, int(round(rate / bridge.camera_rate_hz)))
     dt_ns = int(round(1e9 / rate))
-    cfg = NodeConfig(control_rate_hz=opts.control_rate_hz, decoder=opts.decoder, checkpoint=opts.checkpoint,
-                     kf_fill_check=opts.kf_fill_check, autostart=True)
+    cfg = NodeConfig(control_rate_hz=opts.control_rate_hz, policy=opts.policy, autostart=True)
     env = PickCubeEnv(SimConfig(image_size=bridge.image_size, control_hz=rate,
                                 max_steps=max(1, int(round(opts.duration_s * rate))),
                                 success_hold_steps=max(1, int(round(bridge.success_hold_s * rate)))))
@@ -268,10 +266,8 @@ def record_live(opts: RecordOptions, progress: bool = True) -> dict[str, Any]:
 
     started = time.monotonic()
     try:
-        sim = run_sim(SimRunOptions(episodes=opts.episodes, control_rate_hz=opts.control_rate_hz,
-                                    decoder=opts.decoder, kf_fill_check=opts.kf_fill_check,
-                                    out=str(run_dir), seed=opts.seed,
-                                    checkpoint=opts.checkpoint, duration_s=opts.duration_s,
+        sim = run_sim(SimRunOptions(episodes=opts.episodes, control_rate_hz=opts.control_rate_hz, policy=opts.policy,
+                                    out=str(run_dir), seed=opts.seed, duration_s=opts.duration_s,
                                     domain_id=opts.domain_id), progress=progress, attach=attach)
     finally:
         writer.close()

@@ -20,22 +20,19 @@ Two modes:
   arrived at. Timing-dependent by nature; the diff says how far it drifts. A node that refuses to
   start (another arm than the checkpoint's, say) ends the replay at once, quoting its reason.
 
-The node's parameters come from, each over the one before: the node's defaults, the settings the
-recording stored (decoder, checkpoint, control rate, temperature, kf_fill_check), ``--params-file`` (the node's
-own ROS 2 parameter YAML) and the explicit flags (``--urdf``, ``--tcp-frame``,
-``--controller-joints``, ``--decoder``, ...). The arm's URDF is, in the node's order, the
+The node's parameters are the recording's, ``--params-file``'s and the flags', each over the one
+before (:mod:`~vla_accel_ros.rosbag.replay_settings`). The arm's URDF is, in the node's order, the
 ``robot_description`` parameter, ``urdf_file`` (``--urdf``), the bag's ``/robot_description``, the
-package's. The bag's topics are the ones these parameters name (``image_topic``,
-``joint_states_topic``, the controller's command topic); ``--remap`` renames the bag's topics as
-they are read and never reaches rcl.
+package's. ``--remap`` renames the bag's topics as they are read and never reaches rcl.
 
 Both write the produced commands (``/arm_controller/commands`` in controller-joint order and the
-gripper's) into ``--out``, match them with the commands recorded in the input bag by stamp (nearest
-within half a control period), and report per-joint max/mean absolute differences, the first
-divergent step, the input errors of each kind and a one-line verdict (``--summary DIR`` also
-writes ``DIR/summary.json``). A missing, truncated or corrupt bag, or one lacking a required
-topic, exits non-zero with a message naming the problem, and so does a replay that produces no
-command (:func:`no_command_cause` names the likely reason); every wait has a timeout.
+gripper's) into ``--out``, compare them with the commands recorded in the input bag
+(:mod:`~vla_accel_ros.rosbag.compare`: per-joint max/mean absolute differences, the first divergent
+step, a one-line verdict) and report the input errors of each kind (``--summary DIR`` also writes
+``DIR/summary.json``). A missing, truncated or corrupt bag, or one lacking a required topic, exits
+non-zero with a message naming the problem, and so does a replay that produces no command
+(:func:`~vla_accel_ros.rosbag.compare.no_command_cause` names the likely reason); every wait has a
+timeout.
 """
 
 from __future__ import annotations
@@ -43,32 +40,26 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from vla_accel_ros.core.convert import controller_joint_order
 from vla_accel_ros.core.input_errors import InputErrorCounts
-from vla_accel_ros.core.params_file import read_node_parameters
-from vla_accel_ros.core.settings import ConfigError, from_params
 from vla_accel_ros.ros.parameters import NodeConfig
+from vla_accel_ros.ros.processes import NodeProcess
+from vla_accel_ros.rosbag.compare import compare, count_unsafe, grouped, parse_command
 from vla_accel_ros.rosbag.io import (
-    STORAGES,
     TOPICS,
     BagError,
-    BagMessage,
     BagReader,
     BagWriter,
-    float_seconds,
     make_float_array,
     make_string,
     open_bag,
@@ -81,223 +72,18 @@ from vla_accel_ros.rosbag.lockstep import (
     arm_urdf,
     make_deterministic,
 )
+from vla_accel_ros.rosbag.replay_settings import (
+    NodeSettings,
+    ReplayOptions,
+    node_arguments,
+    node_settings,
+    node_topics,
+    overrides_yaml,
+)
 
-MODES = ("deterministic", "realtime")
-DEFAULT_TOLERANCE = 1e-6  # rad
-# Within one log time: the URDF first, then time, the task, the arm, and last the frame that
-# triggers inference (so the frame sees the joint state stamped with it).
-PRIORITY = {"robot_description": 0, "clock": 1, "instruction": 2, "joint_states": 3, "camera": 4}
 READY_TIMEOUT_S = 90.0
-NODE_NAME = "vla_accel_node"  # its section in a --params-file; the node runs in the root namespace
-# Parameters every rclpy node has: a params file may set them, NodeConfig does not hold them.
-ROS_BUILTIN_PARAMETERS = ("use_sim_time", "start_type_description_service")
 # The node's report rate in realtime replay: frequent reports keep apart the kinds of input error.
 STATS_RATE_HZ = 10.0
-REFUSAL = "refusing to start"  # what the node logs when it will not start (and exits with 2)
-
-
-def grouped(messages: Iterable[BagMessage], roles: dict[str, str]) -> Iterator[tuple[str, BagMessage]]:
-    """(role, message) in log-time order; messages sharing a log time in ``PRIORITY`` order."""
-    batch: list[tuple[int, int, str, BagMessage]] = []
-    for i, m in enumerate(messages):
-        if batch and m.log_ns != batch[0][3].log_ns:
-            yield from ((role, msg) for _, _, role, msg in sorted(batch, key=lambda x: (x[0], x[1])))
-            batch = []
-        role = roles.get(m.topic, "other")
-        batch.append((PRIORITY.get(role, 9), i, role, m))
-    yield from ((role, msg) for _, _, role, msg in sorted(batch, key=lambda x: (x[0], x[1])))
-
-
-# --- comparing commands ----------------------------------------------------------------------
-def parse_command(kin: Any, controller_joints: tuple[str, ...], msgtype: str, msg: Any) -> np.ndarray | None:
-    """Arm positions (URDF order) of a recorded command message in any of the node's formats."""
-    try:
-        if msgtype.endswith("Float64MultiArray"):
-            data = np.asarray(msg.data, dtype=float)
-            return kin.from_named(controller_joints, data) if data.size == len(controller_joints) else None
-        if msgtype.endswith("JointTrajectory"):
-            return kin.from_named(msg.joint_names, np.asarray(msg.points[-1].positions, float)) if msg.points else None
-        if msgtype.endswith("JointState"):
-            names = list(msg.name)
-            arm = [(n, p) for n, p in zip(names, msg.position) if n in kin.joint_names]
-            return kin.from_named([n for n, _ in arm], [p for _, p in arm])
-    except ValueError:
-        return None
-    return None
-
-
-def compare(produced: list[Command], recorded: list[Command], joint_names: tuple[str, ...], period_s: float,
-            tolerance: float) -> dict[str, Any]:
-    """Match each produced command with the recorded one nearest in time (within half a period)."""
-    out: dict[str, Any] = {"recorded_commands": len(recorded), "matched": 0, "max_abs_diff": None,
-                           "mean_abs_diff": None, "first_divergent_step": None, "first_divergent_stamp_s": None,
-                           "per_joint": {}, "gripper_max_abs_diff": None, "identical": False,
-                           "within_tolerance": False, "tolerance": tolerance}
-    if not produced or not recorded:
-        return out
-    rec_t = np.array([c.t_ns for c in recorded], dtype=np.int64)
-    half = int(period_s * 0.5e9)
-    diffs, finger_diffs = [], []
-    for step, cmd in enumerate(produced):
-        i = int(np.searchsorted(rec_t, cmd.t_ns))
-        near = [j for j in (i - 1, i) if 0 <= j < len(rec_t)]
-        j = min(near, key=lambda k: abs(int(rec_t[k]) - cmd.t_ns))
-        if abs(int(rec_t[j]) - cmd.t_ns) > half:
-            continue
-        d = np.abs(cmd.q - recorded[j].q)
-        diffs.append(d)
-        if cmd.fingers.size and recorded[j].fingers.size == cmd.fingers.size:
-            finger_diffs.append(float(np.abs(cmd.fingers - recorded[j].fingers).max()))
-        if out["first_divergent_step"] is None and float(d.max()) > tolerance:
-            out["first_divergent_step"], out["first_divergent_stamp_s"] = step, float_seconds(cmd.t_ns)
-    if not diffs:
-        return out
-    d = np.array(diffs)
-    out.update({
-        "matched": len(diffs),
-        "max_abs_diff": float(d.max()),
-        "mean_abs_diff": float(d.mean()),
-        "per_joint": {name: {"max_abs_diff": float(d[:, k].max()), "mean_abs_diff": float(d[:, k].mean())}
-                      for k, name in enumerate(joint_names)},
-        "gripper_max_abs_diff": max(finger_diffs) if finger_diffs else None,
-    })
-    complete = len(diffs) == len(produced) == len(recorded)
-    out["identical"] = bool(complete and float(d.max()) == 0.0 and not any(finger_diffs))
-    out["within_tolerance"] = bool(complete and float(d.max()) <= tolerance)
-    return out
-
-
-def count_unsafe(kin: Any, commands: list[Command]) -> int:
-    """Commands with NaN/inf or outside the URDF position limits (must be 0)."""
-    return sum(1 for c in commands if not (np.all(np.isfinite(c.q)) and kin.within_limits(c.q)
-                                           and np.all(np.isfinite(c.fingers))))
-
-
-# --- options -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ReplayOptions:
-    bag: str
-    out: str = ""
-    mode: str = "deterministic"
-    remap: tuple[str, ...] = ()
-    summary: str = ""
-    checkpoint: str = ""
-    decoder: str = ""
-    control_rate_hz: float = 0.0  # 0 = from the params file, else the recording's, else 20
-    instruction: str = ""
-    storage: str = "mcap"
-    tolerance: float = DEFAULT_TOLERANCE
-    timeout_s: float = 600.0
-    rate: float = 1.0  # realtime playback speed
-    domain_id: int = 0
-    params_file: str = ""  # the node's ROS 2 parameter YAML
-    urdf: str = ""  # URDF file of the arm
-    tcp_frame: str = ""  # URDF frame of the policy's end-effector deltas
-    controller_joints: tuple[str, ...] = ()  # joint order of the recorded and written commands
-    allow_unmatched_robot: bool = False
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"--mode must be one of {', '.join(MODES)}, got '{self.mode}'")
-        if self.storage not in STORAGES:
-            raise ValueError(f"--storage must be one of {', '.join(STORAGES)}, got '{self.storage}'")
-        if not self.timeout_s > 0:
-            raise ValueError(f"--timeout-s must be > 0, got {self.timeout_s}")
-        if not 0.01 <= self.rate <= 100.0:
-            raise ValueError(f"--rate must be in [0.01, 100], got {self.rate}")
-        if not self.tolerance >= 0:
-            raise ValueError(f"--tolerance must be >= 0, got {self.tolerance}")
-        if not 0 <= self.domain_id <= 232:
-            raise ValueError(f"--domain-id must be in [0, 232], got {self.domain_id}")
-        if self.urdf and not Path(self.urdf).is_file():
-            raise ValueError(f"--urdf {self.urdf}: no such file")
-        if self.params_file and not Path(self.params_file).is_file():
-            raise ValueError(f"--params-file {self.params_file}: no such file")
-        if len(set(self.controller_joints)) != len(self.controller_joints) or not all(self.controller_joints):
-            raise ValueError(f"--controller-joints must name each joint once, got {list(self.controller_joints)}")
-        parse_remaps(self.remap)  # fail early on a malformed remap
-
-
-@dataclass(frozen=True)
-class NodeSettings:
-    """The node's parameters in a replay by where they come from, each over the one before (after
-    the node's defaults), and the NodeConfig they make."""
-
-    recording: dict[str, Any]  # the settings the recording stored
-    file: dict[str, Any]  # --params-file's for the node
-    cli: dict[str, Any]  # the explicit flags'
-    config: NodeConfig
-
-
-def node_settings(opts: ReplayOptions, custom: dict[str, Any]) -> NodeSettings:
-    """The parameters of the recording (``custom``), the params file and the command line, merged
-    in that order into a NodeConfig; ConfigError (a ValueError) naming the bad parameter."""
-    recording: dict[str, Any] = {}
-    for key in ("decoder", "checkpoint"):
-        if custom.get(key):
-            recording[key] = str(custom[key])
-    if custom.get("control_rate_hz"):
-        recording["control_rate_hz"] = float(custom["control_rate_hz"])
-    if "temperature" in custom:  # else (an older bag) the node's default
-        recording["temperature"] = float(custom["temperature"])
-    if "kf_fill_check" in custom:  # as stored: NodeConfig names it if it is not a bool
-        recording["kf_fill_check"] = custom["kf_fill_check"]
-    file: dict[str, Any] = {}
-    if opts.params_file:
-        file = {name: value for name, value in read_node_parameters(opts.params_file, NODE_NAME).items()
-                if name not in ROS_BUILTIN_PARAMETERS and not name.startswith("qos_overrides.")}
-    cli: dict[str, Any] = {}
-    if opts.decoder:
-        cli["decoder"] = opts.decoder
-    if opts.checkpoint:
-        cli["checkpoint"] = str(Path(opts.checkpoint).resolve())
-    if opts.control_rate_hz:
-        cli["control_rate_hz"] = float(opts.control_rate_hz)
-    if opts.instruction:
-        cli["instruction"] = opts.instruction
-    if opts.urdf:  # over a robot_description parameter too, which the node would take first
-        cli.update(urdf_file=str(Path(opts.urdf).resolve()), robot_description="")
-    if opts.tcp_frame:
-        cli["tcp_frame"] = opts.tcp_frame
-    if opts.controller_joints:
-        cli["controller_joints"] = list(opts.controller_joints)
-    if opts.allow_unmatched_robot:
-        cli["allow_unmatched_robot"] = True
-    try:
-        config = from_params(NodeConfig, {**recording, **file, **cli, "autostart": True})
-    except ConfigError as err:
-        where = f" (with --params-file {opts.params_file})" if opts.params_file else ""
-        raise ConfigError(f"replay settings{where}: {err}") from err
-    return NodeSettings(recording, file, cli, config)
-
-
-def node_config(opts: ReplayOptions, custom: dict[str, Any]) -> NodeConfig:
-    """The NodeConfig of :func:`node_settings`."""
-    return node_settings(opts, custom).config
-
-
-def resolve_topic(name: str) -> str:
-    """A topic name of the node's parameters as the node resolves it (root namespace)."""
-    if name.startswith("~/"):
-        return f"/{NODE_NAME}/{name[2:]}"
-    return name if name.startswith("/") else f"/{name}"
-
-
-def node_topics(cfg: NodeConfig) -> dict[str, str]:
-    """role -> topic: the inputs and the command topics the node's parameters name ("gripper" only
-    with a gripper controller); the others as ``TOPICS``."""
-    topics = {role: topic for role, (topic, _) in TOPICS.items()}
-    controller = cfg.controller.strip("/")
-    commands = {"forward_position": f"{controller}/commands",
-                "joint_trajectory": f"{controller}/joint_trajectory"}.get(cfg.output, cfg.joint_command_topic)
-    topics.update(camera=resolve_topic(cfg.image_topic), joint_states=resolve_topic(cfg.joint_states_topic),
-                  commands=resolve_topic(commands))
-    gripper = cfg.gripper_controller.strip("/")
-    if gripper:
-        topics["gripper"] = resolve_topic(f"{gripper}/commands")
-    else:
-        del topics["gripper"]
-    return topics
 
 
 def _roles(topics: dict[str, str]) -> dict[str, str]:
@@ -389,9 +175,10 @@ def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str
 
 
 def _out_custom(opts: ReplayOptions, cfg: NodeConfig) -> dict[str, Any]:
+    policy = cfg.policy
     return {"source": "replay", "mode": opts.mode, "input_bag": str(Path(opts.bag).resolve()),
-            "decoder": cfg.decoder, "checkpoint": cfg.checkpoint, "control_rate_hz": cfg.control_rate_hz,
-            "temperature": cfg.temperature, "kf_fill_check": cfg.kf_fill_check, "tcp_frame": cfg.tcp_frame,
+            "decoder": policy.decoder, "checkpoint": policy.checkpoint, "control_rate_hz": cfg.control_rate_hz,
+            "temperature": policy.temperature, "kf_fill_check": policy.kf_fill_check, "tcp_frame": cfg.tcp_frame,
             "params_file": opts.params_file}
 
 
@@ -405,104 +192,14 @@ def _summarise(opts: ReplayOptions, cfg: NodeConfig, kin: Any, produced: list[Co
         **compare(produced, recorded, kin.joint_names, cfg.period_s, opts.tolerance),
         "errors": tally.lines() + list(inference_errors),
         "input_errors": tally.total, "input_errors_by_kind": dict(tally.by_kind),
-        "decoder": cfg.decoder, "control_rate_hz": cfg.control_rate_hz, "wall_s": wall_s,
+        "decoder": cfg.policy.decoder, "control_rate_hz": cfg.control_rate_hz, "wall_s": wall_s,
         "arm_joints": list(kin.joint_names), "tcp_frame": kin.tcp_frame, "params_file": opts.params_file,
         "robot_warning": "", **extra,
     }
     return summary
 
 
-def no_command_cause(s: dict[str, Any]) -> str:
-    """The likely reason a replay produced no command, from what its summary saw."""
-    topics = {role: topic for role, (topic, _) in TOPICS.items()} | s.get("input_topics", {})
-    if not s["frames"]:
-        return f"no camera frames reached the node (topic {topics['camera']})"
-    if not s.get("joint_states"):
-        return f"no joint states reached the node (topic {topics['joint_states']})"
-    names, arm = s.get("joint_state_names"), s["arm_joints"]
-    missing = [j for j in arm if names is not None and j not in names]
-    if missing:
-        which = "none of them there" if len(missing) == len(arm) else f"missing {', '.join(missing)}"
-        source = f" (from {s['urdf']})" if s.get("urdf") else ""
-        return (f"the joint states name {names} but the URDF's arm joints are {arm}{source} ({which}): "
-                f"a bag of another arm? The URDF comes from --urdf, else the params file's robot_description "
-                f"or urdf_file, else the bag's {TOPICS['robot_description'][0]}, else the package's: give the "
-                f"arm's with --urdf and --tcp-frame")
-    if s["errors"]:
-        return f"the node rejected its input: {s['errors'][0]}"
-    if s.get("inferences") == 0:
-        return "no inference ran (no joint state or instruction before the frames?)"
-    log = f"; see {s['node_log']}" if s.get("node_log") else ""
-    return f"the node published no command for {s['frames']} frames{log}"
-
-
-def verdict(s: dict[str, Any]) -> str:
-    head = f"replay ({s['mode']}): {s['frames']} frames -> {s['commands']} commands"
-    if not s["recorded_commands"]:
-        tail = "the bag holds no recorded commands to compare with"
-    elif not s["matched"]:
-        tail = f"none of them matches one of the {s['recorded_commands']} recorded commands in time"
-    else:
-        word = "IDENTICAL" if s["identical"] else ("MATCH" if s["within_tolerance"] else "DIVERGED")
-        tail = (f"{word} vs {s['recorded_commands']} recorded ({s['matched']} matched): max |diff| "
-                f"{s['max_abs_diff']:.3g} rad, mean {s['mean_abs_diff']:.3g} rad")
-        if s["first_divergent_step"] is not None:
-            tail += f", first divergent step {s['first_divergent_step']} (t={s['first_divergent_stamp_s']:.3f} s)"
-    errors = f"; {len(s['errors'])} kinds of input error" if s["errors"] else ""
-    unsafe = f"; {s['unsafe_commands']} UNSAFE commands" if s["unsafe_commands"] else ""
-    return f"{head}; {tail}{errors}{unsafe}"
-
-
 # --- realtime --------------------------------------------------------------------------------
-def ros_value(value: Any) -> str:
-    """A parameter value as ``-p name:=VALUE`` takes it (YAML; strings quoted, so that 'a: b' or
-    '1.5' stay strings)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(list(value) if isinstance(value, tuple) else value)
-
-
-def _p(params: dict[str, Any]) -> list[str]:
-    return [arg for name, value in params.items() for arg in ("-p", f"{name}:={ros_value(value)}")]
-
-
-def node_arguments(settings: NodeSettings, fixed: dict[str, Any], overrides_file: str = "",
-                   params_file: str = "") -> list[str]:
-    """The node's ``--ros-args``, each over the one before: the recording's settings (``-p``),
-    ``--params-file``, then the explicit flags and the replay's own ``fixed`` settings: in
-    ``overrides_file`` (written by the caller: -p values apply to every node, so they lose to a
-    params file's section for this node) and as ``-p``."""
-    explicit = {**settings.cli, **fixed}
-    args = ["--ros-args", *_p(settings.recording)]
-    if params_file:
-        args += ["--params-file", params_file]
-        if overrides_file:
-            args += ["--params-file", overrides_file]
-    return args + _p(explicit)
-
-
-def overrides_yaml(settings: NodeSettings, fixed: dict[str, Any]) -> str:
-    """The ROS 2 parameter file of the explicit flags and ``fixed``, for the node's own section."""
-    values = {name: list(v) if isinstance(v, tuple) else v for name, v in {**settings.cli, **fixed}.items()}
-    return yaml.safe_dump({f"/{NODE_NAME}": {"ros__parameters": values}}, sort_keys=False)
-
-
-def node_exit_error(returncode: int, log_path: Path, when: str) -> Exception:
-    """Why the node process ended: its refusal line when it refused to start (ConfigError), else
-    the end of its log (RuntimeError)."""
-    try:
-        lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        lines = []
-    refusal = next((line for line in lines if REFUSAL in line), "")
-    if refusal:
-        return ConfigError(f"the node exited with code {returncode} {when}: {refusal} (see {log_path})")
-    tail = " | ".join(lines[-3:]) or "(nothing)"
-    return RuntimeError(f"the node exited with code {returncode} {when}; its log ends: {tail} (see {log_path})")
-
-
 class BagPlayer:
     """An rclpy node in this process that plays the bag's inputs on ``TOPICS`` and collects the
     node's commands (``command_topic``, in ``controller_joints`` order) and its reports."""
@@ -598,13 +295,12 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
     from tqdm import tqdm
 
     from vla_accel_ros.core.kinematics import ArmKinematics
-    from vla_accel_ros.ros.launcher import stop_process
 
     started = time.monotonic()
     deadline = started + opts.timeout_s
     bag, settings, topics = _open_checked(opts)
     cfg = settings.config
-    node_proc: subprocess.Popen | None = None
+    node: NodeProcess | None = None
     player: BagPlayer | None = None
     log_path = Path(opts.summary or ".") / "replay_node.log"
     try:
@@ -641,13 +337,11 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
         args = node_arguments(settings, fixed, str(overrides), str(Path(opts.params_file).resolve())
                               if opts.params_file else "")
         env = dict(os.environ, ROS_DOMAIN_ID=str(domain), PYTHONUNBUFFERED="1")
-        with open(log_path, "w") as log:
-            node_proc = subprocess.Popen([sys.executable, "-m", "vla_accel_ros.ros.node", *args], env=env,
-                                         stdout=log, stderr=subprocess.STDOUT)
+        node = NodeProcess.start("vla_accel_ros.ros.node", args, log_path, env)
         ready_by = time.monotonic() + min(READY_TIMEOUT_S, opts.timeout_s)
         while player.pubs["camera"].get_subscription_count() == 0 or player.pubs["joint_states"].get_subscription_count() == 0:
-            if node_proc.poll() is not None:
-                raise node_exit_error(node_proc.returncode, log_path, "before playback")
+            if node.returncode is not None:
+                raise node.exit_error("before playback")
             if time.monotonic() > ready_by:
                 raise ReplayTimeout(f"the node did not subscribe to {TOPICS['camera'][0]} ({camera_type}) and "
                                     f"{TOPICS['joint_states'][0]} within {READY_TIMEOUT_S:g} s; see {log_path}")
@@ -664,8 +358,8 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
                             disable=not progress):
             if time.monotonic() > deadline:
                 raise ReplayTimeout(f"replay of {opts.bag} ran past --timeout-s {opts.timeout_s:g} s")
-            if node_proc.poll() is not None:
-                raise node_exit_error(node_proc.returncode, log_path, "during playback")
+            if node.returncode is not None:
+                raise node.exit_error("during playback")
             bag0 = m.log_ns if bag0 is None else bag0
             delay = wall0 + (m.log_ns - bag0) * 1e-9 / opts.rate - time.monotonic()
             if delay > 0:
@@ -680,11 +374,11 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
         time.sleep(3.0 * cfg.period_s / opts.rate)  # the last frame's command
         # Two more reports: the second one was made after the node took the last message.
         reports_by, wanted = time.monotonic() + 10.0 / STATS_RATE_HZ, player.reports + 2
-        while player.reports < wanted and time.monotonic() < reports_by and node_proc.poll() is None:
+        while player.reports < wanted and time.monotonic() < reports_by and node.returncode is None:
             time.sleep(0.02)
     finally:
-        if node_proc is not None:
-            stop_process(node_proc)
+        if node is not None:
+            node.stop()
         if player is not None:
             player.close()
         bag.close()

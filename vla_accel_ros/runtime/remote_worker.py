@@ -1,7 +1,7 @@
 """The inference worker of ``inference_mode: remote``: the policy runs on another machine.
 
 A daemon thread sends the controller's newest observation through ``send`` (the node publishes it
-on the ROS graph, ``core/remote_protocol.py``); the node hands each answer to
+on the ROS graph, ``ros/remote_protocol.py``); the node hands each answer, a :class:`RemoteAction`, to
 :meth:`RemoteInferenceWorker.on_remote_action`. One observation is awaited at a time: the next is
 sent when the answer came, or when ``lost_after_s`` has passed without one. Freshness is judged on
 the control node's clock only: an answer echoes the stamp of its observation, so the hosts' clocks
@@ -18,14 +18,31 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from vla_accel_ros.core.controller import Controller
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.core.remote_protocol import RemoteAction, observation_key
 from vla_accel_ros.runtime.thread_worker import StepReport, WorkerBase, percentile
+
+
+def observation_key(stamp: float) -> tuple[int, int]:
+    """The exact key (seconds, nanoseconds) of the observation stamped ``stamp``, as its messages and
+    its answer carry it: a float seconds stamp loses nanoseconds, so answers are matched by this."""
+    ns = int(round(stamp * 1e9))
+    return ns // 1_000_000_000, ns % 1_000_000_000
+
+
+@dataclass(frozen=True)
+class RemoteAction:
+    """One answer of the inference node: the actions decoded for the observation stamped ``obs_stamp``."""
+
+    actions: np.ndarray  # (H, 7)
+    obs_stamp: float
+    stats: dict[str, float]
+    key: tuple[int, int]  # the observation's :func:`observation_key`
 
 
 class RemoteInferenceWorker(WorkerBase):

@@ -1,4 +1,4 @@
-"""Remote inference over the ROS graph, in standard messages only (no custom interfaces).
+"""The wire format of remote inference over the ROS graph, in standard messages only (no custom interfaces).
 
 The control node (``inference_mode: remote``) publishes each observation it wants decoded, and the
 inference node (``vla_inference_node``) answers with the actions for it. Topic names are relative:
@@ -23,8 +23,6 @@ QoS: observations best effort, depth 1 (a late image is worth nothing); actions 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import cv2
 import numpy as np
 from builtin_interfaces.msg import Time
@@ -32,6 +30,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 
 from vla_accel_ros.core.actions import ACTION_DIM, ACTION_NAMES
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.runtime.remote_worker import RemoteAction, observation_key
 
 IMAGE_TOPIC = "vla_inference/observation/image"
 COMPRESSED_IMAGE_TOPIC = "vla_inference/observation/image/compressed"
@@ -45,8 +44,8 @@ STAT_KEYS = ("target_passes", "accepted_len", "drafted", "decode_ms")
 
 
 def to_time(stamp: float) -> Time:
-    ns = int(round(stamp * 1e9))
-    return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+    sec, nanosec = observation_key(stamp)
+    return Time(sec=sec, nanosec=nanosec)
 
 
 def from_time(time: Time) -> float:
@@ -54,13 +53,9 @@ def from_time(time: Time) -> float:
 
 
 def stamp_key(time: Time) -> tuple[int, int]:
-    """An exact key for pairing the messages of one observation (and its answer)."""
+    """An exact key for pairing the messages of one observation (and its answer): the
+    :func:`~vla_accel_ros.runtime.remote_worker.observation_key` of the observation they carry."""
     return int(time.sec), int(time.nanosec)
-
-
-def observation_key(stamp: float) -> tuple[int, int]:
-    """The key of the observation stamped ``stamp`` as its messages carry it."""
-    return stamp_key(to_time(stamp))
 
 
 def image_message(obs: Observation) -> Image:
@@ -111,14 +106,6 @@ def action_message(actions: np.ndarray, stamp: Time, stats: dict[str, float]) ->
     msg = JointState(name=names, position=values)
     msg.header.stamp = stamp
     return msg
-
-
-@dataclass(frozen=True)
-class RemoteAction:
-    actions: np.ndarray  # (H, 7)
-    obs_stamp: float
-    stats: dict[str, float]
-    key: tuple[int, int]  # the exact stamp (``stamp_key``): a float seconds stamp loses nanoseconds
 
 
 def action_from(msg: JointState) -> RemoteAction:

@@ -1,0 +1,66 @@
+"""The control node's record of a run for ``stats_file``: every tick (wall time, stamp, the command's
+source, the command and the measured position; NaN where there was none) up to ``MAX_TICK_LOG``,
+the tick-period jitter, and the file written whole at shutdown. Also the process's peak RSS, which
+``~/stats`` reports. ROS-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vla_accel_ros.core.controller import TickResult
+from vla_accel_ros.runtime.process_worker import peak_rss_mb
+
+SOURCE_CODES = {"policy": 0, "fallback": 1, "hold": 2}
+MAX_TICK_LOG = 200_000
+
+
+def own_peak_rss_mb() -> float:
+    """Peak resident set size of this process (MiB); from getrusage where /proc cannot tell."""
+    return peak_rss_mb(os.getpid()) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class TickLog:
+    """The ticks of a run: (wall, stamp, source code, command, measured) each."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[float, float, int, np.ndarray, np.ndarray]] = []
+
+    def add(self, wall: float, result: TickResult, dof: int) -> None:
+        if len(self.entries) >= MAX_TICK_LOG:
+            return
+        measured = result.q_measured if result.q_measured is not None else np.full(dof, np.nan)
+        command = result.q_command if result.q_command is not None else np.full(dof, np.nan)
+        self.entries.append((wall, result.stamp, SOURCE_CODES[result.source], command, measured))
+
+    def jitter_ms(self, period_s: float) -> dict[str, float]:
+        """|tick period - ``period_s``| on the node's clock: p50, p99 and max (ms)."""
+        stamps = np.array([t[1] for t in self.entries], dtype=float)
+        jitter = np.abs(np.diff(stamps) - period_s) * 1e3 if stamps.size > 1 else np.zeros(0)
+        return {"period_jitter_ms_p50": float(np.percentile(jitter, 50)) if jitter.size else 0.0,
+                "period_jitter_ms_p99": float(np.percentile(jitter, 99)) if jitter.size else 0.0,
+                "period_jitter_ms_max": float(jitter.max()) if jitter.size else 0.0}
+
+    def to_json(self) -> dict[str, list[Any]]:
+        return {
+            "wall": [t[0] for t in self.entries],
+            "ros": [t[1] for t in self.entries],
+            "source": [t[2] for t in self.entries],
+            "command": [np.asarray(t[3]).tolist() for t in self.entries],
+            "measured": [np.asarray(t[4]).tolist() for t in self.entries],
+        }
+
+
+def write_stats_file(path: str, summary: dict[str, Any]) -> None:
+    """``summary`` as JSON at ``path``, replaced whole (a reader never sees half a file)."""
+    file = Path(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_suffix(file.suffix + ".tmp")
+    tmp.write_text(json.dumps(summary))  # NaN marks ticks without a command
+    os.replace(tmp, file)

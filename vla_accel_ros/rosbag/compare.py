@@ -1,0 +1,138 @@
+"""Comparing a replay's commands with the ones the bag recorded: the bag's messages in a fixed order
+within one log time, recorded commands read in any of the node's output formats, produced and
+recorded commands matched by stamp (nearest within half a control period) with their differences,
+the unsafe commands counted, and the one-line verdict (or, when nothing was produced, its likely
+cause).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from vla_accel_ros.rosbag.io import TOPICS, BagMessage, float_seconds
+from vla_accel_ros.rosbag.lockstep import Command
+
+DEFAULT_TOLERANCE = 1e-6  # rad
+# Within one log time: the URDF first, then time, the task, the arm, and last the frame that
+# triggers inference (so the frame sees the joint state stamped with it).
+PRIORITY = {"robot_description": 0, "clock": 1, "instruction": 2, "joint_states": 3, "camera": 4}
+
+
+def grouped(messages: Iterable[BagMessage], roles: dict[str, str]) -> Iterator[tuple[str, BagMessage]]:
+    """(role, message) in log-time order; messages sharing a log time in ``PRIORITY`` order."""
+    batch: list[tuple[int, int, str, BagMessage]] = []
+    for i, m in enumerate(messages):
+        if batch and m.log_ns != batch[0][3].log_ns:
+            yield from ((role, msg) for _, _, role, msg in sorted(batch, key=lambda x: (x[0], x[1])))
+            batch = []
+        role = roles.get(m.topic, "other")
+        batch.append((PRIORITY.get(role, 9), i, role, m))
+    yield from ((role, msg) for _, _, role, msg in sorted(batch, key=lambda x: (x[0], x[1])))
+
+
+def parse_command(kin: Any, controller_joints: tuple[str, ...], msgtype: str, msg: Any) -> np.ndarray | None:
+    """Arm positions (URDF order) of a recorded command message in any of the node's formats."""
+    try:
+        if msgtype.endswith("Float64MultiArray"):
+            data = np.asarray(msg.data, dtype=float)
+            return kin.from_named(controller_joints, data) if data.size == len(controller_joints) else None
+        if msgtype.endswith("JointTrajectory"):
+            return kin.from_named(msg.joint_names, np.asarray(msg.points[-1].positions, float)) if msg.points else None
+        if msgtype.endswith("JointState"):
+            names = list(msg.name)
+            arm = [(n, p) for n, p in zip(names, msg.position) if n in kin.joint_names]
+            return kin.from_named([n for n, _ in arm], [p for _, p in arm])
+    except ValueError:
+        return None
+    return None
+
+
+def compare(produced: list[Command], recorded: list[Command], joint_names: tuple[str, ...], period_s: float,
+            tolerance: float) -> dict[str, Any]:
+    """Match each produced command with the recorded one nearest in time (within half a period)."""
+    out: dict[str, Any] = {"recorded_commands": len(recorded), "matched": 0, "max_abs_diff": None,
+                           "mean_abs_diff": None, "first_divergent_step": None, "first_divergent_stamp_s": None,
+                           "per_joint": {}, "gripper_max_abs_diff": None, "identical": False,
+                           "within_tolerance": False, "tolerance": tolerance}
+    if not produced or not recorded:
+        return out
+    rec_t = np.array([c.t_ns for c in recorded], dtype=np.int64)
+    half = int(period_s * 0.5e9)
+    diffs, finger_diffs = [], []
+    for step, cmd in enumerate(produced):
+        i = int(np.searchsorted(rec_t, cmd.t_ns))
+        near = [j for j in (i - 1, i) if 0 <= j < len(rec_t)]
+        j = min(near, key=lambda k: abs(int(rec_t[k]) - cmd.t_ns))
+        if abs(int(rec_t[j]) - cmd.t_ns) > half:
+            continue
+        d = np.abs(cmd.q - recorded[j].q)
+        diffs.append(d)
+        if cmd.fingers.size and recorded[j].fingers.size == cmd.fingers.size:
+            finger_diffs.append(float(np.abs(cmd.fingers - recorded[j].fingers).max()))
+        if out["first_divergent_step"] is None and float(d.max()) > tolerance:
+            out["first_divergent_step"], out["first_divergent_stamp_s"] = step, float_seconds(cmd.t_ns)
+    if not diffs:
+        return out
+    d = np.array(diffs)
+    out.update({
+        "matched": len(diffs),
+        "max_abs_diff": float(d.max()),
+        "mean_abs_diff": float(d.mean()),
+        "per_joint": {name: {"max_abs_diff": float(d[:, k].max()), "mean_abs_diff": float(d[:, k].mean())}
+                      for k, name in enumerate(joint_names)},
+        "gripper_max_abs_diff": max(finger_diffs) if finger_diffs else None,
+    })
+    complete = len(diffs) == len(produced) == len(recorded)
+    out["identical"] = bool(complete and float(d.max()) == 0.0 and not any(finger_diffs))
+    out["within_tolerance"] = bool(complete and float(d.max()) <= tolerance)
+    return out
+
+
+def count_unsafe(kin: Any, commands: list[Command]) -> int:
+    """Commands with NaN/inf or outside the URDF position limits (must be 0)."""
+    return sum(1 for c in commands if not (np.all(np.isfinite(c.q)) and kin.within_limits(c.q)
+                                           and np.all(np.isfinite(c.fingers))))
+
+
+def no_command_cause(s: dict[str, Any]) -> str:
+    """The likely reason a replay produced no command, from what its summary saw."""
+    topics = {role: topic for role, (topic, _) in TOPICS.items()} | s.get("input_topics", {})
+    if not s["frames"]:
+        return f"no camera frames reached the node (topic {topics['camera']})"
+    if not s.get("joint_states"):
+        return f"no joint states reached the node (topic {topics['joint_states']})"
+    names, arm = s.get("joint_state_names"), s["arm_joints"]
+    missing = [j for j in arm if names is not None and j not in names]
+    if missing:
+        which = "none of them there" if len(missing) == len(arm) else f"missing {', '.join(missing)}"
+        source = f" (from {s['urdf']})" if s.get("urdf") else ""
+        return (f"the joint states name {names} but the URDF's arm joints are {arm}{source} ({which}): "
+                f"a bag of another arm? The URDF comes from --urdf, else the params file's robot_description "
+                f"or urdf_file, else the bag's {TOPICS['robot_description'][0]}, else the package's: give the "
+                f"arm's with --urdf and --tcp-frame")
+    if s["errors"]:
+        return f"the node rejected its input: {s['errors'][0]}"
+    if s.get("inferences") == 0:
+        return "no inference ran (no joint state or instruction before the frames?)"
+    log = f"; see {s['node_log']}" if s.get("node_log") else ""
+    return f"the node published no command for {s['frames']} frames{log}"
+
+
+def verdict(s: dict[str, Any]) -> str:
+    head = f"replay ({s['mode']}): {s['frames']} frames -> {s['commands']} commands"
+    if not s["recorded_commands"]:
+        tail = "the bag holds no recorded commands to compare with"
+    elif not s["matched"]:
+        tail = f"none of them matches one of the {s['recorded_commands']} recorded commands in time"
+    else:
+        word = "IDENTICAL" if s["identical"] else ("MATCH" if s["within_tolerance"] else "DIVERGED")
+        tail = (f"{word} vs {s['recorded_commands']} recorded ({s['matched']} matched): max |diff| "
+                f"{s['max_abs_diff']:.3g} rad, mean {s['mean_abs_diff']:.3g} rad")
+        if s["first_divergent_step"] is not None:
+            tail += f", first divergent step {s['first_divergent_step']} (t={s['first_divergent_stamp_s']:.3f} s)"
+    errors = f"; {len(s['errors'])} kinds of input error" if s["errors"] else ""
+    unsafe = f"; {s['unsafe_commands']} UNSAFE commands" if s["unsafe_commands"] else ""
+    return f"{head}; {tail}{errors}{unsafe}"

@@ -1,0 +1,114 @@
+"""The control node's health as ``/diagnostics`` reports it: one level and message from the node's
+state, its statistics and the input it rejected lately. ROS-free; the node maps the level to
+diagnostic_msgs/DiagnosticStatus.
+
+The state sets the level: not active (WARN), no command yet (ERROR), the inference worker stopped
+(ERROR), inference failing or giving nothing for longer than ``INFERENCE_STARVED_ERROR_S`` while
+the arm holds (ERROR), holding (WARN), else running (OK). What degrades a configured node since the
+last report raises it to WARN at least: a standing warning (the checkpoint's robot differs, the
+decoder's fallbacks), new inference failures, rejected input, gated joint-state outliers, and the
+Kalman fallback standing in for want of fresh policy actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+OK, WARN, ERROR = 0, 1, 2
+# Holding this long for want of a policy action, with inference failing or having run before, is
+# an ERROR (a first action still loading is not).
+INFERENCE_STARVED_ERROR_S = 1.0
+MIN_WINDOW_S = 2.0  # the shortest window of recent input errors a report looks back over
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What the node is at one report, in plain values."""
+
+    lifecycle: str  # unconfigured, inactive, active or finalized
+    configured: bool  # configure built the controller
+    stats: Mapping[str, Any]  # the node's ~/stats
+    clock_s: float  # the node's clock now
+    tick_source: str = ""  # of the last tick: policy, fallback or hold; '' before the first
+    tick_reason: str = ""
+    commanded: bool = False  # the last tick gave a command
+    inference: bool = False  # an inference worker serves the node
+    inference_alive: bool = False
+    action_starved_s: float = 0.0  # the controller's
+    warnings: Sequence[str] = ()  # standing ones: the robot check, the decoder's fallbacks
+    recent_input_errors: Sequence[str] = ()  # the distinct ones of the report's window, oldest first
+
+
+@dataclass(frozen=True)
+class Report:
+    level: int  # OK, WARN or ERROR
+    message: str
+    recent_input_errors: list[str]  # reported beside the node's stats
+
+
+class Health:
+    """The classification of the module docstring. It counts inference failures and outliers from
+    one report to the next, and remembers the newest policy action's stamp (:meth:`ticked`)."""
+
+    def __init__(self, report_period_s: float, stale_after_s: float) -> None:
+        """``report_period_s``: the time between reports; ``stale_after_s``: how long the Kalman
+        fallback may stand in before the report says no fresh policy action came."""
+        self.window_s = max(MIN_WINDOW_S, report_period_s)
+        self.stale_after_s = stale_after_s
+        self._inference_errors_seen = 0
+        self._outliers_seen = 0
+        self._last_policy_stamp: float | None = None
+
+    def ticked(self, source: str, stamp: float) -> None:
+        """A tick of ``source`` at ``stamp`` (the node's clock)."""
+        if source == "policy" or self._last_policy_stamp is None:
+            self._last_policy_stamp = stamp
+
+    def assess(self, state: NodeState) -> Report:
+        level, message = self._level(state)
+        if not state.configured:
+            return Report(level, message, [])
+        warning = self._warning(state)
+        if warning:
+            level = max(level, WARN)
+            message = warning if message.startswith("running") else f"{message}; {warning}"
+        return Report(level, message, list(state.recent_input_errors))
+
+    @staticmethod
+    def _level(state: NodeState) -> tuple[int, str]:
+        stats = state.stats
+        if not state.configured or state.lifecycle != "active":
+            return WARN, f"{state.lifecycle}: not commanding (lifecycle)"
+        if not state.commanded:
+            return ERROR, state.tick_reason or "no tick yet"
+        if state.inference and not state.inference_alive:
+            why = stats.get("inference_down_reason") or stats.get("inference_last_error") or "thread ended"
+            return ERROR, f"inference worker stopped: {why}"
+        if (state.inference and state.action_starved_s > INFERENCE_STARVED_ERROR_S
+                and (stats.get("inference_errors") or stats.get("inference_actions"))):
+            return ERROR, f"inference gives no actions: {state.tick_reason}"
+        if state.tick_source == "hold":
+            return WARN, f"holding: {state.tick_reason}"
+        return OK, f"running ({state.tick_source})"
+
+    def _warning(self, state: NodeState) -> str:
+        """What degrades the node since the last report, '' when nothing does."""
+        stats = state.stats
+        warnings = list(state.warnings)
+        errors = int(stats.get("inference_errors", 0) or 0)
+        new_errors, self._inference_errors_seen = errors - self._inference_errors_seen, errors
+        if new_errors > 0:
+            warnings.append(f"inference failed {new_errors} time(s): {stats.get('inference_last_error', '')}")
+        if state.recent_input_errors:
+            warnings.append(f"input rejected: {state.recent_input_errors[-1]}")
+        outliers = int(stats.get("outliers_rejected", 0) or 0)
+        new_outliers, self._outliers_seen = outliers - self._outliers_seen, outliers
+        if new_outliers > 0:
+            warnings.append(f"{new_outliers} joint-state outlier(s) gated: {stats.get('last_outlier', '')}")
+        last = self._last_policy_stamp
+        stale = state.clock_s - (last if last is not None else state.clock_s)
+        if state.inference and state.tick_source == "fallback" and stale > self.stale_after_s:
+            warnings.append(f"no fresh policy action for {stale:.2f} s (inference slow or stuck): Kalman fallback")
+        return "; ".join(warnings)

@@ -51,3 +51,15 @@ def test_a_directory_no_family_recognises_is_one_line_naming_the_file_and_the_fa
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="config.json: not a JSON object"):
         recognise(tmp_path)
+
+
+def test_a_declared_family_survives_making_the_directory_absolute(tmp_path: Path) -> None:
+    """Record, replay and sim hand the checkpoint to a node in another working directory."""
+    from vla_accel_ros.ros.parameters import PolicySettings
+    from vla_accel_ros.rosbag.recorder import RecordOptions
+
+    ref = CheckpointRef.parse("hf:checkpoints/hf_small").resolved()
+    assert ref.declared_family == "hf" and ref.directory.is_absolute()
+    assert str(ref) == f"hf:{Path('checkpoints/hf_small').resolve()}"
+    options = RecordOptions(out=str(tmp_path / "bag"), policy=PolicySettings(checkpoint="hf:checkpoints/hf_small"))
+    assert options.custom()["checkpoint"] == str(ref)

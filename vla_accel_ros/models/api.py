@@ -261,5 +261,9 @@ class CheckpointRef:
             return cls(Path(text[len(HF_PREFIX):]), "hf")
         return cls(Path(text))
 
+    def resolved(self) -> CheckpointRef:
+        """The same checkpoint with an absolute directory, for a process in another working directory."""
+        return replace(self, directory=self.directory.resolve())
+
     def __str__(self) -> str:
         return f"{HF_PREFIX}{self.directory}" if self.declared_family == "hf" else str(self.directory)

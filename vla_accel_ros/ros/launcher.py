@@ -88,8 +88,7 @@ class SimRunOptions:
         runs in another working directory."""
         policy = self.policy
         if policy.checkpoint:
-            ref = CheckpointRef.parse(policy.checkpoint)
-            policy = replace(policy, checkpoint=str(replace(ref, directory=ref.directory.resolve())))
+            policy = replace(policy, checkpoint=str(CheckpointRef.parse(policy.checkpoint).resolved()))
         config = NodeConfig(control_rate_hz=self.control_rate_hz, policy=policy, autostart=True, output=self.output,
                             executor=self.executor, stats_file=str(self.stats_file.resolve()),
                             inference=self.inference, robot_description_timeout_s=10.0,

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.ros.parameters import NodeConfig, PolicySettings, SimBridgeConfig
 from vla_accel_ros.rosbag.io import (
     STORAGES,
@@ -79,7 +80,7 @@ class RecordOptions:
         options = asdict(self)
         del options["policy"]
         policy = self.policy
-        checkpoint = str(Path(policy.checkpoint).resolve()) if policy.checkpoint else ""
+        checkpoint = str(CheckpointRef.parse(policy.checkpoint).resolved()) if policy.checkpoint else ""
         return {"source": "record", **options, "decoder": policy.decoder, "kf_fill_check": policy.kf_fill_check,
                 "checkpoint": checkpoint, "temperature": policy.temperature}
 

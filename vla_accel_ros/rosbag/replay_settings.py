@@ -19,6 +19,7 @@ import yaml
 
 from vla_accel_ros.core.params_file import read_node_parameters
 from vla_accel_ros.core.settings import ConfigError, from_params, parameter_specs
+from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.ros.parameters import NodeConfig, PolicySettings
 from vla_accel_ros.ros.processes import parameter_arguments
 from vla_accel_ros.rosbag.compare import DEFAULT_TOLERANCE
@@ -108,7 +109,7 @@ def node_settings(opts: ReplayOptions, custom: dict[str, Any]) -> NodeSettings:
                 if name not in ROS_BUILTIN_PARAMETERS and not name.startswith("qos_overrides.")}
     cli: dict[str, Any] = dict(opts.policy)
     if opts.policy.get("checkpoint"):
-        cli["checkpoint"] = str(Path(opts.policy["checkpoint"]).resolve())
+        cli["checkpoint"] = str(CheckpointRef.parse(opts.policy["checkpoint"]).resolved())
     if opts.control_rate_hz:
         cli["control_rate_hz"] = float(opts.control_rate_hz)
     if opts.instruction:

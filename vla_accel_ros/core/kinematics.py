@@ -113,7 +113,11 @@ class ArmKinematics:
         for name in names:
             joint = urdf_joints[name]
             lim = joint.find("limit")
-            get = (lambda k, d: float(lim.get(k, d))) if lim is not None else (lambda k, d: float(d))
+            attributes: dict[str, str] = dict(lim.attrib) if lim is not None else {}
+
+            def get(key: str, default: float, attributes: dict[str, str] = attributes) -> float:
+                return float(attributes.get(key, default))
+
             if joint.get("type") == "continuous":
                 lo.append(-np.inf)
                 hi.append(np.inf)

@@ -13,7 +13,6 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, TypeVar, get_type_hints
 
 import yaml
@@ -87,13 +86,26 @@ def _kind(hint: Any) -> type:
     return tuple if getattr(hint, "__origin__", None) is tuple else hint
 
 
-@cache
+_HINTS: dict[type, dict[str, Any]] = {}  # config class -> its resolved field types, read once
+_LEAVES: dict[type, tuple[_Leaf, ...]] = {}  # config class -> its flat parameters, walked once
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
+    if cls not in _HINTS:
+        _HINTS[cls] = get_type_hints(cls)
+    return _HINTS[cls]
 
 
-def _default(f: dataclasses.Field) -> Any:
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    factory: Callable[[], Any] = f.default_factory  # type: ignore[assignment]  # MISSING only with a default
+    return factory()
+
+
+def _renamed(rename: Callable[[str], str], group: _Group) -> Callable[[str], str]:
+    """The flat parameter names of a nested group's fields, under the enclosing config's renaming."""
+    return lambda name: rename(group.name(name))
 
 
 def _walk(cls: type, defaults: Any, rename: Callable[[str], str], path: tuple[str, ...]) -> list[_Leaf]:
@@ -104,13 +116,18 @@ def _walk(cls: type, defaults: Any, rename: Callable[[str], str], path: tuple[st
         if group is None:
             leaves.append(_Leaf(rename(f.name), (*path, f.name), _kind(_hints(cls)[f.name]), value, f.metadata))
         else:
-            leaves += _walk(_hints(cls)[f.name], value, lambda n, g=group: rename(g.name(n)), (*path, f.name))
+            leaves += _walk(_hints(cls)[f.name], value, _renamed(rename, group), (*path, f.name))
     return leaves
 
 
-@cache
 def _leaves(cls: type) -> tuple[_Leaf, ...]:
     """Every flat parameter of config class ``cls``, nested ones in place, in declaration order."""
+    if cls not in _LEAVES:
+        _LEAVES[cls] = _walk_leaves(cls)
+    return _LEAVES[cls]
+
+
+def _walk_leaves(cls: type) -> tuple[_Leaf, ...]:
     leaves = _walk(cls, None, lambda name: name, ())
     names = [leaf.name for leaf in leaves]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -171,7 +188,7 @@ def _check(cfg: Any, rename: Callable[[str], str]) -> None:
             continue
         if not isinstance(value, hint):
             raise ConfigError(f"setting '{f.name}' must be a {hint.__name__}, got {value!r}")
-        _check(value, lambda n, g=group: rename(g.name(n)))
+        _check(value, _renamed(rename, group))
 
 
 C = TypeVar("C")

@@ -214,7 +214,10 @@ def test_fk_acceleration_is_the_second_derivative_of_the_tcp_position(kin):
         np.testing.assert_allclose(pose.position, kin.fk(q).position, atol=1e-12)
         np.testing.assert_allclose(pose.rotation, kin.fk(q).rotation, atol=1e-12)
         h = 1e-4  # central difference of the TCP along q(t) = q + qd t + qdd t^2 / 2
-        position = lambda t: kin.fk(q + qd * t + 0.5 * qdd * t * t).position  # noqa: E731
+
+        def position(t, q=q, qd=qd, qdd=qdd):
+            return kin.fk(q + qd * t + 0.5 * qdd * t * t).position
+
         second = (position(h) - 2 * position(0.0) + position(-h)) / h**2
         np.testing.assert_allclose(acceleration, second, atol=1e-5)
     with pytest.raises(ValueError, match="velocities"):

@@ -368,7 +368,7 @@ def test_the_checked_fill_replaces_kf_tokens_far_from_the_targets_picks_in_the_s
     for obs in observations(6, seed=12):
         noise = torch.distributions.Gumbel(0.0, 0.5).sample((7, 256))
         context = prefill_verify_context(kin, held, token_noise=noise)
-        results, targets = [], []
+        results = []
         for fill_check in (False, True):
             decoder = make_decoder("kerv", prefill_verify=prefill_verify, r_min=2, r_max=2, fill_check=fill_check)
             counting = PassCountingPolicy(policy)

@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 export MUJOCO_GL ?= egl
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test venv clean-venv expert-demo
+.PHONY: demo test lint venv clean-venv expert-demo
 
 venv: $(STAMP)
 
@@ -20,7 +20,12 @@ $(STAMP): requirements.txt requirements-ros.txt setup.py package.xml
 demo: $(STAMP)
 	$(PY) -m vla_accel_ros.cli sim --episodes 3 --control-rate 20 --decoder kerv --seed 100000 --out outputs/demo
 
-test: $(STAMP)
+# The lint and type gate (config in pyproject.toml); `make test` runs it before the tests.
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: lint
 	$(PY) -m pytest -q test
 
 clean-venv:

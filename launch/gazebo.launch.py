@@ -16,6 +16,7 @@ unit-tested.)
 from typing import Any
 
 from ament_index_python.packages import get_package_share_directory
+from launch import LaunchContext, LaunchDescription
 from launch.actions import (
     DeclareLaunchArgument,
     IncludeLaunchDescription,
@@ -26,7 +27,6 @@ from launch.event_handlers import OnProcessExit
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch_ros.actions import Node
 
-from launch import LaunchContext, LaunchDescription
 from vla_accel_ros.ros.gazebo_launch import (
     GZ_SIM_LAUNCH,
     gazebo_arguments,

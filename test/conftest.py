@@ -95,8 +95,9 @@ def _tiny_hf_vla(path: Path, *, text_vocab: int = 384, image_size: int = 32, pat
     tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"], "pad_token": "<pad>"})
     torch.manual_seed(seed)
     # initializer_range 0.2: logits spread enough that argmax ties do not occur by chance
-    text = LlamaConfig(vocab_size=-(-len(tokenizer) // 8) * 8, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+    text = LlamaConfig(vocab_size=-(-len(tokenizer) // 8) * 8, hidden_size=hidden_size,
+                       intermediate_size=2 * hidden_size, num_hidden_layers=layers, num_attention_heads=4,
+                       num_key_value_heads=2,
                        max_position_embeddings=max_position_embeddings, bos_token_id=1, eos_token_id=2,
                        pad_token_id=tokenizer.pad_token_id, initializer_range=0.2)
     path.mkdir(parents=True, exist_ok=True)
@@ -227,7 +228,8 @@ class DdsRig:
         if executor == "multi":
             self.executors = [MultiThreadedExecutor(num_threads=3, context=self.context)]
         else:
-            self.executors = [SingleThreadedExecutor(context=self.context) for _ in range(2 if executor == "split" else 1)]
+            self.executors = [SingleThreadedExecutor(context=self.context)
+                              for _ in range(2 if executor == "split" else 1)]
         for under_test in (node, *others):
             self.executors[0].add_node(under_test)
         self.executors[-1].add_node(self.peer)

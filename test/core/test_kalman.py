@@ -41,7 +41,8 @@ def test_tracks_constant_acceleration_after_convergence(kin: ArmKinematics) -> N
     np.testing.assert_allclose(kf.qd, v0 + acc * t_last, atol=0.02)
     np.testing.assert_allclose(kf.qdd, acc, atol=0.3)
     for horizon in (0.05, 0.1):
-        np.testing.assert_allclose(kf.predict_q(horizon), ca_trajectory(t_last + horizon, v0, acc), atol=5e-4 + 0.02 * horizon)
+        np.testing.assert_allclose(kf.predict_q(horizon), ca_trajectory(t_last + horizon, v0, acc),
+                                   atol=5e-4 + 0.02 * horizon)
     assert kf.innovation() < 3.0
 
 

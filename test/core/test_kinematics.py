@@ -150,14 +150,30 @@ GENERIC_ARM = """<robot name="generic">
   <link name="base"/>
   <link name="stand"/>
   <joint name="stand_fixed" type="fixed"><parent link="base"/><child link="stand"/><origin xyz="0 0 0.1"/></joint>
-  <link name="turret"><inertial><mass value="1"/><inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial></link>
-  <joint name="spin" type="continuous"><parent link="stand"/><child link="turret"/><axis xyz="0 0 1"/><limit velocity="3" effort="10"/></joint>
-  <link name="slider"><inertial><mass value="1"/><inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial></link>
-  <joint name="lift" type="prismatic"><parent link="turret"/><child link="slider"/><axis xyz="0 0 1"/><limit lower="0" upper="0.5" velocity="0.5" effort="100"/></joint>
-  <link name="forearm"><inertial><mass value="1"/><inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial></link>
-  <joint name="elbow" type="revolute"><parent link="slider"/><child link="forearm"/><origin xyz="0.3 0 0"/><axis xyz="0 1 0"/><limit lower="-2" upper="2" velocity="2" effort="10"/></joint>
+  <link name="turret">
+    <inertial><mass value="1"/><inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial>
+  </link>
+  <joint name="spin" type="continuous">
+    <parent link="stand"/><child link="turret"/><axis xyz="0 0 1"/><limit velocity="3" effort="10"/>
+  </joint>
+  <link name="slider">
+    <inertial><mass value="1"/><inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial>
+  </link>
+  <joint name="lift" type="prismatic">
+    <parent link="turret"/><child link="slider"/><axis xyz="0 0 1"/>
+    <limit lower="0" upper="0.5" velocity="0.5" effort="100"/>
+  </joint>
+  <link name="forearm">
+    <inertial><mass value="1"/><inertia ixx="0.01" iyy="0.01" izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial>
+  </link>
+  <joint name="elbow" type="revolute">
+    <parent link="slider"/><child link="forearm"/><origin xyz="0.3 0 0"/><axis xyz="0 1 0"/>
+    <limit lower="-2" upper="2" velocity="2" effort="10"/>
+  </joint>
   <link name="camera_mount"/>
-  <joint name="camera_fixed" type="fixed"><parent link="turret"/><child link="camera_mount"/><origin xyz="0 0.1 0"/></joint>
+  <joint name="camera_fixed" type="fixed">
+    <parent link="turret"/><child link="camera_mount"/><origin xyz="0 0.1 0"/>
+  </joint>
   <link name="tip"/>
   <joint name="tip_fixed" type="fixed"><parent link="forearm"/><child link="tip"/><origin xyz="0.2 0 0"/></joint>
 </robot>"""
@@ -214,7 +230,10 @@ def test_fk_acceleration_is_the_second_derivative_of_the_tcp_position(kin):
         np.testing.assert_allclose(pose.position, kin.fk(q).position, atol=1e-12)
         np.testing.assert_allclose(pose.rotation, kin.fk(q).rotation, atol=1e-12)
         h = 1e-4  # central difference of the TCP along q(t) = q + qd t + qdd t^2 / 2
-        position = lambda t: kin.fk(q + qd * t + 0.5 * qdd * t * t).position  # noqa: E731
+
+        def position(t, q=q, qd=qd, qdd=qdd):
+            return kin.fk(q + qd * t + 0.5 * qdd * t * t).position
+
         second = (position(h) - 2 * position(0.0) + position(-h)) / h**2
         np.testing.assert_allclose(acceleration, second, atol=1e-5)
     with pytest.raises(ValueError, match="velocities"):

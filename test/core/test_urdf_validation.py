@@ -75,14 +75,16 @@ BAD_URDFS: list[tuple[str, str, str, list[str]]] = [
     ("floating joint off the arm", three_joint_arm(extra=joint("free", "base", "box", "floating", ""),
                                                    links=("base", "l1", "l2", "l3", "tcp", "box")),
      "tcp", ["free", "floating"]),
-    ("mimic joint in the arm", three_joint_arm(j2=j2(AXIS + LIMIT + '<mimic joint="joint1" multiplier="2" offset="0.1"/>')),
+    ("mimic joint in the arm",
+     three_joint_arm(j2=j2(AXIS + LIMIT + '<mimic joint="joint1" multiplier="2" offset="0.1"/>')),
      "tcp", ["joint2", "mimic", "joint1"]),
     ("mimic of an unknown joint", three_joint_arm(
         extra=joint("finger_a", "l3", "finger_a", "prismatic", AXIS + LIMIT)
         + joint("finger_b", "l3", "finger_b", "prismatic", AXIS + LIMIT + '<mimic joint="finger_c"/>'),
         links=FINGER_LINKS), "tcp", ["finger_b", "mimic", "finger_c"]),
     ("gripper joint lower above upper", three_joint_arm(
-        extra=joint("finger_a", "l3", "finger_a", "prismatic", AXIS + '<limit lower="0.04" upper="0" velocity="1" effort="5"/>'),
+        extra=joint("finger_a", "l3", "finger_a", "prismatic",
+                    AXIS + '<limit lower="0.04" upper="0" velocity="1" effort="5"/>'),
         links=("base", "l1", "l2", "l3", "tcp", "finger_a")), "tcp", ["finger_a", "lower", "0.04"]),
     ("zero axis", three_joint_arm(j2=j2('<axis xyz="0 0 0"/>' + LIMIT)), "tcp", ["joint2", "axis"]),
     ("origin not three numbers", three_joint_arm(j2=joint("joint2", "l1", "l2", origin="0 0")), "tcp",
@@ -120,7 +122,8 @@ def test_fixed_joint_in_the_middle_and_a_continuous_joint_build() -> None:
     urdf = robot(joint("joint1", "base", "l1"),
                  joint("mid_fixed", "l1", "l1b", "fixed", "", origin="0.2 0 0"),
                  joint("joint2", "l1b", "l2", "continuous", '<axis xyz="0 0 1"/><limit velocity="2" effort="5"/>'),
-                 joint("joint3", "l2", "l3", "prismatic", '<axis xyz="1 0 0"/><limit lower="0" upper="0.3" velocity="0.5" effort="50"/>'),
+                 joint("joint3", "l2", "l3", "prismatic",
+                       '<axis xyz="1 0 0"/><limit lower="0" upper="0.3" velocity="0.5" effort="50"/>'),
                  joint("tcp_joint", "l3", "tcp", "fixed", "", origin="0.1 0 0"),
                  links=("base", "l1", "l1b", "l2", "l3", "tcp"))
     kin = ArmKinematics(urdf)
@@ -137,12 +140,15 @@ def test_fixed_joint_in_the_middle_and_a_continuous_joint_build() -> None:
 def test_gripper_fingers_may_mimic_and_may_rely_on_the_default_lower_limit() -> None:
     """As in the Panda and xArm descriptions: one finger follows the other, and ros2_control and
     transmission blocks hold <joint> elements of their own."""
-    fingers = (joint("finger_a", "l3", "finger_a", "prismatic", AXIS + '<limit upper="0.04" velocity="0.2" effort="20"/>')
+    fingers = (joint("finger_a", "l3", "finger_a", "prismatic",
+                     AXIS + '<limit upper="0.04" velocity="0.2" effort="20"/>')
                + joint("finger_b", "l3", "finger_b", "prismatic",
                        AXIS + '<limit lower="0" upper="0.04" velocity="0.2" effort="20"/><mimic joint="finger_a"/>')
                + '<transmission name="t1"><type>transmission_interface/SimpleTransmission</type>'
-                 '<joint name="joint1"><hardwareInterface>PositionJointInterface</hardwareInterface></joint></transmission>'
-               + '<ros2_control name="arm" type="system"><joint name="joint2"><command_interface name="position"/></joint>'
+                 '<joint name="joint1"><hardwareInterface>PositionJointInterface</hardwareInterface></joint>'
+                 '</transmission>'
+               + '<ros2_control name="arm" type="system"><joint name="joint2">'
+                 '<command_interface name="position"/></joint>'
                  "</ros2_control>")
     kin = ArmKinematics(three_joint_arm(extra=fingers, links=FINGER_LINKS))
     assert kin.joint_names == ("joint1", "joint2", "joint3")

@@ -68,7 +68,8 @@ class TablePolicy:
             logits[0, i, self.next_token(prefix.tokens + new[:i])] = 1.0
         return SimpleNamespace(logits=logits, prefix=TablePrefix(prefix.tokens + new, len(prefix.tokens)))
 
-    def draft_tokens(self, prefix: TablePrefix, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None):
+    def draft_tokens(self, prefix: TablePrefix, n: int, last_token: torch.Tensor | None = None,
+                     noise: torch.Tensor | None = None):
         if last_token is None:
             assert prefix.tokens == (), "last_token=None only at the start of the action"
         else:

@@ -279,7 +279,8 @@ def test_kerv_released_one_pass_on_forced_steps(policy: Policy, observations: Ob
         np.testing.assert_array_equal(ordinary.tokens, expected)  # r(t) = 0 here: exact SD
 
 
-def deadline_rounds(policy: Policy, obs: Observation, kf: JointKalmanFilter, time_left: float | None) -> tuple[int, int, int]:
+def deadline_rounds(policy: Policy, obs: Observation, kf: JointKalmanFilter,
+                    time_left: float | None) -> tuple[int, int, int]:
     decoder = make_decoder("deadline", r_min=0, r_max=0, margin_s=0.0, draft_step_s=0.0005, verify_s=0.004)
     context = DecodeContext(kalman=kf, gripper_history=(1.0,), time_left_s=time_left, clock=TickClock(0.001))
     result = decoder.decode(policy, policy.prefill(obs), context)

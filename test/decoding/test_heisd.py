@@ -128,7 +128,8 @@ def moving_context(kin: ArmKinematics, n: int = 5, step: int = 4) -> DecodeConte
     q = np.array([Q_HOME + JOINT_STEP * i for i in range(n)])
     for i, row in enumerate(q):
         kf.update(row, 0.05 * i)
-    return DecodeContext(joint_positions=q, joint_stamps=0.05 * np.arange(n), kalman=kf, step=step, gripper_history=(1.0,))
+    return DecodeContext(joint_positions=q, joint_stamps=0.05 * np.arange(n), kalman=kf, step=step,
+                         gripper_history=(1.0,))
 
 
 class CountingPolicy:
@@ -191,7 +192,8 @@ def test_verify_skip_executes_the_retrieved_actions_without_the_model(
         assert after == before  # no prefill, no target pass
         assert result.target_passes == 0 and result.draft_passes == 0 and result.timings["prefill"] == 0.0
         np.testing.assert_allclose(result.action, policy.tokens_to_action(store.values[2, k]))
-        assert np.all(result.action >= policy.tokenizer.q01 - 1e-12) and np.all(result.action <= policy.tokenizer.q99 + 1e-12)
+        assert (np.all(result.action >= policy.tokenizer.q01 - 1e-12)
+                and np.all(result.action <= policy.tokenizer.q99 + 1e-12))
         q_target, gripper = action_to_joint_targets(kin, Q_HOME + JOINT_STEP * step, result.action, 0.05)
         assert kin.within_limits(q_target) and 0.0 <= gripper <= 1.0
     assert results[7][2][0] == results[7][1][0] + 1  # step 7: prefilled again
@@ -207,7 +209,8 @@ def test_queue_is_dropped_on_a_new_episode_or_a_gap(
 ) -> None:
     obs = observations(3, seed=8)
     decoder = make_decoder("heisd", store=make_store(policy, obs), r_seq=255.0)
-    for skip_context, expect in ((DecodeContext(step=0), None), (DecodeContext(step=7), None), (DecodeContext(step=5), "skip")):
+    for skip_context, expect in ((DecodeContext(step=0), None), (DecodeContext(step=7), None),
+                                 (DecodeContext(step=5), "skip")):
         result = decoder.decode(policy, policy.prefill(obs[0]), moving_context(kin, step=4))
         assert result.mode == "retrieval"
         skipped = decoder.skip_step(skip_context)
@@ -277,9 +280,11 @@ def test_sequence_wise_acceptance_bounds_the_mean_distance(
 
 def test_always_seven_valid_tokens(policy: Policy, kin: ArmKinematics, observations: Observations) -> None:
     obs = observations(6, seed=12)
-    contexts = [DecodeContext(), moving_context(kin), moving_context(kin, n=8, step=7), moving_context(kin, n=2, step=1)]
+    contexts = [DecodeContext(), moving_context(kin), moving_context(kin, n=8, step=7),
+                moving_context(kin, n=2, step=1)]
     for threshold, r_seq, preset in ((0.0, 4.0, "calibrated"), (0.5, 0.0, "calibrated"), (0.0, 4.0, "published")):
-        decoder = make_decoder("heisd", store=make_store(policy, obs[:3], threshold=threshold), r_seq=r_seq, preset=preset)
+        decoder = make_decoder("heisd", store=make_store(policy, obs[:3], threshold=threshold), r_seq=r_seq,
+                               preset=preset)
         for o, context in zip(obs, contexts * 2):
             result = decoder.decode(policy, policy.prefill(o), context)
             assert result.tokens.shape == (7,) and np.all((0 <= result.tokens) & (result.tokens <= 254))

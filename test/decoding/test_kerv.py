@@ -57,11 +57,13 @@ class CountingPolicy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.policy, name)
 
-    def draft_tokens(self, prefix: Any, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> Any:
+    def draft_tokens(self, prefix: Any, n: int, last_token: torch.Tensor | None = None,
+                     noise: torch.Tensor | None = None) -> Any:
         self.calls["draft_tokens"] += 1
         return self.policy.draft_tokens(prefix, n, last_token)
 
-    def draft_tokens_parallel(self, prefix: Any, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> Any:
+    def draft_tokens_parallel(self, prefix: Any, n: int, last_token: torch.Tensor | None = None,
+                              noise: torch.Tensor | None = None) -> Any:
         self.calls["draft_tokens_parallel"] += 1
         self.requested.append(n)
         return self.policy.draft_tokens_parallel(prefix, n, last_token)
@@ -82,7 +84,8 @@ def test_one_parallel_draft_call_and_one_verify_pass(
     policy: Policy, kin: ArmKinematics, observations: Observations
 ) -> None:
     kf = converged_filter(kin)
-    contexts = [DecodeContext(), DecodeContext(kalman=kf, gripper_history=(0.0,), joint_positions=np.stack([Q_HOME] * 5))]
+    contexts = [DecodeContext(),
+                DecodeContext(kalman=kf, gripper_history=(0.0,), joint_positions=np.stack([Q_HOME] * 5))]
     for name, r in itertools.product(("kerv", "world_aware"), (0, 5, 15)):
         decoder = make_decoder(name, r_min=r, r_max=r)
         for obs, context in itertools.product(observations(3, seed=2), contexts):
@@ -368,7 +371,7 @@ def test_the_checked_fill_replaces_kf_tokens_far_from_the_targets_picks_in_the_s
     for obs in observations(6, seed=12):
         noise = torch.distributions.Gumbel(0.0, 0.5).sample((7, 256))
         context = prefill_verify_context(kin, held, token_noise=noise)
-        results, targets = [], []
+        results = []
         for fill_check in (False, True):
             decoder = make_decoder("kerv", prefill_verify=prefill_verify, r_min=2, r_max=2, fill_check=fill_check)
             counting = PassCountingPolicy(policy)
@@ -488,7 +491,8 @@ def test_action_tokens_ride_along_with_the_recomputed_tokens_under_reused_keys(
         image = frames[-1].image.copy()
         if patch is not None:
             image[:16, 16 * (patch % 2) : 16 * (patch % 2) + 16] ^= 0x80
-        frames.append(Observation(image, first.instruction, first.joint_pos + 0.02 * (step + 1), 0.04, 0.05 * (step + 1)))
+        frames.append(Observation(image, first.instruction, first.joint_pos + 0.02 * (step + 1), 0.04,
+                                  0.05 * (step + 1)))
     plain = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
     scored = IncrementalVisionEncoder(policy, VisionReuseConfig(reuse_kv=True))
     recomputed = []

@@ -25,11 +25,13 @@ from vla_accel_ros.models.own.checkpoint import CheckpointError
 pytest.importorskip("faiss")
 
 
-def random_store(n: int = 50, d: int = 16, seed: int = 0, index: str = "flat", calibration: bool = True) -> RetrievalStore:
+def random_store(n: int = 50, d: int = 16, seed: int = 0, index: str = "flat",
+                 calibration: bool = True) -> RetrievalStore:
     rng = np.random.default_rng(seed)
     keys = rng.normal(size=(n, d)).astype(np.float32)
     values = rng.integers(0, 255, size=(n, 4, 7))
-    meta = {"calibration": {"r_lo": 0.0, "r_hi": 1.0, "d_lo": 0.0, "d_hi": 0.1, "threshold": 0.3}} if calibration else {}
+    meta = ({"calibration": {"r_lo": 0.0, "r_hi": 1.0, "d_lo": 0.0, "d_hi": 0.1, "threshold": 0.3}}
+            if calibration else {})
     return RetrievalStore.build(keys, values, RetrievalStoreConfig(index=index), meta)
 
 
@@ -142,7 +144,8 @@ def test_wrong_dimensions(saved: Path) -> None:
     with pytest.raises(CheckpointError, match="tensor 'keys' must be"):
         RetrievalStore.load(saved)
     (saved / META_FILE).write_text(json.dumps(meta))
-    save_file({"keys": torch.ones(50, 16), "values": torch.zeros(50, 4, 6, dtype=torch.int16)}, str(saved / TENSORS_FILE))
+    save_file({"keys": torch.ones(50, 16), "values": torch.zeros(50, 4, 6, dtype=torch.int16)},
+              str(saved / TENSORS_FILE))
     with pytest.raises(CheckpointError, match="tensor 'values' must be"):
         RetrievalStore.load(saved)
 
@@ -202,7 +205,8 @@ def test_build_store_on_tiny_demos(tmp_path: Path, tiny_checkpoint) -> None:
     lengths = [9, 12, 10]
     for i, n in enumerate(lengths):
         write_episode(data / f"episode_{i:05d}.npz", rng, n)
-    cfg = BuildStoreConfig(checkpoint=str(ckpt), data=str(data), stride=2, holdout_episodes=1, threads=1, progress=False)
+    cfg = BuildStoreConfig(checkpoint=str(ckpt), data=str(data), stride=2, holdout_episodes=1, threads=1,
+                           progress=False)
     store, out = build(cfg)
     assert out == ckpt / "retrieval_store" and (out / META_FILE).is_file() and (out / TENSORS_FILE).is_file()
     assert len(store) == sum((n + 1) // 2 for n in lengths[:2])  # stride 2 over the two stored episodes

@@ -36,7 +36,8 @@ def contexts(kin: ArmKinematics, steps: int, noise: bool) -> list[DecodeContext]
         for i in range(step + 1):
             kf.update(Q_HOME + 0.01 * i, 0.05 * i)
         token_noise = torch.rand(7, 256, generator=g).log_().neg_().log_().neg_().mul_(0.5) if noise else None
-        out.append(DecodeContext(kalman=kf, step=step, joint_positions=np.stack([Q_HOME + 0.01 * i for i in range(step + 1)]),
+        out.append(DecodeContext(kalman=kf, step=step,
+                                 joint_positions=np.stack([Q_HOME + 0.01 * i for i in range(step + 1)]),
                                  gripper_history=(1.0,) * step, token_history=history, token_noise=token_noise))
         history = np.concatenate([history, np.full((1, 7), 100 + step, dtype=np.int64)])
     return out

@@ -17,7 +17,8 @@ def test_eval_writes_summary_and_plot(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     for key in ("episodes", "success_rate", "ncf_rate", "target_passes_per_action", "params", "checkpoint_mb"):
         assert key in summary
-    assert set(summary["latency_ms"]) >= {"prefill_p50", "prefill_mean", "decode_p50", "total_p50", "total_p99", "wall_p50", "wall_p99"}
+    assert set(summary["latency_ms"]) >= {"prefill_p50", "prefill_mean", "decode_p50", "total_p50", "total_p99",
+                                          "wall_p50", "wall_p99"}
     assert summary["latency_ms"]["wall_p50"] >= summary["latency_ms"]["total_p50"]  # the call holds the step
     assert summary["episodes"] == 1 and summary["actions"] == 8
     assert summary["target_passes_per_action"] == 7.0  # AR: one pass per token
@@ -105,7 +106,8 @@ def test_bench_with_incremental_vision_and_the_flow_heads(tmp_path):
     for name in ("flow10", "flow2"):
         assert summary[name]["target_passes_per_action"] == 0.0  # no token decoding after the prefill
     table = (out / "table.md").read_text()
-    assert "prefill ms p50" in table and "prefill speed-up over the same decoder with full vision (p50, mean): ar+iv " in table
+    assert ("prefill ms p50" in table
+            and "prefill speed-up over the same decoder with full vision (p50, mean): ar+iv " in table)
 
 
 def test_heisd_eval_and_bench_with_a_store(tmp_path):

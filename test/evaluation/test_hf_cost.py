@@ -33,7 +33,8 @@ def test_full_and_incremental_prefill_over_sim_frames(tmp_path):
     assert inc["frames"] == 4 and inc["refreshes"] == 1  # the first frame only
     assert 0 < inc["recomputed_fraction_mean"] < 1  # the first frame all, the others what the arm's motion changed
     assert inc["prefill_full_ms_mean"] > 0 and inc["prefill_incremental_ms_mean"] > 0
-    assert inc["incremental_prefill_speedup"] == pytest.approx(inc["prefill_full_ms_mean"] / inc["prefill_incremental_ms_mean"])
+    assert inc["incremental_prefill_speedup"] == pytest.approx(inc["prefill_full_ms_mean"]
+                                                               / inc["prefill_incremental_ms_mean"])
 
 
 def test_a_checkpoint_is_timed_at_its_own_size_under_the_feature_rule(tmp_path, tiny_hf_vla):
@@ -44,7 +45,8 @@ def test_a_checkpoint_is_timed_at_its_own_size_under_the_feature_rule(tmp_path, 
     assert result["parameters"] < 1_000_000 and result["prefix_tokens"] > 16  # the tiny model, not a built one
     inc = result["incremental"]
     assert inc["frames"] == 3 and inc["refreshes"] == 1
-    assert inc["incremental_prefill_speedup_p50"] == pytest.approx(inc["prefill_full_ms_p50"] / inc["prefill_incremental_ms_p50"])
+    assert inc["incremental_prefill_speedup_p50"] == pytest.approx(inc["prefill_full_ms_p50"]
+                                                                   / inc["prefill_incremental_ms_p50"])
 
 
 def test_the_incremental_timing_needs_reused_keys_and_values():

@@ -51,7 +51,8 @@ def test_shipped_checkpoint_is_the_sim_arm() -> None:
         assert sim_robot(env) == sim_arm()
 
 
-def test_eval_refuses_a_six_dof_checkpoint_even_when_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_refuses_a_six_dof_checkpoint_even_when_allowed(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     checkpoint = foreign_checkpoint(tmp_path, dof=6, joint_names=ARM7[:6])
     for flags in ((), ("--allow-unmatched-robot",)):
         assert run_eval(checkpoint, tmp_path / "out", *flags) == 2

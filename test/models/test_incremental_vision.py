@@ -186,7 +186,8 @@ def test_kv_reuse_with_an_unchanged_image_recomputes_only_proprioception_and_bos
     images = frame(5)
     changed = with_inverted_patch(images, 0)
     # then the arm moves, the image does not
-    _, before, after = prefix_caches(reuse, observation(images), observation(changed), observation(changed, q_offset=0.2))
+    _, before, after = prefix_caches(reuse, observation(images), observation(changed),
+                                     observation(changed, q_offset=0.2))
     assert reuse.last.recomputed == 0
     assert after.vision_kv is before.vision_kv and after.vision is before.vision
     for (k0, v0), (k1, v1) in zip(before.decoder_kv, after.decoder_kv):

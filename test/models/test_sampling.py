@@ -20,7 +20,8 @@ def test_noise_is_fixed_by_seed_episode_and_step() -> None:
     noise = config.token_noise(episode=100000, step=4)
     assert noise is not None and noise.shape == (7, 256) and torch.isfinite(noise).all()
     torch.testing.assert_close(noise, config.token_noise(episode=100000, step=4))
-    for other in (config.token_noise(100000, 5), config.token_noise(100001, 4), SamplingConfig(0.5, seed=2).token_noise(100000, 4)):
+    for other in (config.token_noise(100000, 5), config.token_noise(100001, 4),
+                  SamplingConfig(0.5, seed=2).token_noise(100000, 4)):
         assert not torch.equal(noise, other)
     # the temperature only scales the same draw
     torch.testing.assert_close(SamplingConfig(1.0, seed=1).token_noise(100000, 4) * 0.5, noise)

@@ -71,7 +71,8 @@ def test_dict_round_trip(tokenizer: ActionTokenizer) -> None:
 
 @pytest.mark.parametrize(
     "q01, q99",
-    [(np.zeros(7), np.zeros(7)), (np.zeros(6), np.ones(6)), (np.zeros(7), np.full(7, np.nan)), (np.ones(7), np.zeros(7))],
+    [(np.zeros(7), np.zeros(7)), (np.zeros(6), np.ones(6)), (np.zeros(7), np.full(7, np.nan)),
+     (np.ones(7), np.zeros(7))],
 )
 def test_invalid_ranges_rejected(q01: np.ndarray, q99: np.ndarray) -> None:
     with pytest.raises(ValueError):

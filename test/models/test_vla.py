@@ -356,7 +356,8 @@ def test_prefill_observation_and_local_tokens(policy: Policy) -> None:
     assert isinstance(prefix, Prefix) and prefix.batch_size == 1
     assert prefix.hidden_last.shape == (1, 32) and prefix.pooled.shape == (1, 32)
     images, text, proprio = policy.observation_tensors(obs)
-    reused = policy.prefill_tensors(*policy.observation_tensors(obs), local_tokens=policy.encode_local(images, text)).prefix
+    reused = policy.prefill_tensors(*policy.observation_tensors(obs),
+                                    local_tokens=policy.encode_local(images, text)).prefix
     torch.testing.assert_close(reused.hidden_last, prefix.hidden_last, atol=TOL, rtol=0)
     other = policy.prefill(Observation(obs.image, "blue", obs.joint_pos, obs.gripper))
     assert not torch.allclose(other.hidden_last, prefix.hidden_last)  # the instruction matters

@@ -41,7 +41,8 @@ def statistics(*keys: str, dim: int = 7) -> dict[str, Any]:
 def test_defaults_are_openvla() -> None:
     spec = VLASpec()
     assert spec.prompt == OPENVLA_PROMPT
-    assert spec.format_prompt("Pick up the Cube") == ("", "In: What action should the robot take to pick up the cube?\nOut:", "")
+    assert spec.format_prompt("Pick up the Cube") == (
+        "", "In: What action should the robot take to pick up the cube?\nOut:", "")
     assert spec.resolved_appended_ids(32000) == (29871,)
     assert spec.resolved_appended_ids(384) == ()  # a vocabulary without id 29871
     ids = spec.action_ids(32000)
@@ -86,7 +87,8 @@ def test_bad_fields_are_refused(field: str, value: Any, message: str) -> None:
     ({"processor_config.json": {"image_processor": {"do_center_crop": False, "size": {"height": 40, "width": 40},
                                                     "image_mean": [0.1, 0.2, 0.3], "image_std": [1, 1, 1]}}},
      40, (0.1, 0.2, 0.3), "bicubic"),
-    ({"preprocessor_config.json": {"size": {"shortest_edge": 36}, "do_normalize": False}}, 36, (0.0, 0.0, 0.0), "bicubic"),
+    ({"preprocessor_config.json": {"size": {"shortest_edge": 36}, "do_normalize": False}},
+     36, (0.0, 0.0, 0.0), "bicubic"),
 ])
 def test_image_settings_come_from_the_processor_files(tmp_path: Path, files: dict[str, Any], size: int,
                                                       mean: tuple[float, ...], resample: str) -> None:
@@ -230,7 +232,8 @@ def test_a_constant_axis_decodes_to_its_value_and_a_dict_round_trips() -> None:
     ({"gripper": "0_1"}, "gripper must be one of"),
 ])
 def test_bad_tokenizer_statistics_are_refused(kwargs: dict[str, Any], message: str) -> None:
-    arguments = {"q01": np.array(Q01), "q99": np.array(Q99), "mask": np.array(MASK), "gripper": "0_1_open_high"} | kwargs
+    arguments = {"q01": np.array(Q01), "q99": np.array(Q99), "mask": np.array(MASK),
+                 "gripper": "0_1_open_high"} | kwargs
     with pytest.raises(ValueError, match=message):
         OpenVLAActionTokenizer(**arguments)
 

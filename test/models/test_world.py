@@ -132,7 +132,8 @@ def test_prefill_training_and_cached_tokens_all_see_the_same_bias() -> None:
     # local tokens from a cache are unbiased; the prefill adds the bias after them
     obs = Observation(images[0].numpy(), "red", np.zeros(7, np.float32), 0.02)
     img, txt, _ = policy.observation_tensors(obs)
-    torch.testing.assert_close(policy.prefill_tensors(*policy.observation_tensors(obs), local_tokens=policy.encode_local(img, txt)).prefix.hidden_last,
+    torch.testing.assert_close(policy.prefill_tensors(*policy.observation_tensors(obs),
+                                                      local_tokens=policy.encode_local(img, txt)).prefix.hidden_last,
                                policy.prefill(obs).hidden_last, atol=1e-6, rtol=0)
     # the draft head reads the target's (biased) prefix: it proposes from the world-aware state
     assert not torch.equal(policy.draft_tokens(prefix, 7, None)[1], policy.draft_tokens(plain, 7, None)[1])

@@ -134,7 +134,7 @@ def test_enable_service_switches_between_hold_and_control(rigs):
     for value, source in ((False, "hold"), (True, "fallback"), (False, "hold")):
         future = client.call_async(SetBool.Request(data=value))
         assert rig.wait(future.done) and future.result().success
-        assert rig.wait(lambda: rig.node.stats()["source"] == source), rig.node.stats()["reason"]
+        assert rig.wait(lambda source=source: rig.node.stats()["source"] == source), rig.node.stats()["reason"]
     assert rig.node.stats()["reason"] == "disabled"
     assert rig.wait(lambda: any("disabled" in m.status[0].message for _, m in diagnostics))
 

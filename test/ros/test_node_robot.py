@@ -86,7 +86,8 @@ def test_same_dof_arm_runs_with_allow_unmatched_robot_and_diagnostics_warn(
     rig.spin(node, feed=feed)
     try:
         assert rig.wait(lambda: len(commands) >= 5 and diagnostics, timeout=30.0)
-        assert rig.wait(lambda: any(m.status[0].level == DiagnosticStatus.WARN and "robot differs" in m.status[0].message
+        assert rig.wait(lambda: any(m.status[0].level == DiagnosticStatus.WARN
+                                    and "robot differs" in m.status[0].message
                                     for m in diagnostics), timeout=10.0), [m.status[0].message for m in diagnostics]
         assert "fr3_hand_tcp" in node.stats()["robot_warning"]
     finally:

@@ -143,7 +143,8 @@ def test_kf_fill_check_is_a_parameter_for_the_kalman_fill_decoders_only():
 def test_kinematic_r_bounds_are_parameters_for_the_kinematic_threshold_decoders_only():
     for cls in (NodeConfig, InferenceNodeConfig):
         specs = {s.name: s for s in parameter_specs(cls)}
-        assert [(specs[n].kind, specs[n].default) for n in ("kinematic_r_min", "kinematic_r_max")] == [(int, 5), (int, 15)]
+        assert ([(specs[n].kind, specs[n].default) for n in ("kinematic_r_min", "kinematic_r_max")]
+                == [(int, 5), (int, 15)])
         assert from_params(cls, {"decoder": "sd"}).runner_config().kinematic_r_bounds is None  # the defaults
         bounded = from_params(cls, {"decoder": "world_aware", "kinematic_r_min": 2, "kinematic_r_max": 6})
         assert bounded.runner_config().kinematic_r_bounds == (2, 6)

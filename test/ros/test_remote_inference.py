@@ -158,7 +158,8 @@ def test_lost_and_late_messages_cost_a_fallback_counted(dds_rig, ckpt):
                     delay=lambda k: 0.6 if k in late else 0.0)  # 0.6 s > action_timeout_s
     try:
         assert rig.dds.wait(lambda: rig.remote().get("lost", 0) >= 3 and rig.remote().get("dropped_late", 0) >= 1
-                            and rig.node.stats().get("policy_ticks", 0) >= 10, timeout=90.0), (list(rig.remote().items())[3:12], rig.dropped, rig.relayed)
+                            and rig.node.stats().get("policy_ticks", 0) >= 10, timeout=90.0), (
+            list(rig.remote().items())[3:12], rig.dropped, rig.relayed)
         stats = rig.node.stats()
         assert stats["fallback_ticks"] + stats["hold_ticks"] > 0
         before = rig.node.stats()

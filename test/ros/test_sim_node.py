@@ -89,7 +89,8 @@ def test_bridge_publishes_robot_topics_and_applies_every_command_format(bridge, 
                  or abs(position("joint7") - target["joint7"]) < 0.02)
     # JointState with fingers closes the gripper; then the gripper controller opens it again.
     names = ["finger_joint1", "finger_joint2"] + SHUFFLED
-    assert wait(lambda: joint_command.publish(JointState(name=names, position=[0.0, 0.0] + [target[n] for n in SHUFFLED]))
+    assert wait(lambda: joint_command.publish(JointState(name=names,
+                                                         position=[0.0, 0.0] + [target[n] for n in SHUFFLED]))
                  or position("finger_joint1") < 0.005)
     assert wait(lambda: gripper.publish(Float64MultiArray(data=[0.04, 0.04])) or position("finger_joint1") > 0.035)
     # The episode (1 s limit) ends and reports; a reset starts the next with the requested task.

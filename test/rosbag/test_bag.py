@@ -160,7 +160,8 @@ def _scramble(bag: Path) -> None:
     data = next(p for p in bag.iterdir() if p.suffix in (".mcap", ".db3"))
     raw = bytearray(data.read_bytes())
     rng = np.random.default_rng(0)
-    raw[len(raw) // 3: 2 * len(raw) // 3] = rng.integers(0, 256, 2 * len(raw) // 3 - len(raw) // 3, dtype=np.uint8).tobytes()
+    raw[len(raw) // 3: 2 * len(raw) // 3] = rng.integers(0, 256, 2 * len(raw) // 3 - len(raw) // 3,
+                                                         dtype=np.uint8).tobytes()
     data.write_bytes(bytes(raw))
 
 
@@ -217,7 +218,8 @@ def test_remap_renames_bag_topics(work, ckpt):
     with BagWriter(bag) as writer:
         for k in range(10):
             t = 10**12 + k * 50_000_000
-            writer.write("/robot/joints", t, make_joint_state(KIN.joint_names, [0, -0.785, 0, -2.356, 0, 1.571, 0.785], t))
+            writer.write("/robot/joints", t,
+                         make_joint_state(KIN.joint_names, [0, -0.785, 0, -2.356, 0, 1.571, 0.785], t))
             writer.write("/cam/rgb", t, make_image(np.full((48, 64, 3), 90, np.uint8), t))
     opts = dict(policy={"checkpoint": str(ckpt)}, instruction="pick up the red cube")
     with pytest.raises(BagError, match="lacks topic"):

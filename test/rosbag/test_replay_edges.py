@@ -71,7 +71,8 @@ def test_messages_select_by_remapped_names(tmp_path: Path) -> None:
         assert list(reader.messages(["/robot/joints"])) == []  # that name is remapped away
 
 
-def test_replay_of_another_arm_exits_2_and_says_why(tmp_path: Path, ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_of_another_arm_exits_2_and_says_why(tmp_path: Path, ckpt: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     bag = write_bag(tmp_path / "ur_bag", OTHER_ARM, [0.0] * 6)
     rc = cli_main(["replay", str(bag), "--checkpoint", str(ckpt), "--summary", str(tmp_path / "s")])
     out, err = capsys.readouterr()

@@ -60,7 +60,8 @@ def recording_score(policy, monkeypatch) -> list[tuple[int, int]]:
     """The shape (robots, tokens) of every ``policy.score`` call from now on, in order."""
     shapes: list[tuple[int, int]] = []
     score = policy.score
-    monkeypatch.setattr(policy, "score", lambda prefix, tokens: shapes.append(tuple(tokens.shape)) or score(prefix, tokens))
+    monkeypatch.setattr(policy, "score",
+                        lambda prefix, tokens: shapes.append(tuple(tokens.shape)) or score(prefix, tokens))
     return shapes
 
 
@@ -72,7 +73,8 @@ def test_the_verify_passes_after_the_prefill_are_one_batched_pass(policy, monkey
     for t in range(4):
         results = fleet.step([(r, data[r][t]) for r in range(3)])
         assert all(r.target_passes == 1 and r.rounds == 1 for r in results)
-        assert len({r.timings["verify"] for r in results}) == 1 and results[0].timings["verify"] > 0.0  # the shared pass
+        # the shared pass
+        assert len({r.timings["verify"] for r in results}) == 1 and results[0].timings["verify"] > 0.0
         assert fleet.last_stages["batched_verify"] > 0.0
     assert shapes == [(3, 6)] * 4  # one verify pass a round for all three robots
 
@@ -128,12 +130,14 @@ def test_a_fleet_of_different_decoders(policy, monkeypatch):
         assert shapes[0] == (sum(result.mode != PREFILL_VERIFIED for result in together), 6)
         assert all(robots == 1 for robots, _ in shapes[1:])
         for r in range(len(names)):
-            np.testing.assert_array_equal(together[r].tokens, alone[r](data[r][t]).tokens, err_msg=f"robot {r} step {t}")
+            np.testing.assert_array_equal(together[r].tokens, alone[r](data[r][t]).tokens,
+                                          err_msg=f"robot {r} step {t}")
 
 
 def test_prefix_rows_select_in_order(policy):
     data = streams(4, 1)
-    batch = policy.prefill_tensors(*(torch.cat(t) for t in zip(*(policy.observation_tensors(s[0]) for s in data)))).prefix
+    batch = policy.prefill_tensors(*(torch.cat(t)
+                                     for t in zip(*(policy.observation_tensors(s[0]) for s in data)))).prefix
     for rows in ([2, 0], [1, 2], [3]):
         picked = batch.select_rows(rows)
         assert picked.batch_size == len(rows) and picked.prefix_len == batch.prefix_len
@@ -141,7 +145,8 @@ def test_prefix_rows_select_in_order(policy):
             one = batch.select(row)
             torch.testing.assert_close(picked.select(j).cache.layers[0][0], one.cache.layers[0][0], atol=0, rtol=0)
             torch.testing.assert_close(picked.select(j).hidden_last, one.hidden_last, atol=0, rtol=0)
-    assert batch.select_rows([1, 2]).cache.layers[0][0].data_ptr() == batch.select(1).cache.layers[0][0].data_ptr()  # a view
+    # a view
+    assert batch.select_rows([1, 2]).cache.layers[0][0].data_ptr() == batch.select(1).cache.layers[0][0].data_ptr()
 
 
 def test_a_round_times_its_stages(policy):
@@ -161,7 +166,8 @@ def test_the_contact_head_runs_once_a_round_for_all_robots(policy, monkeypatch):
     data = streams(3, 4)
     batches = []
     contact_logits = policy.contact_logits
-    monkeypatch.setattr(policy, "contact_logits", lambda prefix: batches.append(prefix.batch_size) or contact_logits(prefix))
+    monkeypatch.setattr(policy, "contact_logits",
+                        lambda prefix: batches.append(prefix.batch_size) or contact_logits(prefix))
     for t in range(4):
         fleet.step([(r, data[r][t]) for r in range(3)])
     assert batches == [3] * 4  # no scene clearance: every robot reads it, every round, in one call
@@ -169,10 +175,12 @@ def test_the_contact_head_runs_once_a_round_for_all_robots(policy, monkeypatch):
 
 def test_a_batched_prefills_contact_head_reads_every_row_at_once_as_each_would_alone(policy, monkeypatch):
     data = streams(3, 1)
-    batch = policy.prefill_tensors(*(torch.cat(t) for t in zip(*(policy.observation_tensors(s[0]) for s in data)))).prefix
+    batch = policy.prefill_tensors(*(torch.cat(t)
+                                     for t in zip(*(policy.observation_tensors(s[0]) for s in data)))).prefix
     batches = []
     contact_logits = policy.contact_logits
-    monkeypatch.setattr(policy, "contact_logits", lambda prefix: batches.append(prefix.batch_size) or contact_logits(prefix))
+    monkeypatch.setattr(policy, "contact_logits",
+                        lambda prefix: batches.append(prefix.batch_size) or contact_logits(prefix))
     contact = BatchContact(policy, batch)
     for row in (2, 0, 1):
         assert contact.row(row) == pytest.approx(policy.contact_probability(batch.select(row)), abs=1e-6)

@@ -269,7 +269,8 @@ def test_node_reports_a_dead_child_on_diagnostics_holds_and_shuts_down_cleanly(c
         assert applied[0] in (0, node.cfg.realtime_priority)  # 0 where the system refuses SCHED_FIFO
         assert wait(lambda: stats[-1]["realtime_priority"] == applied[0], 5.0)
         os.kill(child, signal.SIGKILL)
-        assert wait(lambda: any(s.level == DiagnosticStatus.ERROR and "SIGKILL" in s.message for s in diagnostics), 10.0)
+        assert wait(lambda: any(s.level == DiagnosticStatus.ERROR and "SIGKILL" in s.message for s in diagnostics),
+                    10.0)
         assert wait(lambda: stats[-1]["source"] == "hold" and "inference unavailable" in stats[-1]["reason"], 5.0)
         n = len(commands)
         assert wait(lambda: len(commands) >= n + 10, 5.0)  # every tick still publishes: the hold position

@@ -69,7 +69,8 @@ def _position(name: str) -> st.SearchStrategy[float]:
     if name in ARM:
         i = ARM.index(name)
         inside = st.floats(float(KIN.limits.lower[i]), float(KIN.limits.upper[i]))
-        return st.one_of(inside, inside, inside, st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(SPECIAL))
+        return st.one_of(inside, inside, inside, st.floats(allow_nan=True, allow_infinity=True),
+                         st.sampled_from(SPECIAL))
     return st.one_of(st.floats(-0.1, 0.1), st.floats(allow_nan=True, allow_infinity=True))
 
 

@@ -221,7 +221,8 @@ def test_the_controllers_file_default_is_the_installed_one():
 
 def _rpy_matrix(roll: float, pitch: float, yaw: float) -> np.ndarray:
     """SDF/URDF fixed-axis roll-pitch-yaw: R = Rz(yaw) Ry(pitch) Rx(roll)."""
-    cr, sr, cp, sp, cy, sy = math.cos(roll), math.sin(roll), math.cos(pitch), math.sin(pitch), math.cos(yaw), math.sin(yaw)
+    cr, sr, cp, sp, cy, sy = (math.cos(roll), math.sin(roll), math.cos(pitch), math.sin(pitch),
+                              math.cos(yaw), math.sin(yaw))
     rz = np.array([[cy, -sy, 0], [sy, cy, 0], [0, 0, 1]])
     ry = np.array([[cp, 0, sp], [0, 1, 0], [-sp, 0, cp]])
     rx = np.array([[1, 0, 0], [0, cr, -sr], [0, sr, cr]])

@@ -52,7 +52,8 @@ def _console_scripts() -> dict[str, str]:
     tree = ast.parse((ROOT / "setup.py").read_text())
     scripts: dict[str, str] = {}
     for const in ast.walk(tree):
-        if isinstance(const, ast.Constant) and isinstance(const.value, str) and " = " in const.value and ":" in const.value:
+        if (isinstance(const, ast.Constant) and isinstance(const.value, str)
+                and " = " in const.value and ":" in const.value):
             name, target = (s.strip() for s in const.value.split("=", 1))
             scripts[name] = target
     return scripts

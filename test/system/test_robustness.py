@@ -282,7 +282,8 @@ class Case:
 
 
 BAD_INPUT = [
-    Case("unknown encoding", bad_image(encoding="16UC1", step=16, data=bytes(128)), "unsupported image encoding '16UC1'"),
+    Case("unknown encoding", bad_image(encoding="16UC1", step=16, data=bytes(128)),
+         "unsupported image encoding '16UC1'"),
     Case("data longer than step x height", bad_image(data=bytes(200)), "does not match step 24 x height 8"),
     Case("data shorter than step x height", bad_image(data=bytes(100)), "too small for 8x8 rgb8"),
     Case("step smaller than a row", bad_image(step=20, data=bytes(160)), "step 20 is smaller than width 8"),

@@ -71,7 +71,8 @@ def test_train_draft_writes_the_head_beside_the_model_and_loading_attaches_it(
     assert meta["format"] == "vla_accel_ros.hf_draft_head" and meta["format_version"] == 1
     assert meta["config"]["hidden_size"] == 32 and meta["config"]["vocab_size"] == 384
     recipe, metrics = meta["recipe"], meta["metrics"]
-    assert recipe["epochs"] == 3 and recipe["teacher"] == "expert" and recipe["command"].startswith("vla-accel train-draft")
+    assert (recipe["epochs"] == 3 and recipe["teacher"] == "expert"
+            and recipe["command"].startswith("vla-accel train-draft"))
     assert recipe["checkpoint"] == str(directory.resolve()) and recipe["n_episodes"] == EPISODES
     assert (metrics["train_steps"], metrics["val_steps"]) == ((EPISODES - 1) * STEPS, STEPS)
     for key in ("val_draft_acc_pos1_6", "val_majority_acc_pos1_6", "val_target_expert_acc", "val_loss"):
@@ -117,7 +118,8 @@ def test_training_on_the_targets_tokens_beats_ignoring_the_inputs(model_dir: Pat
 
 
 @pytest.mark.parametrize(("changes", "match"), [({"teacher": "demo"}, "teacher"), ({"width": 0}, "width"),
-                                                 ({"lr": 0.0}, "learning rates"), ({"val_fraction": 1.0}, "val_fraction"),
+                                                 ({"lr": 0.0}, "learning rates"),
+                                                 ({"val_fraction": 1.0}, "val_fraction"),
                                                  ({"dtype": "int8"}, "dtype"), ({"blocks": 0}, "blocks")])
 def test_bad_settings_are_refused_before_any_work(changes: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):

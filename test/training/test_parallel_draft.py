@@ -33,7 +33,8 @@ torch.set_num_threads(1)
 SIZE = 32
 
 
-def make_episode(rng: np.random.Generator, colour: tuple[int, int, int], steps: int = 12) -> tuple[np.ndarray, np.ndarray]:
+def make_episode(rng: np.random.Generator, colour: tuple[int, int, int],
+                 steps: int = 12) -> tuple[np.ndarray, np.ndarray]:
     """A coloured square at a random place on a noisy background; the action follows the square."""
     images = rng.integers(0, 60, (steps, SIZE, SIZE, 3), dtype=np.uint8)
     corner = rng.integers(0, SIZE - 8, (steps, 2))

@@ -22,7 +22,8 @@ SIZE = 32
 
 
 def write_episode(
-    path: Path, rng: np.random.Generator, colour: str, steps: int = 16, success: bool = True, policy_in_loop: bool = False
+    path: Path, rng: np.random.Generator, colour: str, steps: int = 16, success: bool = True,
+    policy_in_loop: bool = False
 ) -> None:
     """One episode in the demo format: random background, a coloured square; the action depends on
     the square's position and colour and on the proprio, so there is something to learn."""

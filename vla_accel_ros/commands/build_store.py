@@ -14,7 +14,8 @@ from vla_accel_ros.training.store import DEFAULT_DATA, BuildStoreConfig, build
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = BuildStoreConfig(checkpoint="", data="")
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: the shipped one)")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"demo directory with episode_*.npz (default: {DEFAULT_DATA})")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                        help=f"demo directory with episode_*.npz (default: {DEFAULT_DATA})")
     parser.add_argument("--out", type=Path, default=None, help="store directory (default: CHECKPOINT/retrieval_store)")
     parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episode files")
     parser.add_argument("--stride", type=int, default=d.stride, help="store every S-th step of each episode")

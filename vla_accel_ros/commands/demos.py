@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         policy_action=policy_action, policy_share=args.policy_share if policy_action else 0.0,
     )
     print(
-        f"{'expert' if policy_action is None else 'mixed policy/expert'}: {summary['success_rate']:.1%} success over {summary['episodes']} episodes "
+        f"{'expert' if policy_action is None else 'mixed policy/expert'}: {summary['success_rate']:.1%} success "
+        f"over {summary['episodes']} episodes "
         f"(seeds {args.seed}..{args.seed + args.episodes - 1}), {summary['steps_total']} steps -> {args.out}"
     )
     return 0

@@ -275,7 +275,8 @@ class Controller:
         worst = int(np.argmax(excess))
         self._counters.add("outliers_rejected")
         self._counters.last_outlier = (
-            f"joint state outlier: {self.kin.joint_names[worst]} at {q[worst]:.4f}, {abs(q[worst] - self._q[worst]):.4f} "
+            f"joint state outlier: {self.kin.joint_names[worst]} at {q[worst]:.4f}, "
+            f"{abs(q[worst] - self._q[worst]):.4f} "
             f"from the last accepted sample {max(now - self._q_rx, 0.0):.3f} s before, more than its velocity limit "
             f"reaches (+{JUMP_SLACK} slack); gated ({self._jump_n}/{JUMP_CONFIRM} agreeing samples make a real jump)")
         return True
@@ -564,7 +565,8 @@ class Controller:
         with self._lock:
             periods = np.asarray(self._periods, dtype=float)
         if periods.size == 0:
-            return {"rate_hz": 0.0, "period_ms_p50": 0.0, "jitter_ms_p50": 0.0, "jitter_ms_p99": 0.0, "jitter_ms_max": 0.0, "samples": 0}
+            return {"rate_hz": 0.0, "period_ms_p50": 0.0, "jitter_ms_p50": 0.0, "jitter_ms_p99": 0.0,
+                    "jitter_ms_max": 0.0, "samples": 0}
         jitter = np.abs(periods - self.config.period_s) * 1e3
         return {
             "rate_hz": float(1.0 / periods.mean()) if periods.mean() > 0 else 0.0,

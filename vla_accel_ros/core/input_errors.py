@@ -48,7 +48,8 @@ class InputErrorCounts:
         examples = stats.get("input_error_examples")
         if isinstance(by_kind, dict):
             counts.by_kind.update({str(k): int(v) for k, v in by_kind.items()})
-            counts.examples = {str(k): str(v) for k, v in (examples or {}).items()} if isinstance(examples, dict) else {}
+            counts.examples = ({str(k): str(v) for k, v in (examples or {}).items()}
+                               if isinstance(examples, dict) else {})
         return counts
 
     def lines(self) -> list[str]:

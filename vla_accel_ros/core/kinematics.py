@@ -213,7 +213,8 @@ class ArmKinematics:
 
     def within_limits(self, q: np.ndarray, tol: float = 1e-9) -> bool:
         q = np.asarray(q, dtype=float)
-        return bool(np.all(np.isfinite(q)) and np.all(q >= self.limits.lower - tol) and np.all(q <= self.limits.upper + tol))
+        return bool(np.all(np.isfinite(q)) and np.all(q >= self.limits.lower - tol)
+                    and np.all(q <= self.limits.upper + tol))
 
     def limit_margin(self, q: np.ndarray) -> np.ndarray:
         """Per joint, distance to the nearer position limit as a fraction of the range (0 at a limit,

@@ -103,7 +103,10 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
     n = len(records)
     failures = [r for r in records if not r.success]
     ncf = sum(r.near_contact_failure for r in records)
-    cat = lambda attr: [v for r in records for v in getattr(r, attr)]
+
+    def cat(attr: str) -> list[Any]:
+        return [v for r in records for v in getattr(r, attr)]
+
     passes, accepted, drafted = cat("target_passes"), cat("accepted"), cat("drafted")
     summary = {
         "episodes": n,

@@ -99,7 +99,8 @@ def load_stream(path: Path, robot: int) -> list[Observation]:
         images, joints = data[f"images_{robot}"], data[f"joints_{robot}"]
         gripper, stamp = data[f"gripper_{robot}"], data[f"stamp_{robot}"]
         instruction = str(data[f"instruction_{robot}"])
-    return [Observation(images[t], instruction, joints[t], float(gripper[t]), float(stamp[t])) for t in range(len(images))]
+    return [Observation(images[t], instruction, joints[t], float(gripper[t]), float(stamp[t]))
+            for t in range(len(images))]
 
 
 def _runners(opts: FleetBenchOptions, n: int, policy: Any, threads: int) -> list[Any]:

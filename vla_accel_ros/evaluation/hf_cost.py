@@ -9,7 +9,8 @@ token is not fed); the prefill with 6 proposed tokens verified inside it (``worl
 space); and the vision tower with its projector alone (``vision_ms``), which every frame of an
 incremental prefill still runs. With ``checkpoint`` (``hf:DIR``) the same is timed on that model at
 its own image size instead of a random one. A decoder's implied time per action = prefill + passes
-x the pass it makes; its speed-up is ``ar``'s time over it. The pass counts are the bench's (README), given as ``--passes``.
+x the pass it makes; its speed-up is ``ar``'s time over it. The pass counts are the bench's (README),
+given as ``--passes``.
 
 With ``incremental``, the prefill is also timed over the first ``frames`` camera frames of a
 scripted-expert pick in the sim at ``image_size`` px, frame by frame, in full and incremental
@@ -90,8 +91,8 @@ def build_model(opts: CostOptions, directory: Path) -> Any:
 
     cfg = HFTrainConfig(data="", out=str(directory), vision="siglip", patch_size=opts.patch_size, vision_hidden=96,
                         vision_layers=2, vision_heads=4, hidden_size=opts.hidden, layers=opts.layers,
-                        heads=opts.hidden // 64, kv_heads=opts.hidden // 64, intermediate_size=int(opts.hidden * 2.6875),
-                        text_vocab=32000)
+                        heads=opts.hidden // 64, kv_heads=opts.hidden // 64,
+                        intermediate_size=int(opts.hidden * 2.6875), text_vocab=32000)
     build_hf_vla(directory, cfg, opts.image_size)
     stats = {"q01": [-0.01] * 6 + [0.0], "q99": [0.01] * 6 + [1.0], "mask": [True] * 6 + [False]}
     write_side_files(directory, {"sim": {"action": stats}}, opts.image_size)

@@ -59,7 +59,8 @@ class FidelityRecord:
         by_age = {}
         for age in np.unique(since):
             at = since == age
-            by_age[int(age)] = {"frames": int(at.sum()), "action_agreement": float(np.all(dist[at] == 0, axis=1).mean()),
+            by_age[int(age)] = {"frames": int(at.sum()),
+                                "action_agreement": float(np.all(dist[at] == 0, axis=1).mean()),
                                 "hidden_rel_error_mean": float(err[at].mean())}
         return {
             "frames": len(err),

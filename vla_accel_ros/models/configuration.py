@@ -24,7 +24,8 @@ class VisionReuseConfig:
     ``enabled`` says whether a runner uses the incremental encoder at all (the encoder itself does not
     read it). It is keyword-only: the positional order is ``(threshold, refresh_steps, max_drift,
     reuse_kv, feature_threshold, reuse_tower, tower_threshold, tower_refresh_steps)``. The metadata
-    documents each field as one of the node's ROS parameters (``vision_*``); its ranges are those of the node's interface, enforced where a settings class nests this one
+    documents each field as one of the node's ROS parameters (``vision_*``); its ranges are those of
+    the node's interface, enforced where a settings class nests this one
     (:func:`~vla_accel_ros.core.settings.check_fields`). On its own the class refuses only values the
     encoder cannot work with.
     """
@@ -50,10 +51,10 @@ class VisionReuseConfig:
                                        range=(0.0, 10.0))
     # A small tower is a sizeable share of the prefill (a quarter of hf_small's): the reuse of the
     # language model's rows alone cannot remove it (docs/your_own_vla.md, "Incremental prefill").
-    reuse_tower: bool = setting(False, "Incremental prefill of a Hugging Face VLA: run its vision tower, too, only on the "
-                                "patches whose pixels moved by more than vision_tower_threshold, the others keeping "
-                                "their keys, values and features in every tower layer; needs vision_reuse_kv and the "
-                                "direct forward")
+    reuse_tower: bool = setting(False, "Incremental prefill of a Hugging Face VLA: run its vision tower, too, "
+                                "only on the patches whose pixels moved by more than vision_tower_threshold, the "
+                                "others keeping their keys, values and features in every tower layer; needs "
+                                "vision_reuse_kv and the direct forward")
     tower_threshold: float = setting(2.0, "vision_reuse_tower: mean |pixel change| (0..255) that makes the tower "
                                      "recompute a patch", range=(0.0, 255.0))
     # An unmoved patch's features also move with what its attention sees of the moving arm, which the

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from launch import LaunchContext, LaunchDescription
 from launch.actions import (
     DeclareLaunchArgument,
     EmitEvent,
@@ -20,7 +21,6 @@ from launch.event_handlers import OnProcessExit
 from launch.events import Shutdown
 from launch_ros.actions import Node
 
-from launch import LaunchContext, LaunchDescription
 from vla_accel_ros.ros.launch_args import LaunchArgument, NodeLaunch, exit_failure
 
 

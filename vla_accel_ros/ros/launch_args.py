@@ -83,8 +83,8 @@ def _typed(spec: ParamSpec, text: str) -> Any:
         try:
             value = float(word) if spec.kind is float else int(word)
         except ValueError:
-            raise ValueError(f"launch argument '{spec.name}:={text}' must be a{'n integer' if spec.kind is int else ' number'}"
-                             ) from None
+            raise ValueError(f"launch argument '{spec.name}:={text}' "
+                             f"must be a{'n integer' if spec.kind is int else ' number'}") from None
         if not math.isfinite(value):
             raise ValueError(f"launch argument '{spec.name}:={text}' must be finite")
         if spec.range is not None and not spec.range[0] <= value <= spec.range[1]:

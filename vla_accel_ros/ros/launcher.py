@@ -264,8 +264,9 @@ def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], A
         for i in bar:
             n_before = len(monitor.episodes)
             monitor.reset(opts.seed + i)
-            done = monitor.wait_for(lambda: len(monitor.episodes) > n_before or node.returncode is not None,
-                                    opts.duration_s / max(opts.real_time_factor, 0.05) + 30.0)
+            done = monitor.wait_for(
+                lambda n_before=n_before: len(monitor.episodes) > n_before or node.returncode is not None,
+                opts.duration_s / max(opts.real_time_factor, 0.05) + 30.0)
             if not done or len(monitor.episodes) <= n_before:
                 raise RuntimeError(f"episode {i} (seed {opts.seed + i}) did not finish; node rc={node.returncode}")
             bar.set_postfix(success=sum(e["success"] for e in monitor.episodes) / len(monitor.episodes))

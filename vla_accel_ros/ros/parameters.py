@@ -101,11 +101,13 @@ class PolicySettings:
 class NodeConfig:
     """Parameters of ``vla_accel_node`` (see config/vla_accel.yaml for a documented example)."""
 
-    control_rate_hz: float = setting(20.0, "Control loop rate; one joint command is published per tick", range=(1.0, 500.0))
+    control_rate_hz: float = setting(20.0, "Control loop rate; one joint command is published per tick",
+                                     range=(1.0, 500.0))
     output: str = setting("forward_position", "Command format: forward_position (Float64MultiArray on "
                      "<controller>/commands), joint_trajectory (<controller>/joint_trajectory) or "
                      "joint_state (sensor_msgs/JointState on joint_command_topic)", choices=OUTPUT_FORMATS)
-    controller: str = setting("arm_controller", "ros2_control controller name of the arm (topic prefix, relative to the node's namespace)")
+    controller: str = setting("arm_controller", "ros2_control controller name of the arm (topic prefix, relative to "
+                              "the node's namespace)")
     controller_joints: tuple[str, ...] = setting((), "Joint order of the arm controller (its 'joints' parameter); "
                                              "empty = the URDF arm order")
     gripper_controller: str = setting("gripper_controller", "Controller for the fingers (Float64MultiArray on "

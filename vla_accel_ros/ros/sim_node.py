@@ -138,7 +138,8 @@ class SimBridgeNode(Node):
 
     def _on_forward(self, msg: Float64MultiArray) -> None:
         if len(msg.data) != len(self.controller_joints):  # ros2_control drops these too
-            self._reject(f"/commands has {len(msg.data)} values, the controller has {len(self.controller_joints)} joints")
+            self._reject(f"/commands has {len(msg.data)} values, "
+                         f"the controller has {len(self.controller_joints)} joints")
             return
         self._set_arm(self.kin.from_named(self.controller_joints, list(msg.data)))
 

@@ -195,7 +195,8 @@ class BagRecorder:
                                       parameter_overrides=[Parameter("use_sim_time", value=True)])
         sensor = QoSProfile(depth=100, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST)
         reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
         classes = {"sensor_msgs/msg/Image": Image, "sensor_msgs/msg/JointState": JointState,
                    "std_msgs/msg/String": String, "std_msgs/msg/Float64MultiArray": Float64MultiArray,
                    "rosgraph_msgs/msg/Clock": Clock}

@@ -339,7 +339,8 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
         env = dict(os.environ, ROS_DOMAIN_ID=str(domain), PYTHONUNBUFFERED="1")
         node = NodeProcess.start("vla_accel_ros.ros.node", args, log_path, env)
         ready_by = time.monotonic() + min(READY_TIMEOUT_S, opts.timeout_s)
-        while player.pubs["camera"].get_subscription_count() == 0 or player.pubs["joint_states"].get_subscription_count() == 0:
+        while (player.pubs["camera"].get_subscription_count() == 0
+               or player.pubs["joint_states"].get_subscription_count() == 0):
             if node.returncode is not None:
                 raise node.exit_error("before playback")
             if time.monotonic() > ready_by:

@@ -130,9 +130,11 @@ def run_expert_episode(
     expert = ScriptedExpert(env)
     noise_rng = np.random.default_rng([seed, 1])
     mix_rng = np.random.default_rng([seed, 2])
-    noise_scale = action_noise * np.array([expert.config.max_translation] * 3 + [expert.config.max_rotation] * 3 + [0.0])
+    noise_scale = action_noise * np.array([expert.config.max_translation] * 3 + [expert.config.max_rotation] * 3
+                                          + [0.0])
     obs = env.reset(seed)
-    steps: dict[str, list] = {k: [] for k in ("images", "joint_pos", "gripper", "actions", "near_contact", "target_clearance", "tcp_pos", "target_pos")}
+    steps: dict[str, list] = {k: [] for k in ("images", "joint_pos", "gripper", "actions", "near_contact",
+                                              "target_clearance", "tcp_pos", "target_pos")}
     while not env.done:
         action = expert.act(obs)
         if record:

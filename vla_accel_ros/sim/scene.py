@@ -133,7 +133,8 @@ def build_scene(urdf_path: Path | str, kin: ArmKinematics) -> tuple[mujoco.MjMod
         geom.contype, geom.conaffinity = _WORLD_BITS
 
     world.add_camera(
-        name="front", pos=FRONT_CAMERA_POS, quat=_look_at_quat(FRONT_CAMERA_POS, FRONT_CAMERA_TARGET), fovy=FRONT_CAMERA_FOVY
+        name="front", pos=FRONT_CAMERA_POS, quat=_look_at_quat(FRONT_CAMERA_POS, FRONT_CAMERA_TARGET),
+        fovy=FRONT_CAMERA_FOVY
     )
     hand = spec.body("hand")
     hand.add_camera(name="wrist", pos=(0.06, 0.0, 0.02), quat=(0.0, 1.0, 0.0, 0.0), fovy=70.0)

@@ -192,7 +192,8 @@ def build_vocabulary(text_vocab: int) -> tuple[dict[str, int], list[tuple[str, s
                 merges.append(pair)
             vocab.setdefault(form[:end], len(vocab))
     if len(vocab) + N_BINS > text_vocab:
-        raise ValueError(f"text_vocab {text_vocab} leaves no room for {len(vocab)} prompt tokens and {N_BINS} action ids")
+        raise ValueError(f"text_vocab {text_vocab} leaves no room for {len(vocab)} prompt tokens "
+                         f"and {N_BINS} action ids")
     while len(vocab) < text_vocab:  # unused up to the top: the action ids
         vocab[f"<unused{len(vocab)}>"] = len(vocab)
     return vocab, merges
@@ -223,8 +224,8 @@ def build_hf_vla(path: Path, cfg: HFTrainConfig, image_size: int) -> Path:
     text = LlamaConfig(vocab_size=-(-len(tokenizer) // 8) * 8, hidden_size=cfg.hidden_size,
                        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.layers,
                        num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-                       max_position_embeddings=max(256, 2 * (image_size // cfg.patch_size) ** 2), bos_token_id=1, eos_token_id=2,
-                       pad_token_id=tokenizer.pad_token_id)
+                       max_position_embeddings=max(256, 2 * (image_size // cfg.patch_size) ** 2), bos_token_id=1,
+                       eos_token_id=2, pad_token_id=tokenizer.pad_token_id)
     tower = {"image_size": image_size, "patch_size": cfg.patch_size, "hidden_size": cfg.vision_hidden,
              "intermediate_size": 4 * cfg.vision_hidden, "num_hidden_layers": cfg.vision_layers,
              "num_attention_heads": cfg.vision_heads}
@@ -286,7 +287,8 @@ class HFTrainer:
         self.data = data
         self.train_idx, self.val_idx = data.split(cfg.val_fraction)
         if policy.config.image_size != data.image_size:
-            raise ValueError(f"the model takes {policy.config.image_size} px images, the demos are {data.image_size} px")
+            raise ValueError(f"the model takes {policy.config.image_size} px images, "
+                             f"the demos are {data.image_size} px")
         self.tokens = torch.from_numpy(policy.tokenizer.encode(data.actions.numpy().astype(np.float64)))
         # The prompt of every step; its ids are the inference prompt's exactly (policy.prompt_ids):
         # one per episode, or per step when the prompt holds the proprioception.

@@ -218,7 +218,8 @@ def train_bias(bias: WorldBias, latents: torch.Tensor, pairs: tuple[torch.Tensor
 
 
 @torch.no_grad()
-def scene_metrics(bias: WorldBias, latents: torch.Tensor, frames: torch.Tensor, scene: SceneTargets) -> dict[str, float]:
+def scene_metrics(bias: WorldBias, latents: torch.Tensor, frames: torch.Tensor,
+                  scene: SceneTargets) -> dict[str, float]:
     """Held-out read-out of the scene probe from the bias: near-contact accuracy, and the mean
     absolute error of the cube-from-TCP position in centimetres."""
     if len(frames) == 0:
@@ -230,12 +231,14 @@ def scene_metrics(bias: WorldBias, latents: torch.Tensor, frames: torch.Tensor, 
     aux = scene.aux[frames][:, :3]
     known = torch.isfinite(aux)
     if known.any():
-        out["scene_val_cube_from_tcp_mae_cm"] = float((pred[:, 1:4][known] - aux[known]).abs().mean()) * AUX_SCALE_M * 100
+        out["scene_val_cube_from_tcp_mae_cm"] = (float((pred[:, 1:4][known] - aux[known]).abs().mean())
+                                                 * AUX_SCALE_M * 100)
     return out
 
 
 @torch.no_grad()
-def next_frame_metrics(bias: WorldBias, latents: torch.Tensor, pairs: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
+def next_frame_metrics(bias: WorldBias, latents: torch.Tensor,
+                       pairs: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
     """Held-out next-frame latent errors: the module, copying z_t, and the head with the bias zeroed
     (how much of the prediction comes through the bias), plus the bias's root mean square."""
     now, nxt = pairs
@@ -286,7 +289,8 @@ def train_world(cfg: WorldTrainConfig) -> dict[str, Any]:
     print(f"{data.n_episodes} episodes, {len(data)} frames ({len(train_idx)} train / {len(val_idx)} held-out)")
     generator = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    world = WorldPrefill.for_target(policy.config, cfg.latent_channels, cfg.width, cfg.hidden, head_hidden=cfg.head_hidden)
+    world = WorldPrefill.for_target(policy.config, cfg.latent_channels, cfg.width, cfg.hidden,
+                                    head_hidden=cfg.head_hidden)
     history: dict[str, list[float]] = {}
 
     # (a) autoencoder, then frozen
@@ -333,7 +337,8 @@ def train_world(cfg: WorldTrainConfig) -> dict[str, Any]:
         **component_recipe(cfg, data, len(train_idx), len(val_idx), unit="frames"),
         "autoencoder": "plain convolutional autoencoder, L2 reconstruction + latent_l2, frozen after phase (a)",
         "bias_objective": "next-frame latent MSE (per-cell head on [bias, latent]) + bias_l2 * mean(bias^2)"
-                          + (" + scene_weight * scene probe (near-contact BCE + cube/TCP smooth L1 from the pooled bias)"
+                          + (" + scene_weight * scene probe (near-contact BCE + cube/TCP smooth L1 "
+                             "from the pooled bias)"
                              if cfg.scene_weight > 0 else ""),
         "optimizer": "AdamW, linear warm-up + cosine to 10%",
         "command": cfg.command(),

@@ -145,7 +145,8 @@ def save_hf_draft(head: HFDraftHead, directory: Path | str, action_ids: tuple[in
             "target": {"action_ids": [int(action_ids[0]), int(action_ids[1])]}, "recipe": recipe, "metrics": metrics}
     weights, meta_file = directory / DRAFT_WEIGHTS_FILE, directory / DRAFT_META_FILE
     partial_weights, partial_meta = (directory / f"{path.name}.partial" for path in (weights, meta_file))
-    save_file(tensors, str(partial_weights), metadata={"format": DRAFT_FORMAT, "format_version": str(DRAFT_FORMAT_VERSION)})
+    save_file(tensors, str(partial_weights),
+              metadata={"format": DRAFT_FORMAT, "format_version": str(DRAFT_FORMAT_VERSION)})
     partial_meta.write_text(json.dumps(meta, indent=2) + "\n")
     for path in (partial_weights, partial_meta):
         path.chmod(0o644)  # safetensors writes 0600; a model directory is read by other users

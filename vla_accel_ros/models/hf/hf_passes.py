@@ -171,7 +171,8 @@ class HFPasses:
         elif appended and tail[-len(appended):] != appended:
             tail += appended
         ids = [self.bos_id] + head + [self.image_token_id] * self.config.n_image_tokens + text
-        n_proprio = 0 if self.statistics is None or self.statistics.proprio_q01 is None else self.statistics.proprio_q01.size
+        n_proprio = (0 if self.statistics is None or self.statistics.proprio_q01 is None
+                     else self.statistics.proprio_q01.size)
         limit = self.config.max_position_embeddings
         if limit is not None and len(ids) + n_proprio + len(tail) + N_ACTION_TOKENS > limit:
             raise ValueError(f"instruction too long: its prompt takes {len(ids) + n_proprio + len(tail)} positions and "
@@ -195,7 +196,8 @@ class HFPasses:
         if not (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3
                 and image.shape[2] == 3 and image.shape[0] > 0 and image.shape[1] > 0):
             shape, dtype = getattr(image, "shape", None), getattr(image, "dtype", type(image).__name__)
-            raise ValueError(f"the observation image must be an (H, W, 3) uint8 array, got shape {shape}, dtype {dtype}")
+            raise ValueError(f"the observation image must be an (H, W, 3) uint8 array, "
+                             f"got shape {shape}, dtype {dtype}")
         x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).unsqueeze(0).float()
         size = self.config.image_size
         if x.shape[-2:] != (size, size):

@@ -199,7 +199,8 @@ class HFTokenVLA(HFPasses):
             tokens = self.check_tokens(tokens)
             k = tokens.shape[1]
             if k == 0:  # nothing to run: the prefix's last hidden state already predicts the next token
-                return ScoreOutput(self.action_logits(prefix.action_hidden[:, -1:]), replace(prefix, base=prefix.n_tokens))
+                return ScoreOutput(self.action_logits(prefix.action_hidden[:, -1:]),
+                                   replace(prefix, base=prefix.n_tokens))
             slot, mine, new = prefix.cache, prefix.tokens[0].tolist(), tokens[0].tolist()
             # The cache holds the tokens of its latest use; keep what this prefix shares with them
             # and re-feed the rest of the prefix's own before the new ones.

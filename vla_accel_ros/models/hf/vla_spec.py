@@ -181,7 +181,8 @@ class VLASpec:
         values = np.asarray(proprio, dtype=np.float64).reshape(-1)
         low, high = statistics.proprio_q01, statistics.proprio_q99
         if values.shape != low.shape:
-            raise ValueError(f"the policy reads {low.size} proprioception values (joints then gripper), got {values.size}")
+            raise ValueError(f"the policy reads {low.size} proprioception values (joints then gripper), "
+                             f"got {values.size}")
         if not np.all(np.isfinite(values)):
             raise ValueError("the proprioception (joint positions, gripper) holds NaN or inf")
         span = high - low
@@ -314,7 +315,8 @@ def load_action_statistics(directory: Path | str, spec: VLASpec) -> ActionStatis
     path = directory / spec.statistics_file
     if path.is_file():
         table = read_json_object(path)
-    elif (directory / CONFIG_FILE).is_file() and isinstance(read_json_object(directory / CONFIG_FILE).get("norm_stats"), dict):
+    elif ((directory / CONFIG_FILE).is_file()
+          and isinstance(read_json_object(directory / CONFIG_FILE).get("norm_stats"), dict)):
         path = directory / CONFIG_FILE
         table = read_json_object(path)["norm_stats"]
     else:

@@ -74,7 +74,8 @@ class VelocityField(nn.Module):
         layers.append(nn.Linear(width, config.action_width))
         self.net = nn.Sequential(*layers)
         half = config.time_features // 2
-        self.register_buffer("frequencies", torch.exp(torch.arange(half) * (-math.log(1000.0) / half)), persistent=False)
+        self.register_buffer("frequencies", torch.exp(torch.arange(half) * (-math.log(1000.0) / half)),
+                             persistent=False)
         self._folded_cache: tuple[tuple[int, int, int], tuple[torch.Tensor, ...]] | None = None
 
     def time_features(self, t: torch.Tensor) -> torch.Tensor:

@@ -219,7 +219,8 @@ class VLATarget(nn.Module):
         else:  # a gather through a table of pixel offsets: a third of the time of indexing the view
             if b != 1:
                 raise ValueError(f"patch_cells takes a subset of patches of one image, got a batch of {b}")
-            x = images.reshape(-1).index_select(0, self.cell_offsets(patches)).view(1, len(patches), *self.patch_cell_shape)
+            x = images.reshape(-1).index_select(0, self.cell_offsets(patches)).view(1, len(patches),
+                                                                                    *self.patch_cell_shape)
         # a copy either way (gather, reshape of a permuted view or dtype change): scaled in place
         return self.patch_pixels(x)
 
@@ -450,7 +451,8 @@ class VLATarget(nn.Module):
             p = vision.shape[1]
             trailing = torch.cat([positions[p : p + len(keypoint)], positions[-2:]])
             state = PrefixState(tuple(torch.stack(layer) for layer in vision_kv), vision,
-                                tuple(torch.stack(layer)[..., :length, :] for layer in kv), hidden[:, :length], trailing)
+                                tuple(torch.stack(layer)[..., :length, :] for layer in kv), hidden[:, :length],
+                                trailing)
         return PrefixPass(action_hidden=hidden[:, length - 1 :], pooled=hidden[:, :length].mean(dim=1), kv=kv,
                           prefix_len=length, state=state)
 

@@ -1,8 +1,8 @@
 """``vla-accel predict``: one observation in, the action and the timings out, for a checkpoint of any
 family (the package's own, a Llava-style Hugging Face VLA, OpenVLA as published).
 
-The observation goes through the one runner with the chosen decoder (greedy ``ar`` by default), as
-the node runs it. ``--json`` prints one JSON object, a contract that tools read:
+The observation goes through the one runner with the chosen decoder (the greedy baseline by
+default), as the node runs it. ``--json`` prints one JSON object, a contract that tools read:
 
 - ``action_token_ids``: the 7 tokens (a Hugging Face or OpenVLA model's text ids; the package's
   own model's bins);
@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from vla_accel_ros.decoding.specs import BASELINE, names
+
 DTYPE_CHOICES = ("float32", "bfloat16")
 
 
@@ -41,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
                         help="the weights' dtype (default: as stored, or the checkpoint's vla_spec.json)")
     parser.add_argument("--device", default=None, help="where the model runs: cpu, cuda, ... (default: cpu)")
-    parser.add_argument("--decoder", default="ar", help="the decoder (default: ar, greedy)")
+    parser.add_argument("--decoder", default=BASELINE, choices=names(),
+                        help=f"the decoder (default: {BASELINE}, greedy)")
     parser.add_argument("--joints", type=float, nargs="+", default=None,
                         help="the arm's joint positions (default: zeros of the package arm's 7)")
     parser.add_argument("--gripper", type=float, default=0.04, help="the finger opening in metres")
@@ -99,12 +102,17 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     load_ms = (time.perf_counter() - start) * 1e3
     kin = ArmKinematics(default_urdf())
     joints = np.zeros(len(kin.joint_names)) if args.joints is None else np.asarray(args.joints, dtype=float)
+    size = int(policy.config.image_size)
+    if not hasattr(policy, "resized_image") and image.shape[:2] != (size, size):
+        import cv2  # the package's own model takes its size; the node's camera conversion resizes so
+
+        image = cv2.resize(image, (size, size), interpolation=cv2.INTER_AREA)
     obs = Observation(image=image, instruction=args.instruction, joint_pos=joints, gripper=args.gripper)
+    decoder = make_decoder(args.decoder)
     try:
-        decoder = make_decoder(args.decoder)
-    except (KeyError, ValueError) as error:
+        runner = PolicyRunner(policy, decoder, kin, action_dt_s=0.05, period_s=float("inf"))
+    except ValueError as error:  # a decoder that needs a head the model lacks
         raise ValueError(f"--decoder {args.decoder}: {error}") from None
-    runner = PolicyRunner(policy, decoder, kin, action_dt_s=0.05, period_s=float("inf"))
     step = runner(obs)
     tokens = np.asarray(step.tokens, dtype=np.int64).reshape(-1)
     action_tokenizer = policy.tokenizer

@@ -26,6 +26,7 @@ from typing import Any
 from vla_accel_ros.models.api import CheckpointRef, PolicyLike
 
 CONFIG_FILE = "config.json"
+TOKEN_VLA_FAMILIES = ("hf", "openvla")  # HFTokenVLA policies: their draft head is train-draft's
 
 
 @dataclass(frozen=True)
@@ -126,3 +127,17 @@ def load_policy(source: str | Path | CheckpointRef, *, unnorm_key: str = "", dev
     default); ValueError naming the file at fault."""
     ref = CheckpointRef.parse(source)
     return recognise(ref).load(ref.directory, unnorm_key, device=device, dtype=dtype)
+
+
+def load_token_vla(source: str | Path | CheckpointRef, *, unnorm_key: str | None = None, device: str | None = None,
+                   dtype: str | None = None, draft: bool = True) -> Any:
+    """The Hugging Face or OpenVLA model (a :class:`~vla_accel_ros.models.hf.hf_vla.HFTokenVLA`, the
+    token VLAs an EAGLE-style draft head is trained on) in the checkpoint ``source`` names, without
+    its saved draft head when ``draft`` is False; ValueError for a checkpoint of another family."""
+    ref = CheckpointRef.parse(source)
+    family = recognise(ref)
+    if family.name not in TOKEN_VLA_FAMILIES:
+        raise ValueError(f"{ref.directory}: a checkpoint of the {family.name} family; this needs a Hugging Face or "
+                         "OpenVLA model (hf:DIR, or a directory with model_type openvla)")
+    return _function(family.placed_loader)(ref.directory, unnorm_key=unnorm_key or None, device=device, dtype=dtype,
+                                           draft=draft)

@@ -247,6 +247,18 @@ def check_weights(directory: Path) -> None:
     raise ValueError(f"{directory}: no weights (*.safetensors)")
 
 
+def spec_choices(directory: Path, spec: VLASpec) -> tuple[ActionStatistics, OpenVLAActionTokenizer, torch.device]:
+    """What the spec of the model in ``directory`` chooses: the action statistics of its
+    ``unnorm_key``, the action tokenizer made of them, and the device; ValueError naming the file
+    or key at fault."""
+    statistics = load_action_statistics(directory, spec)
+    tokenizer = OpenVLAActionTokenizer.from_statistics(statistics, spec.gripper)
+    try:
+        return statistics, tokenizer, torch.device(spec.device)
+    except RuntimeError as error:
+        raise ValueError(f"device {spec.device!r}: {error}") from None
+
+
 def load_policy_directory(directory: Path, unnorm_key: str = "") -> HFTokenVLA:
     """The family loader of :mod:`vla_accel_ros.models.load`: :func:`load_hf_vla` with the spec's
     device and dtype."""
@@ -276,12 +288,7 @@ def load_hf_vla(path: Path | str, *, unnorm_key: str | None = None, device: str 
                          "without remote code")
     check_weights(directory)
     spec = with_overrides(load_spec(directory), unnorm_key=unnorm_key, device=device, dtype=dtype)
-    statistics = load_action_statistics(directory, spec)
-    tokenizer = OpenVLAActionTokenizer.from_statistics(statistics, spec.gripper)
-    try:
-        torch_device = torch.device(spec.device)
-    except RuntimeError as error:
-        raise ValueError(f"device {spec.device!r}: {error}") from None
+    statistics, tokenizer, torch_device = spec_choices(directory, spec)
 
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 

@@ -29,15 +29,8 @@ from typing import Any
 import torch
 
 from vla_accel_ros.models.api import CheckpointRef
-from vla_accel_ros.models.hf.hf_vla import TORCH_DTYPES, HFTokenVLA, attach_saved_draft
-from vla_accel_ros.models.hf.vla_spec import (
-    SPEC_FILE,
-    OpenVLAActionTokenizer,
-    load_action_statistics,
-    load_spec,
-    read_json_object,
-    with_overrides,
-)
+from vla_accel_ros.models.hf.hf_vla import TORCH_DTYPES, HFTokenVLA, attach_saved_draft, spec_choices
+from vla_accel_ros.models.hf.vla_spec import SPEC_FILE, load_spec, read_json_object, with_overrides
 from vla_accel_ros.models.openvla.config import (
     OpenVLADirectoryConfig,
     read_directory_config,
@@ -89,12 +82,7 @@ def load_openvla(path: Path | str, *, unnorm_key: str | None = None, device: str
     chosen_dtype = dtype or stored.get("dtype") or DTYPE_NAMES.get(weights.stored_dtype, "float32")
     spec = with_overrides(load_spec(directory), unnorm_key=unnorm_key, device=device, dtype=chosen_dtype,
                           image_size=processing.size)
-    statistics = load_action_statistics(directory, spec)
-    action_tokenizer = OpenVLAActionTokenizer.from_statistics(statistics, spec.gripper)
-    try:
-        torch_device = torch.device(spec.device)
-    except RuntimeError as error:
-        raise ValueError(f"device {spec.device!r}: {error}") from None
+    statistics, action_tokenizer, torch_device = spec_choices(directory, spec)
     text_tokenizer = read_text_tokenizer(directory)
     if text_tokenizer.vocab_size != config.action_vocab_size:
         raise ValueError(f"{directory}: the tokenizer's vocabulary has {text_tokenizer.vocab_size} tokens, but "

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import torch
 
+from vla_accel_ros.models.hf.hf_vla import check_weights
+
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -113,23 +114,14 @@ class ShardReader:
         return flat.view(stored.shape)
 
 
-def check_weights(directory: Path) -> None:
-    """ValueError unless ``directory`` holds safetensors weights (pickles are never loaded)."""
-    if (directory / INDEX_FILE).is_file() or (directory / SINGLE_FILE).is_file():
-        return
-    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
-    if pickles:
-        raise ValueError(f"{directory}: holds only pickle weights ({', '.join(pickles)}), which are never loaded "
-                         "(unpickling runs code); convert them to safetensors")
-    raise ValueError(f"{directory}: no weights ({INDEX_FILE} or {SINGLE_FILE})")
-
-
 def shard_files(directory: Path) -> dict[str, Path]:
     """Each stored tensor's name -> its shard, from ``model.safetensors.index.json`` (or the one
     ``model.safetensors``); ValueError naming the index or the shard at fault."""
-    check_weights(directory)
+    check_weights(directory)  # pickles alone are refused
     index_path = directory / INDEX_FILE
     if not index_path.is_file():
+        if not (directory / SINGLE_FILE).is_file():
+            raise ValueError(f"{directory}: no weights ({INDEX_FILE} or {SINGLE_FILE})")
         return dict.fromkeys(ShardReader(directory / SINGLE_FILE).tensors, directory / SINGLE_FILE)
     try:
         index = json.loads(index_path.read_text())

@@ -8,7 +8,10 @@ when a directory of that family is loaded (torch, transformers):
   (:mod:`vla_accel_ros.models.hf.hf_vla`); ``hf:DIR`` declares it, for a directory that is not
   recognised otherwise;
 - ``openvla``: ``config.json`` with ``model_type: "openvla"``, openvla-7b and its fine-tunes as
-  published (:mod:`vla_accel_ros.models.openvla.checkpoint`).
+  published (:mod:`vla_accel_ros.models.openvla.checkpoint`);
+- ``lerobot``: a LeRobot policy directory, ``config.json`` with a policy ``type`` beside
+  ``policy_preprocessor.json`` (SmolVLA and π0, :mod:`vla_accel_ros.models.lerobot.policy`); its
+  loaders also take ``tokenizer_dir``.
 
 A directory no family recognises is refused in one line that names the file read and the families
 known. Every loader raises ValueError (the own family's CheckpointError is one) naming the file at fault.
@@ -42,17 +45,22 @@ class Family:
     recognises: Callable[[Path, dict[str, Any] | None], bool]
     loader: str
     placed_loader: str = ""
+    takes_tokenizer_dir: bool = False
 
     def load(self, directory: Path, unnorm_key: str, *, device: str | None = None,
-             dtype: str | None = None) -> PolicyLike:
-        if device is None and dtype is None:
+             dtype: str | None = None, tokenizer_dir: Path | None = None) -> PolicyLike:
+        if tokenizer_dir is not None and not self.takes_tokenizer_dir:
+            raise ValueError(f"{directory}: a checkpoint of the {self.name} family holds its tokenizer; "
+                             "tokenizer_dir does not apply")
+        if device is None and dtype is None and tokenizer_dir is None:
             policy: PolicyLike = _function(self.loader)(directory, unnorm_key)
             return policy
         if not self.placed_loader:
             raise ValueError(f"{directory}: a checkpoint of the {self.name} family runs on the CPU in float32 "
                              "(no device or dtype can be chosen)")
+        extra = {"tokenizer_dir": tokenizer_dir} if self.takes_tokenizer_dir else {}
         placed: PolicyLike = _function(self.placed_loader)(directory, unnorm_key=unnorm_key or None, device=device,
-                                                           dtype=dtype)
+                                                           dtype=dtype, **extra)
         return placed
 
 
@@ -66,6 +74,10 @@ def _is_llava_style(directory: Path, config: dict[str, Any] | None) -> bool:
             and (config.get("image_token_id") is not None or config.get("image_token_index") is not None))
 
 
+def _is_lerobot(directory: Path, config: dict[str, Any] | None) -> bool:
+    return config is not None and "type" in config and (directory / "policy_preprocessor.json").is_file()
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("own", "model.json", lambda directory, config: (directory / "model.json").is_file(),
            "vla_accel_ros.models.own.checkpoint:load_policy_directory"),
@@ -75,6 +87,9 @@ FAMILIES: tuple[Family, ...] = (
            lambda directory, config: config is not None and config.get("model_type") == "openvla",
            "vla_accel_ros.models.openvla.checkpoint:load_policy_directory",
            "vla_accel_ros.models.openvla.checkpoint:load_openvla"),
+    Family("lerobot", "config.json with a policy type beside policy_preprocessor.json (SmolVLA, pi0)", _is_lerobot,
+           "vla_accel_ros.models.lerobot.policy:load_policy_directory",
+           "vla_accel_ros.models.lerobot.policy:load_lerobot", takes_tokenizer_dir=True),
 )
 
 
@@ -120,13 +135,14 @@ def recognise(source: str | Path | CheckpointRef) -> Family:
 
 
 def load_policy(source: str | Path | CheckpointRef, *, unnorm_key: str = "", device: str | None = None,
-                dtype: str | None = None) -> PolicyLike:
+                dtype: str | None = None, tokenizer_dir: Path | None = None) -> PolicyLike:
     """The policy in the checkpoint ``source`` names (a directory, or ``hf:DIR``), loaded by its family
     (``unnorm_key``: a Hugging Face or OpenVLA model's dataset in its statistics; empty = the only
     one; ``device`` and ``dtype``: where it runs and its weights' dtype, None = the family's
-    default); ValueError naming the file at fault."""
+    default; ``tokenizer_dir``: a LeRobot policy's tokenizer when not in the Hugging Face cache);
+    ValueError naming the file at fault."""
     ref = CheckpointRef.parse(source)
-    return recognise(ref).load(ref.directory, unnorm_key, device=device, dtype=dtype)
+    return recognise(ref).load(ref.directory, unnorm_key, device=device, dtype=dtype, tokenizer_dir=tokenizer_dir)
 
 
 def load_token_vla(source: str | Path | CheckpointRef, *, unnorm_key: str | None = None, device: str | None = None,

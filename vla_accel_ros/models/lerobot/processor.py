@@ -174,7 +174,7 @@ def pretrained_source(name: str, tokenizer_dir: Path | None, what: str) -> tuple
     cache = hf_cache_dir()
     if not (cache / f"models--{name.replace('/', '--')}").is_dir():
         raise ValueError(f"{what} {name!r} not found: looked in the Hugging Face cache {cache} (offline); "
-                         "download it there, or give tokenizer_dir")
+                         "download it there, or give tokenizer_dir (predict: --tokenizer-dir)")
     return name, {"local_files_only": True, "cache_dir": str(cache)}
 
 

@@ -196,3 +196,44 @@ def test_predict_json_with_noise_and_images(tmp_path: Path, capsys: pytest.Captu
     assert main([*args, "--noise", str(tmp_path / "bad_noise.npy")]) == 2
     err = capsys.readouterr().err
     assert "bad_noise.npy" in err and "50 x 32" in err and "Traceback" not in err
+
+
+def test_incremental_vision_every_token_changed_equals_the_full_prefix() -> None:
+    from vla_accel_ros.models.configuration import VisionReuseConfig
+
+    policy = load_lerobot(FIXTURES / "smolvla", tokenizer_dir=TOKENIZERS["smolvla"])
+    ref = reference("smolvla")
+    task = str(ref["tasks"][0])
+    settings = VisionReuseConfig(threshold=8.0, refresh_steps=100, max_drift=2.0, reuse_kv=True)
+    incremental = policy.incremental_vision(settings)
+    # square frames: no padding, whose tokens never change (and keep their keys and values)
+    frames = np.random.default_rng(3).integers(0, 256, (2, 128, 128, 3), dtype=np.uint8)
+    with torch.inference_mode():
+        first = policy.inputs([frames[0], ref["wrist"][0]], ref["state"][0], task)
+        incremental.prefix(first)
+        assert incremental.last.refreshed and incremental.last.reason == "first frame"
+        # every pixel of both cameras moves (a new frame far from the first): every token recomputed
+        moved = [np.clip(frames[0].astype(int) + 100 * (frames[0] < 128) - 100 * (frames[0] >= 128), 0,
+                         255).astype(np.uint8),
+                 np.clip(ref["wrist"][0].astype(int) + 100 * (ref["wrist"][0] < 128) - 100 * (ref["wrist"][0] >= 128),
+                         0, 255).astype(np.uint8)]
+        second = policy.inputs(moved, ref["state"][1], task)
+        reused = incremental.prefix(second)
+        assert not incremental.last.refreshed and incremental.last.fraction == 1.0
+        full = policy.prefix(second)
+        for a, b in zip(reused.keys + reused.values, full.keys + full.values, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        # the same frame again with a new state: no image token recomputed, the prefix still the full one
+        third = policy.inputs(moved, ref["state"][0], task)
+        again = incremental.prefix(third)
+        assert incremental.last.recomputed == 0
+        full = policy.prefix(third)
+        for a, b in zip(again.keys + again.values, full.keys + full.values, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        # one camera moved in one corner: only its tokens there are recomputed
+        corner = moved[0].copy()
+        corner[:20, :20] = 255 - corner[:20, :20]
+        incremental.prefix(policy.inputs([corner, moved[1]], ref["state"][0], task))
+        assert 0 < incremental.last.recomputed < incremental.last.n_patches // 4
+    chunk = policy.predict_chunk(moved, ref["state"][0], task, noise=ref["noise"][0], incremental=incremental)
+    assert np.isfinite(chunk.actions).all()

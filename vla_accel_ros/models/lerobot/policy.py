@@ -135,9 +135,17 @@ class LeRobotPolicy:
     def noise_shape(self) -> tuple[int, int]:
         return self.config.chunk_size, self.config.max_action_dim
 
+    def incremental_vision(self, settings: Any = None) -> Any:
+        """SmolVLA's incremental prefix over a stream of frames under ``settings`` (a
+        :class:`~vla_accel_ros.models.configuration.VisionReuseConfig`; :mod:`.incremental`)."""
+        from vla_accel_ros.models.lerobot.incremental import IncrementalPrefix
+
+        return IncrementalPrefix(self, settings)
+
     def sample(self, inputs: ModelInputs, noise: Any = None, steps: int | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-        """The normalised chunk (H, max_action_dim) float32 before cutting (module docstring)."""
+               generator: torch.Generator | None = None, incremental: Any = None) -> torch.Tensor:
+        """The normalised chunk (H, max_action_dim) float32 before cutting (module docstring);
+        ``incremental``: an :meth:`incremental_vision` that makes the prefix."""
         steps = self.config.num_steps if steps is None else int(steps)
         if steps <= 0:
             raise ValueError(f"steps must be positive, got {steps}")
@@ -150,13 +158,14 @@ class LeRobotPolicy:
                 raise ValueError(f"noise must be chunk_size x max_action_dim = {shape[0]} x {shape[1]}, got "
                                  f"{' x '.join(map(str, noise_tensor.shape))}")
         with torch.inference_mode():
-            prefix = self.prefix(inputs)
+            prefix = self.prefix(inputs) if incremental is None else incremental.prefix(inputs)
             return self.integrate(prefix, inputs, noise_tensor[None], steps)[0]
 
     def predict_chunk(self, images: Sequence[Any], state: Any, instruction: str, noise: Any = None,
-                      steps: int | None = None, generator: torch.Generator | None = None) -> Chunk:
+                      steps: int | None = None, generator: torch.Generator | None = None,
+                      incremental: Any = None) -> Chunk:
         """The chunk for one observation (module docstring)."""
-        sample = self.sample(self.inputs(images, state, instruction), noise, steps, generator)
+        sample = self.sample(self.inputs(images, state, instruction), noise, steps, generator, incremental)
         normalized = sample[:, : self.config.action_dim]
         actions = self.statistics.action.unnormalise(normalized)
         return Chunk(actions.numpy().astype(np.float64), normalized.numpy().astype(np.float64))

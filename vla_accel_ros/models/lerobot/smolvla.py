@@ -273,3 +273,28 @@ class SmolVLAModel(nn.Module):
         fresh k/v projections (the policy's own projections are float32 anyway)."""
         return {f"expert.layers.{i}.self_attn.{p}_proj.{w}" for i in self.cross_layers() for p in "kv"
                 for w in ("weight", "bias")}
+
+    def run_prefix_rows(self, rows: torch.Tensor, emb_rows: torch.Tensor, pad: torch.Tensor, att: torch.Tensor,
+                        cached: PrefixKV) -> PrefixKV:
+        """The VLM over the prefix rows ``rows`` (their embeddings ``emb_rows``) alone, every other
+        row's keys and values taken from ``cached`` (incremental vision's reuse); with every row
+        recomputed it is :meth:`run_prefix`."""
+        mask = make_att_2d_masks(pad, att)[:, rows]
+        positions = (torch.cumsum(pad, dim=1) - 1)[:, rows]
+        keys, values = [], []
+        hidden = emb_rows
+        for index, layer in enumerate(self.vlm.text_model.layers):
+            q, k, v = _qkv(layer, hidden, self.head_dim)
+            q, k = apply_rope(q, positions), apply_rope(k, positions)
+            all_keys = cached.keys[index].index_copy(1, rows, k.to(cached.keys[index].dtype))
+            all_values = cached.values[index].index_copy(1, rows, v.to(cached.values[index].dtype))
+            keys.append(all_keys)
+            values.append(all_values)
+            hidden = _layer_block(layer, hidden, attention(mask, q, all_keys, all_values))
+        return PrefixKV(tuple(keys), tuple(values), pad, pad.sum(dim=-1, keepdim=True))
+
+    def token_grid(self) -> tuple[int, int]:
+        """(tokens per image side, pixels per token side) of the image tokens."""
+        vision = self.vlm.config.vision_config
+        side = vision.image_size // vision.patch_size // self.vlm.config.scale_factor
+        return side, vision.patch_size * self.vlm.config.scale_factor

@@ -90,7 +90,12 @@ class LeRobotConfig:
         return self.vlm_model_name if self.type == "smolvla" else PI0_TOKENIZER
 
     @property
-    def image_size(self) -> tuple[int, int]:
+    def image_size(self) -> int:
+        """Side of the square image the vision tower takes (the node resizes camera frames to it)."""
+        return self.image_hw[0]
+
+    @property
+    def image_hw(self) -> tuple[int, int]:
         """(height, width) the model's vision tower takes."""
         if self.type == "smolvla":
             size = self.resize_imgs_with_padding or (512, 512)

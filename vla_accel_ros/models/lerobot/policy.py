@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vla_accel_ros.models.api import PolicyCapabilities
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.models.api import PolicyCapabilities, Prefix
 from vla_accel_ros.models.lerobot.config import LeRobotConfig, parse_config
 from vla_accel_ros.models.lerobot.processor import (
     Statistics,
@@ -49,6 +50,23 @@ class ModelInputs:
     state: torch.Tensor
     lang_tokens: torch.Tensor
     lang_masks: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class FlowPrefix:
+    """A flow policy's :class:`~vla_accel_ros.models.api.Prefix` cache: the prefix's keys and values
+    and the model inputs the flow steps read. Never cropped: the flow decodes no tokens."""
+
+    kv: Any
+    inputs: ModelInputs
+
+    def cropped(self, length: int) -> FlowPrefix:
+        return self
+
+    def rows(self, rows: list[int]) -> FlowPrefix:
+        if rows != [0]:
+            raise ValueError("a flow policy's prefix holds one observation")
+        return self
 
 
 @dataclass(frozen=True)
@@ -77,7 +95,32 @@ class LeRobotPolicy:
         return next(p.dtype for n, p in self.model.named_parameters() if n.startswith(("vlm.", "paligemma.")))
 
     def capabilities(self) -> PolicyCapabilities:
-        return PolicyCapabilities(flow_head=True)
+        return PolicyCapabilities(flow_head=True, flow_chunks=True)
+
+    # --- the runtime's contract (the package's runner, the node) ------------------------------
+    def prefill(self, obs: Observation) -> Prefix:
+        """The prefix of one robot observation: its camera image (one camera), its state (the joints
+        then the gripper opening) and instruction; the cache holds the keys and values and the
+        model inputs the flow steps read."""
+        state = np.concatenate([np.asarray(obs.joint_pos, dtype=np.float64), [float(obs.gripper)]])
+        inputs = self.inputs([obs.image], state, obs.instruction)
+        with torch.inference_mode():
+            kv = self.prefix(inputs)
+        empty = torch.zeros(1, 1, 1)
+        return Prefix(cache=FlowPrefix(kv, inputs), action_hidden=empty, tokens=torch.zeros(1, 0, dtype=torch.long),
+                      pooled=empty[:, 0], prefix_len=int(kv.length))
+
+    def contact_probability(self, prefix: Prefix) -> float:
+        """No contact head (capabilities): the decoders never read it; NaN says so if asked."""
+        return float("nan")
+
+    def sample_chunk(self, prefix: Prefix, noise: torch.Tensor, steps: int) -> np.ndarray:
+        """The unnormalised chunk (H, action dim) from a :meth:`prefill` prefix and the noise."""
+        cache = prefix.cache
+        with torch.inference_mode():
+            sample = self.integrate(cache.kv, cache.inputs, noise.reshape(1, *self.noise_shape()), steps)[0]
+        actions = self.statistics.action.unnormalise(sample[:, : self.config.action_dim])
+        return np.asarray(actions.numpy(), dtype=np.float64)
 
     def check_robot(self, state_dim: int, action_dim: int) -> None:
         """ValueError unless the robot's state and action widths are the config's."""
@@ -100,7 +143,7 @@ class LeRobotPolicy:
                              f"{state_tensor.shape[1]}")
         normalised = self.statistics.state.normalise(state_tensor)
         padded = torch.nn.functional.pad(normalised, (0, config.max_state_dim - config.state_dim))
-        height, width = config.image_size
+        height, width = config.image_hw
         pixels = [resize_with_pad(image_tensor(image), height, width, centred=config.type == "pi0") * 2.0 - 1.0
                   for image in images]
         ids, mask = tokenize(self.tokenizer, instruction, self.token_settings)

@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("vla_accel_ros.commands.sim", "run the sim bridge and the VLA node over DDS for N episodes"),
     "hf-cost": ("vla_accel_ros.commands.hf_cost",
                 "time a Hugging Face VLA's passes at OpenVLA's shape, and the speed-ups they imply"),
+    "lerobot-cost": ("vla_accel_ros.commands.lerobot_cost",
+                     "time SmolVLA's or pi0's prefix, flow step and chunk at the real shape, with the accelerators"),
     "fleet-bench": ("vla_accel_ros.commands.fleet_bench",
                     "N robots on one batched inference process against N separate processes"),
     "train": ("vla_accel_ros.commands.train",

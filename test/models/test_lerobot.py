@@ -237,3 +237,29 @@ def test_incremental_vision_every_token_changed_equals_the_full_prefix() -> None
         assert 0 < incremental.last.recomputed < incremental.last.n_patches // 4
     chunk = policy.predict_chunk(moved, ref["state"][0], task, noise=ref["noise"][0], incremental=incremental)
     assert np.isfinite(chunk.actions).all()
+
+
+def test_the_runner_refuses_a_policy_whose_widths_are_not_the_arms(tmp_path: Path) -> None:
+    import importlib.util
+
+    from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.resources import default_urdf
+    from vla_accel_ros.decoding import make_decoder
+    from vla_accel_ros.runtime.runner import PolicyRunner
+
+    spec = importlib.util.spec_from_file_location("lerobot_layout", FIXTURES / "layout.py")
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    kin = ArmKinematics(default_urdf())
+    policy = load_lerobot(FIXTURES / "smolvla", tokenizer_dir=TOKENIZERS["smolvla"])  # an SO-100's 6 and 6
+    with pytest.raises(ValueError, match="state of 6 and gives actions of 6; the robot has 8 and 7"):
+        PolicyRunner(policy, make_decoder("flow10"), kin, action_dt_s=0.05, period_s=1.0)
+    arm = load_lerobot(layout.write_smolvla_dir(tmp_path / "arm"), tokenizer_dir=TOKENIZERS["smolvla"])
+    runner = PolicyRunner(arm, make_decoder("flow2"), kin, action_dt_s=0.05, period_s=1.0)
+    from vla_accel_ros.core.observation import Observation
+
+    obs = Observation(image=np.zeros((128, 128, 3), np.uint8), instruction="pick up the red cube",
+                      joint_pos=np.zeros(7), gripper=0.04)
+    result = runner(obs)
+    assert result.chunk.shape == (10, 7) and np.array_equal(result.action, result.chunk[0])
+    assert np.isfinite(result.chunk).all()

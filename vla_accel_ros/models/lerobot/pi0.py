@@ -16,7 +16,7 @@ action expert, joined as LeRobot (after openpi) joins them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -46,11 +46,14 @@ def additive_mask(allowed: torch.Tensor) -> torch.Tensor:
     return torch.where(allowed[:, None], 0.0, MASK_VALUE)
 
 
-def build_configs(config: LeRobotConfig, vision: VisionShape, vocab_size: int) -> tuple[Any, Any]:
-    """(PaliGemmaConfig, the expert's GemmaConfig) for the variants the config names."""
+def build_configs(config: LeRobotConfig, vision: VisionShape, vocab_size: int, depth: int = 0) -> tuple[Any, Any]:
+    """(PaliGemmaConfig, the expert's GemmaConfig) for the variants the config names (``depth`` > 0:
+    that many layers instead of the variants', for timing a real width with fewer layers)."""
     from transformers import GemmaConfig, PaliGemmaConfig, SiglipVisionConfig
 
     vlm, expert = GEMMA_VARIANTS[config.paligemma_variant], GEMMA_VARIANTS[config.action_expert_variant]
+    if depth > 0:
+        vlm, expert = replace(vlm, depth=depth), replace(expert, depth=depth)
 
     def gemma(variant: Any, vocab: int) -> Any:
         return GemmaConfig(hidden_size=variant.width, intermediate_size=variant.mlp_dim,

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(0: the real depth)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=d.dtype, help="the backbones' dtype")
     parser.add_argument("--repeats", type=int, default=d.repeats, help="timed runs per pass (median)")
-    parser.add_argument("--threads", type=int, default=d.threads, help="torch threads (0: torch's default)")
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch threads (CPU time counts them all)")
     parser.add_argument("--out", default=d.out, help="output directory (summary.json)")
 
 

@@ -7,8 +7,10 @@ Random weights at the published sizes: SmolVLA = SmolVLM2-500M's vision tower (7
 512 px, patch 16, pixel shuffle 4: 64 tokens per camera) and its first 16 text layers (960 wide, 15
 heads, 5 kv heads, head_dim 64), an expert 0.75 x as wide; π0 = SigLIP so400m/14 at 224 px, Gemma
 2B and a Gemma-300M expert (18 layers each). Both take 3 cameras, 48 language tokens and a chunk of
-50. The text stacks can be built with fewer layers (``layers``): their time is then scaled by the
-real depth over the layers built (each layer costs the same), the towers' time is measured whole.
+50. Times are CPU seconds of this process (with one torch thread, the cost of the pass on one core,
+whatever else the machine runs). The text stacks can be built with fewer layers (``layers``): their
+time is then scaled by the real depth over the layers built (each layer costs the same), the
+towers' time is measured whole.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class LeRobotCostOptions:
     layers: int = 0  # text layers built (VLM and expert); 0 = the real depth
     dtype: str = "bfloat16"
     repeats: int = 3
-    threads: int = 0
+    threads: int = 1
     out: str = "outputs/lerobot_cost"
 
 
@@ -91,11 +93,13 @@ def build(kind: str, layers: int, dtype: torch.dtype) -> tuple[Any, Any, int]:
 
 
 def _median_s(run: Callable[[], Any], repeats: int) -> float:
+    """The median CPU time of ``run`` (the process's, all its threads): what the pass costs, not
+    what the machine's other load makes it wait."""
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         run()
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     return statistics.median(times)
 
 

@@ -97,7 +97,7 @@ def expect_error(path: Path, file_name: str, *fragments: str) -> None:
 
 
 def test_missing_directory(tmp_path: Path) -> None:
-    expect_error(tmp_path / "nowhere", "nowhere", "not found")
+    expect_error(tmp_path / "nowhere", "nowhere", "does not exist")
 
 
 @pytest.mark.parametrize("name", ["model.json", "model.safetensors"])

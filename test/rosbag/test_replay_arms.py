@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("rclpy")
 
 from vla_accel_ros.cli import main as cli_main
+from vla_accel_ros.core.errors import RunFailed
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.settings import ConfigError
@@ -272,9 +273,9 @@ def test_params_file_errors_name_the_file(arms: dict[str, Path], tmp_path: Path)
     (("[INFO] [1.0] [vla_accel_node]: URDF from urdf_file\n[FATAL] [1.1] [vla_accel_node]: refusing to start: "
       "refusing to drive a 6-DoF arm with a policy made for 7 DoF\n"), 2, ConfigError,
      ["refusing to start: refusing to drive a 6-DoF arm", "code 2"]),
-    ("Traceback (most recent call last):\n  File x\nImportError: no module named torch\n", 1, RuntimeError,
+    ("Traceback (most recent call last):\n  File x\nImportError: no module named torch\n", 1, RunFailed,
      ["code 1", "ImportError: no module named torch"]),
-    ("", -9, RuntimeError, ["code -9", "(nothing)"]),
+    ("", -9, RunFailed, ["code -9", "(nothing)"]),
 ])
 def test_exit_error_quotes_the_refusal(tmp_path: Path, log: str, code: int, kind: type, words: list[str]) -> None:
     path = tmp_path / "replay_node.log"

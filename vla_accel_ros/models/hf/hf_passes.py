@@ -198,7 +198,8 @@ class HFPasses:
             shape, dtype = getattr(image, "shape", None), getattr(image, "dtype", type(image).__name__)
             raise ValueError(f"the observation image must be an (H, W, 3) uint8 array, "
                              f"got shape {shape}, dtype {dtype}")
-        x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).unsqueeze(0).float()
+        # a read-only frame (decoded from a message) is copied: torch warns on sharing its memory
+        x = torch.from_numpy(np.require(image, requirements=("C", "W"))).permute(2, 0, 1).unsqueeze(0).float()
         size = self.config.image_size
         if x.shape[-2:] != (size, size):
             mode = self.spec.resample

@@ -39,12 +39,15 @@ import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.resources import checkpoint_problem
+from vla_accel_ros.core.robot_record import META_FILE as OWN_META_FILE
 from vla_accel_ros.models.api import (
     CheckpointRef,
     PolicyCapabilities,
     Prefix,
     ScoreOutput,
 )
+from vla_accel_ros.models.files import check_safetensors
 from vla_accel_ros.models.hf.cache import crop_cache
 from vla_accel_ros.models.hf.hf_draft import HFDraftHead, load_hf_draft
 from vla_accel_ros.models.hf.hf_passes import N_ACTION_TOKENS, HFPasses
@@ -235,9 +238,12 @@ class HFTokenVLA(HFPasses):
 
 # --- loading ----------------------------------------------------------------------------------
 def check_weights(directory: Path) -> None:
-    """Raise ValueError unless ``directory`` holds safetensors weights; pickle weights are never
-    loaded (unpickling runs code)."""
-    if any(directory.glob("*.safetensors")):
+    """Raise ValueError unless ``directory`` holds safetensors weights, each complete (naming the
+    file that is not); pickle weights are never loaded (unpickling runs code)."""
+    weights = sorted(directory.glob("*.safetensors"))
+    for path in weights:  # a truncated file is named here, not by the loader's own error deep inside
+        check_safetensors(path)
+    if weights:
         return
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
@@ -262,8 +268,12 @@ def load_hf_vla(path: Path | str, *, unnorm_key: str | None = None, device: str 
     ``vla-accel train-draft``) is attached unless ``draft`` is False (a trainer replacing it).
     Every problem is a ValueError naming the file or key at fault."""
     directory = CheckpointRef.parse(path).directory
-    if not directory.is_dir():
-        raise ValueError(f"{directory}: no such directory")
+    problem = checkpoint_problem(directory)
+    if problem:
+        raise ValueError(f"{directory}: {problem}")
+    if not (directory / CONFIG_FILE).is_file() and (directory / OWN_META_FILE).is_file():
+        raise ValueError(f"{directory}: a checkpoint of the own family ({OWN_META_FILE}), where this command needs "
+                         f"a Hugging Face VLA ({CONFIG_FILE})")
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise ValueError(f"{config_path}: missing; not a Hugging Face model directory")
@@ -283,6 +293,9 @@ def load_hf_vla(path: Path | str, *, unnorm_key: str | None = None, device: str 
         raise ValueError(f"device {spec.device!r}: {error}") from None
 
     from transformers import AutoModelForImageTextToText, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a bar per load would fill every command's log
 
     try:
         text_tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)

@@ -2,16 +2,19 @@
 ``<command>: error: ...`` line naming the problem, exit status 2, no traceback.
 
 The bad checkpoints: a directory that does not exist (plain and ``hf:``), a truncated safetensors
-file, a Hugging Face VLA without its ``dataset_statistics.json``, a ``config.json`` of a family the
-package does not run, a Hugging Face directory given without ``hf:`` to a command that needs the
-package's own checkpoint, and the example parameter files' placeholder. Commands run in this
+file (the package's own, a Hugging Face VLA's, a shard of an OpenVLA model), a Hugging Face VLA or
+an OpenVLA model without its ``dataset_statistics.json``, a ``config.json`` of a family the package
+does not run, a Hugging Face or OpenVLA directory given (without ``hf:``) to a command that needs
+the package's own checkpoint, and the example parameter files' placeholder. Commands run in this
 process through :func:`vla_accel_ros.cli.main`; one runs as ``python -m vla_accel_ros.cli`` too.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -24,9 +27,13 @@ from vla_accel_ros.cli import COMMANDS, main
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("openvla_layout", ROOT / "test" / "fixtures" / "openvla" / "layout.py")
+openvla_layout = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(openvla_layout)  # type: ignore[union-attr]
 
-# Which checkpoints a command takes: any family, only the package's own, only a Hugging Face VLA.
-ANY, OWN, HF = "any", "own", "hf"
+# Which checkpoints a command takes: any family, only the package's own, only a Hugging Face VLA,
+# a token VLA (a Hugging Face or an OpenVLA model).
+ANY, OWN, HF, TOKEN = "any", "own", "hf", "token"
 # command -> (the families it takes, its arguments; {X}: the checkpoint, {O}: a fresh output path,
 # {D}: a demo directory, {B}: a bag, {I}: an image file)
 ARGV: dict[str, tuple[str, str]] = {
@@ -47,20 +54,24 @@ ARGV: dict[str, tuple[str, str]] = {
     "train-world": (OWN, "train-world --checkpoint {X} --data {D} --out {O} --no-progress"),
     "build-store": (OWN, "build-store --checkpoint {X} --data {D} --out {O} --no-progress"),
     "train-hf": (HF, "train-hf --data {D} --out {O} --init {X} --epochs 0 --no-progress"),
-    "train-draft": (HF, "train-draft --checkpoint {X} --data {D} --epochs 1 --no-progress"),
+    "train-draft": (TOKEN, "train-draft --checkpoint {X} --data {D} --epochs 1 --no-progress"),
 }
 NO_CHECKPOINT = {"sim-speed"}  # commands that load none
 # bad checkpoint -> (the families of the commands it is given to, what the error line must say)
 CASES: dict[str, tuple[tuple[str, ...], str]] = {
-    "missing": ((ANY, OWN, HF), "does not exist"),
-    "hf_missing": ((ANY, OWN, HF), "does not exist"),
-    "truncated_own": ((ANY, OWN), "model.safetensors: cannot read safetensors (truncated"),
-    "truncated_hf": ((ANY, HF), "model.safetensors: cannot read safetensors (truncated"),
-    "no_statistics": ((ANY, HF), "dataset_statistics.json"),
-    "unsupported_family": ((ANY, OWN, HF), "config.json"),
+    "missing": ((ANY, OWN, HF, TOKEN), "does not exist"),
+    "hf_missing": ((ANY, OWN, HF, TOKEN), "does not exist"),
+    "truncated_own": ((ANY, OWN), "model.safetensors: truncated"),
+    "truncated_hf": ((ANY, HF, TOKEN), "model.safetensors: truncated"),
+    "truncated_openvla": ((ANY, TOKEN), "model-00001-of-00002.safetensors: truncated"),
+    "no_statistics": ((ANY, HF, TOKEN), "dataset_statistics.json"),
+    "no_statistics_openvla": ((ANY, TOKEN), "dataset_statistics.json"),
+    "unsupported_family": ((ANY, OWN, HF, TOKEN), "config.json"),
     "hf_without_prefix": ((OWN,), "hf family"),
-    "placeholder": ((ANY, OWN, HF), "set checkpoint to your model's directory"),
+    "openvla_to_own": ((OWN,), "openvla family"),
+    "placeholder": ((ANY, OWN, HF, TOKEN), "set checkpoint to your model's directory"),
 }
+
 PAIRS = [(command, case) for command, (family, _) in ARGV.items() if command in COMMANDS
          for case, (families, _) in CASES.items() if family in families]
 
@@ -88,6 +99,15 @@ def bad(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Callable[...,
     root = tmp_path_factory.mktemp("bad_checkpoints")
     no_statistics = tiny_hf_vla(root / "no_statistics")
     (no_statistics / "dataset_statistics.json").unlink()
+    openvla = openvla_layout.write_openvla_dir(root / "openvla")
+    truncated_openvla = shutil.copytree(openvla, root / "truncated_openvla")
+    shard = truncated_openvla / "model-00001-of-00002.safetensors"
+    os.truncate(shard, shard.stat().st_size // 2)
+    no_statistics_openvla = shutil.copytree(openvla, root / "no_statistics_openvla")
+    (no_statistics_openvla / "dataset_statistics.json").unlink()  # and none in config.json (norm_stats)
+    config = json.loads((no_statistics_openvla / "config.json").read_text())
+    del config["norm_stats"]
+    (no_statistics_openvla / "config.json").write_text(json.dumps(config))
     unsupported = root / "unsupported"
     unsupported.mkdir()
     (unsupported / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
@@ -112,6 +132,8 @@ def bad(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Callable[...,
         "no_statistics": str(no_statistics),
         "unsupported_family": str(unsupported),
         "hf_without_prefix": str(tiny_hf_vla(root / "hf")),
+        "truncated_openvla": str(truncated_openvla), "no_statistics_openvla": str(no_statistics_openvla),
+        "openvla_to_own": str(openvla),
         "placeholder": "hf:/path/to/your_fr3_vla",
         "demos": str(demos), "bag": str(bag), "image": str(image), "out": str(root / "out"),
     }
@@ -142,4 +164,4 @@ def test_a_bad_checkpoint_ends_the_process_in_one_line(bad: dict[str, str]) -> N
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2 and len(lines) == 1, done.stderr
-    assert lines[0].startswith("eval: error: ") and "model.safetensors: cannot read safetensors (truncated" in lines[0]
+    assert lines[0].startswith("eval: error: ") and "model.safetensors: truncated" in lines[0]

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.core.robot_record import ROBOT_KEY, RobotRecord, package_robot
 from vla_accel_ros.models.api import CheckpointRef
-from vla_accel_ros.models.files import safetensors_problem
+from vla_accel_ros.models.files import SafetensorsProblem, check_safetensors
 from vla_accel_ros.models.load import recognise
 from vla_accel_ros.models.own.draft import ContactHead, DraftHead, ParallelDraftHead
 from vla_accel_ros.models.own.flow import FlowHeadConfig, FlowHeads
@@ -358,9 +358,10 @@ def _read_tensors(weights_path: Path, expected: dict[str, torch.Tensor]) -> dict
     every shape as expected, all finite floating point."""
     if not weights_path.is_file():
         raise CheckpointError(weights_path, "file not found")
-    problem = safetensors_problem(weights_path)  # a truncated file said so, not safetensors' own words
-    if problem:
-        raise CheckpointError(weights_path, f"cannot read safetensors ({problem})")
+    try:  # a truncated file said so, not in safetensors' own words
+        check_safetensors(weights_path)
+    except SafetensorsProblem as problem:
+        raise CheckpointError(weights_path, problem.problem) from None
     try:
         tensors = load_file(str(weights_path))
     except Exception as exc:  # safetensors raises its own error types for corrupt/truncated files

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -164,8 +165,10 @@ def test_a_live_recording_is_judged_at_a_stated_tolerance(det_bag, work, capsys)
     assert summary["tolerance"] == 0 and summary["tolerance_source"] == "--tolerance"
 
 
-def test_live_recording_then_replays(work, ckpt):
-    """The live node over DDS recorded by the recorder node; both replay modes on it."""
+def test_live_recording_then_replays(work, ckpt, capsys):
+    """The live node over DDS recorded by the recorder node; both replay modes on it. The command
+    line's verdict names the live recording's tolerance and why, the report holds the per-step CSV
+    and the plot, and no library warning (torch on a read-only frame) is raised on the way."""
     bag = work / "live"
     s = record(RecordOptions(episodes=1, out=str(bag), policy=PolicySettings(checkpoint=str(ckpt)), duration_s=1.0,
                              domain_id=40), progress=False)
@@ -175,7 +178,17 @@ def test_live_recording_then_replays(work, ckpt):
             assert reader.count(TOPICS[role][0]) > 0, role
         stamps = [m.log_ns for m in reader.messages([TOPICS["joint_states"][0]])]
     assert stamps == sorted(stamps) and stamps[0] > 10**18  # receive stamps on the sim clock (epoch ns)
-    det = replay(ReplayOptions(bag=str(bag), out=str(work / "live_det")), progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli_main(["replay", str(bag), "--out", str(work / "live_det"), "--summary", str(work / "live_cli")]) == 0
+    assert not [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("replay ("))
+    det = json.loads((work / "live_cli" / "summary.json").read_text())
+    assert det["recording"] == "live" and f"at tolerance {det['tolerance']:.3g} rad" in line, line
+    assert "of a live recording" in line and "--mode deterministic" in line, line
+    with open(work / "live_cli" / "replay_steps.csv", newline="") as file:
+        assert len(list(csv.DictReader(file))) >= det["commands"] * 7
+    assert (work / "live_cli" / "replay.png").read_bytes()[:4] == b"\x89PNG"
     # Every frame gives a command once a joint state is known; in a live recording a frame or two
     # may arrive before the first joint state (DDS discovery order).
     assert det["frames"] - 2 <= det["commands"] <= det["frames"] and det["commands"] > 0

@@ -1,31 +1,28 @@
 """``vla-accel lerobot-cost``: SmolVLA's or π0's prefix, one flow step and a whole chunk at the real
-shape, timed here, with and without the accelerators (2 steps, incremental vision)."""
+shape, in CPU time here, with and without the accelerators (2 steps, incremental vision)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-
-from vla_accel_ros.evaluation.lerobot_cost import LeRobotCostOptions, lerobot_cost
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = LeRobotCostOptions()
-    parser.add_argument("--type", choices=("smolvla", "pi0"), default=d.type, help="the policy type")
-    parser.add_argument("--layers", type=int, default=d.layers,
+    parser.add_argument("--type", choices=("smolvla", "pi0"), default="smolvla", help="the policy type")
+    parser.add_argument("--layers", type=int, default=0,
                         help="text layers to build (VLM and expert); their time is scaled to the real depth "
                              "(0: the real depth)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=d.dtype, help="the backbones' dtype")
-    parser.add_argument("--repeats", type=int, default=d.repeats, help="timed runs per pass (median)")
-    parser.add_argument("--threads", type=int, default=d.threads, help="torch threads (CPU time counts them all)")
-    parser.add_argument("--out", default=d.out, help="output directory (summary.json)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16", help="the backbones' dtype")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per pass (median)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (CPU time counts them all)")
+    parser.add_argument("--out", default="outputs/lerobot_cost", help="output directory (summary.json)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.evaluation.lerobot_cost import LeRobotCostOptions, lerobot_cost
+
     if args.layers < 0 or args.repeats < 1:
-        print("vla-accel lerobot-cost: error: --layers must be >= 0 and --repeats >= 1", file=sys.stderr)
-        return 2
+        raise ValueError("--layers must be >= 0 and --repeats >= 1")
     opts = LeRobotCostOptions(type=args.type, layers=args.layers, dtype=args.dtype, repeats=args.repeats,
                               threads=args.threads, out=args.out)
     summary = lerobot_cost(opts)

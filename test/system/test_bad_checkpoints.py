@@ -56,7 +56,7 @@ ARGV: dict[str, tuple[str, str]] = {
     "train-hf": (HF, "train-hf --data {D} --out {O} --init {X} --epochs 0 --no-progress"),
     "train-draft": (TOKEN, "train-draft --checkpoint {X} --data {D} --epochs 1 --no-progress"),
 }
-NO_CHECKPOINT = {"sim-speed"}  # commands that load none
+NO_CHECKPOINT = {"sim-speed", "lerobot-cost"}  # commands that load none (lerobot-cost: random weights)
 # bad checkpoint -> (the families of the commands it is given to, what the error line must say)
 CASES: dict[str, tuple[tuple[str, ...], str]] = {
     "missing": ((ANY, OWN, HF, TOKEN), "does not exist"),

@@ -35,6 +35,7 @@ setup(
         "tqdm",
         "matplotlib",
         "safetensors",
+        "pillow",
         "opencv-python-headless",
         "pin",
         "mujoco",

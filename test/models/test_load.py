@@ -42,12 +42,13 @@ def test_a_directory_no_family_recognises_is_one_line_naming_the_file_and_the_fa
     with pytest.raises(ValueError, match=r"no such directory") as missing:
         load_policy(tmp_path / "nowhere")
     assert "\n" not in str(missing.value)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "openvla"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "paligemma"}))
     with pytest.raises(ValueError) as unknown:
         load_policy(tmp_path)
     message = str(unknown.value)
-    assert "\n" not in message and "config.json" in message and "'openvla'" in message
+    assert "\n" not in message and "config.json" in message and "'paligemma'" in message
     assert "own: model.json" in message and "hf: config.json" in message
+    assert 'openvla: config.json with model_type "openvla"' in message
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="config.json: not a JSON object"):
         recognise(tmp_path)

@@ -6,7 +6,9 @@ when a directory of that family is loaded (torch, transformers):
 - ``own``: ``model.json`` (the package's VLA, :mod:`vla_accel_ros.models.own.checkpoint`);
 - ``hf``: ``config.json`` of a Llava-style VLA, a ``vision_config`` and an image token
   (:mod:`vla_accel_ros.models.hf.hf_vla`); ``hf:DIR`` declares it, for a directory that is not
-  recognised otherwise.
+  recognised otherwise;
+- ``openvla``: ``config.json`` with ``model_type: "openvla"``, openvla-7b and its fine-tunes as
+  published (:mod:`vla_accel_ros.models.openvla.checkpoint`).
 
 A directory no family recognises is refused in one line that names the file read and the families
 known. Every loader raises ValueError (the own family's CheckpointError is one) naming the file at fault.
@@ -24,23 +26,39 @@ from typing import Any
 from vla_accel_ros.models.api import CheckpointRef, PolicyLike
 
 CONFIG_FILE = "config.json"
+TOKEN_VLA_FAMILIES = ("hf", "openvla")  # HFTokenVLA policies: their draft head is train-draft's
 
 
 @dataclass(frozen=True)
 class Family:
     """A model family as the loader knows it: its name, what marks its directories (for messages),
-    the test of a directory (given its parsed ``config.json``, None when there is none) and its
-    loader (``"module:function"``, called with the directory and ``unnorm_key``)."""
+    the test of a directory (given its parsed ``config.json``, None when there is none), its
+    loader (``"module:function"``, called with the directory and ``unnorm_key``), and the loader
+    (``"module:function"``, called with the directory and keywords ``unnorm_key``, ``device``,
+    ``dtype``) that takes a device and a dtype, when it has one."""
 
     name: str
     marker: str
     recognises: Callable[[Path, dict[str, Any] | None], bool]
     loader: str
+    placed_loader: str = ""
 
-    def load(self, directory: Path, unnorm_key: str) -> PolicyLike:
-        module, _, function = self.loader.partition(":")
-        policy: PolicyLike = getattr(importlib.import_module(module), function)(directory, unnorm_key)
-        return policy
+    def load(self, directory: Path, unnorm_key: str, *, device: str | None = None,
+             dtype: str | None = None) -> PolicyLike:
+        if device is None and dtype is None:
+            policy: PolicyLike = _function(self.loader)(directory, unnorm_key)
+            return policy
+        if not self.placed_loader:
+            raise ValueError(f"{directory}: a checkpoint of the {self.name} family runs on the CPU in float32 "
+                             "(no device or dtype can be chosen)")
+        placed: PolicyLike = _function(self.placed_loader)(directory, unnorm_key=unnorm_key or None, device=device,
+                                                           dtype=dtype)
+        return placed
+
+
+def _function(name: str) -> Callable[..., Any]:
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
 
 
 def _is_llava_style(directory: Path, config: dict[str, Any] | None) -> bool:
@@ -52,7 +70,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("own", "model.json", lambda directory, config: (directory / "model.json").is_file(),
            "vla_accel_ros.models.own.checkpoint:load_policy_directory"),
     Family("hf", "config.json of a Llava-style VLA (a vision_config and an image token)", _is_llava_style,
-           "vla_accel_ros.models.hf.hf_vla:load_policy_directory"),
+           "vla_accel_ros.models.hf.hf_vla:load_policy_directory", "vla_accel_ros.models.hf.hf_vla:load_hf_vla"),
+    Family("openvla", 'config.json with model_type "openvla" (openvla-7b and its fine-tunes)',
+           lambda directory, config: config is not None and config.get("model_type") == "openvla",
+           "vla_accel_ros.models.openvla.checkpoint:load_policy_directory",
+           "vla_accel_ros.models.openvla.checkpoint:load_openvla"),
 )
 
 
@@ -97,9 +119,25 @@ def recognise(source: str | Path | CheckpointRef) -> Family:
     raise ValueError(f"{directory}: not a checkpoint of a family this package runs (read {read}); known: {known}")
 
 
-def load_policy(source: str | Path | CheckpointRef, *, unnorm_key: str = "") -> PolicyLike:
+def load_policy(source: str | Path | CheckpointRef, *, unnorm_key: str = "", device: str | None = None,
+                dtype: str | None = None) -> PolicyLike:
     """The policy in the checkpoint ``source`` names (a directory, or ``hf:DIR``), loaded by its family
-    (``unnorm_key``: a Hugging Face VLA's dataset in its statistics; empty = the only one);
-    ValueError naming the file at fault."""
+    (``unnorm_key``: a Hugging Face or OpenVLA model's dataset in its statistics; empty = the only
+    one; ``device`` and ``dtype``: where it runs and its weights' dtype, None = the family's
+    default); ValueError naming the file at fault."""
     ref = CheckpointRef.parse(source)
-    return recognise(ref).load(ref.directory, unnorm_key)
+    return recognise(ref).load(ref.directory, unnorm_key, device=device, dtype=dtype)
+
+
+def load_token_vla(source: str | Path | CheckpointRef, *, unnorm_key: str | None = None, device: str | None = None,
+                   dtype: str | None = None, draft: bool = True) -> Any:
+    """The Hugging Face or OpenVLA model (a :class:`~vla_accel_ros.models.hf.hf_vla.HFTokenVLA`, the
+    token VLAs an EAGLE-style draft head is trained on) in the checkpoint ``source`` names, without
+    its saved draft head when ``draft`` is False; ValueError for a checkpoint of another family."""
+    ref = CheckpointRef.parse(source)
+    family = recognise(ref)
+    if family.name not in TOKEN_VLA_FAMILIES:
+        raise ValueError(f"{ref.directory}: a checkpoint of the {family.name} family; this needs a Hugging Face or "
+                         "OpenVLA model (hf:DIR, or a directory with model_type openvla)")
+    return _function(family.placed_loader)(ref.directory, unnorm_key=unnorm_key or None, device=device, dtype=dtype,
+                                           draft=draft)

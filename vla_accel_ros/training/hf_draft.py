@@ -57,8 +57,9 @@ from vla_accel_ros.models.hf.hf_draft import (
     default_width,
     save_hf_draft,
 )
-from vla_accel_ros.models.hf.hf_vla import HFTokenVLA, load_hf_vla
+from vla_accel_ros.models.hf.hf_vla import HFTokenVLA
 from vla_accel_ros.models.hf.vla_spec import DTYPES
+from vla_accel_ros.models.load import load_token_vla
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
 from vla_accel_ros.training.common import (
     check_data_selection,
@@ -303,7 +304,7 @@ def train_hf_draft(cfg: HFDraftTrainConfig) -> dict[str, Any]:
     if len(data) < 2:
         raise DatasetError(f"{cfg.data}: {len(data)} demo step; the head needs at least 2")
     instructions = episode_instructions(cfg.data, data)
-    policy = load_hf_vla(directory, unnorm_key=cfg.unnorm_key, device=cfg.device, dtype=cfg.dtype, draft=False)
+    policy = load_token_vla(directory, unnorm_key=cfg.unnorm_key, device=cfg.device, dtype=cfg.dtype, draft=False)
     train_idx, val_idx = data.split(cfg.val_fraction)
     print(f"{data.n_episodes} episodes, {len(data)} steps ({len(train_idx)} train / {len(val_idx)} held-out); "
           f"model {policy.n_parameters()['target']:,} parameters, hidden size {policy.config.d_model}")

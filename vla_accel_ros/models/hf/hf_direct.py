@@ -50,6 +50,15 @@ def unsupported_reason(model: Any) -> str:
         return "the image features are not the tower's last layer in full"
     if getattr(vision, "hidden_act", None) not in TOWER_ACTIVATIONS:
         return f"the tower's activation {vision.hidden_act!r}"
+    if vision._attn_implementation not in ("sdpa", "eager"):
+        return "an attention implementation other than SDPA or eager"
+    return llama_unsupported_reason(text)
+
+
+def llama_unsupported_reason(text: Any) -> str:
+    """Why the text model of ``text`` (its transformers config) cannot run :class:`DirectLlamaText`;
+    '' when it can: a Llama with the default rotary embedding, an activation this module knows,
+    and SDPA or eager attention."""
     if text.model_type != "llama":
         return f"the text model is {text.model_type!r}, not Llama"
     rope = getattr(text, "rope_parameters", None) or {}
@@ -59,9 +68,57 @@ def unsupported_reason(model: Any) -> str:
         return f"the text model's activation {text.hidden_act!r}"
     if getattr(text, "pretraining_tp", 1) not in (None, 1):
         return "tensor-parallel pretraining slices (pretraining_tp > 1)"
-    if text._attn_implementation not in ("sdpa", "eager") or vision._attn_implementation not in ("sdpa", "eager"):
+    if text._attn_implementation not in ("sdpa", "eager"):
         return "an attention implementation other than SDPA or eager"
     return ""
+
+
+class DirectLlamaText:
+    """The text model of a Llama (a transformers ``LlamaModel``: its layers, final norm and rotary
+    tables), op by op, batch 1, inference only; :meth:`text_forward` runs it over input embeddings.
+    Both the Llava VLAs here and OpenVLA (:mod:`vla_accel_ros.models.openvla`) run their text
+    model through it."""
+
+    def __init__(self, text: Any, config: Any) -> None:
+        self.text = text
+        self.text_activation = TEXT_ACTIVATIONS[config.hidden_act]
+        self.heads, self.kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        weight = self.text.norm.weight
+        positions = torch.arange(int(config.max_position_embeddings), device=weight.device)[None]
+        with torch.inference_mode():  # the module's own tables, in the dtype it hands its layers
+            cos, sin = self.text.rotary_emb(weight[None, None, :1], positions)
+        self._cos, self._sin = cos[0].clone(), sin[0].clone()
+
+    def text_forward(self, embeddings: torch.Tensor, cache: Any, positions: torch.Tensor,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states (1, q, d) of the text model over input embeddings (1, q, d) at
+        ``positions`` (q,), appending to ``cache`` (a transformers ``DynamicCache``). ``mask``: a
+        (1, 1, q, cached + q) additive or boolean mask; without one each token sees the cache and
+        the new tokens up to itself."""
+        q = embeddings.shape[1]
+        past = cache.get_seq_length()
+        cos, sin = self._cos[positions][None, None], self._sin[positions][None, None]
+        causal = False
+        if mask is None and q > 1:
+            if past:
+                mask = torch.ones(q, past + q, dtype=torch.bool, device=embeddings.device).tril_(past)[None, None]
+            else:
+                causal = True
+        x = embeddings
+        for index, layer in enumerate(self.text.layers):
+            attention, mlp = layer.self_attn, layer.mlp
+            h = layer.input_layernorm(x)
+            query = _rotated(attention.q_proj(h).view(1, q, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+            key = _rotated(attention.k_proj(h).view(1, q, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            value = attention.v_proj(h).view(1, q, self.kv_heads, self.head_dim).transpose(1, 2)
+            key, value = cache.update(key, value, index)
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=causal,
+                                                 scale=attention.scaling, enable_gqa=self.kv_heads != self.heads)
+            x = x + attention.o_proj(out.transpose(1, 2).reshape(1, q, -1))
+            h = layer.post_attention_layernorm(x)
+            x = x + mlp.down_proj(self.text_activation(mlp.gate_proj(h)) * mlp.up_proj(h))
+        return self.text.norm(x)
 
 
 class DirectLlavaForward:
@@ -73,18 +130,11 @@ class DirectLlavaForward:
         if reason:
             raise ValueError(f"no direct forward for this model: {reason}")
         base = model.model
-        self.tower, self.projector, self.text = base.vision_tower, base.multi_modal_projector, base.language_model
-        vision, text = model.config.vision_config, model.config.get_text_config()
+        self.tower, self.projector = base.vision_tower, base.multi_modal_projector
+        vision = model.config.vision_config
         self.tower_heads = int(vision.num_attention_heads)
         self.tower_activation = TOWER_ACTIVATIONS[vision.hidden_act]
-        self.text_activation = TEXT_ACTIVATIONS[text.hidden_act]
-        self.heads, self.kv_heads = int(text.num_attention_heads), int(text.num_key_value_heads)
-        self.head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
-        weight = self.text.norm.weight
-        positions = torch.arange(int(text.max_position_embeddings), device=weight.device)[None]
-        with torch.inference_mode():  # the module's own tables, in the dtype it hands its layers
-            cos, sin = self.text.rotary_emb(weight[None, None, :1], positions)
-        self._cos, self._sin = cos[0].clone(), sin[0].clone()
+        self.llama = DirectLlamaText(base.language_model, model.config.get_text_config())
 
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
         """(1, n_patches, d_text): the projected last-layer features of the model input (1, 3, S, S)."""
@@ -134,33 +184,8 @@ class DirectLlavaForward:
 
     def text_forward(self, embeddings: torch.Tensor, cache: Any, positions: torch.Tensor,
                      mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Final hidden states (1, q, d) of the text model over input embeddings (1, q, d) at
-        ``positions`` (q,), appending to ``cache`` (a transformers ``DynamicCache``). ``mask``: a
-        (1, 1, q, cached + q) additive or boolean mask; without one each token sees the cache and
-        the new tokens up to itself."""
-        q = embeddings.shape[1]
-        past = cache.get_seq_length()
-        cos, sin = self._cos[positions][None, None], self._sin[positions][None, None]
-        causal = False
-        if mask is None and q > 1:
-            if past:
-                mask = torch.ones(q, past + q, dtype=torch.bool, device=embeddings.device).tril_(past)[None, None]
-            else:
-                causal = True
-        x = embeddings
-        for index, layer in enumerate(self.text.layers):
-            attention, mlp = layer.self_attn, layer.mlp
-            h = layer.input_layernorm(x)
-            query = _rotated(attention.q_proj(h).view(1, q, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-            key = _rotated(attention.k_proj(h).view(1, q, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-            value = attention.v_proj(h).view(1, q, self.kv_heads, self.head_dim).transpose(1, 2)
-            key, value = cache.update(key, value, index)
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=causal,
-                                                 scale=attention.scaling, enable_gqa=self.kv_heads != self.heads)
-            x = x + attention.o_proj(out.transpose(1, 2).reshape(1, q, -1))
-            h = layer.post_attention_layernorm(x)
-            x = x + mlp.down_proj(self.text_activation(mlp.gate_proj(h)) * mlp.up_proj(h))
-        return self.text.norm(x)
+        """:meth:`DirectLlamaText.text_forward` of the model's text model."""
+        return self.llama.text_forward(embeddings, cache, positions, mask)
 
 
 def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -107,9 +107,8 @@ class HFIncrementalPrefill:
                              "keys/values (reuse_kv, --vision incremental_kv, bench --reuse-kv): its vision tower is "
                              "bidirectional, so reusing the tower's outputs per patch is not exact, and the tower is "
                              "not where the prefill's time goes")
-        model_config = policy.model.config
-        text_config = model_config.get_text_config()
-        patch = int(getattr(getattr(model_config, "vision_config", None), "patch_size", 0) or 0)
+        text_config = policy.modules.text_config
+        patch = policy.modules.patch_size
         size, n_tokens = policy.config.image_size, policy.config.n_image_tokens
         if patch <= 0 or size % patch or (size // patch) ** 2 != n_tokens:
             raise ValueError(f"{policy.source}: incremental prefill maps each image token to one patch, but the model "

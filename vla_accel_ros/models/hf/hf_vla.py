@@ -47,7 +47,8 @@ from vla_accel_ros.models.api import (
 )
 from vla_accel_ros.models.hf.cache import crop_cache
 from vla_accel_ros.models.hf.hf_draft import HFDraftHead, load_hf_draft
-from vla_accel_ros.models.hf.hf_passes import N_ACTION_TOKENS, HFPasses
+from vla_accel_ros.models.hf.hf_passes import N_ACTION_TOKENS, HFPasses, VLAModules
+from vla_accel_ros.models.hf.llava import LlavaModules
 from vla_accel_ros.models.hf.vla_spec import (
     CONFIG_FILE,
     ActionStatistics,
@@ -61,7 +62,7 @@ from vla_accel_ros.models.hf.vla_spec import (
 from vla_accel_ros.models.tokenizer import BOS
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase
 
     from vla_accel_ros.models.configuration import VisionReuseConfig
     from vla_accel_ros.models.hf.hf_incremental import HFIncrementalPrefill
@@ -73,17 +74,18 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 class HFTokenVLA(HFPasses):
     """A Hugging Face VLA whose actions are 7 tokens of its text vocabulary, as a
     :class:`vla_accel_ros.decoding.protocol.PolicyLike` (module docstring). Build one with
-    :func:`load_hf_vla`; the constructor takes a loaded model, its text tokenizer, the spec and
-    the action tokenizer (``source`` names the model in error messages). ``draft``: the optional
-    draft head (:meth:`attach_draft`). Its passes are :class:`~.hf_passes.HFPasses`'."""
+    :func:`load_hf_vla`; the constructor takes the model half (:class:`~.hf_passes.VLAModules`), its
+    text tokenizer, the spec and the action tokenizer (``source`` names the model in error messages).
+    ``draft``: the optional draft head (:meth:`attach_draft`). Its passes are :class:`~.hf_passes.HFPasses`'."""
 
     flow: Any = None  # no continuous action head
     parallel_draft: Any = None  # no parallel draft head
+    family = "a Hugging Face VLA"  # what error messages call the model
 
-    def __init__(self, model: PreTrainedModel, text_tokenizer: PreTrainedTokenizerBase, spec: VLASpec,
+    def __init__(self, modules: VLAModules, text_tokenizer: PreTrainedTokenizerBase, spec: VLASpec,
                  tokenizer: OpenVLAActionTokenizer, *, source: str = "<in-memory model>",
                  statistics: ActionStatistics | None = None) -> None:
-        super().__init__(model, text_tokenizer, spec, source=source, statistics=statistics)
+        super().__init__(modules, text_tokenizer, spec, source=source, statistics=statistics)
         self.tokenizer = tokenizer
         self.draft: HFDraftHead | None = None
 
@@ -140,9 +142,9 @@ class HFTokenVLA(HFPasses):
         (:meth:`HFDraftHead.propose`). No target pass is run. ``noise``: the step's sampling noise
         (7, 256), each proposal then the argmax of its logits plus its dimension's noise."""
         if self.draft is None:
-            raise ValueError(f"{self.source}: this Hugging Face VLA has no draft head (capabilities().draft_head "
-                             "is False): train one (vla-accel train-draft), or use a decoder that proposes "
-                             "without one (ar, kerv, world_aware)")
+            raise ValueError(f"{self.source}: {self.family} with no draft head (capabilities().draft_head is "
+                             "False): train one (vla-accel train-draft), or use a decoder that proposes without one "
+                             "(ar, kerv, world_aware)")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         self._check_last_token(prefix, last_token)
@@ -153,13 +155,13 @@ class HFTokenVLA(HFPasses):
     def draft_tokens_parallel(
         self, prefix: Prefix, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        raise ValueError(f"{self.source}: a Hugging Face VLA has no parallel draft head")
+        raise ValueError(f"{self.source}: {self.family} has no parallel draft head")
 
     def contact_probability(self, prefix: Prefix) -> float:
-        raise ValueError(f"{self.source}: a Hugging Face VLA has no contact head")
+        raise ValueError(f"{self.source}: {self.family} has no contact head")
 
     def contact_logits(self, prefix: Prefix) -> torch.Tensor:
-        raise ValueError(f"{self.source}: a Hugging Face VLA has no contact head")
+        raise ValueError(f"{self.source}: {self.family} has no contact head")
 
     def tokens_to_action(self, tokens: torch.Tensor | np.ndarray) -> np.ndarray:
         """Action (7,) float64 of 7 of our tokens: OpenVLA's ``predict_action`` decoding (bin
@@ -181,7 +183,7 @@ class HFTokenVLA(HFPasses):
         given, the k action tokens (1, k) after it (causal, so the prompt's rows are the prefill's).
         A batch of one observation: this family has no batched passes."""
         if len(observations) != 1:
-            raise ValueError(f"{self.source}: a Hugging Face VLA prefills one observation at a time, "
+            raise ValueError(f"{self.source}: {self.family} prefills one observation at a time, "
                              f"got {len(observations)}")
         with torch.inference_mode():
             checked = None if tokens is None else self.check_tokens(tokens)
@@ -246,6 +248,18 @@ def check_weights(directory: Path) -> None:
     raise ValueError(f"{directory}: no weights (*.safetensors)")
 
 
+def spec_choices(directory: Path, spec: VLASpec) -> tuple[ActionStatistics, OpenVLAActionTokenizer, torch.device]:
+    """What the spec of the model in ``directory`` chooses: the action statistics of its
+    ``unnorm_key``, the action tokenizer made of them, and the device; ValueError naming the file
+    or key at fault."""
+    statistics = load_action_statistics(directory, spec)
+    tokenizer = OpenVLAActionTokenizer.from_statistics(statistics, spec.gripper)
+    try:
+        return statistics, tokenizer, torch.device(spec.device)
+    except RuntimeError as error:
+        raise ValueError(f"device {spec.device!r}: {error}") from None
+
+
 def load_policy_directory(directory: Path, unnorm_key: str = "") -> HFTokenVLA:
     """The family loader of :mod:`vla_accel_ros.models.load`: :func:`load_hf_vla` with the spec's
     device and dtype."""
@@ -275,12 +289,7 @@ def load_hf_vla(path: Path | str, *, unnorm_key: str | None = None, device: str 
                          "without remote code")
     check_weights(directory)
     spec = with_overrides(load_spec(directory), unnorm_key=unnorm_key, device=device, dtype=dtype)
-    statistics = load_action_statistics(directory, spec)
-    tokenizer = OpenVLAActionTokenizer.from_statistics(statistics, spec.gripper)
-    try:
-        torch_device = torch.device(spec.device)
-    except RuntimeError as error:
-        raise ValueError(f"device {spec.device!r}: {error}") from None
+    statistics, tokenizer, torch_device = spec_choices(directory, spec)
 
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
@@ -293,11 +302,16 @@ def load_hf_vla(path: Path | str, *, unnorm_key: str | None = None, device: str 
             directory, local_files_only=True, use_safetensors=True, dtype=TORCH_DTYPES[spec.dtype])
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise ValueError(f"{directory}: the model cannot be loaded as an image-text-to-text model ({error})") from None
-    policy = HFTokenVLA(model.to(torch_device), text_tokenizer, spec, tokenizer, source=str(directory),
-                        statistics=statistics)
-    if not draft:
-        return policy
+    policy = HFTokenVLA(LlavaModules(model.to(torch_device), spec, str(directory)), text_tokenizer, spec, tokenizer,
+                        source=str(directory), statistics=statistics)
+    if draft:
+        attach_saved_draft(policy, directory)
+    return policy
+
+
+def attach_saved_draft(policy: HFTokenVLA, directory: Path) -> None:
+    """Attach the draft head saved in ``directory`` (``vla-accel train-draft``), if there is one;
+    ValueError naming its file when it was made for another model."""
     ids = policy.action_ids
     policy.attach_draft(load_hf_draft(directory, hidden_size=policy.config.d_model, vocab_size=policy.config.vocab_size,
-                                      action_ids=(int(ids[0]), int(ids[-1])), device=torch_device))
-    return policy
+                                      action_ids=(int(ids[0]), int(ids[-1])), device=policy.device))

@@ -439,11 +439,16 @@ class OpenVLAActionTokenizer(ActionTokenizer):
         scaled = np.where(span > 0, scaled, 0.0)  # a constant axis: any bin decodes to q01
         return np.clip(np.where(self.mask, scaled, values), -1.0, 1.0)
 
-    def denormalise(self, normalised: np.ndarray) -> np.ndarray:
-        """The policy's normalised values (..., 7) -> our actions: OpenVLA's unnormalisation where
-        the mask is true, the value as is where it is false, then the gripper convention."""
+    def unnormalise(self, normalised: np.ndarray) -> np.ndarray:
+        """The policy's normalised values (..., 7) -> its own actions, as OpenVLA's ``predict_action``
+        returns them: unnormalised where the mask is true, the value as is where it is false."""
         normalised = np.clip(np.asarray(normalised, dtype=np.float64), -1.0, 1.0)
-        actions = np.where(self.mask, 0.5 * (normalised + 1.0) * (self.q99 - self.q01) + self.q01, normalised)
+        return np.where(self.mask, 0.5 * (normalised + 1.0) * (self.q99 - self.q01) + self.q01, normalised)
+
+    def denormalise(self, normalised: np.ndarray) -> np.ndarray:
+        """The policy's normalised values (..., 7) -> our actions: :meth:`unnormalise`, then the
+        gripper convention."""
+        actions = self.unnormalise(normalised)
         actions[..., GRIPPER_INDEX] = self.from_policy_gripper(actions[..., GRIPPER_INDEX])
         return actions
 

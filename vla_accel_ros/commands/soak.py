@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decoder", default="kerv")
     parser.add_argument("--checkpoint", default="", help="empty: the shipped policy")
     parser.add_argument("--domain-id", type=int, default=97, help="ROS_DOMAIN_ID of the node and the robot")
-    parser.add_argument("--out", type=Path, default=Path("outputs/soak"), help="node.log and soak.json go here")
+    parser.add_argument("--out", type=Path, default=Path("outputs/soak"), help="node.log and summary.json go here")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,9 +45,11 @@ def run(args: argparse.Namespace) -> int:
         except (RuntimeError, ConfigError) as err:
             print(f"error: {err}")
             return 2
-    (args.out / "soak.json").write_text(json.dumps({"summary": summary, "samples": samples}, indent=1))
-    print(json.dumps(summary, indent=1))
+    (args.out / "summary.json").write_text(json.dumps({**summary, "rss_samples": samples}, indent=1))
     flat = all(summary[p]["slope_mb_per_min"] < args.max_slope for p in PROCESSES)
-    print(f"soak: {'flat' if flat else 'growing'} (every slope under {args.max_slope} MB/min: {flat}); "
-          f"{args.out / 'soak.json'}")
+    slopes = ", ".join(f"{p} {summary[p]['rss_start_mb']:.1f} -> {summary[p]['rss_end_mb']:.1f} MB "
+                       f"({summary[p]['slope_mb_per_min']:+.3f} MB/min)" for p in PROCESSES)
+    print(f"soak: {'flat' if flat else 'growing'} after {args.warmup_min:g} min of warm-up (limit {args.max_slope} "
+          f"MB/min): {slopes}; {summary['ticks_published']}/{summary['ticks']} ticks published; "
+          f"{args.out / 'summary.json'}")
     return 0 if flat else 1

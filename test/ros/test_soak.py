@@ -36,4 +36,4 @@ def test_the_summary_takes_the_slope_after_the_warm_up_only():
 
 def test_a_soak_of_no_minutes_is_one_error_line(capsys):
     assert main(["soak", "--minutes", "0"]) == 2
-    assert capsys.readouterr().out.strip() == "error: --minutes must be positive"
+    assert capsys.readouterr().err.strip() == "soak: error: --minutes must be positive"

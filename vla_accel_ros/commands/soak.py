@@ -12,7 +12,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.ros.soak import PROCESSES, SoakOptions, run_soak
 
 
@@ -31,8 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     for name in ("minutes", "rate", "sample_s"):
         if not getattr(args, name) > 0:
-            print(f"error: --{name.replace('_', '-')} must be positive")
-            return 2
+            raise ValueError(f"--{name.replace('_', '-')} must be positive")
     opts = SoakOptions(minutes=args.minutes, rate_hz=args.rate, warmup_min=args.warmup_min, sample_s=args.sample_s,
                        decoder=args.decoder, checkpoint=args.checkpoint, domain_id=args.domain_id)
     with tqdm(total=math.ceil(args.minutes * 60.0), desc="soak", unit="s") as bar:
@@ -40,11 +38,7 @@ def run(args: argparse.Namespace) -> int:
             bar.update(int(sample["t_s"]) - bar.n)
             bar.set_postfix({p: f"{sample[f'{p}_rss_mb']:.1f} MB" for p in PROCESSES})
 
-        try:
-            summary, samples = run_soak(opts, args.out, show)
-        except (RuntimeError, ConfigError) as err:
-            print(f"error: {err}")
-            return 2
+        summary, samples = run_soak(opts, args.out, show)
     (args.out / "summary.json").write_text(json.dumps({**summary, "rss_samples": samples}, indent=1))
     flat = all(summary[p]["slope_mb_per_min"] < args.max_slope for p in PROCESSES)
     slopes = ", ".join(f"{p} {summary[p]['rss_start_mb']:.1f} -> {summary[p]['rss_end_mb']:.1f} MB "

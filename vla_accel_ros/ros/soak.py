@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from vla_accel_ros.core.errors import RunFailed
+
 PROCESSES = ("node", "inference", "camera")
 START_TIMEOUT_S = 300.0
 
@@ -133,7 +135,8 @@ class Robot:
 def run_soak(opts: SoakOptions, out: Path, on_sample: Callable[[dict[str, Any]], None] = lambda s: None,
              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the soak; its summary and samples. ``on_sample`` sees each sample as it is taken; the
-    node's log goes to ``out/node.log``. RuntimeError when the node ends or never reports its children."""
+    node's log goes to ``out/node.log``. RunFailed (ConfigError when it refused to start) when the node
+    ends or never reports its children."""
     from vla_accel_ros.ros.processes import NodeProcess, parameter_arguments
 
     out.mkdir(parents=True, exist_ok=True)
@@ -151,7 +154,7 @@ def run_soak(opts: SoakOptions, out: Path, on_sample: Callable[[dict[str, Any]],
             if node.returncode is not None:
                 raise node.exit_error("at start-up")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the node did not report its children within {START_TIMEOUT_S:.0f} s "
+                raise RunFailed(f"the node did not report its children within {START_TIMEOUT_S:.0f} s "
                                    f"(see {node.log})")
             time.sleep(0.5)
         t0 = time.monotonic()

@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "world-aware prefill: frame autoencoder + next-frame bias, then fine-tune target and draft on it"),
     "build-store": ("vla_accel_ros.commands.build_store",
                     "build the HeiSD retrieval store and boundary calibration from demonstrations"),
+    "convert": ("vla_accel_ros.commands.convert",
+                "turn an OpenVLA-OFT directory's .pt components into safetensors, once (torch.load weights_only)"),
     "predict": ("vla_accel_ros.commands.predict", "one observation in, its action and timings out, any checkpoint"),
     "eval": ("vla_accel_ros.commands.eval", "closed-loop episodes of the policy in the sim with one decoder"),
     "bench": ("vla_accel_ros.commands.bench", "every decoder on the same seeded episodes, side by side, with plots"),

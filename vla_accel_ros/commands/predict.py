@@ -1,5 +1,5 @@
 """``vla-accel predict``: one observation in, the action and the timings out, for a checkpoint of any
-family (the package's own, a Llava-style Hugging Face VLA, OpenVLA as published).
+family (the package's own, a Llava-style Hugging Face VLA, OpenVLA as published, OpenVLA-OFT).
 
 The observation goes through the one runner with the chosen decoder (the greedy baseline by
 default), as the node runs it. ``--json`` prints one JSON object, a contract that tools read:
@@ -13,6 +13,12 @@ default), as the node runs it. ``--json`` prints one JSON object, a contract tha
   (OpenVLA: ids 31744..31999), 7 x 256, each after the tokens before it;
 - ``timing_ms`` (load, prefill, decode, total), and what ran: ``family``, ``checkpoint``,
   ``decoder``, ``dtype``, ``unnorm_key``, ``target_passes``.
+
+An OpenVLA-OFT checkpoint predicts a whole chunk in one pass, from every ``--image`` given (in the
+model's image slots: ``--image PRIMARY --image WRIST``) and the raw ``--state`` (normalised as OFT
+does it). Its object holds ``actions`` (H x D, unnormalised as OFT's ``predict_action`` returns
+them) and ``actions_normalized`` (the head's outputs), ``chunk_size``, ``action_dim``, ``n_images``,
+``timing_ms`` (load, forward, total) and what ran; token decoders and ``--logits`` do not apply.
 
 Bad input (a missing or malformed checkpoint file, an unknown ``--unnorm-key``, an unreadable image)
 is one line naming the file or key, and exit status 2.
@@ -36,18 +42,29 @@ DTYPE_CHOICES = ("float32", "bfloat16")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="a checkpoint directory of any family (or hf:DIR)")
-    parser.add_argument("--image", required=True, type=Path, help="the camera image (PNG, JPEG, ...), RGB")
+    parser.add_argument("--image", required=True, type=Path, action="append",
+                        help="a camera image (PNG, JPEG, ...), RGB; repeat it for a model with several image slots "
+                             "(OpenVLA-OFT: --image PRIMARY --image WRIST)")
     parser.add_argument("--instruction", required=True, help="the task, e.g. 'pick up the red cube'")
     parser.add_argument("--unnorm-key", default="", help="the dataset whose action statistics unnormalise the "
                                                          "action (required when the model has several)")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
                         help="the weights' dtype (default: as stored, or the checkpoint's vla_spec.json)")
     parser.add_argument("--device", default=None, help="where the model runs: cpu, cuda, ... (default: cpu)")
-    parser.add_argument("--decoder", default=BASELINE, choices=names(),
-                        help=f"the decoder (default: {BASELINE}, greedy)")
+    parser.add_argument("--decoder", default=None, choices=names(),
+                        help=f"the decoder (default: {BASELINE}, greedy; an OpenVLA-OFT model: chunk)")
     parser.add_argument("--joints", type=float, nargs="+", default=None,
                         help="the arm's joint positions (default: zeros of the package arm's 7)")
     parser.add_argument("--gripper", type=float, default=0.04, help="the finger opening in metres")
+    parser.add_argument("--state", default=None,
+                        help="OpenVLA-OFT: the raw robot state its proprio projector reads, as S.npy or v1,v2,... "
+                             "(default: the joints then the gripper)")
+    parser.add_argument("--chunk-size", type=int, default=None,
+                        help="OpenVLA-OFT: actions per chunk, which the checkpoint does not store (default: "
+                             "vla_spec.json's chunk_size)")
+    parser.add_argument("--bounds", choices=("q01_q99", "min_max"), default=None,
+                        help="OpenVLA-OFT: the statistics that scale actions and state (default: vla_spec.json's, "
+                             "else q01_q99)")
     parser.add_argument("--logits", action="store_true", help="also print the 7 x 256 action logits")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the contract above)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -61,6 +78,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         print(json.dumps(result))
+        return 0
+    if "actions" in result:
+        print(f"{result['family']} {result['checkpoint']} ({result['dtype']}), a chunk of {result['chunk_size']} x "
+              f"{result['action_dim']}")
+        print("actions:\n" + "\n".join(str(np.round(row, 6).tolist()) for row in result["actions"]))
+        print("timing (ms):   " + ", ".join(f"{k} {v:.1f}" for k, v in result["timing_ms"].items()))
         return 0
     print(f"{result['family']} {result['checkpoint']} ({result['dtype']}), decoder {result['decoder']}")
     print(f"action tokens: {result['action_token_ids']}")
@@ -94,9 +117,18 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    image = read_image(args.image)
+    images = [read_image(path) for path in args.image]
     ref = CheckpointRef.parse(args.checkpoint)
     family = recognise(ref).name
+    if family == "oft":
+        return predict_chunk(args, ref, images)
+    for flag, value in (("--state", args.state), ("--chunk-size", args.chunk_size), ("--bounds", args.bounds)):
+        if value is not None:
+            raise ValueError(f"{flag} is for an OpenVLA-OFT checkpoint; {ref} is of the {family} family")
+    if len(images) != 1:
+        raise ValueError(f"a checkpoint of the {family} family takes one image, got {len(images)} (--image)")
+    image = images[0]
+    args.decoder = args.decoder or BASELINE
     start = time.perf_counter()
     policy = load_policy(ref, unnorm_key=args.unnorm_key, device=args.device, dtype=args.dtype)
     load_ms = (time.perf_counter() - start) * 1e3
@@ -139,3 +171,58 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
             logits = logits[:, ::-1]  # bins count down from the top id: id order is the reverse
         result["action_logits"] = logits.tolist()
     return result
+
+
+def read_state(text: str) -> np.ndarray:
+    """The raw state of ``--state``: a ``.npy`` file or comma-separated numbers; ValueError otherwise."""
+    if text.endswith(".npy"):
+        try:
+            values = np.load(text, allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"--state {text}: cannot read it as a .npy array ({error})") from None
+    else:
+        try:
+            values = np.array([float(v) for v in text.split(",")])
+        except ValueError:
+            raise ValueError(f"--state {text!r}: expected S.npy or comma-separated numbers") from None
+    values = np.asarray(values, dtype=float).reshape(-1)
+    if not values.size or not np.all(np.isfinite(values)):
+        raise ValueError(f"--state {text}: empty, or NaN/inf in it")
+    return values
+
+
+def predict_chunk(args: argparse.Namespace, ref: Any, images: list[np.ndarray]) -> dict[str, Any]:
+    """The JSON object of one OpenVLA-OFT prediction (module docstring)."""
+    from vla_accel_ros.core.observation import Observation
+    from vla_accel_ros.decoding.specs import CHUNK_DECODER, spec_of
+    from vla_accel_ros.models.oft.checkpoint import load_oft
+
+    if args.decoder not in (None, CHUNK_DECODER):
+        why = spec_of(args.decoder).refusal(_chunk_capabilities())
+        raise ValueError(f"--decoder {args.decoder}: {why}")
+    if args.logits:
+        raise ValueError("--logits: an OpenVLA-OFT model has no action tokens; actions_normalized is its output")
+    start = time.perf_counter()
+    policy = load_oft(ref.directory, unnorm_key=args.unnorm_key or None, device=args.device, dtype=args.dtype,
+                      chunk_size=args.chunk_size, bounds=args.bounds)
+    load_ms = (time.perf_counter() - start) * 1e3
+    joints = np.zeros(7) if args.joints is None else np.asarray(args.joints, dtype=float)
+    state = None if args.state is None else read_state(args.state)
+    obs = Observation(image=images[0], extra_images=tuple(images[1:]), instruction=args.instruction,
+                      joint_pos=joints, gripper=args.gripper, state=state)
+    start = time.perf_counter()
+    prediction = policy.predict_chunk(obs)
+    forward_ms = (time.perf_counter() - start) * 1e3
+    return {
+        "actions": prediction.actions.tolist(), "actions_normalized": prediction.normalized.tolist(),
+        "chunk_size": policy.chunk.chunk_size, "action_dim": policy.chunk.action_dim, "n_images": len(images),
+        "family": "oft", "checkpoint": str(ref), "decoder": CHUNK_DECODER,
+        "dtype": str(policy.dtype).removeprefix("torch."), "unnorm_key": policy.statistics.key, "target_passes": 1,
+        "timing_ms": {"load": round(load_ms, 3), "forward": round(forward_ms, 3), "total": round(forward_ms, 3)},
+    }
+
+
+def _chunk_capabilities() -> Any:
+    from vla_accel_ros.models.api import PolicyCapabilities
+
+    return PolicyCapabilities(action_chunk=True)

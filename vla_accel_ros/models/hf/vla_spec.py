@@ -49,6 +49,8 @@ PROPRIO_FIELD = "{proprio}"
 OPENVLA_APPENDED_ID = 29871  # Llama-2's "▁": OpenVLA appends it when the prompt does not end with it
 SPEC_FILE = "vla_spec.json"
 STATISTICS_FILE = "dataset_statistics.json"
+# vla_spec.json keys of an OpenVLA-OFT directory: what its checkpoint does not store (models/oft/spec.py)
+CHUNK_KEYS = ("chunk_size", "action_dim", "bounds", "n_images")
 CONFIG_FILE = "config.json"
 # The processor's image settings: the legacy file, then the processor file that nests them.
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -274,11 +276,13 @@ def load_spec(directory: Path | str) -> VLASpec:
     path = directory / SPEC_FILE
     if path.is_file():
         overrides = read_json_object(path)
-        known = {f.name for f in fields(VLASpec)} | {ROBOT_KEY}
+        known = {f.name for f in fields(VLASpec)} | {ROBOT_KEY, *CHUNK_KEYS}
         for key in overrides:
             if key not in known:
                 raise ValueError(f"{path}: unknown key '{key}' (known keys: {', '.join(sorted(known))})")
         overrides.pop(ROBOT_KEY, None)  # the robot the model was made for: core/robot_record.py reads it
+        for key in CHUNK_KEYS:  # an OFT model's chunk: models/oft/spec.py reads them
+            overrides.pop(key, None)
         values |= overrides
     try:
         return VLASpec(**values)
@@ -382,6 +386,12 @@ _FROM_POLICY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+def gripper_to_ours(value: np.ndarray, convention: str) -> np.ndarray:
+    """A policy's gripper values in ``convention`` (``GRIPPER_CONVENTIONS``) as ours (1 = open),
+    clipped to [0, 1]."""
+    return np.clip(_FROM_POLICY[convention](np.asarray(value, dtype=np.float64)), 0.0, 1.0)
+
+
 class OpenVLAActionTokenizer(ActionTokenizer):
     """:class:`ActionTokenizer` with OpenVLA's mask and a gripper convention: a token (our bin,
     0..254; 255 decodes as 254) decodes to OpenVLA's ``predict_action`` value (bin centre,
@@ -428,7 +438,7 @@ class OpenVLAActionTokenizer(ActionTokenizer):
 
     def from_policy_gripper(self, value: np.ndarray) -> np.ndarray:
         """The policy's gripper values in ours (1 = open), clipped to [0, 1]."""
-        return np.clip(_FROM_POLICY[self.gripper](np.asarray(value, dtype=np.float64)), 0.0, 1.0)
+        return gripper_to_ours(value, self.gripper)
 
     def normalise(self, values: np.ndarray) -> np.ndarray:
         """Our actions (..., 7) -> the policy's normalised values in [-1, 1]."""

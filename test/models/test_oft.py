@@ -240,3 +240,49 @@ def test_image_count_and_state_are_checked(oft_dir) -> None:
     with pytest.raises(ValueError, match="state of 8 values"):
         policy.predict_chunk(Observation(image=obs.image, extra_images=obs.extra_images, instruction="x",
                                          joint_pos=np.zeros(7), gripper=0.0, state=np.zeros(5)))
+
+
+# --- vla-accel predict ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def frames(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("frames")
+    obs = observation()
+    for name, image in (("primary.png", obs.image), ("wrist.png", obs.extra_images[0])):
+        Image.fromarray(image).save(folder / name)
+    return folder / "primary.png", folder / "wrist.png"
+
+
+def test_predict_json_prints_the_whole_chunk(capsys, oft_dir, frames, policy, tmp_path) -> None:
+    np.save(tmp_path / "state.npy", STATE)
+    for state in (str(tmp_path / "state.npy"), ",".join(str(v) for v in STATE)):
+        assert main(["predict", "--checkpoint", str(oft_dir), "--image", str(frames[0]), "--image", str(frames[1]),
+                     "--state", state, "--instruction", "pick up the red cube", "--unnorm-key", layout.DATASET,
+                     "--dtype", "float32", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        expected = policy.predict_chunk(observation())
+        assert out["family"] == "oft" and out["decoder"] == "chunk" and out["n_images"] == 2
+        assert (out["chunk_size"], out["action_dim"]) == (layout.CHUNK_SIZE, layout.ACTION_DIM)
+        np.testing.assert_allclose(out["actions"], expected.actions, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(out["actions_normalized"], expected.normalized, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--decoder", "kerv"], "--decoder kerv: decoder 'kerv' does not apply"),
+    (["--state", "1,2,x"], "--state '1,2,x': expected S.npy or comma-separated numbers"),
+    (["--chunk-size", "0"], "chunk_size must be a positive integer"),
+    (["--logits"], "no action tokens"),
+])
+def test_predict_bad_input_is_one_line(capsys, oft_dir, frames, extra, message) -> None:
+    assert main(["predict", "--checkpoint", str(oft_dir), "--image", str(frames[0]), "--instruction", "x",
+                 "--json", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_predict_names_the_convert_command_for_pt_only(capsys, tmp_path, frames) -> None:
+    directory = layout.write_oft_dir(tmp_path / "model")
+    assert main(["predict", "--checkpoint", str(directory), "--image", str(frames[0]), "--instruction", "x"]) == 2
+    err = capsys.readouterr().err
+    assert f"vla-accel convert {directory}" in err and err.count("\n") == 1

@@ -212,8 +212,9 @@ def test_convert_refuses_anything_but_a_dict_of_tensors_in_one_line(tmp_path, ca
 def test_pt_only_is_refused_naming_the_convert_command(tmp_path) -> None:
     directory = layout.write_oft_dir(tmp_path / "model")
     assert recognise(directory).name == "oft"
-    with pytest.raises(ValueError, match=f"never loaded; convert it once to safetensors: vla-accel convert {directory}"):
+    with pytest.raises(ValueError, match="never loaded; convert it once to safetensors: vla-accel convert") as error:
         load_policy(directory)
+    assert str(error.value).endswith(f"vla-accel convert {directory}") and "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize(("spec", "message"), [
@@ -286,3 +287,16 @@ def test_predict_names_the_convert_command_for_pt_only(capsys, tmp_path, frames)
     assert main(["predict", "--checkpoint", str(directory), "--image", str(frames[0]), "--instruction", "x"]) == 2
     err = capsys.readouterr().err
     assert f"vla-accel convert {directory}" in err and err.count("\n") == 1
+
+
+def test_the_nodes_runner_refuses_a_token_decoder_at_configure_in_one_line(oft_dir) -> None:
+    from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.resources import default_urdf
+    from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
+
+    kin = ArmKinematics(default_urdf())
+    with pytest.raises(ValueError, match="decoder 'kerv' does not apply: the policy has no action tokens") as error:
+        build_runner(RunnerConfig(checkpoint=str(oft_dir)), kin)  # the node's default decoder
+    assert "\n" not in str(error.value)
+    runner = build_runner(RunnerConfig(checkpoint=str(oft_dir), decoder="chunk", period_s=10.0), kin)
+    assert runner.decoder_name == "chunk"

@@ -311,12 +311,11 @@ class ActionStatistics:
     proprio_q99: np.ndarray | None = None
 
 
-def load_action_statistics(directory: Path | str, spec: VLASpec) -> ActionStatistics:
-    """The action statistics of ``spec.unnorm_key`` from ``spec.statistics_file`` in ``directory``
-    (or, without that file, the ``norm_stats`` of ``config.json``). ValueError naming the file when
-    it is missing, the key is missing or ambiguous, or the action is not 7-D."""
-    directory = Path(directory)
-    path = directory / spec.statistics_file
+def dataset_statistics(directory: Path, file: str, unnorm_key: str | None) -> tuple[Path, str, Any]:
+    """Where the statistics were read (``file`` in ``directory``, else ``config.json`` for its
+    ``norm_stats``), the dataset ``unnorm_key`` picks (None: the only one) and its entry;
+    ValueError naming the file when there are none, or the key is missing or ambiguous."""
+    path = directory / file
     if path.is_file():
         table = read_json_object(path)
     elif ((directory / CONFIG_FILE).is_file()
@@ -327,16 +326,22 @@ def load_action_statistics(directory: Path | str, spec: VLASpec) -> ActionStatis
         raise ValueError(f"{path}: no action statistics (and no norm_stats in {CONFIG_FILE}); the "
                          "policy's actions cannot be unnormalised without them")
     keys = sorted(table)
-    if spec.unnorm_key is None:
+    if unnorm_key is None:
         if len(keys) != 1:
             raise ValueError(f"{path}: holds the statistics of {len(keys)} datasets {keys}; "
                              "pick one with unnorm_key")
-        key = keys[0]
-    elif spec.unnorm_key not in table:
-        raise ValueError(f"{path}: no dataset '{spec.unnorm_key}' (unnorm_key); it holds {keys}")
-    else:
-        key = spec.unnorm_key
-    entry = table[key].get("action") if isinstance(table[key], dict) else None
+        unnorm_key = keys[0]
+    elif unnorm_key not in table:
+        raise ValueError(f"{path}: no dataset '{unnorm_key}' (unnorm_key); it holds {keys}")
+    return path, unnorm_key, table[unnorm_key]
+
+
+def load_action_statistics(directory: Path | str, spec: VLASpec) -> ActionStatistics:
+    """The action statistics of ``spec.unnorm_key`` from ``spec.statistics_file`` in ``directory``
+    (or, without that file, the ``norm_stats`` of ``config.json``). ValueError naming the file when
+    it is missing, the key is missing or ambiguous, or the action is not 7-D."""
+    path, key, dataset = dataset_statistics(Path(directory), spec.statistics_file, spec.unnorm_key)
+    entry = dataset.get("action") if isinstance(dataset, dict) else None
     if not isinstance(entry, dict) or "q01" not in entry or "q99" not in entry:
         raise ValueError(f"{path}: dataset '{key}' has no action q01/q99")
     try:
@@ -349,7 +354,7 @@ def load_action_statistics(directory: Path | str, spec: VLASpec) -> ActionStatis
         if value.shape != (ACTION_DIM,):
             raise ValueError(f"{path}: dataset '{key}' has action {name} of shape {value.shape}; "
                              f"this policy's actions are {ACTION_DIM}-D")
-    proprio = _proprio_quantiles(table[key].get("proprio"), path, key)
+    proprio = _proprio_quantiles(dataset.get("proprio"), path, key)
     return ActionStatistics(key=key, q01=q01, q99=q99, mask=mask, source=path,
                             proprio_q01=None if proprio is None else proprio[0],
                             proprio_q99=None if proprio is None else proprio[1])

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from vla_accel_ros.models.hf.vla_spec import CONFIG_FILE, STATISTICS_FILE, read_json_object
+from vla_accel_ros.models.hf.vla_spec import STATISTICS_FILE, dataset_statistics
 
 BOUNDS_STYLES = {"q01_q99": ("q01", "q99"), "min_max": ("min", "max")}
 DEFAULT_BOUNDS = "q01_q99"  # OFT's default platform (LIBERO)
@@ -120,27 +120,13 @@ def load_chunk_statistics(directory: Path, unnorm_key: str | None, bounds: str, 
     """The statistics of ``unnorm_key`` (None: the only dataset) from ``dataset_statistics.json``
     (else ``norm_stats`` in ``config.json``): the action's bounds of size ``action_dim`` and, with
     ``state_dim``, the state's; ValueError naming the file and key otherwise."""
-    path = directory / STATISTICS_FILE
-    if path.is_file():
-        table = read_json_object(path)
-    else:
-        path = directory / CONFIG_FILE
-        stats = read_json_object(path).get("norm_stats") if path.is_file() else None
-        if not isinstance(stats, dict):
-            raise ValueError(f"{directory / STATISTICS_FILE}: missing (and no norm_stats in {CONFIG_FILE}); the "
-                             "chunk cannot be unnormalised without it")
-        table = stats
-    keys = sorted(table)
-    if unnorm_key is None:
-        if len(keys) != 1:
-            raise ValueError(f"{path}: holds the statistics of {len(keys)} datasets {keys}; pick one with unnorm_key")
-        unnorm_key = keys[0]
-    if unnorm_key not in table or not isinstance(table[unnorm_key], dict):
-        raise ValueError(f"{path}: no dataset '{unnorm_key}' (unnorm_key); it holds {keys}")
-    low, high, mask = _bounds(table[unnorm_key].get("action"), path, f"{unnorm_key}.action", bounds, action_dim)
+    path, unnorm_key, dataset = dataset_statistics(directory, STATISTICS_FILE, unnorm_key)
+    if not isinstance(dataset, dict):
+        raise ValueError(f"{path}: dataset '{unnorm_key}' is not a JSON object")
+    low, high, mask = _bounds(dataset.get("action"), path, f"{unnorm_key}.action", bounds, action_dim)
     state: tuple[np.ndarray | None, ...] = (None, None, None)
     if state_dim is not None:
-        state = _bounds(table[unnorm_key].get("proprio"), path, f"{unnorm_key}.proprio", bounds, state_dim)
+        state = _bounds(dataset.get("proprio"), path, f"{unnorm_key}.proprio", bounds, state_dim)
     return ChunkStatistics(unnorm_key, low, high, mask, path, *state)
 
 

@@ -71,7 +71,8 @@ DECODERS = names()
 
 
 def test_registry_names_and_errors() -> None:
-    assert DECODERS == ("ar", "sd", "kerv_released", "kerv", "world_aware", "deadline", "heisd", "flow10", "flow2")
+    assert DECODERS == ("ar", "sd", "kerv_released", "kerv", "world_aware", "deadline", "heisd", "flow10", "flow2",
+                        "chunk")
     for name in DECODERS:
         assert make_decoder(name).name == name
         assert make_decoder(name).spec is spec_of(name)
@@ -87,6 +88,7 @@ def test_registry_names_and_errors() -> None:
 
 def test_the_specs_declare_each_decoders_capabilities() -> None:
     assert names_with(lambda s: s.flow_head) == ("flow10", "flow2")
+    assert names_with(lambda s: s.action_chunk) == ("chunk",)
     assert names_with(lambda s: s.retrieval_store) == ("heisd",)
     assert names_with(lambda s: s.episode_state) == ("heisd",)
     assert names_with(lambda s: s.verifies_in_prefill) == ("world_aware",)

@@ -121,7 +121,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     ref = CheckpointRef.parse(args.checkpoint)
     family = recognise(ref).name
     if family == "oft":
-        return predict_chunk(args, ref, images)
+        return predict_oft(args, ref, images)
     for flag, value in (("--state", args.state), ("--chunk-size", args.chunk_size), ("--bounds", args.bounds)):
         if value is not None:
             raise ValueError(f"{flag} is for an OpenVLA-OFT checkpoint; {ref} is of the {family} family")
@@ -191,7 +191,7 @@ def read_state(text: str) -> np.ndarray:
     return values
 
 
-def predict_chunk(args: argparse.Namespace, ref: Any, images: list[np.ndarray]) -> dict[str, Any]:
+def predict_oft(args: argparse.Namespace, ref: Any, images: list[np.ndarray]) -> dict[str, Any]:
     """The JSON object of one OpenVLA-OFT prediction (module docstring)."""
     from vla_accel_ros.core.observation import Observation
     from vla_accel_ros.decoding.specs import CHUNK_DECODER, spec_of

@@ -243,8 +243,8 @@ class OFTPolicy:
         return digitise(np.clip(prediction.normalized[0], -1.0, 1.0))
 
     def _no_tokens(self) -> NoReturn:
-        raise ValueError(f"{self.source}: {self.family} has no action tokens; it predicts its chunk in one pass "
-                         "(decoder 'chunk')")
+        raise ValueError(f"{self.source}: {self.family} has no action tokens; it predicts its chunk in one pass, "
+                         "which the decoder that reads a policy's own chunk runs")
 
     def score(self, prefix: Prefix, tokens: torch.Tensor) -> ScoreOutput:
         self._no_tokens()

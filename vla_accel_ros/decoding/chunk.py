@@ -29,6 +29,7 @@ class ChunkDecoder(Decoder):
         return warnings
 
     def step(self, policy: PolicyLike, context: DecodeContext, prefix: Prefix | None = None) -> Step:
+        self.check_policy(policy)
         ledger = PassLedger(policy, context)
         prefill = yield from ledger.prefill(prefix)
         chunk_policy = policy  # an action_chunk policy (OFTPolicy) reads the chunk its prefill predicted

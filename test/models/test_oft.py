@@ -204,7 +204,7 @@ def test_convert_refuses_anything_but_a_dict_of_tensors_in_one_line(tmp_path, ca
         read_pickled_state_dict(directory / "action_head--1_checkpoint.pt")
     assert main(["convert", str(directory)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("vla-accel convert: error: ") and "refused" in err and err.count("\n") == 1
+    assert err.startswith("convert: error: ") and "refused" in err and err.count("\n") == 1
     assert not (directory / "action_head--1_checkpoint.safetensors").exists()
 
 

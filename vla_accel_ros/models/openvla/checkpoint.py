@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.models.hf.hf_vla import TORCH_DTYPES, HFTokenVLA, attach_saved_draft, spec_choices
 from vla_accel_ros.models.hf.vla_spec import (
@@ -110,8 +111,9 @@ def read_parts(directory: Path, *, unnorm_key: str | None = None, device: str | 
     """The :class:`DirectoryParts` of ``directory``, ``unnorm_key``, ``device`` and ``dtype``
     overriding ``vla_spec.json``'s; without a dtype, the weights' stored one. ValueError naming the
     file or key at fault."""
-    if not directory.is_dir():
-        raise ValueError(f"{directory}: no such directory")
+    problem = checkpoint_problem(directory)
+    if problem:
+        raise ValueError(f"{directory}: {problem}")
     config = read_directory_config(directory)
     weights = OpenVLAWeights(directory)
     processing = read_image_processing(directory, len(config.towers))

@@ -19,8 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.models.load import require_family
     from vla_accel_ros.models.oft.components import convert_directory
 
-    written = convert_directory(args.directory)  # bad input: one line (vla_accel_ros.cli)
+    require_family(args.directory, "oft", "vla-accel convert")  # bad input: one line (vla_accel_ros.cli)
+    written = convert_directory(args.directory)
     print(f"{args.directory}: {len(written)} component(s) converted to safetensors")
     return 0

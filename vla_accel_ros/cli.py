@@ -46,7 +46,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-store": ("vla_accel_ros.commands.build_store",
                     "build HeiSD's store: demonstrated trajectories the heisd decoder drafts from"),
     "convert": ("vla_accel_ros.commands.convert",
-                "turn an OpenVLA-OFT directory's .pt components into safetensors, once (torch.load weights_only)"),
+                "an OpenVLA-OFT directory's .pt components as safetensors, once"),
     "predict": ("vla_accel_ros.commands.predict", "one observation in, its action and timings out, any checkpoint"),
     "vision-fidelity": ("vla_accel_ros.commands.vision_fidelity",
                         "incremental vision (re-encode changed patches only) against the full prefill"),

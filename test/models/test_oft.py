@@ -199,6 +199,7 @@ class Executes:
 def test_convert_refuses_anything_but_a_dict_of_tensors_in_one_line(tmp_path, capsys, content) -> None:
     directory = tmp_path / "model"
     directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "openvla"}))
     torch.save(content, directory / "action_head--1_checkpoint.pt")
     with pytest.raises(ValueError, match="refused"):
         read_pickled_state_dict(directory / "action_head--1_checkpoint.pt")

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from vla_accel_ros.core.errors import RunFailed
+from vla_accel_ros.decoding.specs import DEFAULT
 
 PROCESSES = ("node", "inference", "camera")
 START_TIMEOUT_S = 300.0
@@ -34,7 +35,7 @@ class SoakOptions:
     rate_hz: float = 50.0
     warmup_min: float = 5.0
     sample_s: float = 10.0
-    decoder: str = "kerv"
+    decoder: str = DEFAULT
     checkpoint: str = ""  # empty: the shipped policy
     domain_id: int = 97
     image_size: int = 128

@@ -45,6 +45,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "train an EAGLE-style draft head on a Hugging Face VLA (hf:DIR) or an OpenVLA model"),
     "build-store": ("vla_accel_ros.commands.build_store",
                     "build HeiSD's store: demonstrated trajectories the heisd decoder drafts from"),
+    "convert": ("vla_accel_ros.commands.convert",
+                "an OpenVLA-OFT directory's .pt components as safetensors, once"),
     "predict": ("vla_accel_ros.commands.predict", "one observation in, its action and timings out, any checkpoint"),
     "vision-fidelity": ("vla_accel_ros.commands.vision_fidelity",
                         "incremental vision (re-encode changed patches only) against the full prefill"),
@@ -64,6 +66,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
                                                          "train-world", "train-hf", "train-draft", "build-store")),
     "inspect": ("one part up close", ("predict", "vision-fidelity", "hf-cost", "lerobot-cost",
                                                  "sim-speed")),
+    "models": ("published checkpoints", ("convert",)),
 }
 
 DESCRIPTION = ("Run, evaluate, train and inspect the VLA policy and its accelerated decoders,\n"

@@ -47,6 +47,9 @@ class PolicyCapabilities:
     batched_passes: ``prefill_batch`` and ``score`` take a batch of several observations.
     flow_chunks: ``sample_chunk(prefix, noise, steps)``: a flow VLA that samples a whole chunk from its
         prefix's keys and values (LeRobot's SmolVLA and π0), with ``noise_shape()``; no action tokens.
+    action_chunk: the prefill predicts a whole chunk of actions in its one pass, read with
+        ``action_chunk(prefix)`` (OpenVLA-OFT's parallel decoding); the policy has no action
+        tokens, so no token decoder applies.
     """
 
     draft_head: bool = False
@@ -56,6 +59,7 @@ class PolicyCapabilities:
     incremental_prefill: bool = False
     batched_passes: bool = False
     flow_chunks: bool = False
+    action_chunk: bool = False
 
     def missing(self) -> list[str]:
         return [name for name, present in vars(self).items() if not present]

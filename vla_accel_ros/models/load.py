@@ -7,6 +7,8 @@ when a directory of that family is loaded (torch, transformers):
 - ``hf``: ``config.json`` of a Llava-style VLA, a ``vision_config`` and an image token
   (:mod:`vla_accel_ros.models.hf.hf_vla`); ``hf:DIR`` declares it, for a directory that is not
   recognised otherwise;
+- ``oft``: an OpenVLA directory with an OpenVLA-OFT action head beside it
+  (``action_head--<step>_checkpoint.*``; :mod:`vla_accel_ros.models.oft.checkpoint`);
 - ``openvla``: ``config.json`` with ``model_type: "openvla"``, openvla-7b and its fine-tunes as
   published (:mod:`vla_accel_ros.models.openvla.checkpoint`);
 - ``lerobot``: a LeRobot policy directory, ``config.json`` with a policy ``type`` beside
@@ -130,6 +132,22 @@ def check_lerobot_files(directory: Path, unnorm_key: str = "") -> None:
     check_safetensors(directory / "model.safetensors")
 
 
+def _is_oft(directory: Path, config: dict[str, Any] | None) -> bool:
+    from vla_accel_ros.models.oft.components import has_action_head
+
+    return config is not None and config.get("model_type") == "openvla" and has_action_head(directory)
+
+
+def check_oft_files(directory: Path, unnorm_key: str = "") -> None:
+    """An OpenVLA-OFT directory's files: safetensors weights, every shard its index names present
+    and complete, and its components converted to safetensors (:mod:`.oft.components`)."""
+    from vla_accel_ros.models.oft.components import find_components
+
+    check_weights(directory)
+    for path in find_components(directory).values():
+        check_safetensors(path)
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("own", "model.json", lambda directory, config: (directory / "model.json").is_file(),
            "vla_accel_ros.models.own.checkpoint:load_policy_directory",
@@ -137,6 +155,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("hf", "config.json of a Llava-style VLA (a vision_config and an image token)", _is_llava_style,
            "vla_accel_ros.models.hf.hf_vla:load_policy_directory", "vla_accel_ros.models.hf.hf_vla:load_hf_vla",
            checker="vla_accel_ros.models.load:check_hf_files"),
+    Family("oft", 'config.json with model_type "openvla" and an action_head--<step>_checkpoint file (OpenVLA-OFT)',
+           _is_oft, "vla_accel_ros.models.oft.checkpoint:load_policy_directory",
+           "vla_accel_ros.models.oft.checkpoint:load_oft", checker="vla_accel_ros.models.load:check_oft_files"),
     Family("openvla", 'config.json with model_type "openvla" (openvla-7b and its fine-tunes)',
            lambda directory, config: config is not None and config.get("model_type") == "openvla",
            "vla_accel_ros.models.openvla.checkpoint:load_policy_directory",

@@ -25,6 +25,7 @@ import numpy as np
 from vla_accel_ros.core.errors import RunFailed
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.models.load import check_checkpoint
+from vla_accel_ros.decoding.specs import DEFAULT
 
 PROCESSES = ("node", "inference", "camera")
 START_TIMEOUT_S = 300.0
@@ -36,7 +37,7 @@ class SoakOptions:
     rate_hz: float = 50.0
     warmup_min: float = 5.0
     sample_s: float = 10.0
-    decoder: str = "kerv"
+    decoder: str = DEFAULT
     checkpoint: str = ""  # empty: the shipped policy
     domain_id: int = 97
     image_size: int = 128

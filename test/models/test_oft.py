@@ -272,7 +272,7 @@ def test_predict_json_prints_the_whole_chunk(capsys, oft_dir, frames, policy, tm
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--decoder", "kerv"], "--decoder kerv: decoder 'kerv' does not apply"),
-    (["--state", "1,2,x"], "--state '1,2,x': expected S.npy or comma-separated numbers"),
+    (["--state", "1,2,x"], "--state: not a comma list of numbers nor a .npy file"),
     (["--chunk-size", "0"], "chunk_size must be a positive integer"),
     (["--logits"], "no action tokens"),
 ])

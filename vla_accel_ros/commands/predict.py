@@ -211,7 +211,7 @@ def predict_chunk(args: argparse.Namespace, ref: Any) -> dict[str, Any]:
             "family": "lerobot", "type": policy.config.type, "checkpoint": str(ref),
             "dtype": str(policy.dtype).removeprefix("torch."), "steps": int(steps),
             "cameras": list(policy.config.camera_names),
-            "timing_ms": {"load": round(load_ms, 3), "chunk": round(chunk_ms, 3)}}
+            "timing_ms": {"load": round(load_ms, 3), "sample": round(chunk_ms, 3)}}
 
 
 def predict_oft(args: argparse.Namespace, ref: Any, images: list[np.ndarray]) -> dict[str, Any]:

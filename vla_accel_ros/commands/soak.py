@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from vla_accel_ros.decoding.specs import DEFAULT
 from vla_accel_ros.ros.soak import PROCESSES, SoakOptions, run_soak
 
 
@@ -21,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-min", type=float, default=5.0, help="samples before this are not in the slope")
     parser.add_argument("--sample-s", type=float, default=10.0, help="seconds between RSS samples")
     parser.add_argument("--max-slope", type=float, default=0.05, help="MB/min the slopes must stay under")
-    parser.add_argument("--decoder", default="kerv")
+    parser.add_argument("--decoder", default=DEFAULT)
     parser.add_argument("--checkpoint", default="", help="empty: the shipped policy")
     parser.add_argument("--domain-id", type=int, default=97, help="ROS_DOMAIN_ID of the node and the robot")
     parser.add_argument("--out", type=Path, default=Path("outputs/soak"), help="node.log and summary.json go here")

@@ -24,8 +24,8 @@ import numpy as np
 
 from vla_accel_ros.core.errors import RunFailed
 from vla_accel_ros.core.resources import default_checkpoint
-from vla_accel_ros.models.load import check_checkpoint
 from vla_accel_ros.decoding.specs import DEFAULT
+from vla_accel_ros.models.load import check_checkpoint
 
 PROCESSES = ("node", "inference", "camera")
 START_TIMEOUT_S = 300.0

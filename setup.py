@@ -41,6 +41,8 @@ setup(
         "mujoco",
         "rosbags",
         "torch",
+        "websockets",
+        "msgpack",
     ],
     zip_safe=False,
     maintainer="vla_accel_ros maintainers",

@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "world-aware prefill: frame autoencoder + next-frame bias, then fine-tune target and draft on it"),
     "build-store": ("vla_accel_ros.commands.build_store",
                     "build the HeiSD retrieval store and boundary calibration from demonstrations"),
+    "serve-openpi": ("vla_accel_ros.commands.serve_openpi",
+                     "serve a policy and its decoder over openpi's websocket policy-server protocol"),
     "predict": ("vla_accel_ros.commands.predict", "one observation in, its action and timings out, any checkpoint"),
     "eval": ("vla_accel_ros.commands.eval", "closed-loop episodes of the policy in the sim with one decoder"),
     "bench": ("vla_accel_ros.commands.bench", "every decoder on the same seeded episodes, side by side, with plots"),

@@ -8,7 +8,10 @@ when a directory of that family is loaded (torch, transformers):
   (:mod:`vla_accel_ros.models.hf.hf_vla`); ``hf:DIR`` declares it, for a directory that is not
   recognised otherwise;
 - ``openvla``: ``config.json`` with ``model_type: "openvla"``, openvla-7b and its fine-tunes as
-  published (:mod:`vla_accel_ros.models.openvla.checkpoint`).
+  published (:mod:`vla_accel_ros.models.openvla.checkpoint`);
+- ``openpi``: no directory but a server's address, ``openpi://HOST:PORT`` or ``ws://`` (a policy served
+  over openpi's protocol, :mod:`vla_accel_ros.models.openpi.client`); its chunks come through the flow
+  decoders (``decoders``), and it needs the arm (``arm``) to turn joint actions into our actions.
 
 A directory no family recognises is refused in one line that names the file read and the families
 known. Every loader raises ValueError (the own family's CheckpointError is one) naming the file at fault.
@@ -42,6 +45,8 @@ class Family:
     recognises: Callable[[Path, dict[str, Any] | None], bool]
     loader: str
     placed_loader: str = ""
+    decoders: tuple[str, ...] = ()  # the decoders its policies serve (empty: each declares what it needs)
+    remote: bool = False  # its loader takes the checkpoint's address and the arm, not a directory
 
     def load(self, directory: Path, unnorm_key: str, *, device: str | None = None,
              dtype: str | None = None) -> PolicyLike:
@@ -75,6 +80,8 @@ FAMILIES: tuple[Family, ...] = (
            lambda directory, config: config is not None and config.get("model_type") == "openvla",
            "vla_accel_ros.models.openvla.checkpoint:load_policy_directory",
            "vla_accel_ros.models.openvla.checkpoint:load_openvla"),
+    Family("openpi", "an openpi server's address (openpi://HOST:PORT, ws://...)", lambda directory, config: False,
+           "vla_accel_ros.models.openpi.client:connect_policy", decoders=("flow10", "flow2"), remote=True),
 )
 
 
@@ -105,6 +112,8 @@ def recognise(source: str | Path | CheckpointRef) -> Family:
     whose marker the directory holds. ValueError in one line otherwise: a missing directory, or one
     no family recognises (naming the file read and the families known)."""
     ref = CheckpointRef.parse(source)
+    if ref.address:
+        return family_named("openpi")
     directory = ref.directory
     if not directory.is_dir():
         raise ValueError(f"{directory}: no such directory")
@@ -120,13 +129,20 @@ def recognise(source: str | Path | CheckpointRef) -> Family:
 
 
 def load_policy(source: str | Path | CheckpointRef, *, unnorm_key: str = "", device: str | None = None,
-                dtype: str | None = None) -> PolicyLike:
+                dtype: str | None = None, arm: Any = None) -> PolicyLike:
     """The policy in the checkpoint ``source`` names (a directory, or ``hf:DIR``), loaded by its family
     (``unnorm_key``: a Hugging Face or OpenVLA model's dataset in its statistics; empty = the only
     one; ``device`` and ``dtype``: where it runs and its weights' dtype, None = the family's
-    default); ValueError naming the file at fault."""
+    default; ``arm``: the robot's kinematics, which a remote family's policy needs); ValueError naming
+    the file at fault."""
     ref = CheckpointRef.parse(source)
-    return recognise(ref).load(ref.directory, unnorm_key, device=device, dtype=dtype)
+    family = recognise(ref)
+    if family.remote:
+        if arm is None:
+            raise ValueError(f"{ref}: a policy server needs the robot's kinematics (arm=)")
+        remote: PolicyLike = _function(family.loader)(ref.address, arm=arm)
+        return remote
+    return family.load(ref.directory, unnorm_key, device=device, dtype=dtype)
 
 
 def load_token_vla(source: str | Path | CheckpointRef, *, unnorm_key: str | None = None, device: str | None = None,

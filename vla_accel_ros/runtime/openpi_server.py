@@ -76,7 +76,8 @@ def observation_from_request(request: Any, spec: PolicySpec, n_joints: int, max_
     prompt = request.get(spec.prompt, "")
     if not isinstance(prompt, str):
         raise ValueError(f"'{spec.prompt}' must be a string, got {type(prompt).__name__}")
-    return Observation(image=np.ascontiguousarray(image), instruction=prompt, joint_pos=joints, gripper=gripper,
+    return Observation(image=np.array(image, copy=True),  # unpacked arrays are read-only
+                       instruction=prompt, joint_pos=joints, gripper=gripper,
                        stamp=time.time())
 
 

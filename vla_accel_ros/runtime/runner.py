@@ -67,11 +67,18 @@ class PolicyRunner:
         here, so that a missing one is reported at start-up, not at every step. ``decoder_settings``
         go to the decoder's config."""
         from vla_accel_ros.decoding import make_decoder
-        from vla_accel_ros.models.load import load_policy
+        from vla_accel_ros.models.load import load_policy, recognise
 
         ref = CheckpointRef.parse(checkpoint)
+        served_by = recognise(ref).decoders
+        swapped = ""
+        if served_by and decoder_name not in served_by:  # a policy server's chunks come through a flow decoder
+            swapped = f"decoder '{decoder_name}' needs the model's passes; {ref} answers with chunks: {served_by[0]}"
+            decoder_name, decoder_settings = served_by[0], None
         decoder = make_decoder(decoder_name, **(decoder_settings or {}))
-        runner = cls(load_policy(ref, unnorm_key=unnorm_key), decoder, kin, **kwargs)
+        runner = cls(load_policy(ref, unnorm_key=unnorm_key, arm=kin), decoder, kin, **kwargs)
+        if swapped:
+            runner.warnings = [swapped, *runner.warnings]
         if decoder.spec.retrieval_store:
             decoder.attach_checkpoint_store(ref.directory, runner.policy)
         return runner

@@ -265,3 +265,17 @@ def test_addresses_and_keys(tmp_path: Path, kin: ArmKinematics, monkeypatch: pyt
                        ("openpi://h:1?timeout_s=0", "timeout_s")):
         with pytest.raises(ValueError, match=match):
             ServerAddress.parse(bad)
+
+
+def test_the_worker_reports_the_servers_counters(served: Served, kin: ArmKinematics, wait_until: Any) -> None:
+    from vla_accel_ros.core.controller import Controller, ControllerConfig
+    from vla_accel_ros.runtime.thread_worker import InferenceWorker
+
+    runner = build_runner(RunnerConfig(checkpoint=f"openpi://127.0.0.1:{served.port}"), kin)
+    controller = Controller(kin, ControllerConfig())
+    worker = InferenceWorker(controller, runner, time.monotonic)
+    stats = worker.stats()
+    assert stats["server_requests"] == 0 and stats["server_connected"] is False
+    runner(observation())
+    stats = worker.stats()
+    assert stats["server_replies"] == 1 and stats["server_rtt_ms_p50"] > 0 and stats["server_lost"] == 0

@@ -87,6 +87,12 @@ class PolicyRunner:
     def image_size(self) -> int:
         return int(self.policy.config.image_size)
 
+    def policy_stats(self) -> dict[str, Any]:
+        """What the policy counts of itself: a policy server's requests, replies, lost and bad replies,
+        connections and round trips (``remote_stats``); empty for a model that runs here."""
+        report = getattr(self.policy, "remote_stats", None)
+        return dict(report()) if callable(report) else {}
+
     def start_episode(self, key: int | None = None) -> None:
         """Forget the previous episode (history, filter, vision cache, decoder state). ``key`` keys the
         episode's sampling noise (eval: the episode's seed, so a seed always samples alike); None

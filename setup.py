@@ -21,6 +21,7 @@ setup(
         share("launch", "*.launch.py"),
         share("config", "*.yaml"),
         share("config/examples", "*.yaml"),
+        share("config/openpi", "*.json"),
         share("urdf", "*.urdf"),
         share("urdf", "*.xacro"),
         share("checkpoints/default"),

@@ -279,3 +279,24 @@ def test_the_worker_reports_the_servers_counters(served: Served, kin: ArmKinemat
     runner(observation())
     stats = worker.stats()
     assert stats["server_replies"] == 1 and stats["server_rtt_ms_p50"] > 0 and stats["server_lost"] == 0
+
+
+@pytest.mark.parametrize("name", ["libero", "droid"])
+def test_the_shipped_example_specs_make_requests_and_read_replies(name: str, kin: ArmKinematics) -> None:
+    spec = PolicySpec.read(Path(__file__).parents[2] / "config" / "openpi" / f"{name}.json")
+    policy = OpenPIPolicy(ServerAddress("ws://x:1", spec, "", 1.0), kin)
+    request = policy.request(observation(spec.image_size))
+    assert set(request) == {*spec.images, *spec.state, spec.prompt}
+    main = request[spec.main_image_key]
+    assert main.shape == (spec.image_size, spec.image_size, 3) and main.dtype == np.uint8
+    if name == "libero":  # TCP position, axis-angle, two finger positions: LIBERO's 8 numbers
+        assert request["observation/state"].shape == (8,)
+        reply = {"actions": np.tile([1.0, 0, 0, 0, 0, 0, -1.0], (10, 1))}  # +1: 0.05 m; -1: open
+        ours = policy.to_our_actions(reply, np.zeros(7))
+        assert ours.shape == (5, 7) and np.allclose(ours[:, 0], 0.05) and np.all(ours[:, 6] == 1.0)
+    else:
+        assert request["observation/joint_position"].shape == (7,)
+        assert request["observation/gripper_position"].shape == (1,)
+        q0 = np.array([0.0, 0.3, 0.0, -1.2, 0.0, 1.0, 0.0])  # within the limits: zero velocity stays put
+        ours = policy.to_our_actions({"actions": np.zeros((10, 8))}, q0)
+        assert ours.shape == (8, 7) and np.allclose(ours[:, :6], 0.0) and np.all(ours[:, 6] == 1.0)

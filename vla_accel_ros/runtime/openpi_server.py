@@ -29,7 +29,7 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.models.openpi.spec import PolicySpec, gripper_from_ours, gripper_to_ours
+from vla_accel_ros.models.openpi.spec import PART_WIDTH, PolicySpec, gripper_from_ours, gripper_to_ours
 
 if TYPE_CHECKING:
     from vla_accel_ros.runtime.runner import PolicyRunner
@@ -61,7 +61,7 @@ def observation_from_request(request: Any, spec: PolicySpec, n_joints: int, max_
         if state_key not in request:
             raise ValueError(f"missing observation key '{state_key}'")
         values = np.asarray(request[state_key], dtype=float).reshape(-1)
-        width = sum(n_joints if part == "joints" else 1 for part in parts)
+        width = sum(n_joints if part == "joints" else PART_WIDTH[part] for part in parts)
         if values.shape != (width,) or not np.all(np.isfinite(values)):
             raise ValueError(f"'{state_key}' must be {width} finite numbers ({' + '.join(parts)}), got "
                              f"shape {values.shape}")
@@ -69,8 +69,10 @@ def observation_from_request(request: Any, spec: PolicySpec, n_joints: int, max_
         for part in parts:
             if part == "joints":
                 joints, at = values[at: at + n_joints], at + n_joints
-            else:
+            elif part == "gripper":
                 gripper, at = gripper_to_ours(float(values[at]), spec.gripper_state) * max_opening, at + 1
+            else:  # the TCP pose: the policy sees the joints
+                at += PART_WIDTH[part]
     if joints is None:
         raise ValueError("the spec's state carries no joint positions")
     prompt = request.get(spec.prompt, "")
@@ -88,6 +90,7 @@ def expected_keys(spec: PolicySpec) -> list[str]:
 def actions_reply(actions: np.ndarray, spec: PolicySpec) -> dict[str, Any]:
     """Our actions (H, 7) as the reply's ``actions`` (float32, the gripper on the spec's scale)."""
     out = np.array(actions, dtype=np.float32, copy=True).reshape(-1, 7)
+    out[:, :6] /= np.asarray(spec.action_scale, dtype=np.float32)
     out[:, 6] = [gripper_from_ours(float(g), spec.gripper) for g in out[:, 6]]
     return {"actions": out}
 

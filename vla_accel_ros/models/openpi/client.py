@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import numpy as np
+import pinocchio as pin
 import torch
 from openpi_client import msgpack_numpy
 from websockets.exceptions import WebSocketException
@@ -226,10 +227,18 @@ class OpenPIPolicy:
                                    for key, camera in self.spec.images.items()}
         max_opening = float(self.arm.gripper_limits.upper.max()) if self.arm.gripper_joint_names else 1.0
         fraction = float(obs.gripper) / max_opening if max_opening > 0 else 1.0
+        q = np.asarray(obs.joint_pos, dtype=float)
+        pose = self.arm.fk(q) if any(p.startswith("tcp") for parts in self.spec.state.values() for p in parts) else None
         for key, parts in self.spec.state.items():
-            values = [np.asarray(obs.joint_pos, dtype=np.float32) if part == "joints" else
-                      np.array([gripper_from_ours(fraction, self.spec.gripper_state)], np.float32) for part in parts]
-            request[key] = np.concatenate(values)
+            values = []
+            for part in parts:
+                if part == "joints":
+                    values.append(q)
+                elif part == "gripper":
+                    values.append(np.array([gripper_from_ours(fraction, self.spec.gripper_state)]))
+                elif pose is not None:
+                    values.append(pose.position if part == "tcp_position" else pin.log3(pose.rotation))
+            request[key] = np.concatenate(values).astype(np.float32)
         request[self.spec.prompt] = str(obs.instruction)
         return request
 
@@ -254,7 +263,8 @@ class OpenPIPolicy:
             raise ServerError("'actions' holds values that are not finite")
         gripper = np.array([gripper_to_ours(float(g), self.spec.gripper) for g in actions[:, width - 1]])
         if self.spec.action_space == "ee_delta":
-            ours = np.column_stack([np.clip(actions[:, :6], -ACTION_BOUND, ACTION_BOUND), gripper])
+            scaled = actions[:, :6] * np.asarray(self.spec.action_scale)
+            ours = np.column_stack([np.clip(scaled, -ACTION_BOUND, ACTION_BOUND), gripper])
             return np.asarray(ours, dtype=float)
         dt = self.spec.action_dt_s
         ours = np.empty((len(actions), 7))

@@ -8,13 +8,17 @@ this robot and that server:
   missing view). The first key is the one a server of ours requires; the others are optional.
 - ``image_size``: the side (pixels) the client resizes frames to before sending them (0 = as they are).
 - ``state``: observation key -> the parts it concatenates, in order: ``"joints"`` (the arm's joint
-  positions, rad) and ``"gripper"`` (the finger opening mapped by ``gripper_state``).
+  positions, rad), ``"gripper"`` (the finger opening mapped by ``gripper_state``), ``"tcp_position"``
+  (m, 3) and ``"tcp_axis_angle"`` (rad, 3), the TCP pose in the arm's base frame. A server of ours
+  reads the joints and the gripper and skips the TCP parts.
 - ``prompt``: the key of the instruction.
 - ``action_space``: ``ee_delta`` (our 7 numbers: Δx Δy Δz, Δroll Δpitch Δyaw as a world-frame
   rotation vector, gripper), ``joint_position`` (absolute arm targets then the gripper) or
   ``joint_velocity`` (rad/s then the gripper, integrated over ``action_dt_s`` under the velocity limits).
 - ``chunk_length``: the actions of a reply the node executes (0 = every one the server sends).
 - ``action_dt_s``: the time one action of the server's chunk covers.
+- ``action_scale``: ``ee_delta`` only, the six factors from the server's Δ units to ours (m, rad):
+  LIBERO's controller takes ±1 as ±0.05 m and ±0.5 rad.
 - ``gripper``: the server's gripper value for ``open`` and ``closed`` (ours: 1 and 0);
   ``gripper_state``: the same for the state, the opening as a fraction of the widest.
 - ``max_message_bytes``: the largest message either side accepts.
@@ -31,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 ACTION_SPACES = ("ee_delta", "joint_position", "joint_velocity")
-STATE_PARTS = ("joints", "gripper")
+STATE_PARTS = ("joints", "gripper", "tcp_position", "tcp_axis_angle")
+PART_WIDTH = {"gripper": 1, "tcp_position": 3, "tcp_axis_angle": 3}  # "joints": the arm's joint count
 MAIN_CAMERA = "main"
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -48,6 +53,7 @@ class PolicySpec:
     action_space: str = "ee_delta"
     chunk_length: int = 0
     action_dt_s: float = 0.05
+    action_scale: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
     gripper: tuple[float, float] = (1.0, 0.0)  # (open, closed)
     gripper_state: tuple[float, float] = (1.0, 0.0)  # (open, closed)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -68,6 +74,10 @@ class PolicySpec:
             raise ValueError("image_size and chunk_length must be >= 0")
         if not (math.isfinite(self.action_dt_s) and self.action_dt_s > 0):
             raise ValueError(f"action_dt_s must be > 0, got {self.action_dt_s}")
+        scale = tuple(float(v) for v in self.action_scale)
+        if len(scale) != 6 or not all(math.isfinite(v) and v > 0 for v in scale):
+            raise ValueError("action_scale must be six positive numbers (Δx Δy Δz Δroll Δpitch Δyaw)")
+        object.__setattr__(self, "action_scale", scale)
         for name in ("gripper", "gripper_state"):
             pair = tuple(float(v) for v in getattr(self, name))
             if len(pair) != 2 or not all(math.isfinite(v) for v in pair) or pair[0] == pair[1]:

@@ -4,7 +4,6 @@ runner's policy (``openpi://HOST:PORT``), with the bad replies a client must sur
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -38,39 +37,6 @@ from vla_accel_ros.runtime.openpi_server import OpenPIServer, observation_from_r
 SMALL_LIMIT = 64 * 1024
 
 
-class Served:
-    """An :class:`OpenPIServer` listening on a free loopback port in a thread of its own."""
-
-    def __init__(self, server: OpenPIServer) -> None:
-        self.server = server
-        self.loop = asyncio.new_event_loop()
-        self.ready: Any = None
-        started = threading.Event()
-
-        def serve() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.ready = self.loop.create_future()
-            self.loop.call_soon(started.set)
-            self.task = self.loop.create_task(server.serve("127.0.0.1", 0, self.ready))
-            try:
-                self.loop.run_until_complete(self.task)
-            except asyncio.CancelledError:
-                pass
-
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
-        started.wait(10)
-        self.port = asyncio.run_coroutine_threadsafe(self._port(), self.loop).result(timeout=30)
-
-    async def _port(self) -> int:
-        server = await self.ready
-        return int(server.sockets[0].getsockname()[1])
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.task.cancel)
-        self.thread.join(10)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tiny_checkpoint: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(tiny_checkpoint(tmp_path_factory.mktemp("openpi") / "ckpt"))
@@ -82,11 +48,11 @@ def kin() -> ArmKinematics:
 
 
 @pytest.fixture(scope="module")
-def served(checkpoint: Path, kin: ArmKinematics) -> Iterator[Served]:
+def served(checkpoint: Path, kin: ArmKinematics, openpi_serving: Any) -> Iterator[Any]:
     runner = build_runner(RunnerConfig(checkpoint=str(checkpoint), decoder="ar", temperature=0.0), kin)
     spec = PolicySpec(max_message_bytes=SMALL_LIMIT)
     server = OpenPIServer(runner, spec, n_joints=kin.n, max_opening=0.04, metadata={"server": "test"})
-    running = Served(server)
+    running = openpi_serving(server)
     yield running
     running.close()
 
@@ -98,7 +64,7 @@ def libero_request(size: int = 48) -> dict[str, Any]:
             "observation/state": np.r_[np.zeros(7), 1.0], "prompt": "pick up the red cube"}
 
 
-def test_openpi_clients_own_policy_gets_actions(served: Served) -> None:
+def test_openpi_clients_own_policy_gets_actions(served: Any) -> None:
     client = WebsocketClientPolicy("127.0.0.1", served.port)
     metadata = client.get_server_metadata()
     assert metadata["server"] == "test" and metadata["action_dim"] == 7
@@ -111,12 +77,12 @@ def test_openpi_clients_own_policy_gets_actions(served: Served) -> None:
     assert "prev_total_ms" in reply["server_timing"]  # the second request reports the first one's cycle
 
 
-def test_health_check_answers_200(served: Served) -> None:
+def test_health_check_answers_200(served: Any) -> None:
     with urllib.request.urlopen(f"http://127.0.0.1:{served.port}/healthz", timeout=10) as response:
         assert response.status == 200
 
 
-def test_a_bad_request_is_a_text_frame_then_a_close(served: Served) -> None:
+def test_a_bad_request_is_a_text_frame_then_a_close(served: Any) -> None:
     client = WebsocketClientPolicy("127.0.0.1", served.port)
     request = libero_request()
     del request["observation/image"]
@@ -127,7 +93,7 @@ def test_a_bad_request_is_a_text_frame_then_a_close(served: Served) -> None:
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
 
 
-def test_an_oversized_message_is_refused_unread(served: Served) -> None:
+def test_an_oversized_message_is_refused_unread(served: Any) -> None:
     before = served.server.served
     with connect(f"ws://127.0.0.1:{served.port}", max_size=None, compression=None) as ws:
         ws.recv(timeout=10)  # the metadata
@@ -166,7 +132,7 @@ def observation(size: int = 64) -> Observation:
                        joint_pos=np.zeros(7), gripper=0.04, stamp=0.0)
 
 
-def test_a_served_policy_answers_as_the_local_one(served: Served, checkpoint: Path, kin: ArmKinematics) -> None:
+def test_a_served_policy_answers_as_the_local_one(served: Any, checkpoint: Path, kin: ArmKinematics) -> None:
     spec = PolicySpec(image_size=64)
     spec_file = Path(checkpoint.parent / "spec.json")
     spec_file.write_text(json.dumps({"image_size": 64}))
@@ -181,9 +147,10 @@ def test_a_served_policy_answers_as_the_local_one(served: Served, checkpoint: Pa
     assert stats["server_replies"] == 1 and stats["server_connected"] and stats["server_rtt_ms_p50"] > 0
 
 
-def test_the_client_reconnects_after_the_server_returns(checkpoint: Path, kin: ArmKinematics) -> None:
+def test_the_client_reconnects_after_the_server_returns(checkpoint: Path, kin: ArmKinematics,
+                                                         openpi_serving: Any) -> None:
     runner = build_runner(RunnerConfig(checkpoint=str(checkpoint), decoder="ar", temperature=0.0), kin)
-    first = Served(OpenPIServer(runner, LIBERO, n_joints=7, max_opening=0.04, metadata={}))
+    first = openpi_serving(OpenPIServer(runner, LIBERO, n_joints=7, max_opening=0.04, metadata={}))
     policy = connect_policy(f"ws://127.0.0.1:{first.port}", arm=kin)
     assert policy.request_chunk(observation()).shape == (1, 7)
     first.close()
@@ -191,7 +158,7 @@ def test_the_client_reconnects_after_the_server_returns(checkpoint: Path, kin: A
         policy.request_chunk(observation())
     with pytest.raises(ServerError, match="not connected|cannot connect"):  # no retry storm: one per interval
         policy.request_chunk(observation())
-    second = Served(OpenPIServer(runner, LIBERO, n_joints=7, max_opening=0.04, metadata={}))
+    second = openpi_serving(OpenPIServer(runner, LIBERO, n_joints=7, max_opening=0.04, metadata={}))
     try:
         moved = connect_policy(f"ws://127.0.0.1:{second.port}", arm=kin)
         moved.counts = policy.counts
@@ -267,7 +234,7 @@ def test_addresses_and_keys(tmp_path: Path, kin: ArmKinematics, monkeypatch: pyt
             ServerAddress.parse(bad)
 
 
-def test_the_worker_reports_the_servers_counters(served: Served, kin: ArmKinematics, wait_until: Any) -> None:
+def test_the_worker_reports_the_servers_counters(served: Any, kin: ArmKinematics, wait_until: Any) -> None:
     from vla_accel_ros.core.controller import Controller, ControllerConfig
     from vla_accel_ros.runtime.thread_worker import InferenceWorker
 

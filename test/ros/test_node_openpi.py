@@ -5,7 +5,6 @@ ticks again when it returns on the same port. Run inside /work/tools/isolated (a
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 

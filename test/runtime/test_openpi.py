@@ -267,3 +267,33 @@ def test_the_shipped_example_specs_make_requests_and_read_replies(name: str, kin
         q0 = np.array([0.0, 0.3, 0.0, -1.2, 0.0, 1.0, 0.0])  # within the limits: zero velocity stays put
         ours = policy.to_our_actions({"actions": np.zeros((10, 8))}, q0)
         assert ours.shape == (8, 7) and np.allclose(ours[:, :6], 0.0) and np.all(ours[:, 6] == 1.0)
+
+
+def test_the_inference_child_serves_a_policy_server(served: Any, checkpoint: Path, kin: ArmKinematics,
+                                                    wait_until: Any) -> None:
+    from vla_accel_ros.core.controller import Controller, ControllerConfig
+    from vla_accel_ros.runtime.process_worker import ChildSpec, ProcessInferenceWorker
+
+    spec_file = checkpoint.parent / "spec64.json"
+    spec_file.write_text(json.dumps({"image_size": 64}))
+    config = RunnerConfig(f"openpi://127.0.0.1:{served.port}?spec={spec_file}")
+    controller = Controller(kin, ControllerConfig())
+    controller.set_enabled(True)
+    controller.set_instruction("pick up the red cube")
+    worker = ProcessInferenceWorker(controller, ChildSpec(config, kin.urdf_xml, kin.tcp_frame), time.monotonic)
+    worker.start()
+    try:
+        assert worker.image_size == 64 and any("answers with chunks" in w for w in worker.warnings)
+        q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
+        image = observation().image
+
+        def fed() -> bool:
+            now = time.monotonic()
+            controller.on_joint_state(q, 0.04, now)
+            controller.on_image(image, now)
+            return worker.stats()["actions"] >= 3
+
+        assert wait_until(fed, 60.0), worker.stats()
+        assert worker.stats()["errors"] == 0
+    finally:
+        worker.stop()

@@ -243,6 +243,3 @@ class PickCubeEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-EVAL_SEED_START = 100_000

@@ -28,11 +28,12 @@ this robot and that server:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from vla_accel_ros.models.load import read_json_file
 
 ACTION_SPACES = ("ee_delta", "joint_position", "joint_velocity")
 STATE_PARTS = ("joints", "gripper", "tcp_position", "tcp_axis_angle")
@@ -109,12 +110,7 @@ class PolicySpec:
     def read(cls, path: str | Path) -> PolicySpec:
         """The spec in the JSON file ``path``; ValueError naming the file and what is wrong."""
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{path}: cannot read it as JSON ({error})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: not a JSON object")
+        data = read_json_file(path)
         try:
             return cls.from_dict(data)
         except (ValueError, TypeError) as error:

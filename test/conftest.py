@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -172,6 +174,18 @@ def _foreign_arm(joint_names: tuple[str, ...] | list[str], tcp_frame: str = "han
     return f'<robot name="foreign_arm">{"".join(parts)}</robot>'
 
 
+def _png_bomb(side: int = 32768) -> bytes:
+    """A 1-bit black ``side`` x ``side`` PNG: 130 kB that decode to a gigapixel."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    row = b"\x00" + bytes(side // 8)
+    deflate = zlib.compressobj(9)
+    idat = b"".join(deflate.compress(row) for _ in range(side)) + deflate.flush()
+    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
 def _wait_until(predicate: Callable[[], Any], timeout: float = 10.0, every: Callable[[], None] | None = None) -> bool:
     """True as soon as ``predicate()`` is, polled every 20 ms (after ``every()`` when given);
     False after ``timeout`` seconds."""
@@ -219,10 +233,11 @@ class DdsRig:
         self.stop = threading.Event()
 
     def spin(self, node: Any, *, executor: str = "multi", feed: Callable[[], None] | None = None,
-             others: tuple[Any, ...] = ()) -> None:
+             others: tuple[Any, ...] = (), realtime: bool = False) -> None:
         """``executor``: "multi" (node and peer on one 3-thread executor), "single" (one
         single-threaded executor) or "split" (a single-threaded executor each). ``feed`` runs in
-        its own daemon thread. ``others``: more nodes under test, spun with ``node``."""
+        its own daemon thread. ``others``: more nodes under test, spun with ``node``. ``realtime``:
+        the thread spinning ``node`` first takes its ``realtime_priority``, as ``ros2 run`` does."""
         from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
 
         self.node = node
@@ -235,14 +250,16 @@ class DdsRig:
         for under_test in (node, *others):
             self.executors[0].add_node(under_test)
         self.executors[-1].add_node(self.peer)
-        self.threads = [threading.Thread(target=self._spin_until_stopped, args=(e,), daemon=True)
-                        for e in self.executors]
+        self.threads = [threading.Thread(target=self._spin_until_stopped, args=(e, realtime and i == 0), daemon=True)
+                        for i, e in enumerate(self.executors)]
         if feed is not None:
             self.threads.append(threading.Thread(target=feed, daemon=True))
         for t in self.threads:
             t.start()
 
-    def _spin_until_stopped(self, executor: Any) -> None:
+    def _spin_until_stopped(self, executor: Any, realtime: bool = False) -> None:
+        if realtime:
+            self.node.apply_realtime_priority()
         # Not executor.spin(): shutting an executor down while a thread spins it races inside rclpy
         # (a finishing callback can trigger a guard condition the shutdown has just destroyed).
         while not self.stop.is_set():
@@ -332,6 +349,11 @@ class OpenPIServing:
 @pytest.fixture(scope="session")
 def openpi_serving() -> type[OpenPIServing]:
     return OpenPIServing
+
+
+@pytest.fixture(scope="session")
+def png_bomb() -> bytes:
+    return _png_bomb()
 
 
 @pytest.fixture(scope="session")

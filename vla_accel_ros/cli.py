@@ -52,12 +52,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
                         "incremental vision (re-encode changed patches only) against the full prefill"),
     "hf-cost": ("vla_accel_ros.commands.hf_cost",
                 "time a Hugging Face VLA's passes at OpenVLA's size and the implied speed-ups"),
+    "soak": ("vla_accel_ros.commands.soak", "the node for a long run at a control rate: is its memory flat?"),
     "sim-speed": ("vla_accel_ros.commands.sim_speed", "measure sim steps/s with and without rendering"),
 }
 
 # How ``vla-accel --help`` lists them: what each group is for, and its commands in order.
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "run": ("the node and the sim, bags, a policy server", ("sim", "record", "replay", "serve-openpi")),
+    "run": ("the node and the sim, bags, a policy server", ("sim", "record", "replay", "soak", "serve-openpi")),
     "evaluate": ("success rate and speed over seeded episodes", ("eval", "bench", "fleet-bench")),
     "train": ("demonstrations, models and their heads", ("demos", "train", "train-flow", "train-parallel-draft",
                                                          "train-world", "train-hf", "train-draft", "build-store")),

@@ -52,6 +52,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                         "incremental vision (re-encode changed patches only) against the full prefill"),
     "hf-cost": ("vla_accel_ros.commands.hf_cost",
                 "time a Hugging Face VLA's passes at OpenVLA's size and the implied speed-ups"),
+    "lerobot-cost": ("vla_accel_ros.commands.lerobot_cost",
+                     "SmolVLA's or pi0's prefix, flow step and chunk at the real shape, in CPU time"),
     "soak": ("vla_accel_ros.commands.soak", "the node for a long run at a control rate: is its memory flat?"),
     "sim-speed": ("vla_accel_ros.commands.sim_speed", "measure sim steps/s with and without rendering"),
 }
@@ -62,7 +64,8 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "evaluate": ("success rate and speed over seeded episodes", ("eval", "bench", "fleet-bench")),
     "train": ("demonstrations, models and their heads", ("demos", "train", "train-flow", "train-parallel-draft",
                                                          "train-world", "train-hf", "train-draft", "build-store")),
-    "inspect": ("one part up close", ("predict", "vision-fidelity", "hf-cost", "sim-speed")),
+    "inspect": ("one part up close", ("predict", "vision-fidelity", "hf-cost", "lerobot-cost",
+                                                 "sim-speed")),
 }
 
 DESCRIPTION = ("Run, evaluate, train and inspect the VLA policy and its accelerated decoders,\n"

@@ -45,6 +45,7 @@ ARGV: dict[str, tuple[str, str]] = {
     "sim": (ANY, "sim --checkpoint {X} --episodes 1 --out {O}"),
     "record": (ANY, "record --checkpoint {X} --episodes 1 --duration-s 0.5 --out {O}"),
     "replay": (ANY, "replay {B} --checkpoint {X} --summary {O}"),
+    "soak": (ANY, "soak --checkpoint {X} --minutes 0.1 --out {O}"),
     "predict": (ANY, "predict --checkpoint {X} --image {I} --instruction pick_up_the_red_cube --json"),
     "vision-fidelity": (OWN, "vision-fidelity --checkpoint {X} --episodes 1 --max-steps 2 --out {O}"),
     "demos": (OWN, "demos --policy {X} --episodes 1 --max-steps 2 --out {O}"),
@@ -56,7 +57,7 @@ ARGV: dict[str, tuple[str, str]] = {
     "train-hf": (HF, "train-hf --data {D} --out {O} --init {X} --epochs 0 --no-progress"),
     "train-draft": (TOKEN, "train-draft --checkpoint {X} --data {D} --epochs 1 --no-progress"),
 }
-NO_CHECKPOINT = {"sim-speed"}  # commands that load none
+NO_CHECKPOINT = {"sim-speed", "lerobot-cost"}  # commands that load none (lerobot-cost: random weights)
 # bad checkpoint -> (the families of the commands it is given to, what the error line must say)
 CASES: dict[str, tuple[tuple[str, ...], str]] = {
     "missing": ((ANY, OWN, HF, TOKEN), "does not exist"),

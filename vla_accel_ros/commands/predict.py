@@ -14,6 +14,13 @@ default), as the node runs it. ``--json`` prints one JSON object, a contract tha
 - ``timing_ms`` (load, prefill, decode, total), and what ran: ``family``, ``checkpoint``,
   ``decoder``, ``dtype``, ``unnorm_key``, ``target_passes``.
 
+A LeRobot flow policy (SmolVLA, π0) predicts a chunk instead: one ``--image`` per camera in the
+config's order (PNG/JPEG, or a ``.npy`` of H x W x 3 uint8 or 3 x H x W float in [0, 1]),
+``--state`` (a comma list or a ``.npy``), ``--noise`` (a ``.npy`` of chunk_size x max_action_dim,
+the sampler's initial noise as LeRobot draws it; default: drawn from ``--seed``) and ``--steps``
+(default: the config's). Its JSON holds ``actions`` (H x action dim, unnormalised) and
+``actions_normalized`` (before unnormalising), ``type``, ``steps`` and ``timing_ms``.
+
 Bad input (a missing or malformed checkpoint file, an unknown ``--unnorm-key``, an unreadable image)
 is one ``predict: error: ...`` line naming the file or key, and exit status 2.
 """
@@ -35,7 +42,8 @@ DTYPE_CHOICES = ("float32", "bfloat16")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="a checkpoint directory of any family (or hf:DIR)")
-    parser.add_argument("--image", required=True, type=Path, help="the camera image (PNG, JPEG, ...), RGB")
+    parser.add_argument("--image", required=True, type=Path, action="append",
+                        help="a camera image (PNG, JPEG, or .npy); repeat once per camera in the model's order")
     parser.add_argument("--instruction", required=True, help="the task, e.g. 'pick up the red cube'")
     parser.add_argument("--unnorm-key", default="", help="the dataset whose action statistics unnormalise the "
                                                          "action (required when the model has several)")
@@ -47,6 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--joints", type=float, nargs="+", default=None,
                         help="the arm's joint positions (default: zeros of the package arm's 7)")
     parser.add_argument("--gripper", type=float, default=0.04, help="the finger opening in metres")
+    parser.add_argument("--state", default=None, help="the robot state: a comma list or a .npy (LeRobot policies)")
+    parser.add_argument("--noise", type=Path, default=None,
+                        help="a .npy of chunk_size x max_action_dim: the flow sampler's initial noise "
+                             "(LeRobot policies)")
+    parser.add_argument("--steps", type=int, default=None, help="flow steps (default: the config's; LeRobot policies)")
+    parser.add_argument("--seed", type=int, default=0, help="the noise's seed when no --noise is given")
+    parser.add_argument("--tokenizer-dir", type=Path, default=None,
+                        help="a LeRobot policy's tokenizer (and SmolVLA's VLM config) when not in the Hugging Face "
+                             "cache")
     parser.add_argument("--logits", action="store_true", help="also print the 7 x 256 action logits")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the contract above)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -56,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
     result = predict(args)  # bad input: one line (vla_accel_ros.cli)
     if args.json:
         print(json.dumps(result))
+        return 0
+    if "actions" in result:
+        print(f"{result['family']} {result['type']} {result['checkpoint']} ({result['dtype']}), "
+              f"{result['steps']} steps")
+        print(f"chunk ({len(result['actions'])} x {len(result['actions'][0])}), first action: "
+              f"{np.round(result['actions'][0], 6).tolist()}")
+        print("timing (ms):   " + ", ".join(f"{k} {v:.1f}" for k, v in result["timing_ms"].items()))
         return 0
     print(f"{result['family']} {result['checkpoint']} ({result['dtype']}), decoder {result['decoder']}")
     print(f"action tokens: {result['action_token_ids']}")
@@ -89,9 +113,16 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    image = read_image(args.image)
     ref = CheckpointRef.parse(args.checkpoint)
     family = recognise(ref).name
+    if family == "lerobot":
+        return predict_chunk(args, ref)
+    for flag in ("state", "noise", "steps", "tokenizer_dir"):
+        if getattr(args, flag) is not None:
+            raise ValueError(f"--{flag.replace('_', '-')} applies to LeRobot policies; {ref} is of the {family} family")
+    if len(args.image) != 1:
+        raise ValueError(f"a checkpoint of the {family} family takes one --image, got {len(args.image)}")
+    image = read_image(args.image[0])
     start = time.perf_counter()
     policy = load_policy(ref, unnorm_key=args.unnorm_key, device=args.device, dtype=args.dtype)
     load_ms = (time.perf_counter() - start) * 1e3
@@ -134,3 +165,31 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
             logits = logits[:, ::-1]  # bins count down from the top id: id order is the reverse
         result["action_logits"] = logits.tolist()
     return result
+
+
+def predict_chunk(args: argparse.Namespace, ref: Any) -> dict[str, Any]:
+    """The JSON object of one LeRobot policy's chunk (module docstring)."""
+    import torch
+
+    from vla_accel_ros.core.observation_files import read_array, read_image_file, read_vector
+    from vla_accel_ros.models.load import load_policy
+
+    if args.state is None:
+        raise ValueError("--state is required for a LeRobot policy (a comma list or a .npy)")
+    images = [read_image_file(path) for path in args.image]
+    state = read_vector(args.state, "--state")
+    start = time.perf_counter()
+    policy: Any = load_policy(ref, unnorm_key=args.unnorm_key, device=args.device, dtype=args.dtype,
+                              tokenizer_dir=args.tokenizer_dir)
+    load_ms = (time.perf_counter() - start) * 1e3
+    noise = None if args.noise is None else read_array(args.noise, policy.noise_shape(), "--noise")
+    steps = policy.config.num_steps if args.steps is None else args.steps
+    start = time.perf_counter()
+    chunk = policy.predict_chunk(images, state, args.instruction, noise=noise, steps=steps,
+                                 generator=torch.Generator().manual_seed(args.seed))
+    chunk_ms = (time.perf_counter() - start) * 1e3
+    return {"actions": chunk.actions.tolist(), "actions_normalized": chunk.normalized.tolist(),
+            "family": "lerobot", "type": policy.config.type, "checkpoint": str(ref),
+            "dtype": str(policy.dtype).removeprefix("torch."), "steps": int(steps),
+            "cameras": list(policy.config.camera_names),
+            "timing_ms": {"load": round(load_ms, 3), "chunk": round(chunk_ms, 3)}}

@@ -45,6 +45,8 @@ class PolicyCapabilities:
     flow_head: ``flow`` (the continuous action head).
     incremental_prefill: ``incremental_prefill(settings)`` (reuse of unchanged image tokens).
     batched_passes: ``prefill_batch`` and ``score`` take a batch of several observations.
+    flow_chunks: ``sample_chunk(prefix, noise, steps)``: a flow VLA that samples a whole chunk from its
+        prefix's keys and values (LeRobot's SmolVLA and π0), with ``noise_shape()``; no action tokens.
     """
 
     draft_head: bool = False
@@ -53,6 +55,7 @@ class PolicyCapabilities:
     flow_head: bool = False
     incremental_prefill: bool = False
     batched_passes: bool = False
+    flow_chunks: bool = False
 
     def missing(self) -> list[str]:
         return [name for name, present in vars(self).items() if not present]

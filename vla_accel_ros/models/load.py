@@ -9,6 +9,9 @@ when a directory of that family is loaded (torch, transformers):
   recognised otherwise;
 - ``openvla``: ``config.json`` with ``model_type: "openvla"``, openvla-7b and its fine-tunes as
   published (:mod:`vla_accel_ros.models.openvla.checkpoint`);
+- ``lerobot``: a LeRobot policy directory, ``config.json`` with a policy ``type`` beside
+  ``policy_preprocessor.json`` (SmolVLA and π0, :mod:`vla_accel_ros.models.lerobot.policy`); its
+  loaders also take ``tokenizer_dir``.
 - ``openpi``: no directory but a server's address, ``openpi://HOST:PORT`` or ``ws://`` (a policy served
   over openpi's protocol, :mod:`vla_accel_ros.models.openpi.client`); its chunks come through the flow
   decoders (``decoders``), and it needs the arm (``arm``) to turn joint actions into our actions.
@@ -53,19 +56,24 @@ class Family:
     # "module:function" called with the directory and unnorm_key: the family's checks of its files
     # that need no model (ValueError naming the file at fault); empty: none beyond recognising it
     checker: str = ""
+    takes_tokenizer_dir: bool = False
     decoders: tuple[str, ...] = ()  # the decoders its policies serve (empty: each declares what it needs)
     remote: bool = False  # its loader takes the checkpoint's address and the arm, not a directory
 
     def load(self, directory: Path, unnorm_key: str, *, device: str | None = None,
-             dtype: str | None = None) -> PolicyLike:
-        if device is None and dtype is None:
+             dtype: str | None = None, tokenizer_dir: Path | None = None) -> PolicyLike:
+        if tokenizer_dir is not None and not self.takes_tokenizer_dir:
+            raise ValueError(f"{directory}: a checkpoint of the {self.name} family holds its tokenizer; "
+                             "tokenizer_dir does not apply")
+        if device is None and dtype is None and tokenizer_dir is None:
             policy: PolicyLike = _function(self.loader)(directory, unnorm_key)
             return policy
         if not self.placed_loader:
             raise ValueError(f"{directory}: a checkpoint of the {self.name} family runs on the CPU in float32 "
                              "(no device or dtype can be chosen)")
+        extra = {"tokenizer_dir": tokenizer_dir} if self.takes_tokenizer_dir else {}
         placed: PolicyLike = _function(self.placed_loader)(directory, unnorm_key=unnorm_key or None, device=device,
-                                                           dtype=dtype)
+                                                           dtype=dtype, **extra)
         return placed
 
 
@@ -111,6 +119,22 @@ def check_token_vla_files(directory: Path, unnorm_key: str = "") -> None:
     load_action_statistics(directory, with_overrides(load_spec(directory), unnorm_key=unnorm_key or None))
 
 
+def _is_lerobot(directory: Path, config: dict[str, Any] | None) -> bool:
+    return config is not None and "type" in config and (directory / "policy_preprocessor.json").is_file()
+
+
+def check_lerobot_files(directory: Path, unnorm_key: str = "") -> None:
+    """A LeRobot policy's files: ``config.json`` of a supported type, ``model.safetensors`` complete."""
+    from vla_accel_ros.models.lerobot.config import parse_config
+
+    if unnorm_key:
+        raise ValueError(f"{directory}: a LeRobot policy has one set of statistics; unnorm_key does not apply")
+    parse_config(directory / CONFIG_FILE, read_config(directory) or {})
+    if not (directory / "model.safetensors").is_file():
+        raise ValueError(f"{directory / 'model.safetensors'}: missing (the policy's weights)")
+    check_safetensors(directory / "model.safetensors")
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("own", "model.json", lambda directory, config: (directory / "model.json").is_file(),
            "vla_accel_ros.models.own.checkpoint:load_policy_directory",
@@ -123,6 +147,10 @@ FAMILIES: tuple[Family, ...] = (
            "vla_accel_ros.models.openvla.checkpoint:load_policy_directory",
            "vla_accel_ros.models.openvla.checkpoint:load_openvla",
            checker="vla_accel_ros.models.load:check_token_vla_files"),
+    Family("lerobot", "config.json with a policy type beside policy_preprocessor.json (SmolVLA, pi0)", _is_lerobot,
+           "vla_accel_ros.models.lerobot.policy:load_policy_directory",
+           "vla_accel_ros.models.lerobot.policy:load_lerobot", checker="vla_accel_ros.models.load:check_lerobot_files",
+           takes_tokenizer_dir=True),
     Family("openpi", "an openpi server's address (openpi://HOST:PORT, ws://...)", lambda directory, config: False,
            "vla_accel_ros.models.openpi.client:connect_policy", decoders=("flow10", "flow2"), remote=True),
 )
@@ -200,12 +228,13 @@ def require_family(source: str | Path | CheckpointRef, name: str, purpose: str) 
 
 
 def load_policy(source: str | Path | CheckpointRef, *, unnorm_key: str = "", device: str | None = None,
-                dtype: str | None = None, arm: Any = None) -> PolicyLike:
-    """The policy in the checkpoint ``source`` names (a directory, or ``hf:DIR``), loaded by its family
-    (``unnorm_key``: a Hugging Face or OpenVLA model's dataset in its statistics; empty = the only
-    one; ``device`` and ``dtype``: where it runs and its weights' dtype, None = the family's
-    default; ``arm``: the robot's kinematics, which a remote family's policy needs); ValueError naming
-    the file at fault."""
+                dtype: str | None = None, tokenizer_dir: Path | None = None, arm: Any = None) -> PolicyLike:
+    """The policy in the checkpoint ``source`` names (a directory, ``hf:DIR``, or a policy server's
+    address), loaded by its family (``unnorm_key``: a Hugging Face or OpenVLA model's dataset in its
+    statistics; empty = the only one; ``device`` and ``dtype``: where it runs and its weights' dtype,
+    None = the family's default; ``tokenizer_dir``: a LeRobot policy's tokenizer when not in the
+    Hugging Face cache; ``arm``: the robot's kinematics, which a remote family's policy needs);
+    ValueError naming the file at fault."""
     ref = CheckpointRef.parse(source)
     family = recognise(ref)
     if family.remote:
@@ -213,7 +242,7 @@ def load_policy(source: str | Path | CheckpointRef, *, unnorm_key: str = "", dev
             raise ValueError(f"{ref}: a policy server needs the robot's kinematics (arm=)")
         remote: PolicyLike = _function(family.loader)(ref.address, arm=arm)
         return remote
-    return family.load(ref.directory, unnorm_key, device=device, dtype=dtype)
+    return family.load(ref.directory, unnorm_key, device=device, dtype=dtype, tokenizer_dir=tokenizer_dir)
 
 
 def load_token_vla(source: str | Path | CheckpointRef, *, unnorm_key: str | None = None, device: str | None = None,

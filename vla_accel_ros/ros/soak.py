@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from vla_accel_ros.core.errors import RunFailed
+from vla_accel_ros.core.resources import default_checkpoint
+from vla_accel_ros.models.load import check_checkpoint
 
 PROCESSES = ("node", "inference", "camera")
 START_TIMEOUT_S = 300.0
@@ -138,6 +140,8 @@ def run_soak(opts: SoakOptions, out: Path, on_sample: Callable[[dict[str, Any]],
     node's log goes to ``out/node.log``. RunFailed (ConfigError when it refused to start) when the node
     ends or never reports its children."""
     from vla_accel_ros.ros.processes import NodeProcess, parameter_arguments
+
+    check_checkpoint(opts.checkpoint or default_checkpoint())  # a bad one is one line, not a refusing node
 
     out.mkdir(parents=True, exist_ok=True)
     params = {"autostart": True, "control_rate_hz": opts.rate_hz, "instruction": "pick up the red cube",

@@ -1,10 +1,10 @@
 """A policy server speaking openpi's protocol as the node's policy (checkpoint ``openpi://HOST:PORT``).
 
 The server's reply is a chunk of actions. It reaches the controller through the policy contract's
-chunk path, the one a chunked flow head takes: :meth:`OpenPIPolicy.prefill` makes the request and
-holds the reply, normalised, as its prefix's features, and the policy's ``flow`` head hands them back
-as its sample, so ``flow10`` and ``flow2`` return the chunk and the controller executes it under
-every clamp. Our actions are 7 numbers (``core.actions``); a joint-position reply is turned into
+chunk path (``flow_chunks``, the one LeRobot's flow VLAs take): :meth:`OpenPIPolicy.prefill` makes
+the request and holds the reply in its prefix, and :meth:`OpenPIPolicy.sample_chunk` hands it back,
+so ``flow10`` and ``flow2`` return the chunk and the controller executes it under every clamp.
+Our actions are 7 numbers (``core.actions``); a joint-position reply is turned into
 them through the arm's kinematics, each target first clamped to what the velocity limits reach over
 ``action_dt_s`` from the one before, and a joint-velocity reply is integrated over ``action_dt_s``
 under the same limits.
@@ -58,36 +58,26 @@ class ServerError(RuntimeError):
 
 @dataclass(frozen=True)
 class RemoteConfig:
-    """What the runtime reads of the policy's shape: the node resizes frames to ``image_size``."""
+    """What the runtime reads of the policy's shape: the node resizes frames to ``image_size``;
+    ``num_steps``: the flow decoders' step count, which a served chunk does not use."""
 
     image_size: int
     d_model: int = 7
     n_action_tokens: int = 7
     n_bins: int = 255
+    num_steps: int = 1
 
 
-@dataclass(frozen=True)
-class _HeadConfig:
-    action_width: int = 7
+class ServerReply:
+    """A served policy's prefix cache: the server's chunk, our actions (H, 7); no keys and values."""
 
+    def __init__(self, actions: np.ndarray) -> None:
+        self.actions = actions
 
-class ServerChunk:
-    """The ``flow`` head of a served policy: its sample is the server's chunk, which the prefill put in
-    the prefix's features (normalised, flattened); the noise is not used."""
-
-    config = _HeadConfig()
-
-    def sample(self, condition: torch.Tensor, noise: torch.Tensor, student: bool = False) -> torch.Tensor:
-        return condition
-
-
-class _NoCache:
-    """A served policy's prefix has no keys and values of its own."""
-
-    def cropped(self, length: int) -> _NoCache:
+    def cropped(self, length: int) -> ServerReply:
         return self
 
-    def rows(self, rows: list[int]) -> _NoCache:
+    def rows(self, rows: list[int]) -> ServerReply:
         return self
 
 
@@ -147,7 +137,7 @@ class OpenPIPolicy:
         self.arm = arm
         self.config = RemoteConfig(image_size=self.spec.image_size)
         self.tokenizer = ActionTokenizer(np.r_[-ACTION_BOUND, 0.0], np.r_[ACTION_BOUND, 1.0])
-        self.flow = ServerChunk()
+        self.flow = None  # the chunk comes through sample_chunk (flow_chunks)
         self.metadata: dict[str, Any] = {}
         self._ws: ClientConnection | None = None
         self._next_attempt = 0.0
@@ -163,14 +153,24 @@ class OpenPIPolicy:
         return 7
 
     def capabilities(self) -> PolicyCapabilities:
-        return PolicyCapabilities(flow_head=True)
+        return PolicyCapabilities(flow_head=True, flow_chunks=True)
 
     def prefill(self, obs: Any) -> Prefix:
-        """The server's chunk for ``obs`` as a prefix whose features the ``flow`` head returns."""
+        """The server's chunk for ``obs``, held in the prefix :meth:`sample_chunk` reads."""
         chunk = self.request_chunk(obs)
-        normalised = torch.from_numpy(self.tokenizer.normalise(chunk).reshape(1, 1, -1)).float()
-        return Prefix(cache=_NoCache(), action_hidden=normalised, tokens=torch.zeros(1, 0, dtype=torch.long),
-                      pooled=torch.zeros(1, 0), prefix_len=0)
+        return Prefix(cache=ServerReply(chunk), action_hidden=torch.zeros(1, 1, 0),
+                      tokens=torch.zeros(1, 0, dtype=torch.long), pooled=torch.zeros(1, 0), prefix_len=0)
+
+    def sample_chunk(self, prefix: Prefix, noise: torch.Tensor, steps: int) -> np.ndarray:
+        """The chunk the prefill received (the noise and the step count do not apply)."""
+        reply: ServerReply = prefix.cache
+        return np.array(reply.actions, dtype=float)
+
+    def noise_shape(self) -> tuple[int, int]:
+        return 1, 7
+
+    def check_robot(self, state_dim: int, action_dim: int) -> None:
+        """Nothing to refuse: the spec maps the arm's state and the server's actions to ours."""
 
     def n_parameters(self) -> dict[str, int]:
         return {}

@@ -15,6 +15,7 @@ $(STAMP): requirements.txt requirements-ros.txt setup.py package.xml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps openpi-client==0.1.2  # requirements.txt says why --no-deps
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 

@@ -8,6 +8,8 @@ modules cannot import this file):
   (images, actions)) and a tiny checkpoint beside it: (demo folder, checkpoint);
 - ``foreign_arm(joint_names, tcp_frame)``: the URDF text of a serial arm the package was not made
   for (revolute joints with limits and velocities, a fixed TCP frame, two prismatic fingers);
+- ``openpi_serving(server, port=0)``: an :class:`~vla_accel_ros.runtime.openpi_server.OpenPIServer`
+  listening on loopback in a thread of its own (``.port``; ``.close()`` ends it and its connections);
 - ``wait_until(predicate, timeout=10.0, every=None)``: poll until true or the timeout;
 - ``ros_context(domain_id)``: a private rclpy context on its own ROS_DOMAIN_ID (a context manager);
 - ``dds_rig(domain_id, peer_name)``: a :class:`DdsRig`, a node under test and a peer node spun in
@@ -307,6 +309,46 @@ def demo_set(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Pa
 @pytest.fixture(scope="session")
 def foreign_arm() -> Callable[..., str]:
     return _foreign_arm
+
+
+class OpenPIServing:
+    """An OpenPIServer listening on 127.0.0.1:``port`` (0: a free one) in a thread of its own."""
+
+    def __init__(self, server: Any, port: int = 0) -> None:
+        import asyncio
+
+        self.server = server
+        self.loop = asyncio.new_event_loop()
+        self.ready: Any = None
+        started = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.ready = self.loop.create_future()
+            self.loop.call_soon(started.set)
+            self.task = self.loop.create_task(server.serve("127.0.0.1", port, self.ready))
+            try:
+                self.loop.run_until_complete(self.task)
+            except asyncio.CancelledError:
+                pass
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        started.wait(10)
+        self.port = asyncio.run_coroutine_threadsafe(self._port(), self.loop).result(timeout=30)
+
+    async def _port(self) -> int:
+        server = await self.ready
+        return int(server.sockets[0].getsockname()[1])
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.task.cancel)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def openpi_serving() -> type[OpenPIServing]:
+    return OpenPIServing
 
 
 @pytest.fixture(scope="session")

@@ -47,6 +47,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "build HeiSD's store: demonstrated trajectories the heisd decoder drafts from"),
     "convert": ("vla_accel_ros.commands.convert",
                 "an OpenVLA-OFT directory's .pt components as safetensors, once"),
+    "serve-openpi": ("vla_accel_ros.commands.serve_openpi",
+                     "serve a policy and its decoder over openpi's websocket policy-server protocol"),
     "predict": ("vla_accel_ros.commands.predict", "one observation in, its action and timings out, any checkpoint"),
     "vision-fidelity": ("vla_accel_ros.commands.vision_fidelity",
                         "incremental vision (re-encode changed patches only) against the full prefill"),
@@ -60,7 +62,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 # How ``vla-accel --help`` lists them: what each group is for, and its commands in order.
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "run": ("the node and the sim, bags", ("sim", "record", "replay", "soak")),
+    "run": ("the node and the sim, bags, a policy server", ("sim", "record", "replay", "soak", "serve-openpi")),
     "evaluate": ("success rate and speed over seeded episodes", ("eval", "bench", "fleet-bench")),
     "train": ("demonstrations, models and their heads", ("demos", "train", "train-flow", "train-parallel-draft",
                                                          "train-world", "train-hf", "train-draft", "build-store")),

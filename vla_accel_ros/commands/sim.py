@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vla_accel_ros.commands.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding.specs import DEFAULT, KINEMATIC_R_BOUNDS
+from vla_accel_ros.models.api import REMOTE_PREFIXES
 from vla_accel_ros.models.configuration import DEFAULT_TEMPERATURE
 from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS, PolicySettings
 
@@ -36,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=100_000, help="seed of the first episode (then +1 each)")
     parser.add_argument("--checkpoint", default="", help="policy checkpoint directory, or hf:DIR for a Hugging Face "
                         "VLA (default: the package's)")
+    parser.add_argument("--policy-spec", type=Path, default=None, help="openpi://HOST:PORT only: the JSON file naming "
+                        "the server's observation keys and action space (default: LIBERO's keys, our actions)")
     parser.add_argument("--unnorm-key", default="", help="hf:DIR only: the dataset of its dataset_statistics.json")
     parser.add_argument("--duration-s", type=float, default=6.0, help="episode time limit (sim seconds)")
     parser.add_argument("--output", default="forward_position", choices=OUTPUT_FORMATS, help="command format")
@@ -91,7 +95,14 @@ def sim_options(args: argparse.Namespace) -> SimRunOptions:
     from vla_accel_ros.ros.launcher import SimRunOptions
 
     r_min, r_max = args.kinematic_r_bounds or KINEMATIC_R_BOUNDS
-    policy = PolicySettings(checkpoint=args.checkpoint, unnorm_key=args.unnorm_key, decoder=args.decoder,
+    checkpoint = args.checkpoint
+    if args.policy_spec is not None:
+        if not checkpoint.startswith(REMOTE_PREFIXES):
+            raise ValueError("--policy-spec goes with --checkpoint openpi://HOST:PORT (a policy server)")
+        if not args.policy_spec.is_file():
+            raise ValueError(f"--policy-spec {args.policy_spec}: no such file")
+        checkpoint += f"{'&' if '?' in checkpoint else '?'}spec={args.policy_spec.resolve()}"
+    policy = PolicySettings(checkpoint=checkpoint, unnorm_key=args.unnorm_key, decoder=args.decoder,
                             temperature=args.temperature, kf_fill_check=args.kf_fill_check,
                             kinematic_r_min=r_min, kinematic_r_max=r_max)
     return SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, policy=policy, out=args.out,

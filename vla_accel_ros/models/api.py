@@ -248,29 +248,38 @@ class PolicyLike(Protocol):
 
 # --- checkpoint references --------------------------------------------------------------------
 HF_PREFIX = "hf:"  # "hf:DIR" names a Hugging Face VLA directory explicitly
+# A policy server speaking openpi's protocol: "openpi://HOST:PORT" (or a websocket address), with
+# "?spec=FILE&api_key_file=FILE&api_key_env=NAME" (:mod:`vla_accel_ros.models.openpi.client`).
+REMOTE_PREFIXES = ("openpi://", "ws://", "wss://")
 
 
 @dataclass(frozen=True)
 class CheckpointRef:
     """A checkpoint as a setting names it, parsed once: its directory and, with the ``hf:`` prefix,
     the family it was declared as (``hf``); otherwise the loader recognises the family by the
-    directory's own files. ``str()`` gives the setting back."""
+    directory's own files. An openpi server's address (``openpi://``, ``ws://``, ``wss://``) is the
+    ``openpi`` family, with no directory (``address``). ``str()`` gives the setting back."""
 
     directory: Path
     declared_family: str = ""
+    address: str = ""
 
     @classmethod
     def parse(cls, source: str | Path | CheckpointRef) -> CheckpointRef:
         if isinstance(source, CheckpointRef):
             return source
         text = str(source)
+        if text.startswith(REMOTE_PREFIXES):
+            return cls(Path(), "openpi", text)
         if text.startswith(HF_PREFIX):
             return cls(Path(text[len(HF_PREFIX):]), "hf")
         return cls(Path(text))
 
     def resolved(self) -> CheckpointRef:
         """The same checkpoint with an absolute directory, for a process in another working directory."""
-        return replace(self, directory=self.directory.resolve())
+        return self if self.address else replace(self, directory=self.directory.resolve())
 
     def __str__(self) -> str:
+        if self.address:
+            return self.address
         return f"{HF_PREFIX}{self.directory}" if self.declared_family == "hf" else str(self.directory)

@@ -14,6 +14,9 @@ when a directory of that family is loaded (torch, transformers):
 - ``lerobot``: a LeRobot policy directory, ``config.json`` with a policy ``type`` beside
   ``policy_preprocessor.json`` (SmolVLA and π0, :mod:`vla_accel_ros.models.lerobot.policy`); its
   loaders also take ``tokenizer_dir``.
+- ``openpi``: no directory but a server's address, ``openpi://HOST:PORT`` or ``ws://`` (a policy served
+  over openpi's protocol, :mod:`vla_accel_ros.models.openpi.client`); its chunks come through the flow
+  decoders (``decoders``), and it needs the arm (``arm``) to turn joint actions into our actions.
 
 A directory no family recognises is refused in one line that names the file read and the families
 known. Every loader raises ValueError (the own family's CheckpointError is one) naming the file at fault.
@@ -56,6 +59,8 @@ class Family:
     # that need no model (ValueError naming the file at fault); empty: none beyond recognising it
     checker: str = ""
     takes_tokenizer_dir: bool = False
+    decoders: tuple[str, ...] = ()  # the decoders its policies serve (empty: each declares what it needs)
+    remote: bool = False  # its loader takes the checkpoint's address and the arm, not a directory
 
     def load(self, directory: Path, unnorm_key: str, *, device: str | None = None,
              dtype: str | None = None, tokenizer_dir: Path | None = None) -> PolicyLike:
@@ -167,6 +172,8 @@ FAMILIES: tuple[Family, ...] = (
            "vla_accel_ros.models.lerobot.policy:load_policy_directory",
            "vla_accel_ros.models.lerobot.policy:load_lerobot", checker="vla_accel_ros.models.load:check_lerobot_files",
            takes_tokenizer_dir=True),
+    Family("openpi", "an openpi server's address (openpi://HOST:PORT, ws://...)", lambda directory, config: False,
+           "vla_accel_ros.models.openpi.client:connect_policy", decoders=("flow10", "flow2"), remote=True),
 )
 
 
@@ -204,6 +211,8 @@ def recognise(source: str | Path | CheckpointRef) -> Family:
     example parameter files' placeholder), or one no family recognises (naming the file read and
     the families known)."""
     ref = CheckpointRef.parse(source)
+    if ref.address:
+        return family_named("openpi")
     directory = ref.directory
     problem = checkpoint_problem(directory)
     if problem:
@@ -240,14 +249,21 @@ def require_family(source: str | Path | CheckpointRef, name: str, purpose: str) 
 
 
 def load_policy(source: str | Path | CheckpointRef, *, unnorm_key: str = "", device: str | None = None,
-                dtype: str | None = None, tokenizer_dir: Path | None = None) -> PolicyLike:
-    """The policy in the checkpoint ``source`` names (a directory, or ``hf:DIR``), loaded by its family
-    (``unnorm_key``: a Hugging Face or OpenVLA model's dataset in its statistics; empty = the only
-    one; ``device`` and ``dtype``: where it runs and its weights' dtype, None = the family's
-    default; ``tokenizer_dir``: a LeRobot policy's tokenizer when not in the Hugging Face cache);
+                dtype: str | None = None, tokenizer_dir: Path | None = None, arm: Any = None) -> PolicyLike:
+    """The policy in the checkpoint ``source`` names (a directory, ``hf:DIR``, or a policy server's
+    address), loaded by its family (``unnorm_key``: a Hugging Face or OpenVLA model's dataset in its
+    statistics; empty = the only one; ``device`` and ``dtype``: where it runs and its weights' dtype,
+    None = the family's default; ``tokenizer_dir``: a LeRobot policy's tokenizer when not in the
+    Hugging Face cache; ``arm``: the robot's kinematics, which a remote family's policy needs);
     ValueError naming the file at fault."""
     ref = CheckpointRef.parse(source)
-    return recognise(ref).load(ref.directory, unnorm_key, device=device, dtype=dtype, tokenizer_dir=tokenizer_dir)
+    family = recognise(ref)
+    if family.remote:
+        if arm is None:
+            raise ValueError(f"{ref}: a policy server needs the robot's kinematics (arm=)")
+        remote: PolicyLike = _function(family.loader)(ref.address, arm=arm)
+        return remote
+    return family.load(ref.directory, unnorm_key, device=device, dtype=dtype, tokenizer_dir=tokenizer_dir)
 
 
 def load_token_vla(source: str | Path | CheckpointRef, *, unnorm_key: str | None = None, device: str | None = None,

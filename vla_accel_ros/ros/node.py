@@ -278,7 +278,8 @@ class VlaAccelNode(LifecycleNode):
         self.kin, self._description_fallback = arm.kin, arm.fallback
         self.get_logger().info(f"URDF from {arm.source}: arm joints {list(arm.kin.joint_names)}, "
                                f"gripper {list(arm.kin.gripper_joint_names)}")
-        if cfg.inference and cfg.inference_mode != "remote":  # remote: the inference node checks its robot
+        # remote: the inference node checks its robot; a policy server (openpi://) carries no robot record
+        if cfg.inference and cfg.inference_mode != "remote" and not cfg.runner_config().checkpoint_ref.address:
             # first: a policy for another arm is the root cause of any mismatch below
             self._robot_warning = check_checkpoint_robot(
                 cfg.runner_config().checkpoint_path, self.kin.joint_names, self.kin.tcp_frame,

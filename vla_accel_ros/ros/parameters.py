@@ -53,7 +53,8 @@ class PolicySettings:
     offered, checked together against the decoder registry (``decoding/specs.py``)."""
 
     checkpoint: str = setting("", "Policy checkpoint directory, or hf:DIR for a Hugging Face VLA with OpenVLA's "
-                              "action tokens; empty = the package's checkpoints/default")
+                              "action tokens, or openpi://HOST:PORT for a policy server (docs/openpi.md); empty = "
+                              "the package's checkpoints/default")
     unnorm_key: str = setting("", "hf:DIR only: the dataset in its dataset_statistics.json whose statistics "
                               "unnormalise the actions; empty = the file's only one")
     decoder: str = setting(DEFAULT, "Action decoder (see README, Decoders)", choices=names)

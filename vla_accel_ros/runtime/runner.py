@@ -70,11 +70,18 @@ class PolicyRunner:
         here, so that a missing one is reported at start-up, not at every step. ``decoder_settings``
         go to the decoder's config."""
         from vla_accel_ros.decoding import make_decoder
-        from vla_accel_ros.models.load import load_policy
+        from vla_accel_ros.models.load import load_policy, recognise
 
         ref = CheckpointRef.parse(checkpoint)
+        served_by = recognise(ref).decoders
+        swapped = ""
+        if served_by and decoder_name not in served_by:  # a policy server's chunks come through a flow decoder
+            swapped = f"decoder '{decoder_name}' needs the model's passes; {ref} answers with chunks: {served_by[0]}"
+            decoder_name, decoder_settings = served_by[0], None
         decoder = make_decoder(decoder_name, **(decoder_settings or {}))
-        runner = cls(load_policy(ref, unnorm_key=unnorm_key), decoder, kin, **kwargs)
+        runner = cls(load_policy(ref, unnorm_key=unnorm_key, arm=kin), decoder, kin, **kwargs)
+        if swapped:
+            runner.warnings = [swapped, *runner.warnings]
         if decoder.spec.retrieval_store:
             decoder.attach_checkpoint_store(ref.directory, runner.policy)
         return runner
@@ -82,6 +89,12 @@ class PolicyRunner:
     @property
     def image_size(self) -> int:
         return int(self.policy.config.image_size)
+
+    def policy_stats(self) -> dict[str, Any]:
+        """What the policy counts of itself: a policy server's requests, replies, lost and bad replies,
+        connections and round trips (``remote_stats``); empty for a model that runs here."""
+        report = getattr(self.policy, "remote_stats", None)
+        return dict(report()) if callable(report) else {}
 
     def start_episode(self, key: int | None = None) -> None:
         """Forget the previous episode (history, filter, vision cache, decoder state). ``key`` keys the

@@ -196,6 +196,15 @@ class InferenceWorker(WorkerBase):
     def _acquire(self) -> Callable[[Observation], DecodeResult]:
         return self.runner
 
+    def stats(self) -> dict[str, Any]:
+        """``WorkerBase.stats()`` plus what the runner's policy counts of itself (a policy server's
+        ``server_*`` requests, lost and bad replies, round trips)."""
+        out = super().stats()
+        policy_stats = getattr(self.runner, "policy_stats", None)  # a plain callable counts nothing
+        if callable(policy_stats):
+            out.update(policy_stats())
+        return out
+
     def _serve(self, runner: Callable[[Observation], DecodeResult], obs: Observation, t0: float) -> None:
         try:
             report = StepReport.of(runner(obs))

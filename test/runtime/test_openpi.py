@@ -1,0 +1,299 @@
+"""openpi's protocol both ways over loopback (run inside /work/tools/isolated or any private network
+namespace): our policy served to openpi-client's own ``WebsocketClientPolicy``, and a server as the
+runner's policy (``openpi://HOST:PORT``), with the bad replies a client must survive."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from openpi_client import msgpack_numpy
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+from websockets.sync.server import serve
+
+from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.resources import default_urdf
+from vla_accel_ros.models.openpi.client import (
+    RECONNECT_INTERVAL_S,
+    OpenPIPolicy,
+    ServerAddress,
+    ServerError,
+    connect_policy,
+)
+from vla_accel_ros.models.openpi.spec import LIBERO, PolicySpec
+from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
+from vla_accel_ros.runtime.openpi_server import OpenPIServer, observation_from_request
+
+SMALL_LIMIT = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_checkpoint: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(tiny_checkpoint(tmp_path_factory.mktemp("openpi") / "ckpt"))
+
+
+@pytest.fixture(scope="module")
+def kin() -> ArmKinematics:
+    return ArmKinematics(default_urdf())
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint: Path, kin: ArmKinematics, openpi_serving: Any) -> Iterator[Any]:
+    runner = build_runner(RunnerConfig(checkpoint=str(checkpoint), decoder="ar", temperature=0.0), kin)
+    spec = PolicySpec(max_message_bytes=SMALL_LIMIT)
+    server = OpenPIServer(runner, spec, n_joints=kin.n, max_opening=0.04, metadata={"server": "test"})
+    running = openpi_serving(server)
+    yield running
+    running.close()
+
+
+def libero_request(size: int = 48) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    return {"observation/image": rng.integers(0, 255, (size, size + 8, 3), dtype=np.uint8),
+            "observation/wrist_image": np.zeros((size, size, 3), np.uint8),
+            "observation/state": np.r_[np.zeros(7), 1.0], "prompt": "pick up the red cube"}
+
+
+def test_openpi_clients_own_policy_gets_actions(served: Any) -> None:
+    client = WebsocketClientPolicy("127.0.0.1", served.port)
+    metadata = client.get_server_metadata()
+    assert metadata["server"] == "test" and metadata["action_dim"] == 7
+    for _ in range(2):
+        reply = client.infer(libero_request())
+        actions = reply["actions"]
+        assert actions.shape == (1, 7) and actions.dtype == np.float32 and np.all(np.isfinite(actions))
+        assert 0.0 <= actions[0, 6] <= 1.0
+        assert reply["server_timing"]["infer_ms"] > 0
+    assert "prev_total_ms" in reply["server_timing"]  # the second request reports the first one's cycle
+
+
+def test_health_check_answers_200(served: Any) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{served.port}/healthz", timeout=10) as response:
+        assert response.status == 200
+
+
+def test_a_bad_request_is_a_text_frame_then_a_close(served: Any) -> None:
+    client = WebsocketClientPolicy("127.0.0.1", served.port)
+    request = libero_request()
+    del request["observation/image"]
+    with pytest.raises(RuntimeError, match="missing observation key 'observation/image'"):
+        client.infer(request)
+    with pytest.raises(ConnectionClosed) as closed:
+        client._ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+
+
+def test_an_oversized_message_is_refused_unread(served: Any) -> None:
+    before = served.server.served
+    with connect(f"ws://127.0.0.1:{served.port}", max_size=None, compression=None) as ws:
+        ws.recv(timeout=10)  # the metadata
+        big = libero_request(size=256)  # ~200 kB > the 64 kB limit
+        ws.send(msgpack_numpy.packb(big))
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    assert served.server.served == before
+
+
+def test_requests_map_to_observations_under_the_spec() -> None:
+    obs = observation_from_request(libero_request(), LIBERO, 7, 0.04, 32)
+    assert obs.image.shape == (32, 32, 3) and obs.gripper == pytest.approx(0.04)
+    assert obs.instruction == "pick up the red cube"
+    droid = PolicySpec(images={"observation/exterior_image_1_left": "main"},
+                       state={"observation/joint_position": ("joints",), "observation/gripper_position": ("gripper",)},
+                       gripper_state=(0.0, 1.0))
+    request = {"observation/exterior_image_1_left": np.zeros((20, 30, 3), np.uint8),
+               "observation/joint_position": np.arange(7.0) / 10, "observation/gripper_position": np.array([0.75]),
+               "prompt": "x"}
+    obs = observation_from_request(request, droid, 7, 0.04, None)
+    assert obs.image.shape == (20, 30, 3) and obs.gripper == pytest.approx(0.01)
+    np.testing.assert_allclose(obs.joint_pos, np.arange(7.0) / 10)
+    for broken, match in ((dict(request, **{"observation/joint_position": np.zeros(6)}), "must be 7 finite"),
+                          (dict(request, **{"observation/exterior_image_1_left": np.zeros((4, 4, 3))}), "uint8"),
+                          (dict(request, prompt=3), "must be a string")):
+        with pytest.raises(ValueError, match=match):
+            observation_from_request(broken, droid, 7, 0.04, None)
+
+
+# --- a server as the runner's policy ----------------------------------------------------------
+def observation(size: int = 64) -> Observation:
+    rng = np.random.default_rng(1)
+    return Observation(image=rng.integers(0, 255, (size, size, 3), dtype=np.uint8), instruction="pick up the red cube",
+                       joint_pos=np.zeros(7), gripper=0.04, stamp=0.0)
+
+
+def test_a_served_policy_answers_as_the_local_one(served: Any, checkpoint: Path, kin: ArmKinematics) -> None:
+    spec = PolicySpec(image_size=64)
+    spec_file = Path(checkpoint.parent / "spec.json")
+    spec_file.write_text(json.dumps({"image_size": 64}))
+    remote = build_runner(RunnerConfig(checkpoint=f"openpi://127.0.0.1:{served.port}?spec={spec_file}"), kin)
+    assert remote.decoder_name == "flow10" and "answers with chunks" in remote.warnings[0]
+    assert remote.image_size == spec.image_size
+    local = build_runner(RunnerConfig(checkpoint=str(checkpoint), decoder="ar", temperature=0.0), kin)
+    obs = observation()
+    got, expected = remote(obs), local(obs)
+    np.testing.assert_allclose(got.action, expected.action, atol=1e-6)
+    stats = remote.policy.remote_stats()
+    assert stats["server_replies"] == 1 and stats["server_connected"] and stats["server_rtt_ms_p50"] > 0
+
+
+def test_the_client_reconnects_after_the_server_returns(checkpoint: Path, kin: ArmKinematics,
+                                                         openpi_serving: Any) -> None:
+    runner = build_runner(RunnerConfig(checkpoint=str(checkpoint), decoder="ar", temperature=0.0), kin)
+    first = openpi_serving(OpenPIServer(runner, LIBERO, n_joints=7, max_opening=0.04, metadata={}))
+    policy = connect_policy(f"ws://127.0.0.1:{first.port}", arm=kin)
+    assert policy.request_chunk(observation()).shape == (1, 7)
+    first.close()
+    with pytest.raises(ServerError, match="connection lost|cannot connect"):
+        policy.request_chunk(observation())
+    with pytest.raises(ServerError, match="not connected|cannot connect"):  # no retry storm: one per interval
+        policy.request_chunk(observation())
+    second = openpi_serving(OpenPIServer(runner, LIBERO, n_joints=7, max_opening=0.04, metadata={}))
+    try:
+        moved = connect_policy(f"ws://127.0.0.1:{second.port}", arm=kin)
+        moved.counts = policy.counts
+        time.sleep(RECONNECT_INTERVAL_S)
+        assert moved.request_chunk(observation()).shape == (1, 7)
+        assert moved.counts["connects"] == 2 and moved.counts["lost"] + moved.counts["connect_failures"] >= 1
+    finally:
+        second.close()
+
+
+class FakeServer:
+    """A websocket server that answers every request with ``reply`` (bytes or a text frame)."""
+
+    def __init__(self, reply: bytes | str) -> None:
+        def handler(ws: Any) -> None:
+            ws.send(msgpack_numpy.packb({"fake": True}))
+            for _ in ws:
+                ws.send(reply)
+
+        self.server = serve(handler, "127.0.0.1", 0, max_size=None, compression=None)
+        self.port = self.server.socket.getsockname()[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.mark.parametrize("reply, match", [
+    (msgpack_numpy.packb({"actions": np.zeros((4, 3))}), "must be H x 7"),
+    (msgpack_numpy.packb({"actions": np.full((4, 7), np.nan)}), "not finite"),
+    (msgpack_numpy.packb({"no_actions": 1}), "holds no 'actions'"),
+    ("Traceback: KeyError 'observation/image'", "refused the request: Traceback"),
+    (msgpack_numpy.packb({"actions": np.zeros((2000, 1000))}), "connection lost"),  # over max_message_bytes
+])
+def test_a_bad_reply_is_one_error_and_no_actions(kin: ArmKinematics, reply: bytes | str, match: str) -> None:
+    fake = FakeServer(reply)
+    try:
+        policy = connect_policy(f"openpi://127.0.0.1:{fake.port}", arm=kin)
+        policy.spec = PolicySpec(max_message_bytes=SMALL_LIMIT)
+        with pytest.raises(ServerError, match=match):
+            policy.request_chunk(observation())
+        assert policy.counts["replies"] == 0 and policy.counts["bad_replies"] + policy.counts["lost"] == 1
+    finally:
+        fake.close()
+
+
+def test_joint_replies_become_our_actions_within_the_velocity_limits(kin: ArmKinematics) -> None:
+    q0 = np.array([0.0, 0.3, 0.0, -1.2, 0.0, 1.0, 0.0])
+    for space, far in (("joint_velocity", np.full(7, 50.0)), ("joint_position", q0 + 2.0)):
+        policy = OpenPIPolicy(ServerAddress("ws://x:1", PolicySpec(action_space=space, action_dt_s=0.05), "", 1.0),
+                              kin)
+        reply = {"actions": np.column_stack([np.tile(far, (3, 1)), np.zeros(3)])}
+        ours = policy.to_our_actions(reply, q0)
+        assert ours.shape == (3, 7) and np.all(ours[:, 6] == 0.0)
+        q, pose = q0, kin.fk(q0)
+        for k in range(3):  # each step is the pose change of a joint step clamped to v * dt
+            step = kin.clamp(q + far * 0.05 if space == "joint_velocity" else far, q, 0.05)
+            assert np.all(np.abs(step - q) <= kin.limits.velocity * 0.05 + 1e-12)
+            np.testing.assert_allclose(ours[k, :6], ArmKinematics.pose_delta(pose, kin.fk(step)), atol=1e-9)
+            q, pose = step, kin.fk(step)
+
+
+def test_addresses_and_keys(tmp_path: Path, kin: ArmKinematics, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = tmp_path / "key"
+    key.write_text("secret\n")
+    assert ServerAddress.parse(f"openpi://h:8000?api_key_file={key}").api_key == "secret"
+    monkeypatch.setenv("MY_KEY", "other")
+    assert ServerAddress.parse("openpi://h:8000?api_key_env=MY_KEY").api_key == "other"
+    assert ServerAddress.parse("openpi://h:8000").uri == "ws://h:8000"
+    for bad, match in (("openpi://h", "HOST:PORT"), ("openpi://h:1?api_key=x", "unknown settings"),
+                       ("openpi://h:1?timeout_s=0", "timeout_s")):
+        with pytest.raises(ValueError, match=match):
+            ServerAddress.parse(bad)
+
+
+def test_the_worker_reports_the_servers_counters(served: Any, kin: ArmKinematics, wait_until: Any) -> None:
+    from vla_accel_ros.core.controller import Controller, ControllerConfig
+    from vla_accel_ros.runtime.thread_worker import InferenceWorker
+
+    runner = build_runner(RunnerConfig(checkpoint=f"openpi://127.0.0.1:{served.port}"), kin)
+    controller = Controller(kin, ControllerConfig())
+    worker = InferenceWorker(controller, runner, time.monotonic)
+    stats = worker.stats()
+    assert stats["server_requests"] == 0 and stats["server_connected"] is False
+    runner(observation())
+    stats = worker.stats()
+    assert stats["server_replies"] == 1 and stats["server_rtt_ms_p50"] > 0 and stats["server_lost"] == 0
+
+
+@pytest.mark.parametrize("name", ["libero", "droid"])
+def test_the_shipped_example_specs_make_requests_and_read_replies(name: str, kin: ArmKinematics) -> None:
+    spec = PolicySpec.read(Path(__file__).parents[2] / "config" / "openpi" / f"{name}.json")
+    policy = OpenPIPolicy(ServerAddress("ws://x:1", spec, "", 1.0), kin)
+    request = policy.request(observation(spec.image_size))
+    assert set(request) == {*spec.images, *spec.state, spec.prompt}
+    main = request[spec.main_image_key]
+    assert main.shape == (spec.image_size, spec.image_size, 3) and main.dtype == np.uint8
+    if name == "libero":  # TCP position, axis-angle, two finger positions: LIBERO's 8 numbers
+        assert request["observation/state"].shape == (8,)
+        reply = {"actions": np.tile([1.0, 0, 0, 0, 0, 0, -1.0], (10, 1))}  # +1: 0.05 m; -1: open
+        ours = policy.to_our_actions(reply, np.zeros(7))
+        assert ours.shape == (5, 7) and np.allclose(ours[:, 0], 0.05) and np.all(ours[:, 6] == 1.0)
+    else:
+        assert request["observation/joint_position"].shape == (7,)
+        assert request["observation/gripper_position"].shape == (1,)
+        q0 = np.array([0.0, 0.3, 0.0, -1.2, 0.0, 1.0, 0.0])  # within the limits: zero velocity stays put
+        ours = policy.to_our_actions({"actions": np.zeros((10, 8))}, q0)
+        assert ours.shape == (8, 7) and np.allclose(ours[:, :6], 0.0) and np.all(ours[:, 6] == 1.0)
+
+
+def test_the_inference_child_serves_a_policy_server(served: Any, checkpoint: Path, kin: ArmKinematics,
+                                                    wait_until: Any) -> None:
+    from vla_accel_ros.core.controller import Controller, ControllerConfig
+    from vla_accel_ros.runtime.process_worker import ChildSpec, ProcessInferenceWorker
+
+    spec_file = checkpoint.parent / "spec64.json"
+    spec_file.write_text(json.dumps({"image_size": 64}))
+    config = RunnerConfig(f"openpi://127.0.0.1:{served.port}?spec={spec_file}")
+    controller = Controller(kin, ControllerConfig())
+    controller.set_enabled(True)
+    controller.set_instruction("pick up the red cube")
+    worker = ProcessInferenceWorker(controller, ChildSpec(config, kin.urdf_xml, kin.tcp_frame), time.monotonic)
+    worker.start()
+    try:
+        assert worker.image_size == 64 and any("answers with chunks" in w for w in worker.warnings)
+        q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
+        image = observation().image
+
+        def fed() -> bool:
+            now = time.monotonic()
+            controller.on_joint_state(q, 0.04, now)
+            controller.on_image(image, now)
+            return worker.stats()["actions"] >= 3
+
+        assert wait_until(fed, 60.0), worker.stats()
+        assert worker.stats()["errors"] == 0
+    finally:
+        worker.stop()

@@ -16,6 +16,8 @@ class Observation:
     joint_pos: arm joint positions in the arm's joint order (rad or m), shape (n_arm,).
     gripper: finger opening in metres (sum of both fingers' travel is not used: one finger's).
     stamp: time of the observation in seconds (sim or ROS time).
+    extra_images: the other cameras' RGB uint8 images, in the order of the model's image slots after
+        the first (a wrist camera); empty for a one-camera observation.
     """
 
     image: np.ndarray
@@ -23,6 +25,12 @@ class Observation:
     joint_pos: np.ndarray
     gripper: float
     stamp: float = 0.0
+    extra_images: tuple[np.ndarray, ...] = ()
+
+    @property
+    def images(self) -> tuple[np.ndarray, ...]:
+        """Every camera's image, in image-slot order (``image`` first)."""
+        return (self.image, *self.extra_images)
 
     @property
     def proprio(self) -> np.ndarray:

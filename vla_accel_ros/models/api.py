@@ -45,6 +45,7 @@ class PolicyCapabilities:
     flow_head: ``flow`` (the continuous action head).
     incremental_prefill: ``incremental_prefill(settings)`` (reuse of unchanged image tokens).
     batched_passes: ``prefill_batch`` and ``score`` take a batch of several observations.
+    image_slots: camera images one observation holds (``Observation.images``, in slot order).
     """
 
     draft_head: bool = False
@@ -53,9 +54,10 @@ class PolicyCapabilities:
     flow_head: bool = False
     incremental_prefill: bool = False
     batched_passes: bool = False
+    image_slots: int = 1
 
     def missing(self) -> list[str]:
-        return [name for name, present in vars(self).items() if not present]
+        return [name for name, present in vars(self).items() if isinstance(present, bool) and not present]
 
 
 class PolicyConfig(Protocol):
@@ -112,6 +114,8 @@ class Prefix:
     pooled: torch.Tensor
     prefix_len: int
     base: int = 0
+    # (B, 2d * (slots - 1)): the flow head's condition from the other cameras' images (None: one camera)
+    camera_condition: torch.Tensor | None = None
 
     @property
     def hidden_last(self) -> torch.Tensor:

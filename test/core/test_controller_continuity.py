@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 import vla_accel_ros.core.controller as controller_module
 from vla_accel_ros.core.controller import (
-    JUMP_CONFIRM,
     Controller,
     ControllerConfig,
     TickResult,
@@ -107,7 +106,9 @@ def case_jump_within_limits(arm: Arm) -> None:
     arm.q[2] += 0.5  # the arm is really there (moved by hand, sim reset)
     arm.run(12)
     stats = arm.ctrl.stats
-    assert stats.jumps_accepted == 1 and stats.outliers_rejected == JUMP_CONFIRM - 1
+    # gated until the agreeing outliers have persisted jump_confirm_s (0.05 s: samples 10 ms apart)
+    confirm = arm.ctrl.config.jump_confirm_s
+    assert stats.jumps_accepted == 1 and stats.outliers_rejected == round(confirm / (PERIOD / SAMPLES_PER_TICK))
     np.testing.assert_allclose(arm.results[-1].q_command, arm.q, atol=1e-3)  # ramped there
 
 
@@ -236,6 +237,9 @@ def test_a_hold_after_a_real_jump_ramps_to_the_new_position_at_the_velocity_limi
     distance = np.abs(arm.q - before)
     worst = int(np.argmax(distance / STEP))  # the joint that needs the most ticks moves at its limit
     moves = np.abs(np.diff(np.array([before] + [r.q_command for r in results]), axis=0))[:, worst]
+    confirming = int(np.argmax(moves > 0))  # the hold stays put while the jump persists jump_confirm_s
+    assert 0 < confirming * PERIOD <= arm.ctrl.config.jump_confirm_s + PERIOD and not moves[:confirming].any()
+    moves = moves[confirming:]
     full = int(distance[worst] // STEP[worst])
     assert full >= 3
     np.testing.assert_allclose(moves[:full], STEP[worst], rtol=1e-9)

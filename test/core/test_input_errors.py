@@ -44,3 +44,17 @@ def test_the_log_counts_every_error_logs_each_kind_once_per_throttle_and_keeps_t
     assert log.recent(now=111.0, window_s=7.0) == ["image rejected: 2x0", "joint state rejected: NaN",
                                                    "image rejected: 0x0"]
     assert log.recent(now=111.0, window_s=5.5) == ["joint state rejected: NaN", "image rejected: 0x0"]
+
+
+def test_what_the_log_keeps_stays_small_whatever_the_input():
+    from vla_accel_ros.core.input_errors import MAX_KINDS, MAX_MESSAGE_CHARS, OTHER_KINDS
+
+    log = InputErrorLog(throttle_s=10.0)
+    huge = "x" * 1_000_000
+    log.add(f"unsupported image encoding '{huge}'", now=0.0)
+    assert len(log.last) < MAX_MESSAGE_CHARS + 40 and log.last.endswith("(1000029 chars)")
+    for k in range(3 * MAX_KINDS):  # an encoding string that never repeats: a kind each
+        log.add(f"unsupported image encoding '{chr(0x4e00 + k)}'", now=1.0)
+    assert len(log.counts.by_kind) == MAX_KINDS + 1 and log.total == 3 * MAX_KINDS + 1
+    assert log.counts.by_kind[OTHER_KINDS] == 2 * MAX_KINDS + 1
+    assert len(json.dumps(log.to_json())) < 64 * MAX_KINDS * 8

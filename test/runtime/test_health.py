@@ -32,6 +32,9 @@ def health() -> Health:
              tick_reason="fallback used up"), ERROR, "inference gives no actions: fallback used up"),
     (replace(RUNNING, tick_source="hold", tick_reason="disabled"), WARN, "holding: disabled"),
     (replace(RUNNING, inference=False, inference_alive=False), OK, "running (policy)"),
+    (replace(RUNNING, tick_source="hold", clock_stopped="clock stopped: no /clock for 1.2 s"), ERROR,
+     "clock stopped: no /clock for 1.2 s"),
+    (replace(RUNNING, stall="control loop stalled 1 time(s)"), WARN, "control loop stalled 1 time(s)"),
     (RUNNING, OK, "running (policy)"),
 ])
 def test_the_state_sets_the_level(state, level, message):

@@ -94,7 +94,8 @@ class Rig:
         params = {"inference": True, "inference_mode": "thread", "checkpoint": str(ckpt), "decoder": "kerv",
                   "autostart": True, "instruction": "pick up the red cube", "robot_description_timeout_s": 0.0,
                   "use_sim_time": True, "control_rate_hz": 1 / PERIOD, "camera_timeout_s": CAMERA_TIMEOUT,
-                  "joint_state_timeout_s": JOINT_TIMEOUT, "stats_rate_hz": 10.0}
+                  "joint_state_timeout_s": JOINT_TIMEOUT, "stats_rate_hz": 10.0,
+                  "stats_file": str(ckpt.parent / "stats.json")}  # keeps every tick: ticks() indexes the run
         self.sim_t = 1000.0
         self._clock = self.peer.create_publisher(Clock, "/clock", 10)
         self._clock.publish(Clock(clock=stamp(self.sim_t)))
@@ -233,7 +234,7 @@ def test_the_running_node_takes_each_encoding_and_size_without_complaint(rig, en
     rig.frame = (encoding, _scene(h, w))
     try:
         assert rig.wait(lambda: rig.node.stats()["inference_actions"] > inferences + 5)
-        assert rig.node.stats()["input_errors"] == errors and rig.node.stats()["source"] != "hold"
+        assert rig.node.stats()["input_errors"] == errors and rig.node.stats()["source"] != "hold", rig.node.stats()
     finally:
         rig.frame = ("rgb8", _scene(48, 64))
 

@@ -32,6 +32,7 @@ class CameraSet:
         self.names = names
         self.tolerance_s = tolerance_s
         self.frames: list[_Frame | None] = [None] * len(names)
+        self.refused = [""] * len(names)  # why each camera's images since its last usable one were refused
         self.matched: tuple[np.ndarray, ...] | None = None  # the newest observation's images
         self.matched_received = -math.inf  # arrival of its primary image
         self._matched_stamps: tuple[float, ...] = ()
@@ -67,12 +68,13 @@ class CameraSet:
         """Why the cameras hold the arm at ``now`` ('' = they do not): a camera never heard, or
         stale past ``timeout_s`` (or stamped more than ``ahead_s`` ahead: the clock went back), or
         no matched observation for ``timeout_s`` (naming the camera furthest apart)."""
-        for name, frame in zip(self.names, self.frames, strict=True):
+        for name, frame, refused in zip(self.names, self.frames, self.refused, strict=True):
             label = "camera" if len(self.names) == 1 else f"camera '{name}'"
             if frame is None:
-                return f"no {label} image received"
+                return f"no {label} image received" + (f" (refused: {refused})" if refused else "")
             if now - frame.received > timeout_s:
-                return f"{label} stale ({now - frame.received:.3f} s > {timeout_s} s)"
+                return (f"{label} stale ({now - frame.received:.3f} s > {timeout_s} s)"
+                        + (f"; the newest image was refused: {refused}" if refused else ""))
             if frame.received - now > ahead_s:
                 return f"{label} stale (stamped {frame.received - now:.3f} s ahead: the clock went back)"
         if len(self.names) > 1 and now - self.matched_received > timeout_s:
@@ -80,6 +82,7 @@ class CameraSet:
             offsets = [abs(f.stamp - frames[0].stamp) for f in frames]
             worst = int(np.argmax(offsets))
             return (f"camera '{self.names[worst]}' out of step: its newest image is stamped "
-                    f"{offsets[worst] * 1e3:.1f} ms from camera '{self.names[0]}''s (tolerance {self.tolerance_s * 1e3:.1f} ms); no matched "
-                    f"observation for {now - self.matched_received:.3f} s")
+                    f"{offsets[worst] * 1e3:.1f} ms from the first camera's (tolerance "
+                    f"{self.tolerance_s * 1e3:.1f} ms); no matched observation for "
+                    f"{now - self.matched_received:.3f} s")
         return ""

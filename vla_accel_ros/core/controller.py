@@ -24,14 +24,24 @@ position over one action step, then within velocity limit x period of the previo
 (the very first one: of the measured position) and within the position limits, finite; a
 non-finite candidate repeats the previous command. Two consecutive commands therefore never differ
 by more than v*T per joint, whatever the measurements, the source or the hold target do: a hold
-after a jump ramps to its target at the velocity limits.
+after a jump ramps to its target at the velocity limits. The fingers obey the same rule: each
+finger position within its limits and within its velocity limit x period of the previous one (of
+the measured opening, the first time); a finger without a URDF velocity limit moves at most
+``gripper_velocity``.
 
 Joint states are gated: a sample further from the last accepted one than the velocity limits reach
 over the elapsed time (plus ``JUMP_SLACK``) is an outlier: it moves neither the filter, nor the hold
 target, nor the policy's proprioception, and is counted (``TickStats.outliers_rejected``,
-``last_outlier``). ``JUMP_CONFIRM`` consecutive outliers that agree with each other are a real jump
-(an episode reset, an arm moved by hand): accepted, the filter, pending action and hold target
-restart there, and the command ramps to it.
+``last_outlier``). Outliers that agree with each other for ``jump_confirm_s`` (by their arrival
+times, however many samples that is) are a real jump (an episode reset, an arm moved by hand):
+accepted, the filter, pending action and hold target restart there, and the command ramps to it. A
+sample beyond the URDF position limits by more than ``joint_limit_tolerance`` is never accepted: the
+core holds the last valid position until a sample within the limits comes.
+
+Faults set from outside hold the arm with their reason until cleared: the inference worker down,
+a robot description that contradicts the URDF in use, the node's clock stopped (sim time without
+``/clock``). An image the node refused keeps the camera's freshness where the last usable frame left
+it; the camera's stale reason then names the refusal.
 
 Times are seconds on one clock chosen by the caller (ROS time in the node, so use_sim_time works);
 inputs are stamped with their arrival time on that clock, which keeps the watchdog independent of
@@ -66,15 +76,8 @@ SOURCES = ("policy", "fallback", "hold")
 # elapsed time, plus this slack (rad or m: encoder noise, stamping jitter), is no motion the arm can
 # make: an outlier, or the first sample after a reset or teleport.
 JUMP_SLACK = 0.05
-# This many consecutive outliers, each within reach of the one before, are a real jump (new sim
-# episode, arm moved by hand): accepted, and the filter and pending actions restart there. One
-# broken sample never agrees with the next good one, so it is always rejected.
-JUMP_CONFIRM = 3
 # Speed the gate assumes for a joint without a URDF velocity limit (rad/s or m/s).
 UNLIMITED_SPEED = 10.0
-# A measured position this far (rad) past a URDF limit is not a real arm state but a broken driver
-# or message: rejected, never fed to the filter or the policy.
-IMPLAUSIBLE_BEYOND_LIMIT = math.pi
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,13 @@ class ControllerConfig:
                                    "tracks the measured position and extrapolates nothing")
     # chunk_execution, chunk_refill_threshold, chunk_blend, chunk_verify_threshold_rad
     chunks: ChunkSettings = nested(ChunkSettings())
+    gripper_velocity: float = setting(0.1, "Speed limit (m/s) of a finger joint whose URDF gives none",
+                                      range=(1e-4, 10.0))
+    jump_confirm_s: float = setting(0.05, "How long agreeing joint-state outliers must persist to be a real "
+                                    "jump", range=(0.0, 10.0))
+    joint_limit_tolerance: float = setting(0.1, "How far past a URDF position limit a measured arm joint may "
+                                           "be; further is a fault (hold)", range=(0.0, 1.0))
+    max_instruction_chars: int = setting(1000, "Longest instruction accepted", range=(1, 1_000_000))
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -124,6 +134,7 @@ class TickStats:
     guard_trips: int = 0
     outliers_rejected: int = 0  # joint-state samples gated (beyond what the velocity limits reach)
     jumps_accepted: int = 0  # runs of agreeing outliers taken as a real jump (reset, moved by hand)
+    beyond_limits_rejected: int = 0  # joint-state samples beyond the URDF limits (+ tolerance)
     fallback_expired: int = 0  # times the fallback ran out (fallback_max_s) into a hold
     chunk_wait_ticks: int = 0  # ticks a policy was expected but no step was due (fallback, or its hold)
     chunks_planned: int = 0  # chunks that became the executed plan
@@ -140,8 +151,8 @@ class TickResult:
 
     stamp: float
     q_command: np.ndarray | None  # arm joint order of the kinematics
-    gripper_command: float  # 1 = open, 0 = closed
-    finger_positions: np.ndarray  # one per gripper joint (m), within their limits
+    gripper_command: float  # the command asked for: 1 = open, 0 = closed
+    finger_positions: np.ndarray  # one per gripper joint (m), within their limits and v*T of the last ones
     source: str
     reason: str
     stats: TickStats
@@ -177,9 +188,10 @@ class Controller:
         self._instruction = ""
         # latest inputs: (value, arrival time)
         self._q: np.ndarray | None = None
-        self._gripper_opening = 0.0
+        self._gripper_opening: float | None = None  # measured (mean finger position), once known
         self._q_rx = -math.inf
         self._cameras = CameraSet(self.config.camera_names, self.config.camera_sync_tolerance_s)
+        self._beyond_limits = ""  # why the newest joint state was beyond the limits ('' = it was not)
         self._obs_seq = 0
         self._chunks = ChunkQueue(self.config.chunks, self.config.action_dt_s, self.config.jitter_window)
         self._chunk_start = False  # the current tick started a plan
@@ -191,6 +203,7 @@ class Controller:
         self._hold_reason = ""
         self._inference_fault = ""  # why the inference worker is down ('' = up): hold meanwhile
         self._config_fault = ""  # e.g. a robot description that contradicts the URDF in use: hold
+        self._clock_fault = ""  # the node's clock stopped (sim time without /clock): hold
         self._periods: deque[float] = deque(maxlen=self.config.jitter_window)
         self._max_opening = float(kin.gripper_limits.upper.max()) if kin.gripper_joint_names else 0.0
         velocity = kin.limits.velocity
@@ -200,9 +213,15 @@ class Controller:
         self._step = velocity * self.config.period_s  # most a command may differ from the previous one
         self._gate_speed = np.where(np.isfinite(velocity), velocity, UNLIMITED_SPEED)
         self._lo, self._hi = np.empty(kin.n), np.empty(kin.n)  # the guard's bounds, reused every tick
-        # the outliers that may be the start of a real jump: newest one, its arrival, how many agree
+        finger_velocity = kin.gripper_limits.velocity
+        self._finger_step = np.where(np.isfinite(finger_velocity), finger_velocity,
+                                     self.config.gripper_velocity) * self.config.period_s
+        self._last_fingers: np.ndarray | None = None
+        # the outliers that may be the start of a real jump: newest one, its arrival, when the run of
+        # agreeing ones began, how many agree
         self._jump_q: np.ndarray | None = None
         self._jump_rx = -math.inf
+        self._jump_since = -math.inf
         self._jump_n = 0
         # start of the fallback window: the last fresh action, or the first tick after a hold
         self._window_start: float | None = None
@@ -219,12 +238,12 @@ class Controller:
             if q.shape != (self.kin.n,) or not np.all(np.isfinite(q)):
                 self._counters.add("inputs_rejected")
                 return f"joint state rejected: expected {self.kin.n} finite positions, got {q}"
-            beyond = np.maximum(self.kin.limits.lower - q, q - self.kin.limits.upper)
-            if np.any(beyond > IMPLAUSIBLE_BEYOND_LIMIT):
+            if beyond := self._beyond_limits_locked(q):
                 self._counters.add("inputs_rejected")
-                worst = int(np.argmax(beyond))
-                return (f"joint state rejected: {self.kin.joint_names[worst]} = {q[worst]:.6g} rad is more than "
-                        f"{IMPLAUSIBLE_BEYOND_LIMIT:.2f} rad outside its limits")
+                self._counters.add("beyond_limits_rejected")
+                self._beyond_limits = beyond
+                return f"joint state rejected: {beyond}"
+            self._beyond_limits = ""
             if now < self._q_rx:
                 if self._q_rx - now <= self.config.period_s:
                     self._counters.add("inputs_rejected")
@@ -239,6 +258,17 @@ class Controller:
             if gripper_opening is not None and math.isfinite(gripper_opening):
                 self._gripper_opening = float(gripper_opening)
         return notice
+
+    def _beyond_limits_locked(self, q: np.ndarray) -> str:
+        """What puts ``q`` further past a URDF position limit than ``joint_limit_tolerance``, or ''."""
+        lower, upper = self.kin.limits.lower, self.kin.limits.upper
+        beyond = np.maximum(lower - q, q - upper)
+        worst = int(np.argmax(beyond))
+        if beyond[worst] <= self.config.joint_limit_tolerance:
+            return ""
+        return (f"{self.kin.joint_names[worst]} = {q[worst]:.6g} is outside its limits "
+                f"[{lower[worst]:.4g}, {upper[worst]:.4g}] by {beyond[worst]:.4g} (joint_limit_tolerance "
+                f"{self.config.joint_limit_tolerance:g})")
 
     def on_image(self, image: np.ndarray, now: float, camera: int = 0, stamp: float | None = None) -> str | None:
         """Store an RGB uint8 image (already at the model's input size) of camera ``camera`` (its
@@ -257,16 +287,26 @@ class Controller:
                     self._counters.add("inputs_rejected")
                     return f"{what} rejected: time went backwards ({now:.6f} < {before:.6f})"
                 notice = self._clock_went_back_locked(what, now, before)
+            cameras.refused[camera] = ""
             if cameras.add(camera, image, now if stamp is None else float(stamp), now):
                 self._obs_seq += 1
                 self._new_obs.notify_all()
         return notice
 
+    def on_image_refused(self, reason: str, camera: int = 0) -> None:
+        """The node refused an image of camera ``camera`` (too large, undecodable, ...): nothing of
+        it is used, and the camera stays as fresh as the last usable frame made it; once that is
+        stale, the hold names ``reason``."""
+        with self._lock:
+            self._cameras.refused[self._cameras.index(camera)] = reason.strip()
+
     def _gate_locked(self, q: np.ndarray, now: float) -> bool:
         """True when ``q`` is an outlier: further from the last accepted sample than the velocity
-        limits reach over the time between them (+ JUMP_SLACK). A run of JUMP_CONFIRM outliers that
-        agree with each other is a real jump: the newest is accepted (False) and the core restarts
-        from it."""
+        limits reach over the time between them (+ JUMP_SLACK). Outliers that agree with each other
+        (each within reach of the one before) for ``jump_confirm_s`` of arrival time are a real jump:
+        the newest is accepted (False) and the core restarts from it. Time, not a sample count,
+        decides: three samples of a glitch take 1.5 ms at 2 kHz, and a burst delivered at once
+        takes none."""
         assert self._q is not None
         excess = np.abs(q - self._q) - self._gate_speed * max(now - self._q_rx, 0.0)
         if not np.any(excess > JUMP_SLACK):
@@ -274,9 +314,13 @@ class Controller:
             return False
         agrees = (self._jump_q is not None and not np.any(
             np.abs(q - self._jump_q) - self._gate_speed * max(now - self._jump_rx, 0.0) > JUMP_SLACK))
-        self._jump_n = self._jump_n + 1 if agrees else 1
+        if not agrees:
+            self._jump_since, self._jump_n = now, 0
+        self._jump_n += 1
         self._jump_q, self._jump_rx = q, now
-        if self._jump_n >= JUMP_CONFIRM:
+        persisted = now - self._jump_since
+        confirm = self.config.jump_confirm_s
+        if persisted >= confirm - 1e-9 and (self._jump_n > 1 or confirm <= 0.0):  # round-off of summed periods
             self._counters.add("jumps_accepted")
             self._restart_locked()
             return False
@@ -286,7 +330,8 @@ class Controller:
             f"joint state outlier: {self.kin.joint_names[worst]} at {q[worst]:.4f}, "
             f"{abs(q[worst] - self._q[worst]):.4f} "
             f"from the last accepted sample {max(now - self._q_rx, 0.0):.3f} s before, more than its velocity limit "
-            f"reaches (+{JUMP_SLACK} slack); gated ({self._jump_n}/{JUMP_CONFIRM} agreeing samples make a real jump)")
+            f"reaches (+{JUMP_SLACK} slack); gated (agreeing outliers for {persisted:.3f} s, a real jump persists "
+            f"jump_confirm_s = {confirm:g} s)")
         return True
 
     def _clock_went_back_locked(self, what: str, now: float, before: float) -> str:
@@ -301,11 +346,17 @@ class Controller:
                 f"filter and pending action dropped, holding until every input is current")
 
     def set_instruction(self, text: str) -> str | None:
+        """Take ``text`` as the task (an action computed for another is never executed); returns why
+        it was rejected instead (empty, or longer than ``max_instruction_chars``)."""
         text = text.strip()
         with self._lock:
             if not text:
                 self._counters.add("inputs_rejected")
                 return "instruction rejected: it is empty"
+            if len(text) > self.config.max_instruction_chars:
+                self._counters.add("inputs_rejected")
+                return (f"instruction rejected: {len(text)} characters, more than max_instruction_chars = "
+                        f"{self.config.max_instruction_chars}")
             if text != self._instruction:
                 self._instruction = text
                 self._forget_chunks_locked()  # an action for the old task must not be executed
@@ -334,6 +385,19 @@ class Controller:
             if self._config_fault:
                 self._forget_chunks_locked()
 
+    def set_clock_fault(self, reason: str) -> None:
+        """Hold the measured position with ``reason`` until cleared with '': the clock the core's
+        times come from stopped (sim time without ``/clock``), so its watchdogs cannot judge
+        freshness and no action can be timed."""
+        with self._lock:
+            self._clock_fault = reason.strip()
+            if self._clock_fault:
+                self._chunk = None
+
+    @property
+    def clock_fault(self) -> str:
+        return self._clock_fault
+
     @property
     def enabled(self) -> bool:
         return self._enabled
@@ -355,8 +419,9 @@ class Controller:
             images = self._cameras.matched
             if not ready or images is None or self._q is None:
                 return None
+            opening = 0.0 if self._gripper_opening is None else self._gripper_opening
             obs = Observation(images[0], self._instruction, self._q.copy(),
-                              float(np.clip(self._gripper_opening, 0.0, self._max_opening or np.inf)),
+                              float(np.clip(opening, 0.0, self._max_opening or np.inf)),
                               self._cameras.matched_received, extra_images=images[1:])
             return self._obs_seq, obs
 
@@ -423,10 +488,11 @@ class Controller:
                 self._counters.add("chunk_wait_ticks")
             q_cmd = self._guard_locked(q_cmd)
             self._counters.add(f"{source}_ticks")
+            fingers = self._finger_guard_locked(self._finger_positions(self._gripper_cmd))
             if q_cmd is not None:
                 self._counters.add("ticks_published")
                 self._last_cmd = q_cmd
-            fingers = self._finger_positions(self._gripper_cmd)
+                self._last_fingers = fingers
             if self._chunks.wants_inference():
                 self._new_obs.notify_all()  # the schedule may have come due with this tick
             return TickResult(now, None if q_cmd is None else q_cmd.copy(), self._gripper_cmd, fingers, source,
@@ -437,6 +503,10 @@ class Controller:
         cfg = self.config
         if self._q is None:
             return "no joint state received"
+        if self._clock_fault:  # the watchdogs below compare times on the stopped clock
+            return self._clock_fault
+        if self._beyond_limits:
+            return f"joint state beyond the URDF limits: {self._beyond_limits}; holding the last valid position"
         if stale := self._stale_reason("joint states", self._q_rx, cfg.joint_state_timeout_s, now):
             return stale
         if stale := self._cameras.hold_reason(now, cfg.camera_timeout_s, cfg.period_s):
@@ -581,6 +651,18 @@ class Controller:
         opening = gripper_command_to_opening(gripper_cmd, self._max_opening)
         return np.clip(np.full(len(self.kin.gripper_joint_names), opening), self.kin.gripper_limits.lower,
                        self.kin.gripper_limits.upper)
+
+    def _finger_guard_locked(self, fingers: np.ndarray) -> np.ndarray:
+        """``fingers`` within each finger's velocity limit x period of the previous returned finger
+        command (the very first one: of the measured opening, when known) and within the limits."""
+        lim = self.kin.gripper_limits
+        previous = self._last_fingers
+        if previous is None:
+            if self._gripper_opening is None:
+                return fingers  # no measured opening to continue from: the command itself
+            previous = np.clip(np.full(len(fingers), self._gripper_opening), lim.lower, lim.upper)
+        out = np.clip(fingers, previous - self._finger_step, previous + self._finger_step)
+        return np.clip(out, lim.lower, lim.upper)
 
     def _restart_locked(self) -> None:
         """The arm was moved from outside (episode reset, by hand) or the clock restarted: forget the

@@ -1,62 +1,20 @@
 """Message conversion on numpy, for the node and for replay: camera images in any common encoding (raw
-or compressed) to RGB at the model's size, joint states by name to the arm's order, and a
-comparison of two arms' kinematics. Reads message fields only (rclpy's messages or rosbags' with the
-same fields); imports no ROS package.
+or compressed) to RGB at the model's size (bounded, from ``core/images.py``), joint states by name
+to the arm's order, and a comparison of two arms' kinematics. Reads message fields only (rclpy's
+messages or rosbags' with the same fields); imports no ROS package.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import cv2
 import numpy as np
 
+from vla_accel_ros.core.images import ENCODINGS, compressed_to_rgb, image_to_rgb
 from vla_accel_ros.core.kinematics import ArmKinematics
 
-if TYPE_CHECKING:
-    from sensor_msgs.msg import CompressedImage, Image
-
-
-# --- message conversion (no per-pixel Python) ----------------------------------------------------
-def _resize(rgb: np.ndarray, size: int) -> np.ndarray:
-    if rgb.shape[:2] != (size, size):
-        # INTER_AREA averages the source pixels: no aliasing when a camera image shrinks.
-        rgb = cv2.resize(rgb, (size, size), interpolation=cv2.INTER_AREA)
-    return np.ascontiguousarray(rgb)
-
-
-def image_to_rgb(msg: Image, size: int) -> np.ndarray:
-    """sensor_msgs/Image -> RGB uint8 (size, size, 3); ValueError naming what is wrong."""
-    encoding = msg.encoding.lower()
-    if encoding not in ENCODINGS:
-        raise ValueError(f"unsupported image encoding '{msg.encoding}' (supported: {', '.join(ENCODINGS)})")
-    channels, conversion = ENCODINGS[encoding]
-    h, w, step = int(msg.height), int(msg.width), int(msg.step)
-    if h <= 0 or w <= 0:
-        raise ValueError(f"image has size {w}x{h}")
-    if step < w * channels:
-        raise ValueError(f"image step {step} is smaller than width {w} x {channels} channels of {encoding}")
-    if len(msg.data) < h * step:
-        raise ValueError(f"image data ({len(msg.data)} bytes, step {step}) too small for {w}x{h} {encoding}")
-    if len(msg.data) != h * step:  # sensor_msgs/Image: data is exactly step x height bytes
-        raise ValueError(f"image data length {len(msg.data)} does not match step {step} x height {h} = {h * step}")
-    rows = np.frombuffer(msg.data, dtype=np.uint8, count=h * step).reshape(h, step)
-    pixels = rows[:, : w * channels].reshape(h, w, channels)
-    rgb = pixels if conversion is None else cv2.cvtColor(pixels, conversion)
-    return _resize(rgb, size)
-
-
-def compressed_to_rgb(msg: CompressedImage, size: int) -> np.ndarray:
-    """sensor_msgs/CompressedImage (jpeg/png) -> RGB uint8 (size, size, 3)."""
-    if len(msg.data) == 0:
-        raise ValueError(f"compressed image (format '{msg.format}') has no data")
-    try:
-        bgr = cv2.imdecode(np.frombuffer(msg.data, dtype=np.uint8), cv2.IMREAD_COLOR)
-    except cv2.error:  # OpenCV asserts on some malformed headers instead of returning None
-        bgr = None
-    if bgr is None:
-        raise ValueError(f"cannot decode compressed image (format '{msg.format}', {len(msg.data)} bytes)")
-    return _resize(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), size)
+__all__ = ["ENCODINGS", "compressed_to_rgb", "controller_joint_order", "image_to_rgb", "joint_state_to_arm",
+           "kinematics_difference"]
 
 
 def joint_state_to_arm(kin: ArmKinematics, names: Any, positions: Any) -> tuple[np.ndarray, float | None]:
@@ -91,16 +49,6 @@ def kinematics_difference(a: ArmKinematics, b: ArmKinematics) -> str:
     if not (np.allclose(pa.position, pb.position, atol=1e-9) and np.allclose(pa.rotation, pb.rotation, atol=1e-9)):
         return "has other link geometry (its forward kinematics differ)"
     return ""
-
-
-# encoding -> (channels, OpenCV conversion to RGB or None)
-ENCODINGS: dict[str, tuple[int, int | None]] = {
-    "rgb8": (3, None),
-    "bgr8": (3, cv2.COLOR_BGR2RGB),
-    "rgba8": (4, cv2.COLOR_RGBA2RGB),
-    "bgra8": (4, cv2.COLOR_BGRA2RGB),
-    "mono8": (1, cv2.COLOR_GRAY2RGB),
-}
 
 
 def controller_joint_order(kin: ArmKinematics, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:

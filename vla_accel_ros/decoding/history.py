@@ -21,7 +21,9 @@ class EpisodeHistory:
     """Per-episode bookkeeping that builds each step's :class:`DecodeContext`.
 
     Feed it measured joints (``observe_joints``, which also updates the filter) and each step's
-    result (``record``); ``context()`` returns the context of the next step.
+    result (``record``); ``context()`` returns the context of the next step. What it keeps is
+    bounded however long an episode runs: the last ``keep_joints`` measurements, the last
+    ``max_steps`` steps' tokens and 16 gripper values.
     """
 
     def __init__(
@@ -69,8 +71,12 @@ class EpisodeHistory:
         return fused
 
     def record(self, result: DecodeResult) -> None:
-        """Remember this step's tokens and gripper command; advances the step index."""
+        """Remember this step's tokens (the last ``max_steps`` steps' are kept) and gripper command;
+        advances the step index."""
         self._tokens.append(np.asarray(result.tokens, dtype=np.int64))
+        # A stream without episode boundaries (the node) never resets: an episode's worth of tokens,
+        # not the whole run's, each step's context copying them all.
+        del self._tokens[: -max(self.max_steps, 1)]
         self._gripper.append(float(result.action[-1]))
         del self._gripper[:-16]
         self.step += 1

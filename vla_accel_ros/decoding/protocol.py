@@ -53,7 +53,7 @@ class DecodeContext:
     time_left_s: seconds left in the control period when the step starts (None = no deadline).
     gripper_history: previous gripper action values (policy action space, 1 = open), oldest first.
     target_clearance: gripper-to-target distance (m) from the scene, None on a real robot.
-    token_history: (S, 7) action tokens of the episode's previous steps, oldest first.
+    token_history: (S, 7) action tokens of the episode's previous steps (its last max_steps), oldest first.
     clock: seconds, monotonic; every timing and deadline decision reads it.
     token_noise: (7, 256) this step's sampling noise (:mod:`vla_accel_ros.models.sampling`); None = greedy.
     """

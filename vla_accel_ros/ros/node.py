@@ -11,9 +11,10 @@ Interface (topic names are relative, so they resolve in the node's namespace; ev
 declared with a description and range, see ``ros/parameters.py``'s ``NodeConfig`` and
 config/vla_accel.yaml):
 
-- subscribes ``image_topic`` (sensor_msgs/Image, or CompressedImage), ``joint_states_topic``
-  (sensor-data QoS), ``~/instruction`` (std_msgs/String) and, when the URDF is not given by
-  parameter, ``robot_description`` (transient local);
+- subscribes ``image_topic`` (sensor_msgs/Image, or CompressedImage; in a child process,
+  ``ros/camera_intake.py``), ``joint_states_topic`` (sensor-data QoS), ``~/instruction``
+  (std_msgs/String) and, when the URDF is not given by parameter, ``robot_description``
+  (transient local);
 - publishes every tick while active, reliably, one of: ``<controller>/commands``
   (Float64MultiArray, in ``controller_joints`` order), ``<controller>/joint_trajectory`` (one point
   at one period) or ``joint_command_topic`` (JointState, arm + fingers); plus
@@ -22,16 +23,22 @@ config/vla_accel.yaml):
   ``runtime/health.py``) and ``~/stats`` (JSON) at ``stats_rate_hz``, in every lifecycle state;
   service ``~/enable`` (SetBool) while active.
 
-The control timer runs on the node clock (``use_sim_time`` works) in its own mutually exclusive
-callback group; inference never runs in a callback: by default in a child process, optionally in a
-worker thread or on another machine (``inference_mode``). The thread that spins the executor runs
-under SCHED_FIFO (``realtime_priority``) where the system allows it. ``stats_file`` receives the
-run's record at shutdown (``ros/run_summary.py``).
+The control timer runs on the node clock (``use_sim_time`` works, fixed once configured) in its own
+mutually exclusive callback group; inference never runs in a callback: by default in a child
+process, optionally in a worker thread or on another machine (``inference_mode``). No camera
+message reaches this process: a child takes, bounds and converts them (``max_image_pixels``). A
+watchdog on the wall clock stands in for the control timer when the node's clock stops (sim time
+without ``/clock``): it holds the arm and reports ERROR. A tick later than ``stall_after_periods``
+periods is a stall, a WARN on ``/diagnostics`` that names its likely cause (``runtime/stalls.py``);
+reporting runs on the wall clock too. The thread that spins the executor runs under SCHED_FIFO
+(``realtime_priority``) where the system allows it. ``stats_file`` receives the run's record at
+shutdown (``ros/run_summary.py``).
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import sys
 import time
@@ -40,21 +47,23 @@ from typing import Any
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.clock import Clock, ClockType
 from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
-from sensor_msgs.msg import CompressedImage, Image, JointState
+from sensor_msgs.msg import JointState
 from std_msgs.msg import String
 from std_srvs.srv import SetBool
 
 from vla_accel_ros.core.controller import Controller, TickResult
-from vla_accel_ros.core.convert import compressed_to_rgb, controller_joint_order, image_to_rgb, joint_state_to_arm
-from vla_accel_ros.core.input_errors import InputErrorLog
+from vla_accel_ros.core.convert import controller_joint_order, joint_state_to_arm
+from vla_accel_ros.core.input_errors import InputErrorLog, shorten
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.robot_record import check_checkpoint_robot
 from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.core.stamp_order import StampOrder
+from vla_accel_ros.ros.camera_intake import CameraIntake, CameraIntakeError, IntakeSpec
 from vla_accel_ros.ros.command_publishers import CommandPublisher, command_publishers
 from vla_accel_ros.ros.inference_workers import Worker, start_inference
 from vla_accel_ros.ros.parameters import NodeConfig
@@ -65,10 +74,17 @@ from vla_accel_ros.ros.run_summary import TickLog, own_peak_rss_mb, write_stats_
 from vla_accel_ros.runtime.builder import build_controller
 from vla_accel_ros.runtime.health import ERROR, OK, WARN, Health, NodeState
 from vla_accel_ros.runtime.process_worker import ProcessInferenceWorker
+from vla_accel_ros.runtime.stalls import StallMonitor
 
 NODE_NAME = "vla_accel_node"
 COMMAND_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 LOG_THROTTLE_S = 10.0  # each kind of input problem is logged at most once per this long
+INSTRUCTION_LOG_S = 1.0  # instruction changes are logged at most once per this long
+# The node's clock standing still this long on the wall clock (and stall_after_periods periods) is a
+# stopped clock. A sim's /clock under load pauses for a while (0.14-0.24 s seen on a 2-core machine):
+# that is no reason to drop the policy's actions and hold; its robot stood still too.
+CLOCK_STOPPED_MIN_S = 0.5
+INSTRUCTION_LOG_CHARS = 200  # of an instruction, the log, /diagnostics and ~/stats show this many characters
 LEVELS = {OK: DiagnosticStatus.OK, WARN: DiagnosticStatus.WARN, ERROR: DiagnosticStatus.ERROR}
 
 
@@ -103,11 +119,23 @@ class VlaAccelNode(LifecycleNode):
         self._joint_names: list[str] = []  # kept after cleanup for the run summary
 
         self._errors = InputErrorLog(LOG_THROTTLE_S)
+        self._camera_output = InputErrorLog(LOG_THROTTLE_S)  # what the camera child prints (libpng, ...)
         self._health = Health(1.0 / cfg.stats_rate_hz, stale_after_s=max(cfg.action_timeout_s, 3 * cfg.period_s))
         self._realtime_priority = 0  # set by apply_realtime_priority()
         self._last_tick: TickResult | None = None
-        self.ticks = TickLog()
-        self._stamps = StampOrder(max(cfg.camera_timeout_s, cfg.joint_state_timeout_s))
+        self.ticks = TickLog(whole_run=bool(cfg.stats_file))  # else a ring of the newest: flat memory
+        self._stamps = StampOrder(max(cfg.camera_timeout_s, cfg.joint_state_timeout_s), cfg.future_stamp_tolerance_s)
+        self._camera: CameraIntake | None = None  # made at configure
+        self._stalls = StallMonitor(cfg.period_s, cfg.stall_after_periods, cfg.stall_holdoff_s)
+        gc.callbacks.append(self._stalls.gc_callback)  # a collection in the timer's thread delays a tick
+        self._watchdog: Any = None  # the wall-clock stand-in for the control timer, while active
+        self._stall_bound_s = cfg.stall_after_periods * cfg.period_s
+        self._stall_logged = -float("inf")  # time.monotonic() a stall was last logged
+        self._tick_wall = 0.0  # time.monotonic() of the last tick
+        self._clock_value = 0.0  # the node's clock at the watchdog's last look
+        self._clock_moved = 0.0  # time.monotonic() the watchdog last saw the node's clock move
+        self._clock_stopped_at = 0.0  # time.monotonic() of the last tick before the clock stopped
+        self._instruction_logged = (-float("inf"), 0)  # (when, changes since)
 
         # Under a MultiThreadedExecutor the inputs never wait behind the control tick (its own group),
         # and never run during a lifecycle transition: they share the group of the lifecycle
@@ -116,10 +144,13 @@ class VlaAccelNode(LifecycleNode):
         self._io_group = self.default_callback_group
         self._pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._pub_stats = self.create_publisher(String, "~/stats", 10)
-        self.create_service(SetBool, "~/enable", self._on_enable, callback_group=self._io_group)
-        self.add_on_set_parameters_callback(self._on_set_parameters)
-        self._stats_timer = self.create_timer(1.0 / cfg.stats_rate_hz, self._publish_stats,
-                                              callback_group=self._io_group)
+        self.create_service(SetBool, "~/enable", self._stalls.wrap("~/enable", self._on_enable),
+                            callback_group=self._io_group)
+        self.add_on_set_parameters_callback(self._stalls.wrap("parameter change", self._on_set_parameters))
+        # On the wall clock: a clock that stops (sim time without /clock) must not silence the report.
+        self._steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self._stats_timer = self.create_timer(1.0 / cfg.stats_rate_hz, self._stalls.wrap("report", self._publish_stats),
+                                              callback_group=self._io_group, clock=self._steady)
         if cfg.autostart:
             self.start()
 
@@ -134,8 +165,10 @@ class VlaAccelNode(LifecycleNode):
     def start(self) -> None:
         """Configure, then activate (what ``autostart`` does). Raises ConfigError when either fails."""
         if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+            self._forget_gc()  # the constructor raises: nobody destroys this node
             raise self._configure_error or ConfigError("configure failed")
         if self.trigger_activate() != TransitionCallbackReturn.SUCCESS:
+            self._forget_gc()
             raise self._refuse(ConfigError("activate failed"))
 
     @property
@@ -163,10 +196,17 @@ class VlaAccelNode(LifecycleNode):
         self.controller.set_enabled(True)
         # The timer uses the node clock: with use_sim_time it follows /clock. Cancelled, not
         # destroyed, on deactivate (the executor may be waiting on it).
+        self._stalls.restart()
+        self._tick_wall = self._clock_moved = time.monotonic()
+        self._clock_value = self._now()
         if self._timer is None:
             self._timer = self.create_timer(self.cfg.period_s, self._on_tick, callback_group=self._timer_group)
+            # Half a period: it takes over within stall_after_periods of the last tick.
+            self._watchdog = self.create_timer(0.5 * self.cfg.period_s, self._on_watchdog,
+                                               callback_group=self._timer_group, clock=self._steady)
         else:
             self._timer.reset()
+            self._watchdog.reset()
         self._lifecycle = "active"
         result = super().on_activate(state)
         cfg = self.cfg
@@ -183,6 +223,7 @@ class VlaAccelNode(LifecycleNode):
         """Stop commanding: no more ticks, so the controllers keep the last command."""
         if self._timer is not None:
             self._timer.cancel()
+            self._watchdog.cancel()
         self._lifecycle = "inactive"
         self.get_logger().info("deactivated: not commanding (the controllers keep the last command)")
         return super().on_deactivate(state)
@@ -195,12 +236,16 @@ class VlaAccelNode(LifecycleNode):
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
         if self._timer is not None:
             self._timer.cancel()
+            self._watchdog.cancel()
         self._release()
         self._lifecycle = "finalized"
         return super().on_shutdown(state)
 
     def _release(self) -> None:
-        """Undo on_configure: stop the worker, drop the command publishers."""
+        """Undo on_configure: stop the worker and the camera intake, drop the command publishers."""
+        if self._camera is not None:
+            self._camera.stop()
+            self._camera = None
         if self.worker is not None:
             self.worker.stop()
         if self._remote is not None:
@@ -214,6 +259,10 @@ class VlaAccelNode(LifecycleNode):
 
     def _configure(self) -> None:
         cfg = self.cfg
+        # Spawned first: its imports run while the URDF and the policy load.
+        self._camera = CameraIntake(self._on_camera_frame, self._on_camera_refused, self._reject,
+                                    self._on_camera_output)
+        self._camera.spawn()
         arm = load_arm(self, cfg)
         self.kin, self._description_fallback = arm.kin, arm.fallback
         self.get_logger().info(f"URDF from {arm.source}: arm joints {list(arm.kin.joint_names)}, "
@@ -241,6 +290,14 @@ class VlaAccelNode(LifecycleNode):
             raise ConfigError(f"parameter 'image_size' = {cfg.image_size} but the checkpoint expects "
                               f"{model_size}; set 0 to use the checkpoint's size")
         self._subscribe_inputs()
+        try:
+            self._camera.start(IntakeSpec(
+                topic=self.resolve_topic_name(cfg.image_topic), compressed=cfg.compressed_image,
+                image_size=self.image_size, max_pixels=cfg.max_image_pixels, reliable=cfg.image_reliable,
+                domain_id=self.context.get_domain_id(), node_name=f"_{self.get_name()}_camera",
+                namespace=self.get_namespace()))
+        except CameraIntakeError as err:
+            raise ConfigError(f"camera on {cfg.image_topic}: {err}") from err
         # Outputs, reliable; they publish only while active.
         self._commands = command_publishers(
             cfg, self.kin, self.controller_joints, clock=self.get_clock(),
@@ -257,15 +314,14 @@ class VlaAccelNode(LifecycleNode):
         (their callbacks ignore messages while unconfigured): destroying a subscription while a
         multi-threaded executor waits on it raises in that executor."""
         cfg = self.cfg
-        wanted = [(CompressedImage if cfg.compressed_image else Image, self._on_image, cfg.image_topic,
-                   qos_profile_sensor_data),
-                  (JointState, self._on_joint_state, cfg.joint_states_topic, qos_profile_sensor_data),
+        wanted = [(JointState, self._on_joint_state, cfg.joint_states_topic, qos_profile_sensor_data),
                   (String, self._on_instruction, "~/instruction", 10)]
         if self._description_fallback:  # a robot_state_publisher that starts after us is checked
             wanted.append((String, self._on_late_description, ROBOT_DESCRIPTION_TOPIC, LATCHED_QOS))
         for msg_type, callback, topic, qos in wanted:
             if topic not in self._inputs:
-                self._inputs[topic] = self.create_subscription(msg_type, topic, callback, qos,
+                timed = self._stalls.wrap(f"{self.resolve_topic_name(topic)} callback", callback)
+                self._inputs[topic] = self.create_subscription(msg_type, topic, timed, qos,
                                                                callback_group=self._io_group)
 
     def _now(self) -> float:
@@ -277,8 +333,8 @@ class VlaAccelNode(LifecycleNode):
         if self._errors.add(message, time.monotonic()):
             self.get_logger().warn(message)
 
-    def _header_in_order(self, what: str, msg: Any) -> bool:
-        take, problem = self._stamps.check(what, msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9)
+    def _stamp_in_order(self, what: str, stamp: float) -> bool:
+        take, problem = self._stamps.check(what, stamp, self._now())
         if problem:
             self._reject(problem)
         return take
@@ -296,19 +352,32 @@ class VlaAccelNode(LifecycleNode):
         else:
             self.get_logger().info("robot_description received after start-up matches the URDF in use")
 
-    def _on_image(self, msg: Image | CompressedImage) -> None:
-        if self.controller is None or not self._header_in_order("image", msg):
-            return
-        try:
-            rgb = (compressed_to_rgb if self.cfg.compressed_image else image_to_rgb)(msg, self.image_size)
-        except ValueError as err:
-            self._reject(f"image on {self.cfg.image_topic} rejected: {err}")
-            return
-        if (error := self.controller.on_image(rgb, self._now())) is not None:
-            self._reject(error)
+    def _on_camera_frame(self, stamp: float, rgb: Any) -> None:
+        """A frame from the camera intake (its thread), converted to the model's size."""
+        with self._stalls.timed("camera frame hand-over"):
+            controller = self.controller
+            if controller is None or not self._stamp_in_order("image", stamp):
+                return
+            if (error := controller.on_image(rgb, self._now())) is not None:
+                self._reject(error)
+
+    def _on_camera_refused(self, stamp: float, why: str) -> None:
+        """The camera intake refused an image: nothing of it is used (the camera stays as fresh as its
+        last usable frame)."""
+        message = f"image on {self.cfg.image_topic} rejected: {why}"
+        self._reject(message)
+        if (controller := self.controller) is not None:
+            controller.on_image_refused(message)
+
+    def _on_camera_output(self, line: str) -> None:
+        """A line the camera intake process printed (rclpy's log, libpng's and OpenCV's complaints about
+        bad images): each kind logged at most once per LOG_THROTTLE_S."""
+        if self._camera_output.add(line, time.monotonic()):
+            self.get_logger().warn(f"camera intake: {shorten(line)}")
 
     def _on_joint_state(self, msg: JointState) -> None:
-        if self.controller is None or self.kin is None or not self._header_in_order("joint state", msg):
+        stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+        if self.controller is None or self.kin is None or not self._stamp_in_order("joint state", stamp):
             return
         try:
             q, gripper = joint_state_to_arm(self.kin, msg.name, msg.position)
@@ -325,15 +394,42 @@ class VlaAccelNode(LifecycleNode):
         if (error := self.controller.set_instruction(msg.data)) is not None:
             self._reject(error)
         elif self.controller.instruction != previous:
-            self.get_logger().info(f"instruction: '{self.controller.instruction}'")
+            self._log_instruction(self.controller.instruction)
+
+    def _log_instruction(self, text: str) -> None:
+        """An instruction change, logged cut to INSTRUCTION_LOG_CHARS and at most once per
+        INSTRUCTION_LOG_S (a flood of long instructions once filled the disk with logs)."""
+        now = time.monotonic()
+        logged_at, unlogged = self._instruction_logged
+        if now - logged_at < INSTRUCTION_LOG_S:
+            self._instruction_logged = (logged_at, unlogged + 1)
+            return
+        more = f" ({unlogged} change(s) since the last one logged)" if unlogged else ""
+        self.get_logger().info(f"instruction: '{shorten(text, INSTRUCTION_LOG_CHARS)}'{more}")
+        self._instruction_logged = (now, 0)
 
     def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
         for p in params:
+            if p.name == "use_sim_time" and self._lifecycle != "unconfigured":
+                # rclpy's own parameter, writable by default: true without /clock stopped both timers.
+                reason = (f"use_sim_time is fixed once the node is configured (it is {self._lifecycle}): the "
+                          f"control timer and every input's time run on the clock chosen then. Set it at launch, "
+                          f"or clean the node up, set it and configure again")
+                self._reject(f"parameter change refused: {reason}")
+                return SetParametersResult(successful=False, reason=reason)
             if p.name == "instruction":
-                if not str(p.value).strip():
+                text = str(p.value).strip()
+                if not text:
                     return SetParametersResult(successful=False, reason="instruction must not be empty")
+                if len(text) > self.cfg.max_instruction_chars:
+                    return SetParametersResult(successful=False, reason=(
+                        f"instruction has {len(text)} characters, more than max_instruction_chars = "
+                        f"{self.cfg.max_instruction_chars}"))
                 if self.controller is not None:  # else configure reads the parameter
-                    self.controller.set_instruction(str(p.value))
+                    previous = self.controller.instruction
+                    self.controller.set_instruction(text)
+                    if self.controller.instruction != previous:
+                        self._log_instruction(text)
         return SetParametersResult(successful=True)
 
     def _on_enable(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
@@ -349,16 +445,55 @@ class VlaAccelNode(LifecycleNode):
 
     # --- the tick -----------------------------------------------------------------------------
     def _on_tick(self) -> None:
-        if self.controller is None or self.kin is None:
+        """The control timer's tick, on the node's clock."""
+        if self.controller is None:
             return
+        if self.controller.clock_fault:  # the node's clock moves again: this timer follows it
+            self.controller.set_clock_fault("")
+            self.get_logger().info(f"clock running again after {time.monotonic() - self._clock_stopped_at:.3f} s: "
+                                   "the control timer ticks")
+        self._tick(self._now())
+
+    def _on_watchdog(self) -> None:
+        """Stands in for the control timer when the node's clock has stopped (sim time without
+        /clock): neither a tick nor a change of the node's clock for ``stall_after_periods`` periods (at
+        least CLOCK_STOPPED_MIN_S) on the wall clock. It then holds the arm (the controller's clock
+        fault) and ticks once a period on the wall clock until the control timer ticks again."""
+        if self.controller is None:
+            return
+        wall, now = time.monotonic(), self._now()
+        if now != self._clock_value:
+            self._clock_value, self._clock_moved = now, wall
+        if self.controller.clock_fault:
+            if wall - self._tick_wall >= 0.99 * self.cfg.period_s:  # checked twice a period: tick once
+                self._tick(now)
+            return
+        # Checked every half period: the last check before the bound comes within half a period of it.
+        still = wall - max(self._tick_wall, self._clock_moved)
+        if still < max(self._stall_bound_s, CLOCK_STOPPED_MIN_S) - 0.5 * self.cfg.period_s:
+            return  # ticking, or the clock moves and a tick is merely late (the stall report names it)
+        self._clock_stopped_at = self._tick_wall
+        reason = (f"clock stopped: the node's clock has stood at {now:.3f} s for {still:.3f} s (use_sim_time "
+                  f"without /clock?); holding, one command per period on the wall clock")
+        self.controller.set_clock_fault(reason)
+        self.get_logger().error(reason)
+        self._tick(now)
+
+    def _tick(self, now: float) -> None:
+        assert self.controller is not None and self.kin is not None
         wall = time.monotonic()
-        result = self.controller.tick(self._now())
+        self._tick_wall = wall
+        result = self.controller.tick(now)
         self._last_tick = result
         self._health.ticked(result.source, result.stamp)
         if result.q_command is not None:
             for command in self._commands:
                 command.publish(result)
         self.ticks.add(wall, result, self.kin.n)
+        if (stall := self._stalls.tick(now)) is not None and wall - self._stall_logged >= LOG_THROTTLE_S:
+            self._stall_logged = wall
+            self.get_logger().warn(f"control loop stalled: {stall.gap_s:.3f} s between two ticks ({stall.missed} "
+                                   f"missed); likely cause: {stall.cause}")
 
     # --- reporting ----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -370,10 +505,15 @@ class VlaAccelNode(LifecycleNode):
         if self.controller is None:
             return out
         tick = self._last_tick
-        out.update({"enabled": self.controller.enabled, "instruction": self.controller.instruction,
+        instruction = self.controller.instruction
+        out.update({"enabled": self.controller.enabled, "instruction": shorten(instruction, INSTRUCTION_LOG_CHARS),
+                    "instruction_sha256": hashlib.sha256(instruction.encode()).hexdigest()[:16],
                     "source": tick.source if tick else "", "reason": tick.reason if tick else "",
-                    "hold_reason": self.controller.hold_reason, **self.controller.stats.__dict__,
-                    **self.controller.timing()})
+                    "hold_reason": self.controller.hold_reason, "clock_fault": self.controller.clock_fault,
+                    **self.controller.stats.__dict__, **self.controller.timing(), **self._stalls.stats()})
+        if self._camera is not None:
+            out.update({f"camera_{k}": v for k, v in self._camera.stats().items()})
+            out["camera_output_lines"] = self._camera_output.total
         if self.worker is not None:
             out.update({f"inference_{k}": v for k, v in self.worker.stats().items()})
             out["inference_alive"] = self.worker.alive
@@ -389,7 +529,9 @@ class VlaAccelNode(LifecycleNode):
             inference_alive=self.worker is not None and self.worker.alive,
             action_starved_s=self.controller.action_starved_s if self.controller is not None else 0.0,
             warnings=[*([self._robot_warning] if self._robot_warning else []), *self._policy_warnings],
-            recent_input_errors=self._errors.recent(time.monotonic(), self._health.window_s))
+            recent_input_errors=self._errors.recent(time.monotonic(), self._health.window_s),
+            clock_stopped=self.controller.clock_fault if self.controller is not None else "",
+            stall=self._stalls.report(self._now()) if self._lifecycle == "active" else "")
 
     def _publish_stats(self) -> None:
         stats = self.stats()
@@ -421,11 +563,26 @@ class VlaAccelNode(LifecycleNode):
         return self._realtime_priority
 
     def shutdown(self) -> None:
-        """Stop the worker and write ``stats_file`` if set."""
+        """Stop the worker and the camera intake, and write ``stats_file`` if set."""
         if self.worker is not None:
             self.worker.stop()
+        if self._camera is not None:
+            self._camera.stop()
+        self._forget_gc()
         if self.cfg.stats_file:
             write_stats_file(self.cfg.stats_file, self.run_summary())
+
+    def destroy_node(self) -> None:
+        # Also after a refusal in the constructor, before these were made.
+        if getattr(self, "_camera", None) is not None:
+            self._camera.stop()
+        if hasattr(self, "_stalls"):
+            self._forget_gc()
+        super().destroy_node()
+
+    def _forget_gc(self) -> None:
+        if self._stalls.gc_callback in gc.callbacks:
+            gc.callbacks.remove(self._stalls.gc_callback)
 
 
 def make_executor(kind: str) -> SingleThreadedExecutor | MultiThreadedExecutor:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vla_accel_ros.core.controller import ControllerConfig
+from vla_accel_ros.core.images import DEFAULT_MAX_IMAGE_PIXELS
 from vla_accel_ros.core.settings import ConfigError, check_fields, nested, setting
 from vla_accel_ros.decoding.specs import (
     DEFAULT,
@@ -116,8 +117,17 @@ class NodeConfig:
     image_topic: str = setting("camera/image_raw", "Camera topic (sensor_msgs/Image, or CompressedImage when "
                           "compressed_image is true)")
     compressed_image: bool = setting(False, "Subscribe to sensor_msgs/CompressedImage instead of Image")
+    image_reliable: bool = setting(False, "Subscribe to the camera reliably: only reliable publishers match, and a "
+                                   "large frame is not lost for one missing fragment; false (best effort) matches "
+                                   "either kind of publisher")
+    max_image_pixels: int = setting(DEFAULT_MAX_IMAGE_PIXELS, "Largest camera image (width x height) the node "
+                                    "converts or decodes; a compressed image's size is read from its header first. "
+                                    "A larger one is refused undecoded (WARN), and the camera stays as fresh as its "
+                                    "last usable frame", range=(1, 100_000_000))
     joint_states_topic: str = setting("joint_states", "sensor_msgs/JointState topic (names in any order)")
     instruction: str = setting("", "Task instruction for the policy (also settable on ~/instruction)", dynamic=True)
+    max_instruction_chars: int = setting(1000, "Longest instruction accepted; a longer one is refused (WARN) and the "
+                                         "current one kept", range=(1, 1_000_000))
     robot_description: str = setting("", "URDF XML; empty = the robot_description topic, then urdf_file")
     robot_description_timeout_s: float = setting(2.0, "How long to wait for the robot_description topic when neither "
                                             "robot_description nor urdf_file is set", range=(0.0, 60.0))
@@ -142,8 +152,27 @@ class NodeConfig:
                                range=(0.0, 10.0))
     deadline_tolerance: float = setting(0.5, "A tick later than this fraction of the period is a deadline miss",
                                    range=(0.0, 10.0))
+    stall_after_periods: float = setting(3.0, "A tick later than this many periods is a stall of the control loop: "
+                                         "WARN on /diagnostics naming the longest gap and its likely cause. The "
+                                         "node's clock standing still this long, and at least 0.5 s, is a stopped "
+                                         "clock (use_sim_time without /clock): ERROR, and a watchdog on the wall "
+                                         "clock holds the arm", range=(1.5, 1000.0))
+    stall_holdoff_s: float = setting(10.0, "How long /diagnostics keeps reporting a stall after it ended",
+                                     range=(0.0, 3600.0))
+    jump_confirm_s: float = setting(0.05, "A joint-state sample beyond what the velocity limits reach is an outlier "
+                                    "(ignored) until agreeing ones have persisted this long: then it is a real jump "
+                                    "(an episode reset, an arm moved by hand) and the commands ramp to it",
+                                    range=(0.0, 10.0))
+    joint_limit_tolerance: float = setting(0.1, "How far (rad or m) a measured arm joint may be past its URDF "
+                                           "position limit; further is never followed: the arm holds its last valid "
+                                           "position until a sample within the limits comes", range=(0.0, 1.0))
+    future_stamp_tolerance_s: float = setting(0.05, "A joint state or image whose header stamp is further ahead of "
+                                              "the node's clock than this is refused (WARN)", range=(0.0, 60.0))
     gripper_initial: float = setting(1.0, "Gripper command before the first action (1 = open, 0 = closed)",
                                 range=(0.0, 1.0))
+    gripper_velocity: float = setting(0.1, "Speed limit (m/s) of a finger joint whose URDF gives no velocity limit; "
+                                      "each finger command moves at most its velocity limit x the period",
+                                      range=(1e-4, 10.0))
     autostart: bool = setting(False, "Drive the lifecycle transitions at start-up (configure, then activate: the "
                          "node commands); otherwise the node waits unconfigured for a lifecycle manager")
     allow_unmatched_robot: bool = setting(False, "Run a checkpoint on an arm of its DOF that is not the robot it was "
@@ -185,6 +214,9 @@ class NodeConfig:
             raise ConfigError(f"parameter 'controller' must name a controller for output '{self.output}'")
         if len(set(self.controller_joints)) != len(self.controller_joints):
             raise ConfigError(f"parameter 'controller_joints' has duplicates: {list(self.controller_joints)}")
+        if len(self.instruction.strip()) > self.max_instruction_chars:
+            raise ConfigError(f"parameter 'instruction' has {len(self.instruction.strip())} characters, more than "
+                              f"max_instruction_chars = {self.max_instruction_chars}")
         if self.inference_python and self.inference_mode != "process":
             raise ConfigError("parameter 'inference_python' needs inference_mode: process (a thread shares the "
                               "node's interpreter)")
@@ -209,6 +241,10 @@ class NodeConfig:
             gripper_initial=self.gripper_initial,
             fallback_max_s=self.fallback_max_s,
             expect_actions=self.inference,  # without a policy there is no late action to stand in for
+            gripper_velocity=self.gripper_velocity,
+            jump_confirm_s=self.jump_confirm_s,
+            joint_limit_tolerance=self.joint_limit_tolerance,
+            max_instruction_chars=self.max_instruction_chars,
         )
 
 

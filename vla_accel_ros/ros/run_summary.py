@@ -1,7 +1,8 @@
 """The control node's record of a run for ``stats_file``: every tick (wall time, stamp, the command's
 source, the command and the measured position; NaN where there was none) up to ``MAX_TICK_LOG``,
-the tick-period jitter, and the file written whole at shutdown. Also the process's peak RSS, which
-``~/stats`` reports. ROS-free.
+the tick-period jitter, and the file written whole at shutdown. Without a ``stats_file`` nothing
+needs the whole run: the log is a ring of the newest ``RECENT_TICKS``, so the node's memory stays
+flat however long it runs. Also the process's peak RSS, which ``~/stats`` reports. ROS-free.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from vla_accel_ros.runtime.process_worker import peak_rss_mb
 
 SOURCE_CODES = {"policy": 0, "fallback": 1, "hold": 2}
 MAX_TICK_LOG = 200_000
+RECENT_TICKS = 4096
 
 
 def own_peak_rss_mb() -> float:
@@ -26,14 +29,19 @@ def own_peak_rss_mb() -> float:
     return peak_rss_mb(os.getpid()) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-class TickLog:
-    """The ticks of a run: (wall, stamp, source code, command, measured) each."""
+TickEntry = tuple[float, float, int, np.ndarray, np.ndarray]
 
-    def __init__(self) -> None:
-        self.entries: list[tuple[float, float, int, np.ndarray, np.ndarray]] = []
+
+class TickLog:
+    """The ticks of a run: (wall, stamp, source code, command, measured) each; the first
+    ``MAX_TICK_LOG`` with ``whole_run``, else the newest ``RECENT_TICKS``."""
+
+    def __init__(self, whole_run: bool = True) -> None:
+        self.whole_run = whole_run
+        self.entries: list[TickEntry] | deque[TickEntry] = [] if whole_run else deque(maxlen=RECENT_TICKS)
 
     def add(self, wall: float, result: TickResult, dof: int) -> None:
-        if len(self.entries) >= MAX_TICK_LOG:
+        if self.whole_run and len(self.entries) >= MAX_TICK_LOG:
             return
         measured = result.q_measured if result.q_measured is not None else np.full(dof, np.nan)
         command = result.q_command if result.q_command is not None else np.full(dof, np.nan)

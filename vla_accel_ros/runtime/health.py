@@ -2,12 +2,14 @@
 state, its statistics and the input it rejected lately. ROS-free; the node maps the level to
 diagnostic_msgs/DiagnosticStatus.
 
-The state sets the level: not active (WARN), no command yet (ERROR), the inference worker stopped
-(ERROR), inference failing or giving nothing for longer than ``INFERENCE_STARVED_ERROR_S`` while
-the arm holds (ERROR), holding (WARN), else running (OK). What degrades a configured node since the
-last report raises it to WARN at least: a standing warning (the checkpoint's robot differs, the
-decoder's fallbacks), new inference failures, rejected input, gated joint-state outliers, and the
-Kalman fallback standing in for want of fresh policy actions.
+The state sets the level: not active (WARN), no command yet (ERROR), the node's clock stopped
+(ERROR: the wall-clock watchdog holds), the inference worker stopped (ERROR), inference failing or
+giving nothing for longer than ``INFERENCE_STARVED_ERROR_S`` while the arm holds (ERROR), holding
+(WARN), else running (OK). What degrades a configured node since the last report raises it to WARN
+at least: a standing warning (the checkpoint's robot differs, the decoder's fallbacks), a stall of
+the control loop (overdue now or within its hold-off, ``runtime/stalls.py``), new inference
+failures, rejected input, gated joint-state outliers, and the Kalman fallback standing in for want
+of fresh policy actions.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class NodeState:
     action_starved_s: float = 0.0  # the controller's
     warnings: Sequence[str] = ()  # standing ones: the robot check, the decoder's fallbacks
     recent_input_errors: Sequence[str] = ()  # the distinct ones of the report's window, oldest first
+    clock_stopped: str = ""  # why the wall-clock watchdog holds ('' = the node's clock runs)
+    stall: str = ""  # the control loop's stall report ('' = none overdue or recent)
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,8 @@ class Health:
             return WARN, f"{state.lifecycle}: not commanding (lifecycle)"
         if not state.commanded:
             return ERROR, state.tick_reason or "no tick yet"
+        if state.clock_stopped:
+            return ERROR, state.clock_stopped
         if state.inference and not state.inference_alive:
             why = stats.get("inference_down_reason") or stats.get("inference_last_error") or "thread ended"
             return ERROR, f"inference worker stopped: {why}"
@@ -97,6 +103,8 @@ class Health:
         """What degrades the node since the last report, '' when nothing does."""
         stats = state.stats
         warnings = list(state.warnings)
+        if state.stall:
+            warnings.append(state.stall)
         errors = int(stats.get("inference_errors", 0) or 0)
         new_errors, self._inference_errors_seen = errors - self._inference_errors_seen, errors
         if new_errors > 0:

@@ -89,11 +89,11 @@ class ChildSpec:
         return cls(runner_config, str(message["urdf_xml"]), str(message["tcp_frame"]))
 
 
-def _send(conn: Connection, message: dict[str, Any]) -> None:
+def send_json(conn: Connection, message: dict[str, Any]) -> None:
     conn.send_bytes(json.dumps(message).encode())
 
 
-def _recv(conn: Connection) -> dict[str, Any]:
+def recv_json(conn: Connection) -> dict[str, Any]:
     return json.loads(conn.recv_bytes())
 
 
@@ -144,7 +144,7 @@ class _Child:
         finally:
             child_sock.close()
         try:
-            _send(self.conn, {"op": "init", **spec.to_message()})
+            send_json(self.conn, {"op": "init", **spec.to_message()})
             reply = self._await(timeout_s, "start")
         except BaseException:
             self.close(0.5)
@@ -166,7 +166,7 @@ class _Child:
             if time.monotonic() > deadline:
                 raise InferenceProcessError(f"inference process did not answer within {timeout_s:.0f} s ({what})")
         try:
-            return _recv(self.conn)
+            return recv_json(self.conn)
         except (EOFError, OSError) as err:
             raise InferenceProcessError(f"inference process closed its connection during {what} "
                                         f"({describe_exit(self.proc.poll())})") from err
@@ -184,15 +184,15 @@ class _Child:
             os.ftruncate(self.memfd, image.nbytes)
             self.buffer = mmap.mmap(self.memfd, image.nbytes)
         np.frombuffer(self.buffer, dtype=np.uint8)[:] = image.reshape(-1)
-        _send(self.conn, {"op": "obs", "shape": list(image.shape), "instruction": obs.instruction,
-                          "joint_pos": np.asarray(obs.joint_pos, dtype=float).tolist(),
-                          "gripper": float(obs.gripper), "stamp": float(obs.stamp)})
+        send_json(self.conn, {"op": "obs", "shape": list(image.shape), "instruction": obs.instruction,
+                              "joint_pos": np.asarray(obs.joint_pos, dtype=float).tolist(),
+                              "gripper": float(obs.gripper), "stamp": float(obs.stamp)})
 
     def close(self, timeout_s: float) -> None:
         """Ask the child to exit, then SIGTERM, then SIGKILL; always reaps it."""
         if self.proc.poll() is None:
             try:
-                _send(self.conn, {"op": "stop"})
+                send_json(self.conn, {"op": "stop"})
             except OSError:
                 pass
             for sig in (None, signal.SIGTERM, signal.SIGKILL):
@@ -310,7 +310,7 @@ class ProcessInferenceWorker(WorkerBase):
                 self._note_error(f"inference process hung (no reply in {REPLY_TIMEOUT_S:.0f} s); killing it")
                 child.proc.kill()
                 return None
-        return _recv(child.conn)
+        return recv_json(child.conn)
 
     def _handle(self, reply: dict[str, Any], obs: Observation, latency_ms: float) -> None:
         if reply.get("op") != "action":
@@ -389,7 +389,7 @@ class ProcessInferenceWorker(WorkerBase):
 
 
 # --- the child ------------------------------------------------------------------------------
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """SIGTERM this process when its parent dies (even by SIGKILL): no orphans. Linux only."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
@@ -414,7 +414,7 @@ def _serve(conn: Connection, memfd: int, runner: PolicyRunner) -> None:
     buffer: mmap.mmap | None = None
     while True:
         try:
-            msg = _recv(conn)
+            msg = recv_json(conn)
         except (EOFError, OSError):  # the node is gone
             return
         if msg.get("op") == "stop":
@@ -432,30 +432,31 @@ def _serve(conn: Connection, memfd: int, runner: PolicyRunner) -> None:
         try:
             report = StepReport.of(runner(obs))
         except Exception as err:  # keep serving: the node falls back meanwhile
-            _send(conn, {"op": "error", "message": f"{type(err).__name__}: {err}"})
+            send_json(conn, {"op": "error", "message": f"{type(err).__name__}: {err}"})
             continue
-        _send(conn, {"op": "action", "actions": report.actions.tolist(), "latency_ms": (time.perf_counter() - t0) * 1e3,
-                     "accepted_len": report.accepted_len, "drafted": report.drafted,
-                     "target_passes": report.target_passes, "vision_fraction": report.vision_fraction})
+        send_json(conn, {"op": "action", "actions": report.actions.tolist(),
+                         "latency_ms": (time.perf_counter() - t0) * 1e3, "accepted_len": report.accepted_len,
+                         "drafted": report.drafted, "target_passes": report.target_passes,
+                         "vision_fraction": report.vision_fraction})
 
 
 def child_main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the node, which stops us in order
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() == 1:  # the node died before the parent-death signal was armed
         return 1
     conn, memfd = Connection(int(argv[0])), int(argv[1])
     try:
-        init = _recv(conn)
+        init = recv_json(conn)
     except (EOFError, OSError):
         return 1
     try:
         runner = _load(ChildSpec.from_message(init))
     except Exception as err:  # CheckpointError, unknown decoder, bad URDF: tell the node why
-        _send(conn, {"op": "fatal", "message": f"{type(err).__name__}: {err}"})
+        send_json(conn, {"op": "fatal", "message": f"{type(err).__name__}: {err}"})
         return 3
-    _send(conn, {"op": "ready", "image_size": int(runner.image_size), "warnings": list(runner.warnings),
-                 "pid": os.getpid(), "python": sys.executable})
+    send_json(conn, {"op": "ready", "image_size": int(runner.image_size), "warnings": list(runner.warnings),
+                     "pid": os.getpid(), "python": sys.executable})
     gc.collect()
     gc.freeze()  # the loaded model's objects never need scanning again
     _serve(conn, memfd, runner)

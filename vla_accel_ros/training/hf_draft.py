@@ -58,8 +58,8 @@ from vla_accel_ros.models.hf.hf_draft import (
     save_hf_draft,
 )
 from vla_accel_ros.models.hf.hf_vla import HFTokenVLA
-from vla_accel_ros.models.load import load_token_vla
 from vla_accel_ros.models.hf.vla_spec import DTYPES
+from vla_accel_ros.models.load import load_token_vla
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
 from vla_accel_ros.training.common import (
     check_data_selection,

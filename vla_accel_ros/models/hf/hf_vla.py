@@ -75,8 +75,8 @@ class HFTokenVLA(HFPasses):
     """A Hugging Face VLA whose actions are 7 tokens of its text vocabulary, as a
     :class:`vla_accel_ros.decoding.protocol.PolicyLike` (module docstring). Build one with
     :func:`load_hf_vla`; the constructor takes the model half (:class:`~.hf_passes.VLAModules`), its
-    text tokenizer, the spec and the action tokenizer (``source`` names the model in error messages). ``draft``: the optional
-    draft head (:meth:`attach_draft`). Its passes are :class:`~.hf_passes.HFPasses`'."""
+    text tokenizer, the spec and the action tokenizer (``source`` names the model in error messages).
+    ``draft``: the optional draft head (:meth:`attach_draft`). Its passes are :class:`~.hf_passes.HFPasses`'."""
 
     flow: Any = None  # no continuous action head
     parallel_draft: Any = None  # no parallel draft head

@@ -8,9 +8,11 @@ import sys
 import time
 
 from vla_accel_ros.commands.vision_options import add_vision_arguments, vision_config
+from vla_accel_ros.core.chunks import CHUNK_BLENDS, CHUNK_EXECUTIONS, ChunkSettings
 from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding.specs import DEFAULT, KINEMATIC_R_BOUNDS
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE
+from vla_accel_ros.ros.chunk_runs import CHUNK_MODES, run_chunk_modes
 from vla_accel_ros.ros.launcher import SimRunOptions, run_sim, run_sim_decoders
 from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS, PolicySettings
 from vla_accel_ros.ros.processes import NodeRefused
@@ -50,6 +52,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--realtime-priority", type=int, default=20,
                         help="SCHED_FIFO priority of the control thread (0 = normal scheduling)")
     add_vision_arguments(parser)  # the node's vision_* parameters
+    chunks = ChunkSettings()
+    parser.add_argument("--cameras", type=int, default=1, choices=(1, 2),
+                        help="2: the bridge publishes the wrist camera too and the node takes both (image_topics)")
+    parser.add_argument("--chunk-execution", default=chunks.chunk_execution, choices=CHUNK_EXECUTIONS,
+                        help="the node's chunk_execution")
+    parser.add_argument("--chunk-blend", default=chunks.chunk_blend, choices=CHUNK_BLENDS,
+                        help="the node's chunk_blend")
+    parser.add_argument("--chunk-refill-threshold", type=float, default=chunks.chunk_refill_threshold,
+                        help="the node's chunk_refill_threshold (fraction of a chunk)")
+    parser.add_argument("--chunk-verify-threshold", type=float, default=chunks.chunk_verify_threshold_rad,
+                        help="the node's chunk_verify_threshold_rad (0 = no kinematic chunk verification)")
+    parser.add_argument("--chunk-modes", default="", help="comma-separated, of " + ", ".join(CHUNK_MODES) +
+                        ": run the node in each on the same seeds (OUT/MODE), compare them (OUT/chunk_modes.json) "
+                        "and plot their commands with the chunk boundaries (OUT/chunk_execution.png)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"sim: error: {err}", file=sys.stderr, flush=True)
         return 2
     started = time.monotonic()
+    if args.chunk_modes:
+        return _run_chunk_modes(opts, [m.strip() for m in args.chunk_modes.split(",") if m.strip()])
     if args.decoders:
         try:
             result = run_sim_decoders(opts, [d.strip() for d in args.decoders.split(",") if d.strip()])
@@ -90,6 +108,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_chunk_modes(opts: SimRunOptions, modes: list[str]) -> int:
+    try:
+        result = run_chunk_modes(opts, modes)
+    except (NodeRefused, ValueError) as err:
+        print(f"sim: error: {err}", file=sys.stderr, flush=True)
+        return 2
+    print("| mode | success | actions/s | chunk-wait ticks | obs->action ms p50 | p99 | jerk rms | jerk max | "
+          "largest boundary step (rad) | early re-plans | inferences/action |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in result["modes"]:
+        print(f"| {row['mode']} | {row['success_rate']:.0%} | {row['actions_per_s']:.1f} | "
+              f"{row['chunk_wait_tick_share']:.1%} | {row['obs_to_action_ms_p50']:.0f} | "
+              f"{row['obs_to_action_ms_p99']:.0f} | {row['jerk_rms']:.1f} | {row['jerk_max']:.1f} | {row['chunk_boundary_step_max']:.4f} | "
+              f"{row['chunk_replans']} | {row['inferences_per_action']:.3f} |")
+    print(f"sim: -> {opts.out}/chunk_modes.json, {opts.out}/chunk_execution.png")
+    return 0
+
+
 def sim_options(args: argparse.Namespace) -> SimRunOptions:
     """The run's options from the flags; ValueError naming a bad one."""
     r_min, r_max = args.kinematic_r_bounds or KINEMATIC_R_BOUNDS
@@ -100,4 +136,7 @@ def sim_options(args: argparse.Namespace) -> SimRunOptions:
                          seed=args.seed, inference_python=args.inference_python, duration_s=args.duration_s,
                          output=args.output, executor=args.executor, domain_id=args.domain_id,
                          inference_mode=args.inference_mode, netns=args.netns, realtime_priority=args.realtime_priority,
-                         vision=vision_config(args) if args.vision != "full" else None)
+                         vision=vision_config(args) if args.vision != "full" else None, cameras=args.cameras,
+                         chunks=ChunkSettings(chunk_execution=args.chunk_execution, chunk_blend=args.chunk_blend,
+                                              chunk_refill_threshold=args.chunk_refill_threshold,
+                                              chunk_verify_threshold_rad=args.chunk_verify_threshold))

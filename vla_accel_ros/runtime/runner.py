@@ -80,6 +80,11 @@ class PolicyRunner:
     def image_size(self) -> int:
         return int(self.policy.config.image_size)
 
+    @property
+    def image_slots(self) -> int:
+        """Camera images per observation the policy reads (``Observation.images``)."""
+        return int(self.policy.capabilities().image_slots)
+
     def start_episode(self, key: int | None = None) -> None:
         """Forget the previous episode (history, filter, vision cache, decoder state). ``key`` keys the
         episode's sampling noise (eval: the episode's seed, so a seed always samples alike); None

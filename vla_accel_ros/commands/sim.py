@@ -118,10 +118,12 @@ def _run_chunk_modes(opts: SimRunOptions, modes: list[str]) -> int:
           "largest boundary step (rad) | early re-plans | inferences/action |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in result["modes"]:
-        print(f"| {row['mode']} | {row['success_rate']:.0%} | {row['actions_per_s']:.1f} | "
-              f"{row['chunk_wait_tick_share']:.1%} | {row['obs_to_action_ms_p50']:.0f} | "
-              f"{row['obs_to_action_ms_p99']:.0f} | {row['jerk_rms']:.1f} | {row['jerk_max']:.1f} | {row['chunk_boundary_step_max']:.4f} | "
-              f"{row['chunk_replans']} | {row['inferences_per_action']:.3f} |")
+        cells = [row["mode"], f"{row['success_rate']:.0%}", f"{row['actions_per_s']:.1f}",
+                 f"{row['chunk_wait_tick_share']:.1%}", f"{row['obs_to_action_ms_p50']:.0f}",
+                 f"{row['obs_to_action_ms_p99']:.0f}", f"{row['jerk_rms']:.1f}", f"{row['jerk_max']:.1f}",
+                 f"{row['chunk_boundary_step_max']:.4f}", str(row["chunk_replans"]),
+                 f"{row['inferences_per_action']:.3f}"]
+        print("| " + " | ".join(cells) + " |")
     print(f"sim: -> {opts.out}/chunk_modes.json, {opts.out}/chunk_execution.png")
     return 0
 

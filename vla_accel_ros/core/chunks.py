@@ -168,6 +168,7 @@ class ChunkQueue:
         self.pending: tuple[np.ndarray, float] | None = None  # (actions (H, 7), obs_stamp)
         self.plan: ChunkPlan | None = None
         self.latency_s: deque[float] = deque(maxlen=window)  # observation -> first executed step
+        self.started = False  # a plan ran since the task began: ticks without a step wait between chunks
 
     def receive(self, actions: np.ndarray, obs_stamp: float) -> bool:
         """Queue a checked chunk for the next tick; True when it replaces an unused single action."""
@@ -176,9 +177,11 @@ class ChunkQueue:
         self.pending = (actions, float(obs_stamp))
         return replaced
 
-    def forget(self) -> None:
+    def forget(self, task_over: bool = True) -> None:
+        """Drop what is pending and planned; ``task_over``: the task (instruction, episode) ended too."""
         self.pending = None
         self.plan = None
+        self.started = self.started and not task_over
 
     def wants_inference(self) -> bool:
         """Whether an inference should start now: no chunk waits for its tick, and the plan's
@@ -198,4 +201,5 @@ class ChunkQueue:
         self.plan = plan_chunk(actions, obs_stamp, now, self.dt, anchor(len(actions)), step, previous,
                                self.settings.chunk_blend)
         self.latency_s.append(now - obs_stamp)
+        self.started = True
         return self.plan

@@ -136,7 +136,7 @@ class TickStats:
     jumps_accepted: int = 0  # runs of agreeing outliers taken as a real jump (reset, moved by hand)
     beyond_limits_rejected: int = 0  # joint-state samples beyond the URDF limits (+ tolerance)
     fallback_expired: int = 0  # times the fallback ran out (fallback_max_s) into a hold
-    chunk_wait_ticks: int = 0  # ticks a policy was expected but no step was due (fallback, or its hold)
+    chunk_wait_ticks: int = 0  # ticks between chunks of a task without a step due (fallback, or its hold)
     chunks_planned: int = 0  # chunks that became the executed plan
     chunk_steps_dropped: int = 0  # steps dropped by alignment: their time passed during inference
     chunk_steps_blended: int = 0  # steps two plans both held, blended
@@ -484,8 +484,8 @@ class Controller:
                 self._hold_q, self._hold_reason = None, ""
             if self._starved_s > 0.0 and starved_before == 0.0:
                 self._counters.add("fallback_expired")
-            if source == "fallback" and self.config.expect_actions or self._starved_s > 0.0:
-                self._counters.add("chunk_wait_ticks")
+            if self._chunks.started and (source == "fallback" and self.config.expect_actions or self._starved_s > 0.0):
+                self._counters.add("chunk_wait_ticks")  # between chunks: the wait for a task's first is not
             q_cmd = self._guard_locked(q_cmd)
             self._counters.add(f"{source}_ticks")
             fingers = self._finger_guard_locked(self._finger_positions(self._gripper_cmd))
@@ -535,7 +535,7 @@ class Controller:
             return None
         if self._hold_q is None:  # latch the measured position when the hold begins
             self._hold_q = np.clip(self._q, self.kin.limits.lower, self.kin.limits.upper)
-            self._forget_chunks_locked()
+            self._chunks.forget(task_over=False)  # a hold between chunks still waits on them
         self._hold_reason = reason
         return self._hold_q
 

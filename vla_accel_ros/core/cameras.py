@@ -79,6 +79,11 @@ class CameraSet:
                 return f"{label} stale (stamped {frame.received - now:.3f} s ahead: the clock went back)"
         if len(self.names) > 1 and now - self.matched_received > timeout_s:
             frames = [f for f in self.frames if f is not None]
+            for name, frame, used in zip(self.names, frames, self._matched_stamps or (None,) * len(frames),
+                                         strict=True):
+                if frame.stamp == used:  # nothing from it since the last observation: it is the late one
+                    return (f"camera '{name}' stale (no image since the last observation, "
+                            f"{now - frame.received:.3f} s ago; timeout {timeout_s} s)")
             offsets = [abs(f.stamp - frames[0].stamp) for f in frames]
             worst = int(np.argmax(offsets))
             return (f"camera '{self.names[worst]}' out of step: its newest image is stamped "

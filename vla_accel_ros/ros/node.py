@@ -216,7 +216,7 @@ class VlaAccelNode(LifecycleNode):
         self.get_logger().info(
             f"ready: {cfg.control_rate_hz:g} Hz, output {cfg.output} on {outputs}, inputs {inputs}, joints "
             f"{list(self.controller_joints)}, decoder {cfg.policy.decoder if self.worker else '(inference off)'} "
-            f"({cfg.inference_mode}), image {self.image_size}px")
+            f"({cfg.inference_mode}), image {self.image_size}px from cameras {list(cfg.camera_topics)}")
         return result
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:

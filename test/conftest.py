@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -170,6 +172,18 @@ def _foreign_arm(joint_names: tuple[str, ...] | list[str], tcp_frame: str = "han
     return f'<robot name="foreign_arm">{"".join(parts)}</robot>'
 
 
+def _png_bomb(side: int = 32768) -> bytes:
+    """A 1-bit black ``side`` x ``side`` PNG: 130 kB that decode to a gigapixel."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    row = b"\x00" + bytes(side // 8)
+    deflate = zlib.compressobj(9)
+    idat = b"".join(deflate.compress(row) for _ in range(side)) + deflate.flush()
+    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
 def _wait_until(predicate: Callable[[], Any], timeout: float = 10.0, every: Callable[[], None] | None = None) -> bool:
     """True as soon as ``predicate()`` is, polled every 20 ms (after ``every()`` when given);
     False after ``timeout`` seconds."""
@@ -290,6 +304,11 @@ def demo_set(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Pa
 @pytest.fixture(scope="session")
 def foreign_arm() -> Callable[..., str]:
     return _foreign_arm
+
+
+@pytest.fixture(scope="session")
+def png_bomb() -> bytes:
+    return _png_bomb()
 
 
 @pytest.fixture(scope="session")

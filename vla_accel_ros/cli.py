@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("vla_accel_ros.commands.bench", "every decoder on the same seeded episodes, side by side, with plots"),
     "vision-fidelity": ("vla_accel_ros.commands.vision_fidelity",
                         "what incremental vision's approximation costs against the full prefill, frame by frame"),
+    "soak": ("vla_accel_ros.commands.soak", "the node for a long run at a control rate: is its memory flat?"),
     "sim-speed": ("vla_accel_ros.commands.sim_speed", "measure sim steps/s with and without rendering"),
     "record": ("vla_accel_ros.commands.record", "record sim episodes with the node into a rosbag2 (mcap or sqlite3)"),
     "replay": ("vla_accel_ros.commands.replay",

@@ -10,6 +10,8 @@ export PYTHONUNBUFFERED := 1
 venv: $(STAMP)
 
 $(STAMP): requirements.txt requirements-ros.txt setup.py package.xml
+	@echo "Installing into $(VENV): the ROS 2 Kilted wheels (rclpy and messages), PyTorch (CPU), transformers,"
+	@echo "Pinocchio, MuJoCo and the rest (about 2 GB; 3-10 minutes, once; later runs reuse it)"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt

@@ -121,5 +121,5 @@ def test_unreadable_metadata_names_the_file(tmp_path: Path, content: str) -> Non
     (tmp_path / "model.json").write_text(content)
     with pytest.raises(ValueError, match="model.json"):
         read_robot_record(tmp_path)
-    with pytest.raises(ValueError, match="model.json"):
+    with pytest.raises(ValueError, match="missing: the checkpoint directory does not exist"):
         read_robot_record(tmp_path / "missing")

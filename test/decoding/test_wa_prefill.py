@@ -73,7 +73,7 @@ CHECKPOINT = default_checkpoint()
 
 
 @pytest.mark.skipif(not (CHECKPOINT / "model.json").is_file(), reason="no shipped checkpoint")
-def test_bench_and_eval_run_wa_rows(tmp_path) -> None:
+def test_bench_and_eval_run_wa_rows(tmp_path, capsys) -> None:
     """With a zero bias the world-aware rows must reproduce their base decoder exactly."""
     policy = load_checkpoint(CHECKPOINT)
     policy.world = WorldPrefill.for_target(policy.config)
@@ -95,16 +95,18 @@ def test_bench_and_eval_run_wa_rows(tmp_path) -> None:
     assert set(json.loads((out / "matched_success.json").read_text())) == {"sd", "wa_prefill+sd"}
     assert (out / "wa_relaxation.png").is_file()
 
-    with pytest.raises(SystemExit, match="wa-checkpoint"):
-        main(["bench", "--episodes", "1", "--decoders", "wa_prefill+sd", "--out", str(tmp_path / "b2")])
-    with pytest.raises(SystemExit, match="no world component"):
-        main(["bench", "--episodes", "1", "--decoders", "wa_prefill+sd", "--wa-checkpoint", str(CHECKPOINT),
-              "--out", str(tmp_path / "b3")])
+    capsys.readouterr()
+    assert main(["bench", "--episodes", "1", "--decoders", "wa_prefill+sd", "--out", str(tmp_path / "b2")]) == 2
+    assert "bench: error:" in (err := capsys.readouterr().err) and "wa-checkpoint" in err
+    assert main(["bench", "--episodes", "1", "--decoders", "wa_prefill+sd", "--wa-checkpoint", str(CHECKPOINT),
+                 "--out", str(tmp_path / "b3")]) == 2
+    assert "no world component" in capsys.readouterr().err
     out = tmp_path / "eval"
     assert main(["eval", "--decoder", "wa_prefill+sd", "--wa-checkpoint", str(wa), "--episodes", "1",
                  "--max-steps", "3", "--out", str(out)]) == 0
     assert json.loads((out / "summary.json").read_text())["decoder"] == "wa_prefill+sd"
-    with pytest.raises(SystemExit, match="unknown decoder"):
-        main(["eval", "--decoder", "wa_prefill+nope", "--out", str(tmp_path / "e2")])
-    with pytest.raises(SystemExit, match="no world component"):
-        main(["eval", "--decoder", "wa_prefill+sd", "--out", str(tmp_path / "e3")])
+    capsys.readouterr()
+    assert main(["eval", "--decoder", "wa_prefill+nope", "--out", str(tmp_path / "e2")]) == 2
+    assert "eval: error:" in (err := capsys.readouterr().err) and "unknown decoder" in err
+    assert main(["eval", "--decoder", "wa_prefill+sd", "--out", str(tmp_path / "e3")]) == 2
+    assert "no world component" in capsys.readouterr().err

@@ -110,16 +110,16 @@ def test_bench_with_incremental_vision_and_the_flow_heads(tmp_path):
             and "prefill speed-up over the same decoder with full vision (p50, mean): ar+iv " in table)
 
 
-def test_heisd_eval_and_bench_with_a_store(tmp_path):
+def test_heisd_eval_and_bench_with_a_store(tmp_path, capsys):
     pytest.importorskip("faiss")
     import numpy as np
 
     from vla_accel_ros.decoding.boundary import PUBLISHED_BOUNDARY
     from vla_accel_ros.decoding.retrieval import RetrievalStore
 
-    with pytest.raises(SystemExit, match="build-store"):
-        main(["eval", "--decoder", "heisd", "--episodes", "1", "--max-steps", "4", "--store", str(tmp_path / "none"),
-              "--out", str(tmp_path / "x")])
+    assert main(["eval", "--decoder", "heisd", "--episodes", "1", "--max-steps", "4", "--store",
+                 str(tmp_path / "none"), "--out", str(tmp_path / "x")]) == 2
+    assert "eval: error:" in (err := capsys.readouterr().err) and "build-store" in err
     rng = np.random.default_rng(0)  # random keys: any neighbour is a draft; the target still verifies it
     store = RetrievalStore.build(rng.normal(size=(64, 128)).astype(np.float32), rng.integers(0, 255, (64, 4, 7)),
                                  meta={"calibration": PUBLISHED_BOUNDARY.to_dict()})

@@ -29,7 +29,7 @@ def test_record_summary_on_hand_made_frames() -> None:
 
 
 @pytest.mark.skipif(not (default_checkpoint() / "model.json").is_file(), reason="no shipped checkpoint")
-def test_threshold_zero_without_reused_keys_matches_the_full_prefill(tmp_path) -> None:
+def test_threshold_zero_without_reused_keys_matches_the_full_prefill(tmp_path, capsys) -> None:
     out = tmp_path / "fidelity"
     assert main(["vision-fidelity", "--episodes", "1", "--max-steps", "6", "--vision-threshold", "0",
                  "--out", str(out)]) == 0
@@ -39,5 +39,6 @@ def test_threshold_zero_without_reused_keys_matches_the_full_prefill(tmp_path) -
     assert summary["iv"]["hidden_rel_error_p99"] < 1e-5  # float rounding of the smaller batches only
     assert 0.0 <= summary["ivkv"]["action_agreement"] <= 1.0
     assert (out / "fidelity.png").read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(SystemExit):
-        main(["vision-fidelity", "--episodes", "0", "--out", str(tmp_path / "bad")])
+    capsys.readouterr()
+    assert main(["vision-fidelity", "--episodes", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert "vision-fidelity: error: --episodes must be >= 1" in capsys.readouterr().err

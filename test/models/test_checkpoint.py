@@ -97,7 +97,7 @@ def expect_error(path: Path, file_name: str, *fragments: str) -> None:
 
 
 def test_missing_directory(tmp_path: Path) -> None:
-    expect_error(tmp_path / "nowhere", "nowhere", "not found")
+    expect_error(tmp_path / "nowhere", "nowhere", "does not exist")
 
 
 @pytest.mark.parametrize("name", ["model.json", "model.safetensors"])
@@ -112,13 +112,13 @@ def test_truncated_safetensors(saved) -> None:
     weights = path / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
-    expect_error(path, "model.safetensors", "cannot read")
+    expect_error(path, "model.safetensors", "truncated", "bytes of tensor data where its safetensors header describes")
 
 
 def test_garbage_safetensors(saved) -> None:
     _, path = saved
     (path / "model.safetensors").write_bytes(b"\x00\x01not a safetensors file" * 3)
-    expect_error(path, "model.safetensors", "cannot read")
+    expect_error(path, "model.safetensors", "not safetensors")
 
 
 def test_bad_json(saved) -> None:
@@ -223,7 +223,7 @@ def test_bad_parallel_draft_files_name_the_file(saved) -> None:
     save_file({k: v for k, v in good_weights.items() if k != "index_emb.weight"}, str(weights))
     expect_error(path, PARALLEL_DRAFT_WEIGHTS_FILE, "missing tensors", "index_emb.weight")
     weights.write_bytes(b"garbage")
-    expect_error(path, PARALLEL_DRAFT_WEIGHTS_FILE, "cannot read")
+    expect_error(path, PARALLEL_DRAFT_WEIGHTS_FILE, "truncated", "no safetensors header")
     weights.unlink()
     expect_error(path, PARALLEL_DRAFT_WEIGHTS_FILE, "file not found")
 

@@ -341,13 +341,17 @@ def vision_fractions(runner: Any, pixels: np.ndarray, steps: int, patch_5_moves_
 
 
 def test_eval_refuses_per_patch_vision_on_an_hf_policy_in_one_line(tiny_hf_vla: Callable[..., Path],
-                                                                    tmp_path: Path) -> None:
+                                                                    tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     from vla_accel_ros.cli import main
 
     directory = tiny_hf_vla(tmp_path / "hf")
-    with pytest.raises(SystemExit, match="reuse_kv"):
-        main(["eval", "--checkpoint", f"hf:{directory}", "--vision", "incremental", "--episodes", "1",
-              "--max-steps", "2", "--allow-unmatched-robot", "--out", str(tmp_path / "eval")])
+    assert main(["eval", "--checkpoint", f"hf:{directory}", "--vision", "incremental", "--episodes", "1",
+                 "--max-steps", "2", "--allow-unmatched-robot", "--out", str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "error:" in line] == [line for line in err.splitlines()
+                                                                       if line.startswith("eval: error:")]
+    assert "reuse_kv" in err
 
 
 def test_a_prompt_that_puts_the_image_after_the_instruction(tiny_hf_vla: Callable[..., Path], tmp_path: Path) -> None:

@@ -305,7 +305,7 @@ def test_bad_directories_are_refused_naming_the_problem(tiny_hf_vla: Callable[..
 
 
 def test_missing_directories_and_files_are_refused(vla_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="no such directory"):
+    with pytest.raises(ValueError, match="does not exist"):
         load_hf_vla(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="config.json: missing"):
         load_hf_vla(tmp_path)

@@ -39,7 +39,7 @@ def test_the_checkpoint_reference_is_parsed_once_and_written_back_alike(hf_dir: 
 
 
 def test_a_directory_no_family_recognises_is_one_line_naming_the_file_and_the_families(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"no such directory") as missing:
+    with pytest.raises(ValueError, match=r"does not exist") as missing:
         load_policy(tmp_path / "nowhere")
     assert "\n" not in str(missing.value)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "paligemma"}))

@@ -234,7 +234,7 @@ def test_bad_world_files_name_the_file(saved) -> None:
     weights.unlink()
     expect_error(path, WORLD_WEIGHTS_FILE, "not found")
     weights.write_bytes(b"not a safetensors file")
-    expect_error(path, WORLD_WEIGHTS_FILE, "cannot read")
+    expect_error(path, WORLD_WEIGHTS_FILE, "not safetensors")
     tensors = {k: v for k, v in load_file(str(path / "model.safetensors")).items()}  # wrong tensors entirely
     save_file(tensors, str(weights))
     expect_error(path, WORLD_WEIGHTS_FILE, "missing tensors")

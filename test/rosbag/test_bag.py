@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 pytest.importorskip("rclpy")
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -113,8 +116,11 @@ def test_sqlite3_storage_round_trip(work, ckpt):
 
 def test_replay_command_line_prints_a_verdict_and_can_check(det_bag, work, capsys):
     rc = cli_main(["replay", str(det_bag), "--summary", str(work / "cli"), "--check"])
-    line = capsys.readouterr().out.strip().splitlines()[-1]
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("replay ("))
     assert rc == 0 and "IDENTICAL" in line and "24 frames -> 24 commands" in line
+    assert "at tolerance 1e-06 rad" in line and "live recording" not in line
+    assert out.strip().splitlines()[-1] == f"replay -> {work / 'cli'} (summary.json, replay_steps.csv, replay.png)"
     # Another decoder than the recording's: the commands differ, and --check says so.
     rc = cli_main(["replay", str(det_bag), "--decoder", "ar", "--summary", str(work / "cli_ar"), "--check"])
     summary = json.loads((work / "cli_ar" / "summary.json").read_text())
@@ -122,8 +128,47 @@ def test_replay_command_line_prints_a_verdict_and_can_check(det_bag, work, capsy
     assert summary["first_divergent_step"] is not None
 
 
-def test_live_recording_then_replays(work, ckpt):
-    """The live node over DDS recorded by the recorder node; both replay modes on it."""
+def test_the_replay_report_holds_every_step_and_a_plot(det_bag, work):
+    s = replay(ReplayOptions(bag=str(det_bag), summary=str(work / "report")), progress=False)
+    assert s["recording"] == "deterministic" and s["tolerance"] == 1e-6 and s["tolerance_source"] == "recording"
+    with open(work / "report" / "replay_steps.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert list(rows[0]) == ["time_s", "joint", "recorded", "replayed", "difference", "source"]
+    fingers = list(KIN.gripper_joint_names)
+    assert len(rows) == s["commands"] * (7 + len(fingers))
+    assert [r["joint"] for r in rows[:7 + len(fingers)]] == [*KIN.joint_names, *fingers]
+    times = [float(r["time_s"]) for r in rows]
+    assert times == sorted(times) and 0.0 <= times[0] < 1.0  # seconds since the bag's start, not stamps
+    assert all(float(r["difference"]) == 0.0 for r in rows if r["joint"] in KIN.joint_names)
+    assert {r["source"] for r in rows} <= {"policy", "fallback", "hold"}
+    assert (work / "report" / "replay.png").read_bytes()[:4] == b"\x89PNG"
+    assert s["steps_csv"] == str(work / "report" / "replay_steps.csv") and len(s["episode_boundaries_s"]) == 2
+
+
+def test_a_live_recording_is_judged_at_a_stated_tolerance(det_bag, work, capsys):
+    """The deterministic bag relabelled a live recording: the tolerance becomes two periods of the
+    slowest joint's motion, and the verdict says why; --tolerance still decides when given."""
+    bag = _copy(det_bag, work / "relabelled_live")
+    meta = yaml.safe_load((bag / "metadata.yaml").read_text())
+    info = meta["rosbag2_bagfile_information"]["custom_data"]
+    info["vla_accel"] = json.dumps({**json.loads(info["vla_accel"]), "mode": "live"})
+    (bag / "metadata.yaml").write_text(yaml.safe_dump(meta))
+    assert cli_main(["replay", str(bag), "--summary", str(work / "live_report"), "--check"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("replay ("))
+    expected = 2 * 0.05 * float(min(KIN.limits.velocity[:7]))
+    summary = json.loads((work / "live_report" / "summary.json").read_text())
+    assert summary["recording"] == "live" and summary["tolerance"] == pytest.approx(expected)
+    assert "of a live recording" in line and f"at tolerance {expected:.3g} rad" in line
+    assert "cannot reproduce bit-identically" in line and "--mode deterministic" in line
+    assert cli_main(["replay", str(bag), "--summary", str(work / "live_strict"), "--tolerance", "0"]) == 0
+    summary = json.loads((work / "live_strict" / "summary.json").read_text())
+    assert summary["tolerance"] == 0 and summary["tolerance_source"] == "--tolerance"
+
+
+def test_live_recording_then_replays(work, ckpt, capsys):
+    """The live node over DDS recorded by the recorder node; both replay modes on it. The command
+    line's verdict names the live recording's tolerance and why, the report holds the per-step CSV
+    and the plot, and no library warning (torch on a read-only frame) is raised on the way."""
     bag = work / "live"
     s = record(RecordOptions(episodes=1, out=str(bag), policy=PolicySettings(checkpoint=str(ckpt)), duration_s=1.0,
                              domain_id=40), progress=False)
@@ -133,7 +178,17 @@ def test_live_recording_then_replays(work, ckpt):
             assert reader.count(TOPICS[role][0]) > 0, role
         stamps = [m.log_ns for m in reader.messages([TOPICS["joint_states"][0]])]
     assert stamps == sorted(stamps) and stamps[0] > 10**18  # receive stamps on the sim clock (epoch ns)
-    det = replay(ReplayOptions(bag=str(bag), out=str(work / "live_det")), progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli_main(["replay", str(bag), "--out", str(work / "live_det"), "--summary", str(work / "live_cli")]) == 0
+    assert not [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("replay ("))
+    det = json.loads((work / "live_cli" / "summary.json").read_text())
+    assert det["recording"] == "live" and f"at tolerance {det['tolerance']:.3g} rad" in line, line
+    assert "of a live recording" in line and "--mode deterministic" in line, line
+    with open(work / "live_cli" / "replay_steps.csv", newline="") as file:
+        assert len(list(csv.DictReader(file))) >= det["commands"] * 7
+    assert (work / "live_cli" / "replay.png").read_bytes()[:4] == b"\x89PNG"
     # Every frame gives a command once a joint state is known; in a live recording a frame or two
     # may arrive before the first joint state (DDS discovery order).
     assert det["frames"] - 2 <= det["commands"] <= det["frames"] and det["commands"] > 0

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("rclpy")
 
 from vla_accel_ros.cli import main as cli_main
+from vla_accel_ros.core.errors import RunFailed
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.settings import ConfigError
@@ -221,13 +222,20 @@ def test_another_robot_than_the_checkpoints_exits_2_naming_both(arms: dict[str, 
 
 def test_deterministic_summary_counts_input_errors_by_kind(arms: dict[str, Path],
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    rc, summary, err = run_cli(arms, "bad_input", [], "det_bad", capsys)
-    assert rc == 0, err
-    assert summary is not None
+    """The kinds are in summary.json and printed under the verdict, one line each."""
+    summary_dir = arms["root"] / "s_det_bad"
+    rc = cli_main(["replay", str(arms["bad_input"]), "--checkpoint", str(arms["ckpt"]), "--summary", str(summary_dir),
+                   "--out", str(arms["root"] / "out_det_bad")])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    summary = json.loads((summary_dir / "summary.json").read_text())
     kinds = summary["input_errors_by_kind"]
     assert len(kinds) == 2 and sum(kinds.values()) == summary["input_errors"] == 8, kinds
     assert any(k.startswith("image rejected") for k in kinds) and any("non-finite" in k for k in kinds)
     assert summary["commands"] == 8 and len(summary["errors"]) == 2
+    lines = printed.out.splitlines()
+    at = lines.index("replay: the node rejected input of 2 kind(s):")
+    assert lines[at + 1:at + 3] == [f"  - {line}" for line in summary["errors"]], printed.out
 
 
 def test_params_file_then_flags_reach_the_node_in_that_order(arms: dict[str, Path]) -> None:
@@ -272,9 +280,9 @@ def test_params_file_errors_name_the_file(arms: dict[str, Path], tmp_path: Path)
     (("[INFO] [1.0] [vla_accel_node]: URDF from urdf_file\n[FATAL] [1.1] [vla_accel_node]: refusing to start: "
       "refusing to drive a 6-DoF arm with a policy made for 7 DoF\n"), 2, ConfigError,
      ["refusing to start: refusing to drive a 6-DoF arm", "code 2"]),
-    ("Traceback (most recent call last):\n  File x\nImportError: no module named torch\n", 1, RuntimeError,
+    ("Traceback (most recent call last):\n  File x\nImportError: no module named torch\n", 1, RunFailed,
      ["code 1", "ImportError: no module named torch"]),
-    ("", -9, RuntimeError, ["code -9", "(nothing)"]),
+    ("", -9, RunFailed, ["code -9", "(nothing)"]),
 ])
 def test_exit_error_quotes_the_refusal(tmp_path: Path, log: str, code: int, kind: type, words: list[str]) -> None:
     path = tmp_path / "replay_node.log"

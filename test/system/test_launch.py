@@ -150,6 +150,31 @@ def test_bad_argument_values_are_refused_naming_them(given, words):
         assert word in str(err.value)
 
 
+def test_instruction_is_an_argument_of_the_robot_launch():
+    params_file = str(ROOT / "config" / "vla_accel.yaml")
+    (spec,) = vla_accel_nodes({"params_file": params_file, "instruction": "pick up the red cube"})
+    assert spec.parameters[1] == {"instruction": "pick up the red cube"}
+
+
+@pytest.mark.parametrize("name, given, words", [
+    ("vla_accel.launch.py", {"kinematic_r_min": "2"}, ["kinematic_r_min", "params_file, namespace", "instruction"]),
+    ("vla_accel.launch.py", {"decodr": "ar"}, ["decodr (did you mean decoder?)"]),
+    ("sim.launch.py", {"episode_duration_s": "3"}, ["episode_duration_s", "seed"]),
+    ("inference.launch.py", {"robot": "left_arm"}, ["robot (did you mean robots?)"]),
+], ids=["node-parameter", "typo", "bridge-parameter", "typo-inference"])
+def test_an_argument_the_launch_file_does_not_take_is_refused_listing_the_known_ones(name, given, words):
+    arguments, nodes = LAUNCH_FILES[name]
+    with pytest.raises(ValueError, match="unknown launch argument") as err:
+        nodes({a.name: a.default for a in arguments()} | given)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_launch_configurations_of_an_including_launch_file_pass():
+    given = {a.name: a.default for a in vla_accel_arguments()} | {"robot_ip": "192.168.1.10", "ur_type": "ur5e"}
+    assert len(vla_accel_nodes(given)) == 1
+
+
 def test_a_missing_params_file_fails_the_launch_naming_it(tmp_path):
     for nodes in (vla_accel_nodes, sim_nodes):
         with pytest.raises(ValueError, match="nope.yaml"):

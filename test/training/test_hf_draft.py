@@ -127,5 +127,5 @@ def test_bad_settings_are_refused_before_any_work(changes: dict[str, object], ma
 
 
 def test_a_model_directory_that_is_not_a_vla_is_refused(demos: Path, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="no such directory"):
+    with pytest.raises(ValueError, match="does not exist"):
         train_hf_draft(HFDraftTrainConfig(checkpoint=f"hf:{tmp_path / 'missing'}", data=str(demos), progress=False))

@@ -1,4 +1,6 @@
-"""``vla-accel build-store``: the HeiSD retrieval store and boundary calibration from demonstrations.
+"""``vla-accel build-store``: the HeiSD retrieval store (the demonstrated trajectories, keyed by the
+policy's prefix features, that the ``heisd`` decoder drafts from in free motion) and its boundary
+calibration (where near a task boundary it hands over to the draft head).
 """
 
 from __future__ import annotations
@@ -7,12 +9,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from vla_accel_ros.commands.training_options import config_defaults
 from vla_accel_ros.core.resources import default_checkpoint
-from vla_accel_ros.training.store import DEFAULT_DATA, BuildStoreConfig, build
+from vla_accel_ros.training.configs import DEFAULT_DATA, BuildStoreConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = BuildStoreConfig(checkpoint="", data="")
+    d = config_defaults(BuildStoreConfig)
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: the shipped one)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA,
                         help=f"demo directory with episode_*.npz (default: {DEFAULT_DATA})")
@@ -35,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         holdout_episodes=args.holdout_episodes, horizon=args.horizon, index=args.index, threads=args.threads,
         progress=args.progress,
     )
+    from vla_accel_ros.training.store import build  # torch: only when it runs
+
     store, out = build(cfg, command="vla-accel " + " ".join(sys.argv[1:]))
     bench, cal = store.meta["index_benchmark"], store.meta["calibration"]
     print(f"build-store: {len(store)} entries (dim {store.dim}, horizon {store.horizon}) "

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vla_accel_ros.core.seeds import EVAL_SEED_START
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE, SamplingConfig
-from vla_accel_ros.sim.env import EVAL_SEED_START
 
 
 def add_episode_arguments(parser: argparse.ArgumentParser, episodes: int = 50,
@@ -34,11 +34,11 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def sampling_config(args: argparse.Namespace) -> SamplingConfig:
-    """The sampling of ``--temperature``; a value out of range ends the command with the reason."""
+    """The sampling of ``--temperature``; ValueError naming the flag when it is out of range."""
     try:
         return SamplingConfig(args.temperature)
     except ValueError as err:
-        raise SystemExit(f"--temperature: {err}") from err
+        raise ValueError(f"--temperature: {err}") from err
 
 
 def add_robot_arguments(parser: argparse.ArgumentParser) -> None:

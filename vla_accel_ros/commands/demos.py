@@ -6,10 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vla_accel_ros.sim.demos import greedy_policy_action, record_demos
-from vla_accel_ros.sim.env import SimConfig
-from vla_accel_ros.sim.gl import check_rendering
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, required=True, help="number of episodes")
@@ -33,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.sim.demos import greedy_policy_action, record_demos  # MuJoCo: only when it runs
+    from vla_accel_ros.sim.env import SimConfig
+    from vla_accel_ros.sim.gl import check_rendering
+
     if not check_rendering("demos"):  # no GL: one line saying what to set, before any work
         return 2
     config = SimConfig(image_size=args.image_size, max_steps=args.max_steps, wrist_image=args.wrist)

@@ -1,4 +1,8 @@
 """``vla-accel eval``: closed-loop episodes of the policy in the sim with one decoder.
+
+The result line gives the success rate and the NCF rate (near-contact failures: failed episodes
+whose gripper came within 2 cm of the cube), the target passes per action and the latencies, and
+names the files written.
 """
 
 from __future__ import annotations
@@ -8,10 +12,6 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-from tqdm import tqdm
-
 from vla_accel_ros.commands.closed_loop_options import (
     add_episode_arguments,
     add_robot_arguments,
@@ -19,7 +19,9 @@ from vla_accel_ros.commands.closed_loop_options import (
     sampling_config,
 )
 from vla_accel_ros.commands.vision_options import add_vision_arguments, vision_config
+from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.core.resources import default_checkpoint
+from vla_accel_ros.core.seeds import EVAL_SEED_START
 from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.decoding.specs import (
@@ -30,19 +32,6 @@ from vla_accel_ros.decoding.specs import (
     spec_of,
 )
 from vla_accel_ros.decoding.wa_prefill import WA_PREFILL_PREFIX, split_prefill
-from vla_accel_ros.evaluation.decoder_options import decoder_options
-from vla_accel_ros.evaluation.episode import (
-    checkpoint_megabytes,
-    peak_rss_mb,
-    plot_latency,
-    run_episode,
-    summarize,
-)
-from vla_accel_ros.evaluation.robot_check import checkpoints_fit_robot, sim_robot
-from vla_accel_ros.models.load import load_policy
-from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
-from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
-from vla_accel_ros.sim.gl import check_rendering
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,32 +57,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch  # torch, MuJoCo and the models: only when it runs
+
+    from vla_accel_ros.evaluation.decoder_options import decoder_options
+    from vla_accel_ros.evaluation.episode import (
+        checkpoint_megabytes,
+        peak_rss_mb,
+        plot_latency,
+        run_episode,
+        summarize,
+    )
+    from vla_accel_ros.evaluation.robot_check import checkpoints_fit_robot, sim_robot
+    from vla_accel_ros.models.load import load_policy
+    from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
+    from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
+    from vla_accel_ros.sim.gl import check_rendering
+
     if args.episodes < 1:
-        raise SystemExit("--episodes must be >= 1")
+        raise ValueError("--episodes must be >= 1")
     if not check_rendering("eval"):  # no GL: one line saying what to set, before any work
         return 2
     if args.seed < EVAL_SEED_START:
         print(f"warning: seed {args.seed} < {EVAL_SEED_START} may overlap the training demonstrations")
     torch.set_num_threads(args.threads)
-    try:
-        base_decoder, wa_prefill = split_prefill(args.decoder)
-    except ValueError as err:
-        raise SystemExit(str(err)) from err
+    base_decoder, wa_prefill = split_prefill(args.decoder)
     if args.wa_checkpoint is not None and not wa_prefill:
-        raise SystemExit(f"--wa-checkpoint is for --decoder {WA_PREFILL_PREFIX}X, not {args.decoder}")
+        raise ValueError(f"--wa-checkpoint is for --decoder {WA_PREFILL_PREFIX}X, not {args.decoder}")
     ckpt = (args.wa_checkpoint if wa_prefill else None) or args.checkpoint or default_checkpoint()
     policy = load_policy(ckpt, unnorm_key=args.unnorm_key)
     if wa_prefill and policy.world is None:
-        raise SystemExit(f"{ckpt} has no world component for --decoder {args.decoder}: run vla-accel train-world")
+        raise ValueError(f"{ckpt} has no world component for --decoder {args.decoder}: run vla-accel train-world")
     if spec_of(base_decoder).flow_head and policy.flow is None:
-        raise SystemExit(f"{ckpt} has no continuous action head for --decoder {args.decoder}: run vla-accel train-flow")
+        raise ValueError(f"{ckpt} has no continuous action head for --decoder {args.decoder}: run vla-accel "
+                         "train-flow")
     sampling = sampling_config(args)
     settings = decoder_options(base_decoder, args.store, args.checkpoint or default_checkpoint(), policy, ckpt)
-    try:
-        settings.update(shared_settings(base_decoder, fill_check=args.kf_fill_check,
-                                        kinematic_r_bounds=args.kinematic_r_bounds))
-    except ValueError as err:
-        raise SystemExit(str(err)) from err
+    settings.update(shared_settings(base_decoder, fill_check=args.kf_fill_check,
+                                    kinematic_r_bounds=args.kinematic_r_bounds))
     decoder = make_decoder(base_decoder, **settings)
     args.out.mkdir(parents=True, exist_ok=True)
     sim_config = SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)
@@ -109,11 +109,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             runner = build_runner(settings, env.kin, policy=policy, decoder=decoder)
         except ValueError as err:  # a setting this policy refuses (e.g. --vision incremental on a Hugging Face VLA)
-            raise SystemExit(f"{ckpt}: {err}") from err
-        bar = tqdm(range(args.episodes), desc=f"eval {args.decoder}", unit="ep")
+            raise ValueError(f"{ckpt}: {err}") from err
+        bar = progress_bar(range(args.episodes), desc=f"eval {args.decoder}", unit="ep")
         for i in bar:
             records.append(run_episode(env, runner, args.seed + i))
-            bar.set_postfix(success=f"{np.mean([r.success for r in records]):.0%}")
+            bar.success(sum(r.success for r in records), len(records))
     summary = summarize(records)
     summary.update(
         decoder=args.decoder,
@@ -135,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"eval {args.decoder} (temperature {sampling.temperature:g}): success {summary['success_rate']:.1%} "
         f"over {summary['episodes']} episodes, "
-        f"NCF {summary['ncf_rate']:.1%}, {summary['target_passes_per_action']:.2f} target passes/action, "
-        f"prefill {lat['prefill_p50']:.2f} ms, decode {lat['decode_p50']:.2f} ms, total p50 {lat['total_p50']:.2f} "
-        f"/ p99 {lat['total_p99']:.2f} ms -> {args.out}"
+        f"NCF (near-contact failures) {summary['ncf_rate']:.1%}, {summary['target_passes_per_action']:.2f} target "
+        f"passes/action, prefill {lat['prefill_p50']:.2f} ms, decode {lat['decode_p50']:.2f} ms, total p50 "
+        f"{lat['total_p50']:.2f} / p99 {lat['total_p99']:.2f} ms -> {args.out} (summary.json, latency.png)"
     )
     if "verify_skip_share" in summary:
         query = summary["retrieval_query_ms_p50"]

@@ -1,12 +1,13 @@
-"""``vla-accel fleet-bench``: N robots on one batched inference process against N separate ones.
+"""``vla-accel fleet-bench``: the fleet benchmark. N simulated robots are served by one inference
+process that batches their observations into shared forward passes, against N separate inference
+processes, one per robot: actions per second and per-robot latency at each fleet size.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.evaluation.fleet_bench import FleetBenchOptions, fleet_bench
-from vla_accel_ros.sim.gl import check_rendering
+from vla_accel_ros.evaluation.fleet_bench import FleetBenchOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,15 +26,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.evaluation.fleet_bench import fleet_bench  # MuJoCo and torch: only when it runs
+    from vla_accel_ros.sim.gl import check_rendering
+
     if not check_rendering("fleet-bench"):
         return 2
     try:
         robots = tuple(int(n) for n in args.robots.split(",") if n.strip())
-        opts = FleetBenchOptions(robots=robots, out=args.out, checkpoint=args.checkpoint, decoder=args.decoder,
-                                 temperature=args.temperature, steps=args.steps, seed=args.seed, threads=args.threads,
-                                 server_threads=args.server_threads)
-    except ValueError as err:
-        raise SystemExit(f"fleet-bench: {err}") from None
+    except ValueError:
+        raise ValueError(f"--robots must be comma-separated counts, got {args.robots!r}") from None
+    opts = FleetBenchOptions(robots=robots, out=args.out, checkpoint=args.checkpoint, decoder=args.decoder,
+                             temperature=args.temperature, steps=args.steps, seed=args.seed, threads=args.threads,
+                             server_threads=args.server_threads)
     summary = fleet_bench(opts)
     print(f"fleet process: {opts.fleet_threads} torch thread(s); separate processes: {opts.threads} each")
     print("| robots | actions/s (batched) | separate | ratio | latency p50 / p99 ms (batched) | p99 / p99 at 1 "
@@ -45,4 +49,5 @@ def run(args: argparse.Namespace) -> int:
               f"{r['speedup_vs_separate']:.2f}x | {r['latency_ms_p50']:.1f} / {r['latency_ms_p99']:.1f} | {vs_one} | "
               f"{r['separate_latency_ms_p50']:.1f} / {r['separate_latency_ms_p99']:.1f} | "
               f"{r['stage_ms']['batched_pass']:.1f} |")
+    print(f"fleet-bench -> {opts.out} (summary.json, fleet.png)")
     return 0

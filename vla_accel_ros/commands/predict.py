@@ -15,14 +15,13 @@ default), as the node runs it. ``--json`` prints one JSON object, a contract tha
   ``decoder``, ``dtype``, ``unnorm_key``, ``target_passes``.
 
 Bad input (a missing or malformed checkpoint file, an unknown ``--unnorm-key``, an unreadable image)
-is one line naming the file or key, and exit status 2.
+is one ``predict: error: ...`` line naming the file or key, and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -54,11 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        result = predict(args)
-    except ValueError as error:
-        print(f"vla-accel predict: {error}", file=sys.stderr)
-        return 2
+    result = predict(args)  # bad input: one line (vla_accel_ros.cli)
     if args.json:
         print(json.dumps(result))
         return 0

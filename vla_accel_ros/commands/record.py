@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.decoding.specs import DEFAULT
+from vla_accel_ros.models.configuration import DEFAULT_TEMPERATURE
 from vla_accel_ros.ros.parameters import PolicySettings
 from vla_accel_ros.rosbag.io import STORAGES, TOPICS
-from vla_accel_ros.rosbag.recorder import MODES, RecordOptions, record
+from vla_accel_ros.rosbag.recorder import MODES, RecordOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="live: bridge + node processes over DDS; deterministic: in-process lock-step "
                              "(replay reproduces it exactly)")
     parser.add_argument("--decoder", default=DEFAULT, help="action decoder of the node")
+    parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                        help="the node's action-token sampling temperature, 0 = greedy (stored, so that a replay "
+                             "samples alike)")
     parser.add_argument("--kf-fill-check", action="store_true",
                         help="kerv, world_aware: the node's kf_fill_check (stored, so that a replay decodes alike)")
     parser.add_argument("--control-rate", type=float, default=20.0, help="node control rate (Hz)")
@@ -31,17 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
+    from vla_accel_ros.rosbag.recorder import record  # the sim and the node: only when it runs
 
-    try:
-        policy = PolicySettings(checkpoint=args.checkpoint, decoder=args.decoder, kf_fill_check=args.kf_fill_check)
-        opts = RecordOptions(episodes=args.episodes, out=args.out, storage=args.storage, mode=args.mode,
-                             policy=policy, control_rate_hz=args.control_rate, seed=args.seed,
-                             duration_s=args.duration_s, domain_id=args.domain_id, cameras=args.cameras)
-        s = record(opts)
-    except (ValueError, OSError, RuntimeError) as err:
-        print(f"record: error: {err}", file=sys.stderr, flush=True)
-        return 2
+    policy = PolicySettings(checkpoint=args.checkpoint, decoder=args.decoder, temperature=args.temperature,
+                            kf_fill_check=args.kf_fill_check)
+    opts = RecordOptions(episodes=args.episodes, out=args.out, storage=args.storage, mode=args.mode,
+                         policy=policy, control_rate_hz=args.control_rate, seed=args.seed,
+                         duration_s=args.duration_s, domain_id=args.domain_id, cameras=args.cameras)
+    s = record(opts)
     missing = [t for t in (TOPICS["camera"][0], TOPICS["joint_states"][0], TOPICS["commands"][0])
                if not s["messages"].get(t)]
     print(f"record ({s['mode']}, {s['storage']}): {s['episodes']} episodes, success {s['success_rate']:.0%}, "

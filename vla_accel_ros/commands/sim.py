@@ -4,18 +4,18 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
+from typing import TYPE_CHECKING
 
 from vla_accel_ros.commands.vision_options import add_vision_arguments, vision_config
-from vla_accel_ros.core.chunks import CHUNK_BLENDS, CHUNK_EXECUTIONS, ChunkSettings
+from vla_accel_ros.core.chunks import CHUNK_BLENDS, CHUNK_EXECUTIONS, CHUNK_MODES, ChunkSettings
 from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding.specs import DEFAULT, KINEMATIC_R_BOUNDS
-from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE
-from vla_accel_ros.ros.chunk_runs import CHUNK_MODES, run_chunk_modes
-from vla_accel_ros.ros.launcher import SimRunOptions, run_sim, run_sim_decoders
+from vla_accel_ros.models.configuration import DEFAULT_TEMPERATURE
 from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS, PolicySettings
-from vla_accel_ros.ros.processes import NodeRefused
+
+if TYPE_CHECKING:
+    from vla_accel_ros.ros.launcher import SimRunOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(a virtual environment with this package installed; default: this one)")
     parser.add_argument("--realtime-priority", type=int, default=20,
                         help="SCHED_FIFO priority of the control thread (0 = normal scheduling)")
+    parser.add_argument("--allow-unmatched-robot", action="store_true",
+                        help="run a checkpoint made for another arm with the same DOF, with a warning (the node's "
+                             "allow_unmatched_robot); a different DOF never runs")
     add_vision_arguments(parser)  # the node's vision_* parameters
     chunks = ChunkSettings()
     parser.add_argument("--cameras", type=int, default=1, choices=(1, 2),
@@ -69,20 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        opts = sim_options(args)
-    except ValueError as err:  # a bad flag, or flags that do not go together: the reason, no traceback
-        print(f"sim: error: {err}", file=sys.stderr, flush=True)
-        return 2
+    from vla_accel_ros.ros.launcher import run_sim, run_sim_decoders  # the node processes: only when it runs
+
+    opts = sim_options(args)
     started = time.monotonic()
     if args.chunk_modes:
         return _run_chunk_modes(opts, [m.strip() for m in args.chunk_modes.split(",") if m.strip()])
     if args.decoders:
-        try:
-            result = run_sim_decoders(opts, [d.strip() for d in args.decoders.split(",") if d.strip()])
-        except NodeRefused as err:
-            print(f"sim: error: {err}", file=sys.stderr, flush=True)
-            return 2
+        result = run_sim_decoders(opts, [d.strip() for d in args.decoders.split(",") if d.strip()])
         base = result["baseline"]
         print(f"| decoder | success | inference ms p50 | p99 | target passes | latency vs {base} |")
         print("|---|---|---|---|---|---|")
@@ -90,17 +87,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"| {row['decoder']} | {row['success_rate']:.0%} | {row['inference_latency_ms_p50']:.2f} | "
                   f"{row['inference_latency_ms_p99']:.2f} | {row['inference_target_passes_mean']:.2f} | "
                   f"{row[f'latency_ratio_vs_{base}']:.2f} |")
+        print(f"sim -> {opts.out} (decoders.json, DECODER/summary.json)")
         return 0
-    try:
-        s = run_sim(opts)
-    except NodeRefused as err:
-        print(f"sim: error: {err}", file=sys.stderr, flush=True)
-        return 2
+    s = run_sim(opts)
     print(f"sim: {s['episodes']} episodes, success {s['success_rate']:.0%}, {s['ticks']} ticks at "
           f"{opts.control_rate_hz:g} Hz ({s['ticks_published']} published, {s['fallback_ticks']} fallback, "
           f"{s['hold_ticks']} hold, {s['deadline_misses']} deadline misses), jitter p50 "
           f"{s['period_jitter_ms_p50']:.2f} ms p99 {s['period_jitter_ms_p99']:.2f} ms, peak RSS "
-          f"{s['peak_rss_mb']:.0f} MB, {time.monotonic() - started:.0f} s -> {opts.out}/summary.json")
+          f"{s['peak_rss_mb']:.0f} MB, {time.monotonic() - started:.0f} s -> {opts.out} "
+          f"(summary.json{''.join(', ' + name for name in s.get('plots', ()))})")
     if opts.inference_mode == "remote":
         print(f"sim: remote inference round trip p50 {s['inference_round_trip_ms_p50']:.1f} ms, p99 "
               f"{s['inference_round_trip_ms_p99']:.1f} ms; {s['inference_lost']} lost, "
@@ -109,11 +104,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_chunk_modes(opts: SimRunOptions, modes: list[str]) -> int:
-    try:
-        result = run_chunk_modes(opts, modes)
-    except (NodeRefused, ValueError) as err:
-        print(f"sim: error: {err}", file=sys.stderr, flush=True)
-        return 2
+    from vla_accel_ros.ros.chunk_runs import run_chunk_modes  # the node processes: only when it runs
+
+    result = run_chunk_modes(opts, modes)
     print("| mode | success | actions/s | chunk-wait ticks | obs->action ms p50 | p99 | jerk rms | jerk max | "
           "largest boundary step (rad) | early re-plans | inferences/action |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -130,6 +123,8 @@ def _run_chunk_modes(opts: SimRunOptions, modes: list[str]) -> int:
 
 def sim_options(args: argparse.Namespace) -> SimRunOptions:
     """The run's options from the flags; ValueError naming a bad one."""
+    from vla_accel_ros.ros.launcher import SimRunOptions
+
     r_min, r_max = args.kinematic_r_bounds or KINEMATIC_R_BOUNDS
     policy = PolicySettings(checkpoint=args.checkpoint, unnorm_key=args.unnorm_key, decoder=args.decoder,
                             temperature=args.temperature, kf_fill_check=args.kf_fill_check,
@@ -138,7 +133,8 @@ def sim_options(args: argparse.Namespace) -> SimRunOptions:
                          seed=args.seed, inference_python=args.inference_python, duration_s=args.duration_s,
                          output=args.output, executor=args.executor, domain_id=args.domain_id,
                          inference_mode=args.inference_mode, netns=args.netns, realtime_priority=args.realtime_priority,
-                         vision=vision_config(args) if args.vision != "full" else None, cameras=args.cameras,
+                         vision=vision_config(args) if args.vision != "full" else None,
+                         allow_unmatched_robot=args.allow_unmatched_robot, cameras=args.cameras,
                          chunks=ChunkSettings(chunk_execution=args.chunk_execution, chunk_blend=args.chunk_blend,
                                               chunk_refill_threshold=args.chunk_refill_threshold,
                                               chunk_verify_threshold_rad=args.chunk_verify_threshold))

@@ -8,9 +8,6 @@ import json
 import statistics
 from pathlib import Path
 
-from vla_accel_ros.evaluation.sim_speed import steps_per_second
-from vla_accel_ros.sim.gl import check_rendering
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=5, help="timed runs per setting (median reported)")
@@ -20,6 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.evaluation.sim_speed import steps_per_second  # MuJoCo: only when it runs
+    from vla_accel_ros.sim.gl import check_rendering
+
     if not check_rendering("sim-speed"):  # no GL: one line saying what to set, before any work
         return 2
     result = {}

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.commands.training_options import add_run_arguments, config_from_args
-from vla_accel_ros.training.target import TrainConfig, train
+from vla_accel_ros.commands.training_options import add_run_arguments, config_defaults, config_from_args
+from vla_accel_ros.training.configs import TrainConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = TrainConfig(data="", out="")
+    d = config_defaults(TrainConfig)
     parser.add_argument("--data", required=True, help="demo directory with episode_*.npz")
     parser.add_argument("--out", required=True, help="checkpoint directory to write")
     parser.add_argument("--epochs", type=int, default=d.epochs, help="target behaviour-cloning epochs")
@@ -48,5 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.training.target import train  # torch: only when it runs
+
     train(config_from_args(TrainConfig, args))
     return 0

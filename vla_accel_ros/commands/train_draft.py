@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.commands.training_options import add_draft_optimiser_arguments, add_run_arguments, config_from_args
+from vla_accel_ros.commands.training_options import (
+    add_draft_optimiser_arguments,
+    add_run_arguments,
+    config_defaults,
+    config_from_args,
+)
 from vla_accel_ros.models.hf.vla_spec import DTYPES
-from vla_accel_ros.training.hf_draft import TEACHERS, HFDraftTrainConfig, train_hf_draft
+from vla_accel_ros.training.configs import TEACHERS, HFDraftTrainConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = HFDraftTrainConfig(checkpoint="", data="")
+    d = config_defaults(HFDraftTrainConfig)
     parser.add_argument("--checkpoint", required=True,
                         help="hf:DIR, a Hugging Face VLA (frozen); the head is written into DIR")
     parser.add_argument("--data", required=True, help="demo directory with episode_*.npz (docs/data_layout.md)")
@@ -32,5 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.training.hf_draft import train_hf_draft  # torch: only when it runs
+
     train_hf_draft(config_from_args(HFDraftTrainConfig, args))
     return 0

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.commands.training_options import add_run_arguments, config_from_args
-from vla_accel_ros.training.flow import FlowTrainConfig, train_flow
+from vla_accel_ros.commands.training_options import add_run_arguments, config_defaults, config_from_args
+from vla_accel_ros.training.configs import FlowTrainConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = FlowTrainConfig(checkpoint="", data="")
+    d = config_defaults(FlowTrainConfig)
     parser.add_argument("--checkpoint", required=True, help="trained checkpoint directory (its target is frozen)")
     parser.add_argument("--data", required=True, help="demo directory with episode_*.npz")
     parser.add_argument("--out", default=None, help="write a copy of the checkpoint with the head here "
@@ -35,5 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.training.flow import train_flow  # torch: only when it runs
+
     train_flow(config_from_args(FlowTrainConfig, args))
     return 0

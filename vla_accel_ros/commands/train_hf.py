@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.commands.training_options import add_run_arguments, config_from_args
-from vla_accel_ros.training.hf_vla import (
-    AUTOCAST_DTYPES,
-    PROMPT_LAYOUTS,
-    VISIONS,
-    HFTrainConfig,
-    train_hf_vla,
-)
+from vla_accel_ros.commands.training_options import add_run_arguments, config_defaults, config_from_args
+from vla_accel_ros.training.configs import AUTOCAST_DTYPES, PROMPT_LAYOUTS, VISIONS, HFTrainConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = HFTrainConfig(data="", out="")
+    d = config_defaults(HFTrainConfig)
     parser.add_argument("--data", required=True, help="demo directory with episode_*.npz (docs/data_layout.md)")
     parser.add_argument("--out", required=True, help="output directory (save_pretrained layout, hf:OUT)")
     parser.add_argument("--init", default=None, help="hf:DIR to fine-tune (its architecture and statistics) instead "
@@ -68,5 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.training.hf_vla import train_hf_vla  # torch: only when it runs
+
     train_hf_vla(config_from_args(HFTrainConfig, args))
     return 0

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.commands.training_options import add_draft_optimiser_arguments, add_run_arguments, config_from_args
-from vla_accel_ros.training.parallel_draft import (
-    ParallelDraftTrainConfig,
-    train_parallel_draft,
+from vla_accel_ros.commands.training_options import (
+    add_draft_optimiser_arguments,
+    add_run_arguments,
+    config_defaults,
+    config_from_args,
 )
+from vla_accel_ros.training.configs import ParallelDraftTrainConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = ParallelDraftTrainConfig(checkpoint="", data="")
+    d = config_defaults(ParallelDraftTrainConfig)
     parser.add_argument("--checkpoint", required=True, help="trained checkpoint (its target and draft head are frozen)")
     parser.add_argument("--data", required=True, help="demo directory with episode_*.npz")
     parser.add_argument("--out", default=None,
@@ -26,5 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.training.parallel_draft import train_parallel_draft  # torch: only when it runs
+
     train_parallel_draft(config_from_args(ParallelDraftTrainConfig, args))
     return 0

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from vla_accel_ros.commands.training_options import add_run_arguments, config_from_args
-from vla_accel_ros.training.world import WorldTrainConfig, train_world
+from vla_accel_ros.commands.training_options import add_run_arguments, config_defaults, config_from_args
+from vla_accel_ros.training.configs import WorldTrainConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = WorldTrainConfig(checkpoint="", data="", out="")
+    d = config_defaults(WorldTrainConfig)
     parser.add_argument("--checkpoint", required=True, help="base checkpoint directory (read only)")
     parser.add_argument("--data", required=True, help="demo directory with episode_*.npz")
     parser.add_argument("--out", required=True, help="directory of the new checkpoint (model.* + world.*)")
@@ -39,5 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.training.world import train_world  # torch: only when it runs
+
     train_world(config_from_args(WorldTrainConfig, args))
     return 0

@@ -18,11 +18,23 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import pinocchio as pin
 
 from vla_accel_ros.core.urdf_checks import check_urdf
+
+# pinocchio, imported when the first arm is built: a quarter of a second that the modules importing
+# this one for their settings (and the commands' --help) do not need.
+pin: Any = None
+
+
+def _import_pinocchio() -> None:
+    global pin
+    if pin is None:
+        import pinocchio
+
+        pin = pinocchio
 
 
 class MissingJointsError(ValueError):
@@ -65,6 +77,7 @@ class ArmKinematics:
     def __init__(self, urdf: str | Path, tcp_frame: str = "tcp") -> None:
         """Build from a URDF path or XML string; raise ValueError, naming the joint or link at fault,
         for a URDF this class cannot serve (see :mod:`vla_accel_ros.core.urdf_checks`)."""
+        _import_pinocchio()
         xml, label = _read_urdf(urdf)
         checked = check_urdf(xml, label, tcp_frame)
         urdf_joints = checked.movable_joints

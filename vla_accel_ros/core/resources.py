@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 PACKAGE = "vla_accel_ros"
+# The example parameter files' checkpoint (config/examples/*.yaml: hf:/path/to/your_<arm>_vla),
+# which a user replaces with their own model's directory.
+PLACEHOLDER_CHECKPOINT = "/path/to/"
 
 
 def share_dir() -> Path:
@@ -36,3 +39,14 @@ def default_urdf() -> Path:
 
 def default_checkpoint() -> Path:
     return share_dir() / "checkpoints" / "default"
+
+
+def checkpoint_problem(directory: Path | str) -> str:
+    """'' when the checkpoint directory ``directory`` (its ``hf:`` prefix removed) exists; else what
+    is wrong with it, for a message that names the directory first: the example parameter files'
+    placeholder left in place, or a directory that does not exist."""
+    if str(directory).startswith(PLACEHOLDER_CHECKPOINT):
+        return "the example parameter files' placeholder: set checkpoint to your model's directory"
+    if not Path(directory).is_dir():
+        return "the checkpoint directory does not exist"
+    return ""

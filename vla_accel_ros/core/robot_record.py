@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.core.settings import ConfigError
 
 ROBOT_KEY = "robot"  # the record's key in model.json
@@ -143,8 +144,12 @@ def read_robot_record(checkpoint: Path | str) -> RobotRecord | None:
     """The record in ``checkpoint/model.json`` (the package arm's for checkpoints without one); for
     a Hugging Face VLA directory (``config.json``, no ``model.json``) the ``robot`` entry of its
     ``vla_spec.json``, None when it has none. Raises ValueError naming the file when it is
-    missing, unreadable or its record malformed."""
+    missing, unreadable or its record malformed, and saying so when the directory does not exist
+    or is the example parameter files' placeholder."""
     directory = Path(checkpoint)
+    problem = checkpoint_problem(directory)
+    if problem:
+        raise ValueError(f"{directory}: {problem}")
     if not (directory / META_FILE).is_file() and (directory / HF_CONFIG_FILE).is_file():
         return _hf_robot_record(directory / HF_SPEC_FILE)
     meta_path = directory / META_FILE

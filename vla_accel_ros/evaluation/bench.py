@@ -54,22 +54,25 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from vla_accel_ros.decoding.specs import names, names_with, spec_of, threshold_sweep
+from vla_accel_ros.decoding.specs import names, spec_of, threshold_sweep
 from vla_accel_ros.decoding.wa_prefill import (
     WA_PREFILL_PREFIX,
 )
-from vla_accel_ros.evaluation.comparisons import (
+from vla_accel_ros.evaluation.comparisons import (  # the entries' names: also what the bench's flags offer
+    AFTER_PREFILL_SUFFIX,
     BASELINE,
     CONTACT_COMPARISON,
+    FILL_CHECK_SUFFIX,
+    SEQUENTIAL_SUFFIX,
+    SWEEP_R,
+    TEMPERATURE_PREFIX,
     THRESHOLD_SWEPT,
+    fill_check_decoders,
+    parallel_draft_decoders,
+    prefill_verifying_decoders,
 )
 from vla_accel_ros.evaluation.episode import EpisodeRecord, summarize
 
-SWEEP_R = (3, 5, 9, 15, 20)
-SEQUENTIAL_SUFFIX = "@sequential"
-AFTER_PREFILL_SUFFIX = "@after_prefill"
-FILL_CHECK_SUFFIX = "@fill_check"
-TEMPERATURE_PREFIX = "@T="
 # The mode shares and store query time of a decoder with a retrieval store, copied into its row.
 RETRIEVAL_KEYS = ("retrieval_mode_share", "verify_skip_share", "retrieval_accept_rate", "retrieval_query_ms_p50")
 # The ratios of a row, each computed per repeat: the median goes under the key, the spread beside it.
@@ -80,36 +83,11 @@ RATIO_KEYS = ("speedup_vs_ar", "decode_speedup_vs_ar", "speedup_vs_ar_mean", "pr
 Entry = TypeVar("Entry")
 
 
-def parallel_draft_decoders() -> tuple[str, ...]:
-    """The decoders that draft with the parallel head when the checkpoint has one (``@sequential`` rows)."""
-    return names_with(lambda spec: spec.parallel_draft)
-
-
-def prefill_verifying_decoders() -> tuple[str, ...]:
-    """The decoders that verify inside the prefill by default (``@after_prefill`` rows)."""
-    return names_with(lambda spec: spec.verifies_in_prefill)
-
-
 def default_decoders(policy: Any) -> list[str]:
     """The decoders a bench without ``--decoders`` runs: every registered one ``policy`` can serve
     (a Hugging Face VLA has no draft head); :func:`bench_store_options` then drops the store
     decoders when the checkpoint has no store."""
     return [d for d in names() if not spec_of(d).refusal(policy.capabilities())]
-
-
-def fill_check_decoders() -> tuple[str, ...]:
-    """The decoders whose Kalman fill can be checked against the target's picks (``@fill_check`` rows)."""
-    return names_with(lambda spec: spec.fill_check)
-
-
-def flow_head_decoders() -> tuple[str, ...]:
-    """The decoders that need a checkpoint with a continuous action head."""
-    return names_with(lambda spec: spec.flow_head)
-
-
-def store_decoders() -> tuple[str, ...]:
-    """The decoders that need a retrieval store."""
-    return names_with(lambda spec: spec.retrieval_store)
 
 
 @dataclass(frozen=True)

@@ -37,19 +37,21 @@ SWEEP_COLOURS = ("tab:orange", "tab:blue", "tab:purple", "tab:brown", "tab:olive
 def write_bench_report(out: Path, main_rows: dict[str, dict[str, Any]], sweep_rows: dict[str, dict[str, Any]],
                        meta: dict[str, Any], *, temperature_rows: dict[float, dict[str, Any]],
                        traced: dict[str, EpisodeRecord], contact_bounds: tuple[tuple[int, int], ...] = (),
-                       world_aware: bool = False) -> str:
-    """Write every file of the bench into ``out`` and return what it prints: table.md's table, the
-    world-aware comparison and the r sweep. ``temperature_rows``: the baseline's row at each swept
-    temperature; ``traced``: the episode whose threshold trace is drawn, by decoder; ``world_aware``:
-    the run had a world-aware checkpoint (the wa_comparison files)."""
+                       world_aware: bool = False) -> tuple[str, list[str]]:
+    """Write every file of the bench into ``out`` and return what it prints (table.md's table, the
+    world-aware comparison and the r sweep) and the names of the plots it drew. ``temperature_rows``:
+    the baseline's row at each swept temperature; ``traced``: the episode whose threshold trace is
+    drawn, by decoder; ``world_aware``: the run had a world-aware checkpoint (the wa_comparison files)."""
     every_row = {**main_rows, **sweep_rows}
     comparison = wa_comparison(every_row)
     matched = matched_success(every_row)
+    plots: list[str] = []
     (out / "matched_success.json").write_text(json.dumps(matched, indent=2))
     if world_aware:
         (out / "wa_comparison.json").write_text(json.dumps(comparison, indent=2))
         (out / "wa_comparison.md").write_text(wa_table(comparison) + "\n")
         plot_wa_relaxation(comparison, every_row, out / "wa_relaxation.png")
+        plots.append("wa_relaxation.png")
     (out / "summary.json").write_text(json.dumps(main_rows, indent=2))
     (out / "sweep.json").write_text(json.dumps(sweep_rows, indent=2))
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
@@ -58,24 +60,33 @@ def write_bench_report(out: Path, main_rows: dict[str, dict[str, Any]], sweep_ro
     (out / "table.md").write_text(table + ("\n\nr sweep:\n\n" + sweep_table if sweep_table else "") + "\n")
     if sweep_rows:
         plot_pareto(sweep_rows, main_rows, out / "pareto.png")
+        plots.append("pareto.png")
     if temperature_rows:
         plot_temperature_sweep(temperature_rows, out / "temperature_sweep.png")
+        plots.append("temperature_sweep.png")
     if contact_bounds:
         plot_contact_bounds(main_rows, contact_bounds, out / "contact_bounds.png")
+        plots.append("contact_bounds.png")
     if traced:
         plot_threshold_trace(traced, out / "threshold_trace.png")
+        plots.append("threshold_trace.png")
     printed = table
     if comparison:
         printed += "\n\nworld-aware prefill vs the same decoder alone:\n" + wa_table(comparison)
     if sweep_table:
         printed += "\n\nr sweep:\n" + sweep_table
-    return printed
+    return printed, plots
+
+
+COLUMN_NOTE = ("SR: success rate. NCF: near-contact failures, failed episodes whose gripper came within 2 cm of "
+               "the cube (rate: of all episodes; share: of the failed ones). Speed-ups: ar's latency over the row's, "
+               "in this run.")
 
 
 def summary_table(main_rows: dict[str, dict[str, Any]], matched: dict[str, dict[str, Any] | None]) -> str:
     """table.md without the r sweep: the rows, the notes on prefill-verified and incremental rows and
     on the retrieval store, and the fastest setting of each family at matched success."""
-    table = markdown_table(main_rows)
+    table = markdown_table(main_rows) + "\n\n" + COLUMN_NOTE
     verified = {name: r for name, r in main_rows.items() if "prefill_verified_share" in r}
     if verified:
         table += (f"\n\nverified inside the prefill (decode ms = total - the prefill of {BASELINE} with the same "

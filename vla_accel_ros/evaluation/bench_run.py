@@ -14,27 +14,31 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from tqdm import tqdm
 
+from vla_accel_ros.core.progress import progress_bar, success_text
 from vla_accel_ros.core.resources import default_checkpoint
+from vla_accel_ros.core.seeds import EVAL_SEED_START
 from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.decoding.retrieval import default_store_dir
 from vla_accel_ros.decoding.specs import names, spec_of
 from vla_accel_ros.decoding.wa_prefill import WA_DEFAULT_BASES, WA_PREFILL_PREFIX, split_prefill
 from vla_accel_ros.evaluation.bench import (
-    SWEEP_R,
     BenchEntry,
     bench_entries,
     bench_rows,
     bench_schedule,
     default_decoders,
+)
+from vla_accel_ros.evaluation.bench_report import write_bench_report
+from vla_accel_ros.evaluation.comparisons import (
+    BASELINE,
+    SWEEP_R,
+    THRESHOLD_SWEPT,
+    THRESHOLD_TRACED,
     flow_head_decoders,
     store_decoders,
 )
-from vla_accel_ros.evaluation.bench_report import write_bench_report
-from vla_accel_ros.evaluation.comparisons import BASELINE, THRESHOLD_SWEPT, THRESHOLD_TRACED
 from vla_accel_ros.evaluation.decoder_options import decoder_options
 from vla_accel_ros.evaluation.episode import EpisodeRecord, checkpoint_megabytes, peak_rss_mb, run_episode
 from vla_accel_ros.evaluation.robot_check import checkpoints_fit_robot, sim_robot
@@ -45,7 +49,7 @@ from vla_accel_ros.models.load import load_policy
 from vla_accel_ros.models.sampling import DEFAULT_TEMPERATURE, SamplingConfig
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.runtime.runner import PolicyRunner
-from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
+from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
 
 # entry name -> one list of episode records per repeat
 Records = dict[str, list[list[EpisodeRecord]]]
@@ -91,13 +95,14 @@ class BenchResult:
     report: str  # table.md's table, the world-aware comparison and the r sweep
     settings: int  # decoder settings (entries) run on every seed
     wall_s: float
+    plots: tuple[str, ...] = ()  # the plots drawn into the output directory
 
 
 def run_bench(options: BenchOptions) -> BenchResult | None:
     """Run the bench of ``options`` and write its files into ``options.out``
     (:func:`~vla_accel_ros.evaluation.bench_report.write_bench_report`). None when a checkpoint was
     not made for the sim arm (the reason is on stderr); a decoder or setting the policy cannot run
-    ends the run with the reason (SystemExit)."""
+    ends the run with the reason (ValueError)."""
     torch.set_num_threads(options.threads)
     ckpt = options.checkpoint
     policy = load_policy(ckpt, unnorm_key=options.unnorm_key)
@@ -118,7 +123,7 @@ def run_bench(options: BenchOptions) -> BenchResult | None:
         try:  # a setting this policy refuses (e.g. +iv on a Hugging Face VLA) ends the run with its reason
             runners = {e.name: entry_runner(options, e, env, policies[e.name], store_options) for e in entries}
         except ValueError as err:
-            raise SystemExit(f"{ckpt}: {err}") from err
+            raise ValueError(f"{ckpt}: {err}") from err
         records = run_schedule(options, entries, env, runners, shown=decoders[:4])
 
     main_rows, sweep_rows = bench_rows(records, entries)
@@ -137,12 +142,12 @@ def run_bench(options: BenchOptions) -> BenchResult | None:
     if wa_policy is not None:
         meta.update(wa_checkpoint=str(options.wa_checkpoint),
                     wa_checkpoint_mb=checkpoint_megabytes(options.wa_checkpoint))
-    report = write_bench_report(
+    report, plots = write_bench_report(
         options.out, main_rows, sweep_rows, meta,
         temperature_rows={e.temperature: main_rows[e.name] for e in entries if e.temperature is not None},
         traced={n: records[n][0][0] for n in THRESHOLD_TRACED if n in records and records[n][0]},
         contact_bounds=options.contact_bounds, world_aware=wa_policy is not None)
-    return BenchResult(report, len(entries), meta["wall_s"])
+    return BenchResult(report, len(entries), meta["wall_s"], tuple(plots))
 
 
 def chosen_decoders(options: BenchOptions, policy: PolicyLike) -> tuple[list[str], Policy | None, dict[str, Any]]:
@@ -152,11 +157,11 @@ def chosen_decoders(options: BenchOptions, policy: PolicyLike) -> tuple[list[str
     decoders = list(options.decoders) if options.decoders is not None else default_decoders(policy)
     for name in decoders:
         if name in names() and (why := spec_of(name).refusal(policy.capabilities())):
-            raise SystemExit(f"{options.checkpoint}: {why}")
+            raise ValueError(f"{options.checkpoint}: {why}")
     wa_policy = wa_setup(decoders, policy, options.wa_checkpoint, decoders_named=named)
     unknown = [d for d in decoders if d.removeprefix(WA_PREFILL_PREFIX) not in names()]
     if unknown:
-        raise SystemExit(f"unknown decoders: {', '.join(unknown)} (choose from {', '.join(names())})")
+        raise ValueError(f"unknown decoders: {', '.join(unknown)} (choose from {', '.join(names())})")
     store_options = bench_store_options(decoders, options.checkpoint, policy, options.store, decoders_named=named)
     if BASELINE not in decoders:
         decoders.insert(0, BASELINE)  # every speed-up is relative to the baseline from this same run
@@ -182,12 +187,13 @@ def run_schedule(options: BenchOptions, entries: list[BenchEntry], env: PickCube
     progress bar that shows the success so far of the ``shown`` decoders."""
     records: Records = {e.name: [[] for _ in range(options.repeats)] for e in entries}
     schedule = bench_schedule(entries, options.episodes, options.repeats)
-    bar = tqdm(total=len(schedule), desc="bench", unit="ep")
+    bar = progress_bar(total=len(schedule), desc="bench", unit="ep")
     for i, k, entry in schedule:
         records[entry.name][k].append(run_episode(env, runners[entry.name], options.seed + i))
         bar.update(1)
         if entry is entries[-1]:
-            bar.set_postfix({n: f"{np.mean([r.success for rs in records[n] for r in rs]):.0%}" for n in shown})
+            done = {n: [r.success for rs in records[n] for r in rs] for n in shown}
+            bar.set_postfix_str("success " + ", ".join(f"{n} {success_text(sum(s), len(s))}" for n, s in done.items()))
     bar.close()
     return records
 
@@ -199,26 +205,23 @@ def wa_setup(decoders: list[str], policy: Policy, wa_checkpoint: Path | None,
     is compared with."""
     if wa_checkpoint is not None and not decoders_named:
         decoders += [WA_PREFILL_PREFIX + d for d in WA_DEFAULT_BASES if d in names() and d in decoders]
-    try:
-        split = [split_prefill(d) for d in decoders]
-    except ValueError as err:
-        raise SystemExit(str(err)) from err
+    split = [split_prefill(d) for d in decoders]
     bases = [base for base, wa in split if wa]
     if not bases:
         if wa_checkpoint is not None:
-            raise SystemExit(f"--wa-checkpoint needs a {WA_PREFILL_PREFIX}X decoder among --decoders")
+            raise ValueError(f"--wa-checkpoint needs a {WA_PREFILL_PREFIX}X decoder among --decoders")
         return None
     if wa_checkpoint is None:
-        raise SystemExit(f"{WA_PREFILL_PREFIX}X decoders need --wa-checkpoint "
+        raise ValueError(f"{WA_PREFILL_PREFIX}X decoders need --wa-checkpoint "
                          "(a checkpoint from vla-accel train-world)")
     wa_policy = load_checkpoint(wa_checkpoint)
     if wa_policy.world is None:
-        raise SystemExit(f"{wa_checkpoint} has no world component: run vla-accel train-world")
+        raise ValueError(f"{wa_checkpoint} has no world component: run vla-accel train-world")
     if wa_policy.config.image_size != policy.config.image_size:
-        raise SystemExit(f"{wa_checkpoint} and the base checkpoint use different image sizes")
+        raise ValueError(f"{wa_checkpoint} and the base checkpoint use different image sizes")
     flow_decoders = flow_head_decoders()
     if wa_policy.flow is None and any(b in flow_decoders for b in bases):
-        raise SystemExit(f"{wa_checkpoint} has no continuous action head for {', '.join(flow_decoders)}")
+        raise ValueError(f"{wa_checkpoint} has no continuous action head for {', '.join(flow_decoders)}")
     for base in bases:  # each wa_prefill+X is reported against X from this same run (listed just before it)
         if base not in decoders:
             decoders.insert(decoders.index(WA_PREFILL_PREFIX + base), base)

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.seeds import EVAL_SEED_START
 from vla_accel_ros.decoding.specs import WorldAware
-from vla_accel_ros.sim.env import EVAL_SEED_START
 
 STREAMS_FILE = "streams.npz"
 
@@ -183,8 +183,8 @@ def _separate_worker(spec_path: str) -> int:
 
 def fleet_bench(opts: FleetBenchOptions, progress: bool = True) -> dict[str, Any]:
     import torch
-    from tqdm import tqdm
 
+    from vla_accel_ros.core.progress import progress_bar
     from vla_accel_ros.core.resources import default_checkpoint
     from vla_accel_ros.models.load import load_policy
 
@@ -196,7 +196,7 @@ def fleet_bench(opts: FleetBenchOptions, progress: bool = True) -> dict[str, Any
     streams_path = out / STREAMS_FILE
     save_streams(streams, streams_path)
     runs = []
-    for n in tqdm(opts.robots, desc="fleet sizes", disable=not progress):
+    for n in progress_bar(opts.robots, desc="fleet sizes", disable=not progress):
         run = {"robots": n, **fleet_run(opts, policy, streams[:n]), **separate_run(opts, n, streams_path, out)}
         run["speedup_vs_separate"] = run["actions_per_s"] / run["separate_actions_per_s"]
         run.update(server_threads=opts.fleet_threads, separate_threads=opts.threads)

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding import specs
@@ -102,7 +101,8 @@ def build_model(opts: CostOptions, directory: Path) -> Any:
 def expert_frames(image_size: int, n: int) -> list[Observation]:
     """The first ``n`` observations (fewer if it ends sooner) of a scripted-expert pick at
     ``image_size`` px, on the first held-out seed: what the camera sees while the arm moves."""
-    from vla_accel_ros.sim.env import EVAL_SEED_START, PickCubeEnv, SimConfig
+    from vla_accel_ros.core.seeds import EVAL_SEED_START
+    from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
     from vla_accel_ros.sim.expert import ScriptedExpert
 
     with PickCubeEnv(SimConfig(image_size=image_size, max_steps=n)) as env:
@@ -117,6 +117,8 @@ def expert_frames(image_size: int, n: int) -> list[Observation]:
 
 def measure_incremental(policy: Any, frames: list[Observation], config: VisionReuseConfig) -> dict[str, Any]:
     """Full against incremental prefill over ``frames`` in order (module docstring)."""
+    import torch
+
     incremental = policy.incremental_prefill(config)
     full_ms, incremental_ms, fractions, tower_fractions, refreshes = [], [], [], [], 0
     with torch.inference_mode():
@@ -149,6 +151,8 @@ def measure_incremental(policy: Any, frames: list[Observation], config: VisionRe
 
 
 def measure(opts: CostOptions) -> dict[str, Any]:
+    import torch  # here, not at the top: CostOptions gives vla-accel hf-cost --help its defaults
+
     torch.set_num_threads(opts.threads)
     if opts.checkpoint:
         from vla_accel_ros.models.load import load_policy

@@ -12,6 +12,9 @@ when a directory of that family is loaded (torch, transformers):
 
 A directory no family recognises is refused in one line that names the file read and the families
 known. Every loader raises ValueError (the own family's CheckpointError is one) naming the file at fault.
+:func:`check_checkpoint` makes the checks that need no model (the directory, the family, complete
+safetensors files, a Hugging Face or OpenVLA model's action statistics) without torch, for a command that hands
+the checkpoint to another process to load.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.models.api import CheckpointRef, PolicyLike
+from vla_accel_ros.models.files import check_safetensors, check_weights
 
 CONFIG_FILE = "config.json"
 TOKEN_VLA_FAMILIES = ("hf", "openvla")  # HFTokenVLA policies: their draft head is train-draft's
@@ -42,6 +47,9 @@ class Family:
     recognises: Callable[[Path, dict[str, Any] | None], bool]
     loader: str
     placed_loader: str = ""
+    # "module:function" called with the directory and unnorm_key: the family's checks of its files
+    # that need no model (ValueError naming the file at fault); empty: none beyond recognising it
+    checker: str = ""
 
     def load(self, directory: Path, unnorm_key: str, *, device: str | None = None,
              dtype: str | None = None) -> PolicyLike:
@@ -56,6 +64,11 @@ class Family:
         return placed
 
 
+    def check(self, directory: Path, unnorm_key: str) -> None:
+        if self.checker:
+            _function(self.checker)(directory, unnorm_key)
+
+
 def _function(name: str) -> Callable[..., Any]:
     module, _, function = name.partition(":")
     return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
@@ -66,15 +79,45 @@ def _is_llava_style(directory: Path, config: dict[str, Any] | None) -> bool:
             and (config.get("image_token_id") is not None or config.get("image_token_index") is not None))
 
 
+def check_own_files(directory: Path, unnorm_key: str = "") -> None:
+    """The own family's files: ``model.json`` a JSON object, every safetensors file complete."""
+    read_json_file(directory / "model.json")
+    for path in sorted(directory.glob("*.safetensors")):
+        check_safetensors(path)
+
+
+def check_hf_files(directory: Path, unnorm_key: str = "") -> None:
+    """A Hugging Face VLA's files: a Llava-style ``config.json``, then as :func:`check_token_vla_files`."""
+    config = read_config(directory)
+    if not _is_llava_style(directory, config):
+        read = f"model_type {config.get('model_type')!r}" if config else "none"
+        raise ValueError(f"{directory / CONFIG_FILE}: not a Llava-style VLA (a vision_config and an image token; "
+                         f"read: {read})")
+    check_token_vla_files(directory, unnorm_key)
+
+
+def check_token_vla_files(directory: Path, unnorm_key: str = "") -> None:
+    """A Hugging Face or OpenVLA model's files: safetensors weights, every shard its index names
+    present and each file complete, and the action statistics of ``unnorm_key`` (empty: the
+    file's only dataset)."""
+    from vla_accel_ros.models.hf.vla_spec import load_action_statistics, load_spec, with_overrides
+
+    check_weights(directory)
+    load_action_statistics(directory, with_overrides(load_spec(directory), unnorm_key=unnorm_key or None))
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("own", "model.json", lambda directory, config: (directory / "model.json").is_file(),
-           "vla_accel_ros.models.own.checkpoint:load_policy_directory"),
+           "vla_accel_ros.models.own.checkpoint:load_policy_directory",
+           checker="vla_accel_ros.models.load:check_own_files"),
     Family("hf", "config.json of a Llava-style VLA (a vision_config and an image token)", _is_llava_style,
-           "vla_accel_ros.models.hf.hf_vla:load_policy_directory", "vla_accel_ros.models.hf.hf_vla:load_hf_vla"),
+           "vla_accel_ros.models.hf.hf_vla:load_policy_directory", "vla_accel_ros.models.hf.hf_vla:load_hf_vla",
+           checker="vla_accel_ros.models.load:check_hf_files"),
     Family("openvla", 'config.json with model_type "openvla" (openvla-7b and its fine-tunes)',
            lambda directory, config: config is not None and config.get("model_type") == "openvla",
            "vla_accel_ros.models.openvla.checkpoint:load_policy_directory",
-           "vla_accel_ros.models.openvla.checkpoint:load_openvla"),
+           "vla_accel_ros.models.openvla.checkpoint:load_openvla",
+           checker="vla_accel_ros.models.load:check_token_vla_files"),
 )
 
 
@@ -89,25 +132,33 @@ def read_config(directory: Path) -> dict[str, Any] | None:
     """The directory's ``config.json`` as a dict; None when there is none. ValueError, naming the
     file, when it is not a JSON object."""
     path = directory / CONFIG_FILE
+    return read_json_file(path) if path.is_file() else None
+
+
+def read_json_file(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; ValueError naming the file when it is missing, unreadable or
+    not a JSON object."""
     if not path.is_file():
-        return None
+        raise ValueError(f"{path}: missing")
     try:
-        config = json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path}: cannot read it as JSON ({error})") from None
-    if not isinstance(config, dict):
+    if not isinstance(value, dict):
         raise ValueError(f"{path}: not a JSON object")
-    return config
+    return value
 
 
 def recognise(source: str | Path | CheckpointRef) -> Family:
     """The family of the checkpoint ``source`` names: the declared one (``hf:DIR``), else the first
-    whose marker the directory holds. ValueError in one line otherwise: a missing directory, or one
-    no family recognises (naming the file read and the families known)."""
+    whose marker the directory holds. ValueError in one line otherwise: a missing directory (or the
+    example parameter files' placeholder), or one no family recognises (naming the file read and
+    the families known)."""
     ref = CheckpointRef.parse(source)
     directory = ref.directory
-    if not directory.is_dir():
-        raise ValueError(f"{directory}: no such directory")
+    problem = checkpoint_problem(directory)
+    if problem:
+        raise ValueError(f"{directory}: {problem}")
     if ref.declared_family:
         return family_named(ref.declared_family)
     config = read_config(directory)
@@ -117,6 +168,26 @@ def recognise(source: str | Path | CheckpointRef) -> Family:
     read = f"{directory / CONFIG_FILE}" + (f" (model_type {config.get('model_type')!r})" if config else ": none")
     known = "; ".join(f"{f.name}: {f.marker}" for f in FAMILIES)
     raise ValueError(f"{directory}: not a checkpoint of a family this package runs (read {read}); known: {known}")
+
+
+def check_checkpoint(source: str | Path | CheckpointRef, *, unnorm_key: str = "") -> Family:
+    """The family of the checkpoint ``source`` names, once its files pass the checks that need no
+    model (:func:`recognise`, then the family's own: complete safetensors files, a Hugging Face
+    VLA's action statistics); ValueError naming the file at fault. Imports no torch."""
+    ref = CheckpointRef.parse(source)
+    family = recognise(ref)
+    family.check(ref.directory, unnorm_key)
+    return family
+
+
+def require_family(source: str | Path | CheckpointRef, name: str, purpose: str) -> None:
+    """ValueError in one line unless the checkpoint ``source`` names is of the family ``name``
+    (``purpose``: what needs it, for the message)."""
+    family = recognise(source)
+    if family.name != name:
+        wanted = family_named(name)
+        raise ValueError(f"{CheckpointRef.parse(source).directory}: a checkpoint of the {family.name} family "
+                         f"({family.marker}), where {purpose} needs one of the {name} family ({wanted.marker})")
 
 
 def load_policy(source: str | Path | CheckpointRef, *, unnorm_key: str = "", device: str | None = None,

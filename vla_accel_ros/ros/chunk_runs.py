@@ -16,11 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from vla_accel_ros.core.chunks import CHUNK_BLENDS, ChunkSettings
+from vla_accel_ros.core.chunks import CHUNK_BLENDS, CHUNK_MODES, ChunkSettings
 from vla_accel_ros.ros.launcher import SimRunOptions, run_sim
 from vla_accel_ros.ros.run_summary import motion_segments
 
-CHUNK_MODES = ("sync", *(f"async:{blend}" for blend in CHUNK_BLENDS))
 ROW_KEYS = ("success_rate", "actions_per_s", "chunk_wait_tick_share", "obs_to_action_ms_p50", "obs_to_action_ms_p99",
             "jerk_rms", "jerk_max", "chunk_boundary_step_max", "chunk_replans", "inferences_per_action",
             "inference_latency_ms_p50", "fallback_ticks", "hold_ticks", "ticks", "episodes")

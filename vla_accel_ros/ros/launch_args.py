@@ -4,6 +4,10 @@
   arguments the user gives become parameter overrides (:func:`node_overrides`), typed and checked
   against the node's declared parameters, so ``decoder: ar`` in the file is the decoder that runs.
 - A missing ``params_file`` ends the launch before any node starts (:func:`check_params_file`).
+- An argument the launch file does not take is refused, listing the ones it takes
+  (:func:`check_arguments`), when it names a parameter of its nodes or is a near miss of one of its
+  arguments: ``kinematic_r_min:=2`` or ``decodr:=ar`` would otherwise be ignored in silence. Other
+  launch configurations (those of a launch file that includes this one) are left alone.
 - ``namespace`` and ``log_level`` become the node's namespace and ``--log-level`` (:func:`node_options`).
 - A node that exits ends the launch; one that exits non-zero (a refusal to start, a crash) makes
   ``ros2 launch`` exit non-zero (:func:`exit_failure`).
@@ -13,6 +17,7 @@ Importable without launch, rclpy or torch.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -138,11 +143,28 @@ def exit_failure(name: str, returncode: int | None) -> str:
     return f"{name} {why}: ending the launch"
 
 
+def check_arguments(given: Mapping[str, str], arguments: list[LaunchArgument],
+                    config_types: tuple[type, ...]) -> None:
+    """ValueError when ``given`` holds an argument that is not among ``arguments`` but names a
+    parameter of the nodes (``config_types``) or is a near miss of an argument: the message lists
+    the arguments the launch file takes."""
+    known = [a.name for a in arguments]
+    parameters = {spec.name for config_type in config_types for spec in parameter_specs(config_type)}
+    unknown = sorted(name for name in given if name not in known
+                     and (name in parameters or difflib.get_close_matches(name, known, n=1, cutoff=0.8)))
+    if unknown:
+        hints = [f"{name} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(name, known, n=1,
+                                                                                          cutoff=0.8)) else name
+                 for name in unknown]
+        raise ValueError(f"unknown launch argument(s) {', '.join(hints)}: this launch file takes "
+                         f"{', '.join(known)}; set other parameters in params_file")
+
+
 # The parameter arguments of each launch file (a launch argument of the same name for each).
 VLA_NODE_ARGUMENTS = ("control_rate_hz", "autostart", "checkpoint", "decoder", "temperature", "kf_fill_check",
                       "output", "controller", "image_topic", "joint_states_topic", "urdf_file", "tcp_frame",
-                      "use_sim_time", "allow_unmatched_robot", "inference_mode", "image_topics", "chunk_execution",
-                      "chunk_blend", "chunk_refill_threshold")
+                      "use_sim_time", "allow_unmatched_robot", "inference_mode", "instruction", "image_topics",
+                      "chunk_execution", "chunk_blend", "chunk_refill_threshold")
 INFERENCE_NODE_ARGUMENTS = ("robots", "checkpoint", "unnorm_key", "decoder", "temperature", "kf_fill_check",
                             "urdf_file", "tcp_frame", "allow_unmatched_robot")
 SIM_NODE_ARGUMENTS = ("control_rate_hz", "autostart", "checkpoint", "decoder", "temperature", "kf_fill_check",
@@ -204,6 +226,7 @@ def vla_accel_arguments() -> list[LaunchArgument]:
 
 def vla_accel_nodes(given: Mapping[str, str]) -> list[NodeLaunch]:
     """vla_accel.launch.py's node from its arguments (ValueError naming a bad one)."""
+    check_arguments(given, vla_accel_arguments(), (NodeConfig,))
     params_file = check_params_file(given.get("params_file", ""))
     overrides = node_overrides(NodeConfig, given, VLA_NODE_ARGUMENTS)
     if given.get("xacro_file", "").strip():
@@ -227,6 +250,7 @@ def sim_arguments() -> list[LaunchArgument]:
 
 def sim_nodes(given: Mapping[str, str]) -> list[NodeLaunch]:
     """sim.launch.py's nodes: the MuJoCo bridge and vla_accel_node, in one namespace."""
+    check_arguments(given, sim_arguments(), (NodeConfig, SimBridgeConfig))
     params_file = str(check_params_file(given.get("params_file", "")))
     options = node_options(given.get("namespace", ""), given.get("log_level", "info"))
     bridge = node_overrides(SimBridgeConfig, given, SIM_BRIDGE_ARGUMENTS)
@@ -250,6 +274,7 @@ def inference_arguments() -> list[LaunchArgument]:
 
 def inference_nodes(given: Mapping[str, str]) -> list[NodeLaunch]:
     """inference.launch.py's node: the policy, serving the robots in ``robots`` (a comma list)."""
+    check_arguments(given, inference_arguments(), (InferenceNodeConfig,))
     params_file = check_params_file(given.get("params_file", ""))
     overrides = node_overrides(InferenceNodeConfig, given, INFERENCE_NODE_ARGUMENTS)
     options = node_options(given.get("namespace", ""), given.get("log_level", "info"))

@@ -23,9 +23,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from vla_accel_ros.core.chunks import ChunkSettings
+from vla_accel_ros.core.errors import RunFailed
+from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.core.settings import changed_params
 from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.models.configuration import VisionReuseConfig
+from vla_accel_ros.models.load import check_checkpoint
 from vla_accel_ros.ros.netns import NetworkNamespace
 from vla_accel_ros.ros.parameters import (
     INFERENCE_MODES,
@@ -60,6 +63,7 @@ class SimRunOptions:
     real_time_factor: float = 1.0
     inference: bool = True
     vision: VisionReuseConfig | None = None  # the node's vision_* parameters; None: its defaults (every patch)
+    allow_unmatched_robot: bool = False  # the node's: run a checkpoint made for another arm of the same DOF
     chunks: ChunkSettings = field(default_factory=ChunkSettings)  # the node's chunk_* parameters
     cameras: int = 1  # 2: the bridge publishes the wrist camera too, and the node takes both (image_topics)
 
@@ -100,8 +104,8 @@ class SimRunOptions:
                             executor=self.executor, stats_file=str(self.stats_file.resolve()),
                             inference=self.inference, robot_description_timeout_s=10.0,
                             inference_mode=self.inference_mode, realtime_priority=self.realtime_priority,
-                            inference_python=self.inference_python, chunks=self.chunks,
-                            image_topics=CAMERA_TOPICS if self.cameras == 2 else ())
+                            inference_python=self.inference_python, allow_unmatched_robot=self.allow_unmatched_robot,
+                            chunks=self.chunks, image_topics=CAMERA_TOPICS if self.cameras == 2 else ())
         return config if self.vision is None else replace(config, vision=self.vision)
 
     def inference_config(self) -> InferenceNodeConfig:
@@ -206,7 +210,8 @@ def run_sim(opts: SimRunOptions, progress: bool = True,
     ``attach(domain_id)`` starts an :class:`Attachment` on the run's domain once the processes are
     launched; the first episode starts when it is ready, and its ``close()`` is called before they
     are stopped."""
-
+    if opts.inference:  # a checkpoint the node would refuse is named here, before any process starts
+        check_checkpoint(opts.policy.checkpoint or default_checkpoint(), unnorm_key=opts.policy.unnorm_key)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     domain = opts.domain_id or (100 + os.getpid() % 100)
@@ -223,11 +228,11 @@ def run_sim(opts: SimRunOptions, progress: bool = True,
             stack.callback(remote.stop)
         episodes, peak_rss = _run_episodes(opts, progress, attach, out, env, domain, remote)
     if not stats_file.is_file():
-        raise RuntimeError(f"the node wrote no statistics to {stats_file}; see {out}/vla_accel_node.log")
+        raise RunFailed(f"the node wrote no statistics to {stats_file}; see {out}/vla_accel_node.log")
     node_stats = json.loads(stats_file.read_text())
     summary = _summarise(opts, episodes, node_stats, peak_rss, domain)
+    summary["plots"] = _plot(node_stats, opts.control_rate_hz, out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    _plot(node_stats, opts.control_rate_hz, out)
     return summary
 
 
@@ -248,7 +253,7 @@ def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], A
                   env: dict[str, str], domain: int,
                   remote: NodeProcess | None) -> tuple[list[dict[str, Any]], float]:
     """The bridge and the node up, then the episodes: their reports and the node's peak RSS."""
-    from tqdm import tqdm
+    from vla_accel_ros.core.progress import progress_bar
 
     sim = NodeProcess.start("vla_accel_ros.ros.sim_node", _ros_args(opts.bridge_config()), out / "sim_node.log", env)
     node = NodeProcess.start("vla_accel_ros.ros.node", _ros_args(opts.node_config()), out / "vla_accel_node.log", env)
@@ -264,13 +269,13 @@ def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], A
                                  (remote is None or monitor.inference_connected()) and
                                  (attached is None or attached.ready()) or ended(), READY_TIMEOUT_S)
         if remote is not None and remote.returncode is not None:
-            raise RuntimeError(f"vla_inference_node exited (rc={remote.returncode}); see {remote.log}")
+            raise RunFailed(f"vla_inference_node exited (rc={remote.returncode}); see {remote.log}")
         if node.refused:
             raise NodeRefused(node.refusal() or f"vla_accel_node refused to start; see {node.log}")
         if not ready or ended():
-            raise RuntimeError(f"nodes did not come up (node rc={node.returncode}, sim rc={sim.returncode}); "
+            raise RunFailed(f"nodes did not come up (node rc={node.returncode}, sim rc={sim.returncode}); "
                                f"see {node.log} and {sim.log}")
-        bar = tqdm(range(opts.episodes), desc="episodes", disable=not progress)
+        bar = progress_bar(range(opts.episodes), desc="sim", unit="ep", disable=not progress)
         for i in bar:
             n_before = len(monitor.episodes)
             monitor.reset(opts.seed + i)
@@ -278,8 +283,8 @@ def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], A
                 lambda n_before=n_before: len(monitor.episodes) > n_before or node.returncode is not None,
                 opts.duration_s / max(opts.real_time_factor, 0.05) + 30.0)
             if not done or len(monitor.episodes) <= n_before:
-                raise RuntimeError(f"episode {i} (seed {opts.seed + i}) did not finish; node rc={node.returncode}")
-            bar.set_postfix(success=sum(e["success"] for e in monitor.episodes) / len(monitor.episodes))
+                raise RunFailed(f"episode {i} (seed {opts.seed + i}) did not finish; node rc={node.returncode}")
+            bar.success(sum(bool(e["success"]) for e in monitor.episodes), len(monitor.episodes))
         return monitor.episodes, node.peak_rss_mb()
     finally:
         if attached is not None:
@@ -320,7 +325,8 @@ def _summarise(opts: SimRunOptions, episodes: list[dict[str, Any]], node: dict[s
     }
 
 
-def _plot(node: dict[str, Any], rate_hz: float, out: Path) -> None:
+def _plot(node: dict[str, Any], rate_hz: float, out: Path) -> list[str]:
+    """The tick periods and the commanded against the measured joints, drawn into ``out``; their names."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -356,6 +362,7 @@ def _plot(node: dict[str, Any], rate_hz: float, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "joint_tracking.png", dpi=90)
     plt.close(fig)
+    return ["tick_jitter.png", "joint_tracking.png"]
 
 
 def run_sim_decoders(opts: SimRunOptions, decoders: list[str], progress: bool = True) -> dict[str, Any]:

@@ -60,6 +60,7 @@ from vla_accel_ros.core.controller import Controller, TickResult
 from vla_accel_ros.core.convert import controller_joint_order, joint_state_to_arm
 from vla_accel_ros.core.input_errors import InputErrorLog, shorten
 from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.core.robot_record import check_checkpoint_robot
 from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.core.stamp_order import StampOrder
@@ -153,6 +154,10 @@ class VlaAccelNode(LifecycleNode):
                                               callback_group=self._io_group, clock=self._steady)
         if cfg.autostart:
             self.start()
+        else:  # said once: an unconfigured node is otherwise silent
+            self.get_logger().info(f"unconfigured: waiting for a lifecycle manager to configure and activate it "
+                                   f"(ros2 lifecycle set {self.get_fully_qualified_name()} configure, then activate), "
+                                   f"or start it with autostart:=true")
 
     def _refuse(self, err: Exception) -> ConfigError:
         """Log why the node cannot start through the ROS logger (it reaches /rosout) and return the
@@ -259,6 +264,9 @@ class VlaAccelNode(LifecycleNode):
 
     def _configure(self) -> None:
         cfg = self.cfg
+        checkpoint = cfg.runner_config().checkpoint_path
+        if cfg.inference and cfg.inference_mode != "remote" and (problem := checkpoint_problem(checkpoint)):
+            raise ConfigError(f"{checkpoint}: {problem}")  # before any URDF wait: the example's placeholder
         # Spawned first: its imports run while the URDF and the policy load.
         self._camera = NodeCameras(cfg, lambda: self.controller, self._now, self._stamp_in_order, self._reject,
                                    self._on_camera_output, self._stalls.timed)

@@ -10,6 +10,7 @@ for) logs one "refusing to start: ..." line and exits with :data:`REFUSED_EXIT`
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vla_accel_ros.core.errors import RunFailed
 from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.runtime.process_worker import peak_rss_mb
 
@@ -26,8 +28,9 @@ REFUSAL = "refusing to start"
 STOP_TIMEOUT_S = 15.0
 
 
-class NodeRefused(RuntimeError):
-    """A node refused to start; the message is its own reason."""
+class NodeRefused(ConfigError):
+    """A node refused to start; the message is its own reason (a ConfigError: its settings, URDF or
+    checkpoint are at fault, so a command reports it in one line)."""
 
 
 def ros_value(value: Any) -> str:
@@ -52,19 +55,25 @@ def _log_lines(log: Path) -> list[str]:
         return []
 
 
+# An rclpy log line: "[FATAL] [1796305748.725358312] [vla_accel_node]: message"
+LOG_PREFIX = re.compile(r"^\[[A-Z]+\]\s*\[[0-9.]+\]\s*\[([^\]]+)\]:\s*")
+
+
 def refusal(log: Path) -> str:
-    """The node's "refusing to start" line from its log, or '' when there is none."""
-    return next((line for line in reversed(_log_lines(log)) if REFUSAL in line), "")
+    """The node's "refusing to start" line from its log, as "NODE: refusing to start: REASON" (the
+    level and stamp of the log line left out), or '' when there is none."""
+    line = next((line for line in reversed(_log_lines(log)) if REFUSAL in line), "")
+    return LOG_PREFIX.sub(lambda match: f"{match.group(1)}: ", line, count=1)
 
 
 def exit_error(returncode: int, log: Path, when: str) -> Exception:
     """Why a node process ended: its refusal line when it refused to start (ConfigError), else the
-    end of its log (RuntimeError)."""
+    end of its log (RunFailed)."""
     reason = refusal(log)
     if reason:
         return ConfigError(f"the node exited with code {returncode} {when}: {reason} (see {log})")
     tail = " | ".join(_log_lines(log)[-3:]) or "(nothing)"
-    return RuntimeError(f"the node exited with code {returncode} {when}; its log ends: {tail} (see {log})")
+    return RunFailed(f"the node exited with code {returncode} {when}; its log ends: {tail} (see {log})")
 
 
 @dataclass

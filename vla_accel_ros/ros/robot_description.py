@@ -2,6 +2,10 @@
 ``urdf_file``, the ``robot_description`` topic (latched; waited for up to
 ``robot_description_timeout_s``), the package's URDF. With the package's URDF in use for want of a
 description, one published later is checked against it (:func:`description_mismatch`).
+
+Falling back to the package's URDF is a WARN naming the topic that stayed silent and the file used.
+When that URDF cannot serve the parameters (a params file made for another arm: its ``tcp_frame``
+is not in it), the refusal says first that no robot_description was received, the real cause.
 """
 
 from __future__ import annotations
@@ -39,12 +43,24 @@ def load_arm(node: Node, cfg: NodeConfig) -> Arm:
     else:
         xml = _wait_robot_description(node, cfg.robot_description_timeout_s)
         topic = node.resolve_topic_name(ROBOT_DESCRIPTION_TOPIC)
-        urdf, source = (xml, f"topic {topic}") if xml else (str(default_urdf()), "package URDF")
+        urdf, source = (xml, f"topic {topic}") if xml else (str(default_urdf()), f"the package's URDF {default_urdf()}")
         fallback = not xml
+        if fallback:
+            node.get_logger().warn(f"{no_description(topic, cfg.robot_description_timeout_s)}: using {source}")
     try:
         return Arm(ArmKinematics(urdf, tcp_frame=cfg.tcp_frame), source, fallback)
     except ValueError as err:
+        if fallback:  # the package's arm7 cannot serve these parameters: the missing description is the cause
+            raise ConfigError(f"{no_description(topic, cfg.robot_description_timeout_s)}, and the fallback, "
+                              f"{source}, does not fit the parameters ({err}): publish the arm's "
+                              f"robot_description (robot_state_publisher) or set urdf_file") from err
         raise ConfigError(f"bad URDF from {source}: {err}") from err
+
+
+def no_description(topic: str, timeout_s: float) -> str:
+    """What the node says when no description arrived on ``topic``."""
+    waited = f"within {timeout_s:g} s" if timeout_s > 0 else "(robot_description_timeout_s is 0: not waited for)"
+    return f"no robot_description received on {topic} {waited}"
 
 
 def _wait_robot_description(node: Node, timeout_s: float) -> str:

@@ -211,6 +211,12 @@ class BagReader:
     def message_count(self) -> int:
         return int(sum(n for _, n in self.topics.values()))
 
+    @property
+    def start_ns(self) -> int:
+        """The log time of the bag's first message (0 for an empty bag): what times since the bag's
+        start count from."""
+        return int(getattr(self._reader, "start_time", 0) or 0) if self.message_count else 0
+
     def count(self, topic: str) -> int:
         return self.topics.get(topic, ("", 0))[1]
 

@@ -11,11 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from vla_accel_ros.core.errors import RunFailed
 from vla_accel_ros.ros.parameters import NodeConfig
 from vla_accel_ros.rosbag.io import TOPICS, BagWriter, float_seconds, make_float_array
 
 
-class ReplayTimeout(RuntimeError):
+class ReplayTimeout(RunFailed):
     """The replay ran past ``--timeout-s``."""
 
 

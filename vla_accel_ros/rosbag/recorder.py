@@ -30,7 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from vla_accel_ros.core.errors import RunFailed
+from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.models.api import CheckpointRef
+from vla_accel_ros.models.load import check_checkpoint
 from vla_accel_ros.ros.parameters import NodeConfig, PolicySettings, SimBridgeConfig
 from vla_accel_ros.rosbag.io import (
     STORAGES,
@@ -91,8 +94,7 @@ class RecordOptions:
 # --- deterministic ----------------------------------------------------------------------------
 def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str, Any]:
     """The bridge's loop and the node's core in one process, in lock-step (see the module doc)."""
-    from tqdm import tqdm
-
+    from vla_accel_ros.core.progress import progress_bar
     from vla_accel_ros.rosbag.lockstep import LockstepCore, make_deterministic
     from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
     from vla_accel_ros.sim.settle import settling_after_reset
@@ -117,7 +119,7 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
     started = time.monotonic()
     with BagWriter(opts.out, opts.storage, custom=opts.custom()) as writer:
         writer.write(TOPICS["robot_description"][0], t_ns, make_string(kin.urdf_xml))
-        bar = tqdm(range(opts.episodes), desc="episodes", disable=not progress)
+        bar = progress_bar(range(opts.episodes), desc="record", unit="ep", disable=not progress)
         try:
             for i in bar:
                 env.reset(opts.seed + i)
@@ -168,7 +170,7 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
                 writer.write(TOPICS["stats"][0], t_ns, make_string(core.stats_json()))
                 writer.write(TOPICS["episode"][0], t_ns, make_string(json.dumps(report)))
                 episodes.append(report)
-                bar.set_postfix(success=float(np.mean([e["success"] for e in episodes])))
+                bar.success(sum(bool(e["success"]) for e in episodes), len(episodes))
         finally:
             env.close()
         counts = dict(writer.counts)
@@ -284,7 +286,7 @@ def record_live(opts: RecordOptions, progress: bool = True) -> dict[str, Any]:
         writer.close()
     errors = recorders[0].errors if recorders else []
     if errors:
-        raise RuntimeError(f"the recorder failed: {errors[0]}")
+        raise RunFailed(f"the recorder failed: {errors[0]}")
     commands = writer.counts.get(TOPICS["commands"][0], 0)
     return _summary(opts, sim["per_episode"], dict(writer.counts), commands, time.monotonic() - started,
                     sim_summary=str(run_dir / "summary.json"))
@@ -299,6 +301,9 @@ def _summary(opts: RecordOptions, episodes: list[dict[str, Any]], counts: dict[s
 
 
 def record(opts: RecordOptions, progress: bool = True) -> dict[str, Any]:
+    """Record ``opts.episodes`` episodes in ``opts.mode``; a checkpoint that cannot load is named
+    (ValueError) before the bag is created."""
+    check_checkpoint(opts.policy.checkpoint or default_checkpoint(), unnorm_key=opts.policy.unnorm_key)
     return (record_deterministic if opts.mode == "deterministic" else record_live)(opts, progress)
 
 

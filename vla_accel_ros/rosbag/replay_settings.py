@@ -22,7 +22,6 @@ from vla_accel_ros.core.settings import ConfigError, from_params, parameter_spec
 from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.ros.parameters import NodeConfig, PolicySettings
 from vla_accel_ros.ros.processes import parameter_arguments
-from vla_accel_ros.rosbag.compare import DEFAULT_TOLERANCE
 from vla_accel_ros.rosbag.io import STORAGES, TOPICS, parse_remaps
 
 MODES = ("deterministic", "realtime")
@@ -44,7 +43,7 @@ class ReplayOptions:
     control_rate_hz: float = 0.0  # 0 = from the params file, else the recording's, else 20
     instruction: str = ""
     storage: str = "mcap"
-    tolerance: float = DEFAULT_TOLERANCE
+    tolerance: float | None = None  # None: the recording's default (compare.default_tolerance)
     timeout_s: float = 600.0
     rate: float = 1.0  # realtime playback speed
     domain_id: int = 0
@@ -63,7 +62,7 @@ class ReplayOptions:
             raise ValueError(f"--timeout-s must be > 0, got {self.timeout_s}")
         if not 0.01 <= self.rate <= 100.0:
             raise ValueError(f"--rate must be in [0.01, 100], got {self.rate}")
-        if not self.tolerance >= 0:
+        if self.tolerance is not None and not self.tolerance >= 0:
             raise ValueError(f"--tolerance must be >= 0, got {self.tolerance}")
         if not 0 <= self.domain_id <= 232:
             raise ValueError(f"--domain-id must be in [0, 232], got {self.domain_id}")

@@ -52,14 +52,24 @@ import numpy as np
 
 from vla_accel_ros.core.convert import controller_joint_order
 from vla_accel_ros.core.input_errors import InputErrorCounts
+from vla_accel_ros.core.resources import default_checkpoint
+from vla_accel_ros.models.load import check_checkpoint
 from vla_accel_ros.ros.parameters import NodeConfig
 from vla_accel_ros.ros.processes import NodeProcess
-from vla_accel_ros.rosbag.compare import compare, count_unsafe, grouped, parse_command
+from vla_accel_ros.rosbag.compare import (
+    compare,
+    count_unsafe,
+    default_tolerance,
+    grouped,
+    parse_command,
+    recording_kind,
+)
 from vla_accel_ros.rosbag.io import (
     TOPICS,
     BagError,
     BagReader,
     BagWriter,
+    float_seconds,
     make_float_array,
     make_string,
     open_bag,
@@ -72,6 +82,7 @@ from vla_accel_ros.rosbag.lockstep import (
     arm_urdf,
     make_deterministic,
 )
+from vla_accel_ros.rosbag.replay_report import write_report
 from vla_accel_ros.rosbag.replay_settings import (
     NodeSettings,
     ReplayOptions,
@@ -97,6 +108,14 @@ def _joint_state_facts(bag: BagReader, topic: str) -> dict[str, Any]:
     return {"joint_states": bag.count(topic), "joint_state_names": names}
 
 
+def _timeline(bag: BagReader) -> dict[str, Any]:
+    """What the comparison and the report need to know of the recording: its kind (live or
+    deterministic), its start and its episode boundaries (the log times of the episode reports)."""
+    topic = TOPICS["episode"][0]
+    boundaries = [m.log_ns for m in bag.messages([topic], raw=True)] if bag.count(topic) else []
+    return {"recording": recording_kind(bag.custom), "start_ns": bag.start_ns, "boundaries_ns": boundaries}
+
+
 def _robot_description(bag: BagReader) -> str | None:
     topic = TOPICS["robot_description"][0]
     if not bag.count(topic):
@@ -107,10 +126,14 @@ def _robot_description(bag: BagReader) -> str | None:
 
 
 def _open_checked(opts: ReplayOptions) -> tuple[BagReader, NodeSettings, dict[str, str]]:
-    """The bag, the node's settings and its topics; BagError when the bag lacks an input."""
+    """The bag, the node's settings and its topics; BagError when the bag lacks an input, ValueError
+    naming a checkpoint that cannot load."""
     bag = open_bag(opts.bag, remap=parse_remaps(opts.remap))
     try:
         settings = node_settings(opts, bag.custom)
+        policy = settings.config.policy
+        if settings.config.inference:  # named before the node or its core start to load it
+            check_checkpoint(policy.checkpoint or default_checkpoint(), unnorm_key=policy.unnorm_key)
         topics = node_topics(settings.config)
         bag.require([topics["camera"], topics["joint_states"]])
         if not bag.count(topics["instruction"]) and not settings.config.instruction:
@@ -124,7 +147,7 @@ def _open_checked(opts: ReplayOptions) -> tuple[BagReader, NodeSettings, dict[st
 
 # --- deterministic ---------------------------------------------------------------------------
 def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str, Any]:
-    from tqdm import tqdm
+    from vla_accel_ros.core.progress import progress_bar
 
     make_deterministic()
     started = time.monotonic()
@@ -134,7 +157,7 @@ def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str
         cfg = settings.config
         core = LockstepCore(cfg, urdf=_robot_description(bag))  # checks the arm against the checkpoint's robot
         roles = _roles(topics)
-        facts = _joint_state_facts(bag, topics["joint_states"])
+        facts = {**_joint_state_facts(bag, topics["joint_states"]), **_timeline(bag)}
         produced: list[Command] = []
         recorded: list[Command] = []
         inputs = [topics[r] for r in ("camera", "wrist_camera", "joint_states", "instruction", "commands", "gripper")
@@ -143,8 +166,8 @@ def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str
         writer = BagWriter(opts.out, opts.storage, custom=_out_custom(opts, cfg)) if opts.out else None
         last_fingers: dict[int, np.ndarray] = {}
         try:
-            for role, m in tqdm(grouped(bag.messages(inputs), roles), total=total, desc="replay",
-                                disable=not progress, unit="msg"):
+            for role, m in progress_bar(grouped(bag.messages(inputs), roles), total=total, desc="replay",
+                                        disable=not progress, unit="msg"):
                 if time.monotonic() > deadline:
                     raise ReplayTimeout(f"replay of {opts.bag} ran past --timeout-s {opts.timeout_s:g} s")
                 if role == "commands":
@@ -184,19 +207,28 @@ def _out_custom(opts: ReplayOptions, cfg: NodeConfig) -> dict[str, Any]:
 
 
 def _summarise(opts: ReplayOptions, cfg: NodeConfig, kin: Any, produced: list[Command], recorded: list[Command],
-               frames: int, tally: InputErrorCounts, wall_s: float, *, inference_errors: Sequence[str] = (),
-               **extra: Any) -> dict[str, Any]:
+               frames: int, tally: InputErrorCounts, wall_s: float, *, recording: str, start_ns: int,
+               boundaries_ns: list[int], inference_errors: Sequence[str] = (), **extra: Any) -> dict[str, Any]:
+    """The replay's summary (see :mod:`~vla_accel_ros.rosbag.compare` for the tolerance); with
+    ``--summary DIR``, also its step-by-step CSV and plot (:mod:`~vla_accel_ros.rosbag.replay_report`)."""
+    tolerance = opts.tolerance if opts.tolerance is not None else default_tolerance(recording, kin, cfg.period_s)
     summary: dict[str, Any] = {
         "bag": str(opts.bag), "out": opts.out, "mode": opts.mode, "frames": frames, "commands": len(produced),
         "sources": dict(Counter(c.source for c in produced if c.source)),
         "unsafe_commands": count_unsafe(kin, produced),
-        **compare(produced, recorded, kin.joint_names, cfg.period_s, opts.tolerance),
+        **compare(produced, recorded, kin.joint_names, cfg.period_s, tolerance, start_ns, recording),
+        "recording": recording, "tolerance_source": "--tolerance" if opts.tolerance is not None else "recording",
+        "bag_start_s": float_seconds(start_ns), "episode_boundaries_s": [float_seconds(b - start_ns)
+                                                                       for b in boundaries_ns],
         "errors": tally.lines() + list(inference_errors),
         "input_errors": tally.total, "input_errors_by_kind": dict(tally.by_kind),
         "decoder": cfg.policy.decoder, "control_rate_hz": cfg.control_rate_hz, "wall_s": wall_s,
         "arm_joints": list(kin.joint_names), "tcp_frame": kin.tcp_frame, "params_file": opts.params_file,
         "robot_warning": "", **extra,
     }
+    if opts.summary and produced:
+        summary.update(write_report(Path(opts.summary), produced, recorded, kin, cfg.period_s, start_ns,
+                                    summary["tolerance"], boundaries_ns))
     return summary
 
 
@@ -295,9 +327,8 @@ def _robot_warning(stats: dict[str, Any], log_path: Path) -> str:
 
 
 def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any]:
-    from tqdm import tqdm
-
     from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.progress import progress_bar
 
     started = time.monotonic()
     deadline = started + opts.timeout_s
@@ -315,7 +346,7 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
         except ValueError as err:
             raise ValueError(f"bad URDF ({label}): {err}") from err
         controller_joints = controller_joint_order(kin, cfg.controller_joints)
-        facts = _joint_state_facts(bag, topics["joint_states"])
+        facts = {**_joint_state_facts(bag, topics["joint_states"]), **_timeline(bag)}
         recorded = [Command(m.log_ns, q) for m in bag.messages([topics["commands"]])
                     if (q := parse_command(kin, controller_joints, m.msgtype, m.msg)) is not None]
         camera_type = bag.topics[topics["camera"]][0]
@@ -360,8 +391,8 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
         total = sum(bag.count(t) for t in inputs)
         frames = 0
         wall0, bag0 = time.monotonic(), None
-        for role, m in tqdm(grouped(bag.messages(inputs, raw=True), roles), total=total, desc="replay", unit="msg",
-                            disable=not progress):
+        for role, m in progress_bar(grouped(bag.messages(inputs, raw=True), roles), total=total, desc="replay",
+                                    unit="msg", disable=not progress):
             if time.monotonic() > deadline:
                 raise ReplayTimeout(f"replay of {opts.bag} ran past --timeout-s {opts.timeout_s:g} s")
             if node.returncode is not None:

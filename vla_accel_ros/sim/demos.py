@@ -26,9 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.sim.env import PickCubeEnv, SimConfig
 from vla_accel_ros.sim.expert import run_expert_episode
 
@@ -50,7 +50,7 @@ def record_demos(
     successes, steps_total, failed = 0, 0, []
     start = time.perf_counter()
     with PickCubeEnv(config) as env:
-        bar = tqdm(range(episodes), desc="demos", unit="ep", disable=not progress)
+        bar = progress_bar(range(episodes), desc="demos", unit="ep", disable=not progress)
         for i in bar:
             episode_seed = seed + i
             result = run_expert_episode(
@@ -61,7 +61,7 @@ def record_demos(
             steps_total += result["steps"]
             if not result["success"]:
                 failed.append(episode_seed)
-            bar.set_postfix(success=f"{successes / (i + 1):.0%}")
+            bar.success(successes, i + 1)
             if only_successes and not result["success"]:
                 continue
             wrist = {"wrist_images": np.stack(result["wrist_images"])} if "wrist_images" in result else {}

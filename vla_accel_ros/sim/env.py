@@ -246,6 +246,3 @@ class PickCubeEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-EVAL_SEED_START = 100_000

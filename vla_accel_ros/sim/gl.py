@@ -25,13 +25,16 @@ import sys
 from collections.abc import MutableMapping
 from types import TracebackType
 
+from vla_accel_ros.core.errors import RunFailed
+
 HEADLESS_DEFAULT = "egl"
 HINT = ("set MUJOCO_GL=egl (EGL: a GPU driver or Mesa's libEGL) or MUJOCO_GL=osmesa (software: libOSMesa), "
         "or run with a working display")
 
 
-class RenderingUnavailable(RuntimeError):
-    """MuJoCo cannot render on this machine with the chosen ``MUJOCO_GL``; the message says what to set."""
+class RenderingUnavailable(RunFailed):
+    """MuJoCo cannot render on this machine with the chosen ``MUJOCO_GL``; the message says what to set
+    (a RunFailed: a command reports it in one line)."""
 
 
 def choose_platform(environ: MutableMapping[str, str] | None = None) -> str | None:

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import math
 import random
-import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
@@ -27,47 +25,6 @@ from vla_accel_ros.sim.env import SimConfig
 from vla_accel_ros.training.data import DemoDataset
 
 KEYPOINT_LOSS_SCALE = 10.0  # keypoints live in [-1, 1]: x10 puts the smooth-L1 knee at ~3 px of 128
-
-
-# --- helpers shared by the training commands (train, train-world) ---------------------------------
-def check_hyperparameters(cfg: Any, positive: Sequence[str], non_negative: Sequence[str], rates: Sequence[str]) -> None:
-    """Reject bad sizes, epoch counts and learning rates of the config dataclass ``cfg`` by field
-    name, at construction: a typo on the command line fails before minutes of data loading."""
-    for name in positive:
-        if getattr(cfg, name) <= 0:
-            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
-    for name in non_negative:
-        if getattr(cfg, name) < 0:
-            raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
-    if any(getattr(cfg, name) <= 0 for name in rates):
-        raise ValueError("learning rates must be positive")
-
-
-def check_data_selection(cfg: Any) -> None:
-    """Reject a held-out share outside [0, 1) or a non-positive episode cap (``cfg.val_fraction``,
-    ``cfg.max_episodes``): both would leave a split with nothing to train on."""
-    if not 0.0 <= cfg.val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
-    if cfg.max_episodes is not None and cfg.max_episodes <= 0:
-        raise ValueError(f"max_episodes must be positive, got {cfg.max_episodes}")
-
-
-def command_line(cfg: Any, subcommand: str) -> str:
-    """``vla-accel SUBCOMMAND`` with the flags that rebuild the config dataclass ``cfg`` (one flag a
-    field; booleans as ``--x`` / ``--no-x``): the required fields always, the others only where they
-    differ from the defaults, so the command recorded with a checkpoint stays short and reproduces it."""
-    required = [f.name for f in fields(cfg) if f.default is MISSING and f.default_factory is MISSING]
-    defaults = type(cfg)(**{name: "" for name in required})
-    parts = ["vla-accel", subcommand]
-    for f in fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name in required or value != getattr(defaults, f.name):
-            flag = "--" + f.name.replace("_", "-")
-            if isinstance(value, bool):
-                parts.append(flag if value else "--no-" + f.name.replace("_", "-"))
-            else:
-                parts += [flag, str(value)]
-    return shlex.join(parts)
 
 
 def component_recipe(cfg: Any, data: DemoDataset, n_train: int, n_val: int, *,
@@ -108,7 +65,7 @@ def cosine_schedule(step: int, total: int, warmup: int, floor: float = 0.1) -> f
 
 def optimise_epochs(optimizer: torch.optim.Optimizer, schedule: torch.optim.lr_scheduler.LRScheduler,
                     batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int, epochs: int, batch_size: int,
-                    generator: torch.Generator, bar: tqdm,
+                    generator: torch.Generator, bar: Any,
                     clip: Sequence[torch.nn.Parameter] | None = None) -> list[float]:
     """``epochs`` shuffled passes over ``n`` samples, one optimiser and schedule step per batch of
     indices (``batch_loss(indices)`` gives its loss; gradient norm clipped to 1 over ``clip`` when

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
+from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.models.tokenizer import ACTION_DIM, encode_instruction
 from vla_accel_ros.sim.scene import front_camera_coordinates
 
@@ -142,7 +142,7 @@ def load_demos(
     if not files:
         raise DatasetError(f"{directory}: no episode_*.npz files")
     episodes, names = [], []
-    for path in tqdm(files, desc="loading demos", unit="ep", disable=not progress):
+    for path in progress_bar(files, desc="loading demos", unit="ep", disable=not progress):
         episode = load_episode(path, max_text_len)
         if only_success and not episode["success"] and not episode["policy_in_loop"]:
             continue

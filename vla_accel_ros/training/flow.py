@@ -16,14 +16,14 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
+from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.models.own.checkpoint import (
     FLOW_META_FILE,
     FLOW_WEIGHTS_FILE,
@@ -42,49 +42,18 @@ from vla_accel_ros.models.own.flow import (
 from vla_accel_ros.models.own.policy import Policy
 from vla_accel_ros.models.tokenizer import N_BINS
 from vla_accel_ros.training.common import optimise_epochs, plot_loss_panels
+from vla_accel_ros.training.configs import FlowTrainConfig
 from vla_accel_ros.training.data import load_demos
 
 BIN = 2.0 / (N_BINS - 1)  # one tokenizer bin in normalised action units
-
-
-@dataclass(frozen=True)
-class FlowTrainConfig:
-    checkpoint: str
-    data: str
-    out: str | None = None  # None = write into the checkpoint directory
-    epochs: int = 40
-    distill_epochs: int = 20
-    batch_size: int = 256
-    lr: float = 1e-3
-    hidden: int = 256
-    layers: int = 3
-    student_hidden: int = 0  # 0 = the teacher's width (the student then starts as the teacher)
-    horizon: int = 1  # actions per sample: > 1 makes a chunked policy (H consecutive action steps)
-    cameras: int = 1  # image slots: 2 reads the demos' wrist images as well as the front camera's
-    teacher_from: str | None = None  # a checkpoint whose flow head's teacher is reused (no teacher training)
-    seed: int = 0
-    val_fraction: float = 0.1
-    max_episodes: int | None = None
-    threads: int = 2
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("epochs", "distill_epochs", "batch_size", "hidden", "layers", "threads", "horizon", "cameras"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.student_hidden < 0:
-            raise ValueError(f"student_hidden must be >= 0, got {self.student_hidden}")
-        if self.cameras > 2:
-            raise ValueError(f"cameras must be 1 (front) or 2 (front and wrist), got {self.cameras}")
 
 
 def prefix_features(policy: Policy, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
                     batch_size: int = 256, progress: bool = True) -> torch.Tensor:
     """The flow head's condition (N, 2d) for every step, from the frozen target's prefill."""
     out = []
-    for start in tqdm(range(0, len(images), batch_size), desc="prefix features", unit="batch", disable=not progress):
+    for start in progress_bar(range(0, len(images), batch_size), desc="prefix features", unit="batch",
+                              disable=not progress):
         end = start + batch_size
         prefix = policy.prefill_tensors(images[start:end], text[start:end], proprio[start:end]).prefix
         out.append(prefix_condition(prefix.hidden_last, prefix.pooled))
@@ -98,7 +67,7 @@ def _optimise(module: torch.nn.Module, batch_loss: Callable[[torch.Tensor], torc
     optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=1e-4)
     total = epochs * math.ceil(n / cfg.batch_size)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total, pct_start=0.05)
-    with tqdm(total=total, desc=desc, disable=not cfg.progress) as bar:
+    with progress_bar(total=total, desc=desc, disable=not cfg.progress) as bar:
         return optimise_epochs(optimizer, schedule, batch_loss, n, epochs, cfg.batch_size, generator, bar)
 
 
@@ -208,9 +177,7 @@ def train_flow(cfg: FlowTrainConfig) -> dict[str, Any]:
     save_flow_heads(heads, out, recipe, metrics)
     plot_flow_losses(history, out / "flow_loss.png")
     print("held-out flow-head metrics:\n" + json.dumps(metrics, indent=2))
-    print(f"flow head written to {out}")
+    print(f"flow head written to {out} (loss plot flow_loss.png)")
     return metrics
-
-
 
 

@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.models.hf.hf_draft import (
     DRAFT_META_FILE,
@@ -58,69 +58,23 @@ from vla_accel_ros.models.hf.hf_draft import (
     save_hf_draft,
 )
 from vla_accel_ros.models.hf.hf_vla import HFTokenVLA
-from vla_accel_ros.models.hf.vla_spec import DTYPES
 from vla_accel_ros.models.load import load_token_vla
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
 from vla_accel_ros.training.common import (
-    check_data_selection,
-    check_hyperparameters,
-    command_line,
     cosine_schedule,
     optimise_epochs,
     plot_loss_curve,
     plot_loss_panels,
     seed_everything,
 )
+from vla_accel_ros.training.configs import HFDraftTrainConfig
 from vla_accel_ros.training.data import DatasetError, DemoDataset, load_demos
 
 LOSS_PLOT = "draft_loss.png"
 ACCEPT_RADII = (0, 2, 9)  # bins; 0 = exact speculative decoding
 # The HF prompt is made from the instruction text itself; the byte ids DemoDataset also builds are not read.
 UNUSED_TEXT_LEN = 1
-# The action tokens the target consumes while its features are collected: the demo's (one pass a
-# step) or its own greedy rollout (seven).
-TEACHERS = ("expert", "target")
 LOW_AGREEMENT = 0.5  # target-vs-demo token agreement below which --teacher target is suggested
-
-
-@dataclass(frozen=True)
-class HFDraftTrainConfig:
-    checkpoint: str  # hf:DIR or DIR: the model; the head is written into DIR
-    data: str
-    epochs: int = 20
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 20
-    feature_weight: float = 1.0  # weight of the feature regression next to the token cross-entropy
-    teacher: str = "expert"  # the tokens the target consumes while its features are collected (TEACHERS)
-    width: int | None = None  # the head's inner width (None: the model's hidden size, at most 1024)
-    blocks: int = 2  # residual MLP blocks of the head
-    seed: int = 0
-    max_episodes: int | None = None
-    val_fraction: float = 0.1
-    include_failures: bool = False
-    unnorm_key: str | None = None  # the action statistics' dataset (None: the file's only one)
-    device: str = "cpu"
-    dtype: str | None = None  # the model's weights (None: vla_spec.json's, else float32)
-    threads: int = 2
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        check_hyperparameters(self, positive=("batch_size", "blocks", "threads"),
-                              non_negative=("epochs", "warmup_steps", "weight_decay", "feature_weight"),
-                              rates=("lr",))
-        check_data_selection(self)
-        if self.width is not None and self.width <= 0:
-            raise ValueError(f"width must be positive, got {self.width}")
-        if self.teacher not in TEACHERS:
-            raise ValueError(f"teacher must be one of {list(TEACHERS)}, got {self.teacher!r}")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
-
-    def command(self) -> str:
-        """The ``vla-accel train-draft`` command line that reproduces this run."""
-        return command_line(self, "train-draft")
 
 
 # --- features -----------------------------------------------------------------------------------
@@ -163,8 +117,8 @@ def teacher_forced(policy: HFTokenVLA, data: DemoDataset, instructions: list[str
     pass) or its own greedy ones (``teacher`` "target": seven passes); module docstring, step 1."""
     expert = torch.from_numpy(policy.tokenizer.encode(data.actions.numpy()))
     features, history, target = [], [], []
-    for i in tqdm(range(len(data)), desc=f"target features ({teacher} tokens)", unit="step", disable=not progress,
-                  dynamic_ncols=True):
+    for i in progress_bar(range(len(data)), desc=f"target features ({teacher} tokens)", unit="step",
+                          disable=not progress, dynamic_ncols=True):
         obs = observation_at(data, instructions, i)
         if teacher == "expert":
             out = policy.prefill_batch([obs], expert[i : i + 1, : ACTION_DIM - 1])
@@ -260,7 +214,7 @@ def acceptance(policy: HFTokenVLA, data: DemoDataset, instructions: list[str], i
     at each radius of ``ACCEPT_RADII`` and the per-position agreement with the target's tokens."""
     accepted = {r: 0.0 for r in ACCEPT_RADII}
     agree = np.zeros(ACTION_DIM)
-    for i in tqdm(idx.tolist(), desc="acceptance", unit="step", disable=not progress, dynamic_ncols=True):
+    for i in progress_bar(idx.tolist(), desc="acceptance", unit="step", disable=not progress, dynamic_ncols=True):
         prefix = policy.prefill(observation_at(data, instructions, i))
         draft, _ = policy.draft_tokens(prefix, ACTION_DIM)
         verify = policy.score(prefix, draft[:, :-1]).logits[0].argmax(-1)
@@ -325,8 +279,8 @@ def train_hf_draft(cfg: HFDraftTrainConfig) -> dict[str, Any]:
     def batch_loss(idx: torch.Tensor) -> torch.Tensor:
         return draft_loss(head, policy, *batch_of(steps, train_idx[idx], device), cfg.feature_weight)
 
-    with tqdm(total=cfg.epochs * per_epoch, desc="draft head", unit="batch", disable=not cfg.progress,
-              dynamic_ncols=True) as bar:
+    with progress_bar(total=cfg.epochs * per_epoch, desc="draft head", unit="batch", disable=not cfg.progress,
+                      dynamic_ncols=True) as bar:
         for _ in range(cfg.epochs):
             head.train()
             history["train"] += optimise_epochs(optimizer, schedule, batch_loss, len(train_idx), 1, cfg.batch_size,

@@ -45,7 +45,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +55,16 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.progress import progress_bar
+from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.models.hf.hf_vla import HFTokenVLA, load_hf_vla
 from vla_accel_ros.models.hf.vla_spec import OPENVLA_PROMPT
+from vla_accel_ros.models.load import check_checkpoint, require_family
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
 from vla_accel_ros.sim.env import INSTRUCTION_TEMPLATE, SimConfig
 from vla_accel_ros.sim.scene import CUBE_COLORS
 from vla_accel_ros.training.common import (
     KEYPOINT_LOSS_SCALE,
-    check_data_selection,
-    check_hyperparameters,
-    command_line,
     cosine_schedule,
     demo_robot,
     plot_loss_curve,
@@ -72,6 +72,7 @@ from vla_accel_ros.training.common import (
     random_shift,
     seed_everything,
 )
+from vla_accel_ros.training.configs import PROMPT_LAYOUTS, HFTrainConfig
 from vla_accel_ros.training.data import DemoDataset, load_demos
 from vla_accel_ros.training.hf_draft import episode_instructions, greedy_rollout
 
@@ -82,87 +83,9 @@ TRAINING_FILE = "training.json"
 LOSS_PLOT = "loss_curves.png"
 GRIPPER = ACTION_DIM - 1
 UNUSED_TEXT_LEN = 1  # the prompt is tokenised from the instruction text; DemoDataset's byte ids are not read
-VISIONS = ("siglip", "clip")
-AUTOCAST_DTYPES = ("float32", "bfloat16")  # precision of the training forward
-# Where the image tokens go: OpenVLA's (first, so no image token sees the instruction) or after the
-# instruction (every image token attends to it, as the built-in policy's FiLM-conditioned encoder does).
-# "+proprio" adds the joints and the gripper as binned tokens after the image (vla_spec.PROPRIO_FIELD):
-# the arm's own state, which the built-in policy reads too.
-PROMPT_LAYOUTS = {"image_first": OPENVLA_PROMPT, "instruction_first": OPENVLA_PROMPT.replace("?\n", "?{image}\n"),
-                  "instruction_first+proprio": OPENVLA_PROMPT.replace("?\n", "?{image}{proprio}\n")}
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 # Every character a prompt may hold (the space is "▁"); other characters become <unk>.
 BASE_CHARS = "▁abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789?:.,'-!\n"
-
-
-@dataclass(frozen=True)
-class HFTrainConfig:
-    data: str
-    out: str
-    epochs: int = 4
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 100
-    grad_clip: float = 1.0
-    augment_shift: int = 0  # max random image shift in pixels (0 = off)
-    aux_weight: float = 1.0  # weight of the auxiliary cube/TCP position loss (0 = off)
-    keypoint_weight: float = 0.0  # weight of the image tokens' cube/TCP keypoint loss (0 = off)
-    seed: int = 0
-    max_episodes: int | None = None
-    val_fraction: float = 0.1
-    include_failures: bool = False
-    vision: str = "siglip"
-    patch_size: int = 16
-    vision_hidden: int = 96
-    vision_layers: int = 2
-    vision_heads: int = 4
-    hidden_size: int = 128
-    layers: int = 3
-    heads: int = 4
-    kv_heads: int = 2
-    intermediate_size: int = 384
-    text_vocab: int = 448  # ids below the added <image>/<pad>; the top 256 are the action ids
-    prompt_layout: str = "image_first"  # one of PROMPT_LAYOUTS; with --init, the model's own is kept
-    init: str | None = None  # hf:DIR to fine-tune instead of a fresh model
-    dagger_rounds: int = 0
-    dagger_episodes: int = 100  # episodes recorded per DAgger round
-    dagger_share: float = 0.5  # share of those episodes' steps the model drives
-    dagger_seed: int = 20000  # seed of the first DAgger episode (rounds continue from there)
-    dagger_epochs: int = 2  # fine-tuning epochs per DAgger round
-    dagger_lr: float = 5e-4
-    eval_batch_size: int = 128
-    save_dtype: str = "float32"
-    autocast: str = "float32"  # "bfloat16": the forward's matmuls in bfloat16 (weights and optimizer stay float32)
-    threads: int = 2
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        check_hyperparameters(self, positive=("batch_size", "eval_batch_size", "threads", "patch_size",
-                                              "vision_hidden", "hidden_size", "heads", "kv_heads",
-                                              "intermediate_size", "dagger_episodes"),
-                              non_negative=("epochs", "warmup_steps", "augment_shift", "vision_layers", "layers",
-                                            "dagger_rounds", "dagger_epochs", "aux_weight", "keypoint_weight"),
-                              rates=("lr", "dagger_lr"))
-        check_data_selection(self)
-        if self.prompt_layout not in PROMPT_LAYOUTS:
-            raise ValueError(f"prompt_layout must be one of {', '.join(PROMPT_LAYOUTS)}, got {self.prompt_layout!r}")
-        if self.vision not in VISIONS:
-            raise ValueError(f"vision must be one of {', '.join(VISIONS)}, got {self.vision!r}")
-        if self.hidden_size % self.heads or self.heads % self.kv_heads:
-            raise ValueError("hidden_size must divide by heads, and heads by kv_heads")
-        if self.vision_hidden % self.vision_heads:
-            raise ValueError("vision_hidden must divide by vision_heads")
-        if not 0.0 < self.dagger_share <= 1.0:
-            raise ValueError(f"dagger_share must be in (0, 1], got {self.dagger_share}")
-        if self.save_dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"save_dtype must be float32, bfloat16 or float16, got {self.save_dtype!r}")
-        if self.autocast not in AUTOCAST_DTYPES:
-            raise ValueError(f"autocast must be one of {', '.join(AUTOCAST_DTYPES)}, got {self.autocast!r}")
-
-    def command(self) -> str:
-        """The ``vla-accel train-hf`` command line that reproduces this run."""
-        return command_line(self, "train-hf")
 
 
 # --- building -----------------------------------------------------------------------------------
@@ -385,8 +308,8 @@ class HFTrainer:
         for epoch in range(epochs):
             self.model.train()
             order = self.train_idx[torch.randperm(len(self.train_idx), generator=self.generator)]
-            bar = tqdm(order.split(cfg.batch_size), desc=f"{label} {epoch + 1}/{epochs}", disable=not cfg.progress,
-                       dynamic_ncols=True)
+            bar = progress_bar(order.split(cfg.batch_size), desc=f"{label} {epoch + 1}/{epochs}",
+                               disable=not cfg.progress, dynamic_ncols=True)
             for idx in bar:
                 with self.autocast():
                     loss, ce, _ = self.loss(torch.sort(idx).values, augment=True)
@@ -472,7 +395,9 @@ def train_hf_vla(cfg: HFTrainConfig) -> dict[str, Any]:
     earlier: dict[str, Any] | None = None  # the --init model's own training record: the full chain
     prompt = PROMPT_LAYOUTS[cfg.prompt_layout]
     if cfg.init is not None:
-        source = Path(cfg.init.removeprefix("hf:"))
+        source = CheckpointRef.parse(cfg.init).directory
+        require_family(cfg.init, "hf", "--init")  # the model is named here, not its copy in cfg.out
+        check_checkpoint(cfg.init)
         if source.resolve() != out.resolve():
             shutil.copytree(source, out, dirs_exist_ok=True)
         statistics = json.loads((out / STATISTICS_FILE).read_text())  # keep the bins the model learnt
@@ -515,6 +440,7 @@ def train_hf_vla(cfg: HFTrainConfig) -> dict[str, Any]:
               "dagger": rounds, "metrics": metrics, "init_training": earlier}
     (out / TRAINING_FILE).write_text(json.dumps(record, indent=2))
     print(json.dumps(metrics))
+    print(f"model written to {out} (hf:{out}; {TRAINING_FILE}, loss plot {LOSS_PLOT})")
     return metrics
 
 

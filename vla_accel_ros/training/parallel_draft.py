@@ -28,14 +28,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
+from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.models.own.checkpoint import (
     PARALLEL_DRAFT_META_FILE,
     PARALLEL_DRAFT_WEIGHTS_FILE,
@@ -48,9 +46,6 @@ from vla_accel_ros.models.own.policy import Policy, Prefix
 from vla_accel_ros.models.own.vla import count_parameters
 from vla_accel_ros.training.common import (
     GreedyRollout,
-    check_data_selection,
-    check_hyperparameters,
-    command_line,
     component_recipe,
     cosine_schedule,
     draft_step_loss,
@@ -60,54 +55,12 @@ from vla_accel_ros.training.common import (
     plot_loss_panels,
     seed_everything,
 )
+from vla_accel_ros.training.configs import ParallelDraftTrainConfig
 from vla_accel_ros.training.data import DemoDataset, load_demos
 
 AGREEMENT_RADII = (0, 2, 5, 9)  # bins; 0 = exact
 HEADS = ("sequential", "parallel")
 LOSS_PLOT = "parallel_draft_loss.png"
-
-
-@dataclass(frozen=True)
-class ParallelDraftTrainConfig:
-    checkpoint: str
-    data: str
-    out: str | None = None  # a new directory: a copy of the checkpoint plus the head
-    in_place: bool = False  # write the head into --checkpoint itself (instead of --out)
-    epochs: int = 1
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 50
-    feature_weight: float = 1.0  # weight of the feature regression next to the token loss
-    seed: int = 0
-    max_episodes: int | None = None
-    val_fraction: float = 0.1
-    eval_batch_size: int = 256
-    threads: int = 2
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        check_hyperparameters(self, positive=("batch_size", "eval_batch_size", "threads"),
-                              non_negative=("epochs", "warmup_steps", "weight_decay", "feature_weight"),
-                              rates=("lr",))
-        check_data_selection(self)
-        if self.out is not None and self.in_place:
-            raise ValueError("give either --out or --in-place, not both")
-
-    def destination(self) -> Path:
-        """Where the head goes: ``out``, or the checkpoint itself with ``in_place``. Checked before
-        any work, so that a forgotten ``--out`` cannot silently write into the checkpoint."""
-        if self.in_place:
-            return Path(self.checkpoint)
-        if not self.out:
-            raise ValueError("--out is required (or --in-place to add the head to --checkpoint itself)")
-        if Path(self.out).resolve() == Path(self.checkpoint).resolve():
-            raise ValueError("--out is --checkpoint: pass --in-place to write into the checkpoint itself")
-        return Path(self.out)
-
-    def command(self) -> str:
-        """The ``vla-accel train-parallel-draft`` command line that reproduces this run."""
-        return command_line(self, "train-parallel-draft")
 
 
 # --- the objective ----------------------------------------------------------------------------
@@ -151,7 +104,8 @@ def train_head(policy: Policy, head: DraftHead, data: DemoDataset, train_idx: to
         return parallel_draft_loss(policy, head, rollout, cfg.feature_weight)
 
     generator = torch.Generator().manual_seed(cfg.seed)
-    with tqdm(total=total, desc="parallel draft", unit="batch", disable=not cfg.progress, dynamic_ncols=True) as bar:
+    with progress_bar(total=total, desc="parallel draft", unit="batch", disable=not cfg.progress,
+                      dynamic_ncols=True) as bar:
         losses = optimise_epochs(optimizer, schedule, batch_loss, len(train_idx), cfg.epochs, cfg.batch_size,
                                  generator, bar, clip=params)
     head.eval()
@@ -179,7 +133,7 @@ def evaluate_heads(policy: Policy, data: DemoDataset, val_idx: torch.Tensor, bat
     def add(name: str, value: torch.Tensor) -> None:
         sums[name] = sums.get(name, 0) + value.double().sum(dim=0)
 
-    for rows in tqdm(val_idx.split(batch_size), desc="held-out", unit="batch", disable=not progress):
+    for rows in progress_bar(val_idx.split(batch_size), desc="held-out", unit="batch", disable=not progress):
         prefix = policy.prefill_tensors(data.images[rows], data.text[rows], data.proprio[rows]).prefix
         greedy = policy.greedy_decode(prefix)
         for head, propose in proposers.items():
@@ -263,10 +217,8 @@ def train_parallel_draft(cfg: ParallelDraftTrainConfig) -> dict[str, Any]:
                      lambda ax, key: plot_loss_curve(ax, losses))
     size_kb = (out / PARALLEL_DRAFT_WEIGHTS_FILE).stat().st_size / 1e3
     print(format_report(metrics))
-    print(f"parallel draft head written to {out} ({PARALLEL_DRAFT_WEIGHTS_FILE}: {size_kb:.0f} kB) "
-          f"in {metrics['train_seconds']:.0f} s")
+    print(f"parallel draft head written to {out} ({PARALLEL_DRAFT_WEIGHTS_FILE}: {size_kb:.0f} kB, loss plot "
+          f"{LOSS_PLOT}) in {metrics['train_seconds']:.0f} s")
     return metrics
-
-
 
 

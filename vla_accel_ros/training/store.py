@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from vla_accel_ros.core.kinematics import ArmKinematics
+from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.decoding.boundary import calibrate_boundary, window_features
 from vla_accel_ros.decoding.retrieval import (
@@ -42,35 +41,10 @@ from vla_accel_ros.decoding.retrieval import (
     trajectory_values,
 )
 from vla_accel_ros.models import Policy, load_checkpoint
+from vla_accel_ros.training.configs import BuildStoreConfig
 from vla_accel_ros.training.data import DatasetError, load_episode
 
-DEFAULT_DATA = Path("data/demos_v3")  # the clean expert demonstrations
 R_SEQ_REFERENCE = 4.0  # the heisd decoder's default sequence-wise bound, for the held-out diagnostic
-
-
-@dataclass(frozen=True)
-class BuildStoreConfig:
-    checkpoint: str
-    data: str
-    out: str | None = None  # None = CHECKPOINT/retrieval_store
-    max_episodes: int | None = None
-    stride: int = 1
-    holdout_episodes: int = 8
-    horizon: int = 4
-    index: str = "auto"
-    threads: int = 2
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        if self.stride < 1:
-            raise ValueError(f"--stride must be >= 1, got {self.stride}")
-        if self.max_episodes is not None and self.max_episodes < 1:
-            raise ValueError(f"--max-episodes must be >= 1, got {self.max_episodes}")
-        if self.holdout_episodes < 0:
-            raise ValueError(f"--holdout-episodes must be >= 0, got {self.holdout_episodes}")
-        if self.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {self.threads}")
-        RetrievalStoreConfig(horizon=self.horizon, index=self.index)  # validates both
 
 
 def episode_keys(policy: Policy, episode: dict[str, np.ndarray], steps: np.ndarray) -> np.ndarray:
@@ -111,7 +85,7 @@ def _build(cfg: BuildStoreConfig, command: str) -> tuple[RetrievalStore, Path]:
     tokenizer = policy.tokenizer
     keys, values, radii, distances = [], [], [], []
     skipped = 0
-    for path in tqdm(stored_files, desc="store: prefill demos", unit="ep", disable=not cfg.progress):
+    for path in progress_bar(stored_files, desc="store: prefill demos", unit="ep", disable=not cfg.progress):
         episode = load_episode(path, policy.config.max_text_len)
         if not episode["success"]:
             skipped += 1
@@ -128,7 +102,8 @@ def _build(cfg: BuildStoreConfig, command: str) -> tuple[RetrievalStore, Path]:
     if not keys:
         raise DatasetError(f"{data}: no successful episodes among {len(stored_files)} files")
     queries, truths = [], []
-    for path in tqdm(held_files, desc="store: held-out queries", unit="ep", disable=not cfg.progress or not held_files):
+    for path in progress_bar(held_files, desc="store: held-out queries", unit="ep",
+                             disable=not cfg.progress or not held_files):
         episode = load_episode(path, policy.config.max_text_len)
         _check_image_size(path, episode, policy)
         steps = np.arange(len(episode["actions"]))
@@ -186,7 +161,5 @@ def held_out_quality(store: RetrievalStore, queries: np.ndarray, truths: np.ndar
         "median_token_distance": float(np.median(distance)),
         "share_within_r_seq_4": float(np.mean(distance <= R_SEQ_REFERENCE)),
     }
-
-
 
 

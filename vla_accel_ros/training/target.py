@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +22,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.models.own.checkpoint import load_checkpoint, save_checkpoint
 from vla_accel_ros.models.own.policy import Policy
 from vla_accel_ros.models.own.vla import VLAConfig
 from vla_accel_ros.models.tokenizer import N_BINS, ActionTokenizer
 from vla_accel_ros.training.common import (
     KEYPOINT_LOSS_SCALE,
-    check_data_selection,
-    check_hyperparameters,
-    command_line,
     cosine_schedule,
     demo_robot,
     draft_step_loss,
@@ -40,78 +38,10 @@ from vla_accel_ros.training.common import (
     random_shift,
     seed_everything,
 )
+from vla_accel_ros.training.configs import TrainConfig
 from vla_accel_ros.training.data import AUX_SCALE_M, DemoDataset, load_demos
 
 ACCEPT_RADII = (0, 2, 9)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    data: str
-    out: str
-    epochs: int = 5
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 100
-    grad_clip: float = 1.0
-    augment_shift: int = 3  # max random image shift in pixels (0 = off)
-    draft_epochs: int = 2
-    draft_lr: float = 1e-3
-    feature_weight: float = 1.0  # weight of the draft's feature regression next to its token loss
-    aux_weight: float = 1.0  # weight of the target's auxiliary cube/TCP position loss (0 = off)
-    seed: int = 0
-    max_episodes: int | None = None
-    val_fraction: float = 0.1
-    include_failures: bool = False
-    d_model: int = 128
-    n_layers: int = 3
-    n_heads: int = 4
-    vision_layers: int = 1
-    max_text_len: int = 32
-    patch_size: int = 16
-    local_channels: int = 32
-    keypoints: int = 16
-    text_layers: int = 1
-    keypoint_weight: float = 1.0  # weight of the keypoint grounding loss (0 = off)
-    init: str | None = None  # checkpoint to fine-tune instead of a fresh model (DAgger rounds)
-    eval_batch_size: int = 256
-    save_dtype: str = "float32"
-    device: str = "cpu"
-    threads: int = 2
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        check_hyperparameters(self, positive=("batch_size", "eval_batch_size", "threads"),
-                              non_negative=("epochs", "draft_epochs", "warmup_steps", "augment_shift"),
-                              rates=("lr", "draft_lr"))
-        check_data_selection(self)
-
-    def command(self) -> str:
-        """The ``vla-accel train`` command line that reproduces this run."""
-        return command_line(self, "train")
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 class Trainer:
@@ -191,8 +121,8 @@ class Trainer:
         sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_schedule(s, total, warmup))
         for epoch in range(cfg.epochs):
             target.train()
-            bar = tqdm(self.batches(self.train_idx, cfg.batch_size, True), desc=f"target {epoch + 1}/{cfg.epochs}",
-                       disable=not cfg.progress, dynamic_ncols=True)
+            bar = progress_bar(self.batches(self.train_idx, cfg.batch_size, True),
+                               desc=f"target {epoch + 1}/{cfg.epochs}", disable=not cfg.progress, dynamic_ncols=True)
             for idx in bar:
                 loss, _ = self.bc_loss(self.batch(idx, augment=True))
                 optimizer.zero_grad(set_to_none=True)
@@ -263,8 +193,9 @@ class Trainer:
         policy.draft.train()
         policy.contact_head.train()
         for epoch in range(cfg.draft_epochs):
-            bar = tqdm(self.batches(self.train_idx, cfg.batch_size, True), desc=f"draft {epoch + 1}/{cfg.draft_epochs}",
-                       disable=not cfg.progress, dynamic_ncols=True)
+            bar = progress_bar(self.batches(self.train_idx, cfg.batch_size, True),
+                               desc=f"draft {epoch + 1}/{cfg.draft_epochs}", disable=not cfg.progress,
+                               dynamic_ncols=True)
             for idx in bar:
                 draft_loss, contact_loss = self.draft_loss(self.batch(idx, augment=False))
                 optimizer.zero_grad(set_to_none=True)
@@ -354,10 +285,6 @@ class Trainer:
         return metrics
 
 
-
-
-
-
 def plot_losses(history: dict[str, list[float]], path: Path) -> None:
     def draw(ax: Any, key: str) -> None:
         held_out = None
@@ -404,11 +331,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     report = {k: v for k, v in metrics.items() if not isinstance(v, list)}
     print("held-out metrics:\n" + "\n".join(f"  {k}: {v:.4f}" if isinstance(v, float) else f"  {k}: {v}"
                                             for k, v in report.items()))
-    print(f"checkpoint written to {out}")
+    print(f"checkpoint written to {out} (loss plot loss_curves.png)")
     return metrics
-
-
-
-
 
 

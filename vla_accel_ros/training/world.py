@@ -36,15 +36,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
+from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.models.own.checkpoint import load_checkpoint, save_checkpoint
 from vla_accel_ros.models.own.policy import Policy
 from vla_accel_ros.models.own.world import FrameAutoencoder, WorldBias, WorldPrefill
 from vla_accel_ros.training.common import (
-    check_data_selection,
-    check_hyperparameters,
-    command_line,
     component_recipe,
     cosine_schedule,
     demo_robot,
@@ -53,50 +50,11 @@ from vla_accel_ros.training.common import (
     plot_loss_panels,
     seed_everything,
 )
+from vla_accel_ros.training.configs import WorldTrainConfig
 from vla_accel_ros.training.data import AUX_SCALE_M, load_demos
 from vla_accel_ros.training.target import TrainConfig, Trainer, plot_losses
 
 CHECKPOINT_LIMIT_MB = 15.0
-
-
-@dataclass(frozen=True)
-class WorldTrainConfig:
-    checkpoint: str
-    data: str
-    out: str
-    ae_epochs: int = 10
-    bias_epochs: int = 60
-    finetune_epochs: int = 4  # target epochs on the biased embeddings
-    draft_epochs: int = 2  # draft + contact head epochs after that
-    batch_size: int = 64
-    lr: float = 1e-3  # autoencoder and bias module
-    finetune_lr: float = 3e-4  # peak learning rate of the target and the heads in phase (c)
-    latent_channels: int = 8
-    width: int = 16
-    hidden: int = 64
-    head_hidden: int = 64
-    latent_l2: float = 1e-3  # keeps the autoencoder's latent near unit scale
-    bias_l2: float = 1e-3  # keeps the bias (the perturbation of the target's tokens) small
-    scene_weight: float = 0.0  # weight of the scene probe's loss on the bias (contact, cube and TCP); 0 = off
-    seed: int = 0
-    max_episodes: int | None = None
-    val_fraction: float = 0.1
-    threads: int = 2
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        check_hyperparameters(
-            self, positive=("batch_size", "latent_channels", "width", "hidden", "head_hidden", "threads"),
-            non_negative=("ae_epochs", "bias_epochs", "finetune_epochs", "draft_epochs"), rates=("lr", "finetune_lr"),
-        )
-        if self.bias_l2 < 0 or self.latent_l2 < 0 or self.scene_weight < 0:
-            raise ValueError(f"bias_l2, latent_l2 and scene_weight must be >= 0, got {self.bias_l2}, "
-                             f"{self.latent_l2}, {self.scene_weight}")
-        check_data_selection(self)
-
-    def command(self) -> str:
-        """The ``vla-accel train-world`` command line that reproduces this run."""
-        return command_line(self, "train-world")
 
 
 def _optimise(params: list[torch.nn.Parameter], batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int,
@@ -110,7 +68,7 @@ def _optimise(params: list[torch.nn.Parameter], batch_loss: Callable[[torch.Tens
     total = epochs * math.ceil(n / batch_size)
     warmup = min(50, total // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_schedule(s, total, warmup))
-    with tqdm(total=total, desc=desc, disable=not progress, dynamic_ncols=True) as bar:
+    with progress_bar(total=total, desc=desc, disable=not progress, dynamic_ncols=True) as bar:
         return optimise_epochs(optimizer, schedule, batch_loss, n, epochs, batch_size, generator, bar, clip=params)
 
 
@@ -144,7 +102,7 @@ def encode_frames(ae: FrameAutoencoder, images: torch.Tensor, batch_size: int = 
     """Latent maps (N, C, g, g) of all frames, with the frozen encoder."""
     chunks = range(0, len(images), batch_size)
     return torch.cat([ae.encode(images[i : i + batch_size])
-                      for i in tqdm(chunks, desc="latents", unit="batch", disable=not progress)])
+                      for i in progress_bar(chunks, desc="latents", unit="batch", disable=not progress)])
 
 
 def next_frame_pairs(episode: torch.Tensor, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,9 +315,8 @@ def train_world(cfg: WorldTrainConfig) -> dict[str, Any]:
                    for k in ("target_token_acc", "draft_agreement_pos1_6", "accept_len_r9") if k in finetuned})
     print("world-aware prefill metrics:\n" + "\n".join(
         f"  {k}: {v:.4f}" if isinstance(v, float) else f"  {k}: {v}" for k, v in report.items()))
-    print(f"checkpoint with world component written to {out} ({size_mb:.1f} MB)")
+    print(f"checkpoint with world component written to {out} ({size_mb:.1f} MB; loss plots world_loss.png, "
+          "loss_curves.png)")
     return metrics
-
-
 
 

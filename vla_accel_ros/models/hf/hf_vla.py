@@ -39,12 +39,15 @@ import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.core.resources import checkpoint_problem
+from vla_accel_ros.core.robot_record import META_FILE as OWN_META_FILE
 from vla_accel_ros.models.api import (
     CheckpointRef,
     PolicyCapabilities,
     Prefix,
     ScoreOutput,
 )
+from vla_accel_ros.models.files import check_weights
 from vla_accel_ros.models.hf.cache import crop_cache
 from vla_accel_ros.models.hf.hf_draft import HFDraftHead, load_hf_draft
 from vla_accel_ros.models.hf.hf_passes import N_ACTION_TOKENS, HFPasses, VLAModules
@@ -67,7 +70,6 @@ if TYPE_CHECKING:
     from vla_accel_ros.models.configuration import VisionReuseConfig
     from vla_accel_ros.models.hf.hf_incremental import HFIncrementalPrefill
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -236,18 +238,6 @@ class HFTokenVLA(HFPasses):
 
 
 # --- loading ----------------------------------------------------------------------------------
-def check_weights(directory: Path) -> None:
-    """Raise ValueError unless ``directory`` holds safetensors weights; pickle weights are never
-    loaded (unpickling runs code)."""
-    if any(directory.glob("*.safetensors")):
-        return
-    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
-    if pickles:
-        raise ValueError(f"{directory}: holds only pickle weights ({', '.join(pickles)}), which are never "
-                         "loaded (unpickling runs code); convert them to safetensors")
-    raise ValueError(f"{directory}: no weights (*.safetensors)")
-
-
 def spec_choices(directory: Path, spec: VLASpec) -> tuple[ActionStatistics, OpenVLAActionTokenizer, torch.device]:
     """What the spec of the model in ``directory`` chooses: the action statistics of its
     ``unnorm_key``, the action tokenizer made of them, and the device; ValueError naming the file
@@ -276,8 +266,12 @@ def load_hf_vla(path: Path | str, *, unnorm_key: str | None = None, device: str 
     ``vla-accel train-draft``) is attached unless ``draft`` is False (a trainer replacing it).
     Every problem is a ValueError naming the file or key at fault."""
     directory = CheckpointRef.parse(path).directory
-    if not directory.is_dir():
-        raise ValueError(f"{directory}: no such directory")
+    problem = checkpoint_problem(directory)
+    if problem:
+        raise ValueError(f"{directory}: {problem}")
+    if not (directory / CONFIG_FILE).is_file() and (directory / OWN_META_FILE).is_file():
+        raise ValueError(f"{directory}: a checkpoint of the own family ({OWN_META_FILE}), where this command needs "
+                         f"a Hugging Face VLA ({CONFIG_FILE})")
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise ValueError(f"{config_path}: missing; not a Hugging Face model directory")
@@ -292,6 +286,9 @@ def load_hf_vla(path: Path | str, *, unnorm_key: str | None = None, device: str 
     statistics, tokenizer, torch_device = spec_choices(directory, spec)
 
     from transformers import AutoModelForImageTextToText, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a bar per load would fill every command's log
 
     try:
         text_tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)

@@ -67,7 +67,8 @@ class LlavaModules:
     def resized_image(self, image: np.ndarray) -> torch.Tensor:
         """(1, 3, S, S) float32 on the 0..255 scale, on the CPU: one RGB uint8 image (H, W, 3)
         resized to the spec's size (its resampling, antialiased), before normalisation."""
-        x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).unsqueeze(0).float()
+        # a read-only frame (decoded from a message) is copied: torch warns on sharing its memory
+        x = torch.from_numpy(np.require(image, requirements=("C", "W"))).permute(2, 0, 1).unsqueeze(0).float()
         size = self.image_size
         if x.shape[-2:] != (size, size):
             mode = self.spec.resample

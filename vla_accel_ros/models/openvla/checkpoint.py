@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.models.hf.hf_vla import TORCH_DTYPES, HFTokenVLA, attach_saved_draft, spec_choices
 from vla_accel_ros.models.hf.vla_spec import SPEC_FILE, load_spec, read_json_object, with_overrides
@@ -68,8 +69,9 @@ def load_openvla(path: Path | str, *, unnorm_key: str | None = None, device: str
     either, the weights keep their stored dtype. A draft head saved beside the weights is attached
     unless ``draft`` is False. Every problem is a ValueError naming the file or key at fault."""
     directory = CheckpointRef.parse(path).directory
-    if not directory.is_dir():
-        raise ValueError(f"{directory}: no such directory")
+    problem = checkpoint_problem(directory)
+    if problem:
+        raise ValueError(f"{directory}: {problem}")
     config = read_directory_config(directory)
     weights = OpenVLAWeights(directory)
     processing = read_image_processing(directory, len(config.towers))

@@ -72,7 +72,8 @@ class OpenVLAModules:
         if image.shape[:2] != (size, size):
             resized = Image.fromarray(np.ascontiguousarray(image)).resize((size, size), self.processing.resample)
             image = np.array(resized)
-        return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).unsqueeze(0).float()
+        # a read-only frame (decoded from a message) is copied: torch warns on sharing its memory
+        return torch.from_numpy(np.require(image, requirements=("C", "W"))).permute(2, 0, 1).unsqueeze(0).float()
 
     def normalised_pixels(self, resized: torch.Tensor) -> torch.Tensor:
         """(1, 3 x towers, S, S): ``(x / 255 - mean) / std`` per tower, in float32 and in that order

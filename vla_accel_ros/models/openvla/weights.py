@@ -15,26 +15,21 @@ its names. The towers' last block, final norm and SigLIP's attention-pool head a
 
 from __future__ import annotations
 
-import json
 import mmap
 import re
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from vla_accel_ros.models.hf.hf_vla import check_weights
+from vla_accel_ros.models.files import SINGLE_FILE, check_weights, indexed_shards, safetensors_header
 
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 # (published prefix, our prefix) pairs, tried in order
 PREFIXES = (
@@ -67,37 +62,18 @@ class ShardReader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            with path.open("rb") as handle:
-                size = path.stat().st_size
-                head = handle.read(8)
-                if len(head) < 8:
-                    raise ValueError(f"{path}: truncated or not safetensors ({size} bytes)")
-                (header_len,) = struct.unpack("<Q", head)
-                if header_len > min(MAX_HEADER_BYTES, size - 8):
-                    raise ValueError(f"{path}: truncated or not safetensors (a header of {header_len} bytes "
-                                     f"in a file of {size})")
-                header = json.loads(handle.read(header_len))
-                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
-        except OSError as error:
-            raise ValueError(f"{path}: cannot read it ({error})") from None
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise ValueError(f"{path}: not a safetensors file (its header is not JSON)") from None
-        if not isinstance(header, dict):
-            raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object)")
-        base = 8 + header_len
+        entries, base = safetensors_header(path)  # a truncated or corrupt file is named here
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
         self.tensors: dict[str, StoredTensor] = {}
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
+        for name, entry in entries.items():
             try:
                 dtype = SAFETENSORS_DTYPES[entry["dtype"]]
                 shape = tuple(int(n) for n in entry["shape"])
                 start, end = (base + int(n) for n in entry["data_offsets"])
             except (KeyError, TypeError, ValueError):
                 raise ValueError(f"{path}: tensor '{name}' has a malformed header entry {entry!r}") from None
-            if end > size:
-                raise ValueError(f"{path}: truncated: tensor '{name}' ends at byte {end}, the file has {size}")
             count = 1
             for n in shape:
                 count *= n
@@ -117,28 +93,13 @@ class ShardReader:
 def shard_files(directory: Path) -> dict[str, Path]:
     """Each stored tensor's name -> its shard, from ``model.safetensors.index.json`` (or the one
     ``model.safetensors``); ValueError naming the index or the shard at fault."""
-    check_weights(directory)  # pickles alone are refused
-    index_path = directory / INDEX_FILE
-    if not index_path.is_file():
-        if not (directory / SINGLE_FILE).is_file():
-            raise ValueError(f"{directory}: no weights ({INDEX_FILE} or {SINGLE_FILE})")
-        return dict.fromkeys(ShardReader(directory / SINGLE_FILE).tensors, directory / SINGLE_FILE)
-    try:
-        index = json.loads(index_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{index_path}: cannot be read as JSON ({error})") from None
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise ValueError(f"{index_path}: no weight_map of tensor name -> shard file")
-    files = {}
-    for shard in sorted(set(weight_map.values())):
-        path = directory / shard
-        if Path(shard).name != shard:
-            raise ValueError(f"{index_path}: shard '{shard}' is not a file beside the index")
-        if not path.is_file():
-            raise ValueError(f"{path}: missing (named by {index_path.name})")
-        files[shard] = path
-    return {name: files[shard] for name, shard in weight_map.items()}
+    check_weights(directory)  # pickles alone are refused, every shard complete
+    shards = indexed_shards(directory)
+    if shards is not None:
+        return shards
+    if not (directory / SINGLE_FILE).is_file():
+        raise ValueError(f"{directory}: no weights (model.safetensors.index.json or {SINGLE_FILE})")
+    return dict.fromkeys(ShardReader(directory / SINGLE_FILE).tensors, directory / SINGLE_FILE)
 
 
 def our_name(published: str) -> str | None:

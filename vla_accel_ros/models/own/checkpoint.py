@@ -23,7 +23,11 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.core.robot_record import ROBOT_KEY, RobotRecord, package_robot
+from vla_accel_ros.models.api import CheckpointRef
+from vla_accel_ros.models.files import SafetensorsProblem, check_safetensors
+from vla_accel_ros.models.load import recognise
 from vla_accel_ros.models.own.draft import ContactHead, DraftHead, ParallelDraftHead
 from vla_accel_ros.models.own.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.models.own.policy import Policy
@@ -134,10 +138,24 @@ def load_policy_directory(directory: Path, unnorm_key: str = "") -> Policy:
 
 
 def load_checkpoint(path: Path | str) -> Policy:
-    """Load a Policy from a checkpoint directory, validating everything against the config."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(path, "checkpoint directory not found")
+    """Load a Policy from a checkpoint directory, validating everything against the config. A
+    directory that does not exist, or one of another family (a Hugging Face VLA, ``hf:DIR``), is
+    refused in one line that says so."""
+    ref = CheckpointRef.parse(path)
+    path = ref.directory
+    problem = checkpoint_problem(path)
+    if problem:
+        raise CheckpointError(path, problem)
+    if ref.declared_family or not (path / META_FILE).is_file():
+        try:
+            family = recognise(ref)
+        except ValueError as err:
+            if (path / "config.json").is_file():  # another kind of model: what it is and the families known
+                raise CheckpointError(path, str(err).removeprefix(f"{path}: ")) from None
+            family = None  # no family's files at all: model.json is named missing below
+        if family is not None and family.name != "own":
+            raise CheckpointError(path, f"a checkpoint of the {family.name} family ({family.marker}), where this "
+                                        f"command needs one of the own family ({META_FILE})")
     meta_path, weights_path = path / META_FILE, path / WEIGHTS_FILE
     meta = _read_meta(meta_path)
     try:
@@ -340,6 +358,10 @@ def _read_tensors(weights_path: Path, expected: dict[str, torch.Tensor]) -> dict
     every shape as expected, all finite floating point."""
     if not weights_path.is_file():
         raise CheckpointError(weights_path, "file not found")
+    try:  # a truncated file said so, not in safetensors' own words
+        check_safetensors(weights_path)
+    except SafetensorsProblem as problem:
+        raise CheckpointError(weights_path, problem.problem) from None
     try:
         tensors = load_file(str(weights_path))
     except Exception as exc:  # safetensors raises its own error types for corrupt/truncated files

@@ -196,8 +196,10 @@ class Policy:
             # one instruction serves a whole episode: its ids are made once (read-only to callers)
             text = encode_instruction(obs.instruction, self.config.max_text_len)
             cached = self._instruction_ids = (obs.instruction, torch.from_numpy(text).unsqueeze(0).to(device))
-        images, proprio = (torch.from_numpy(np.ascontiguousarray(image)).unsqueeze(0),
-                           torch.from_numpy(proprio).unsqueeze(0))
+        # torch refuses to share a read-only array's memory (a frame decoded from a message, a bag's
+        # buffer) and warns: such an array, or a strided one, is copied first.
+        images, proprio = (torch.from_numpy(np.require(image, requirements=("C", "W"))).unsqueeze(0),
+                           torch.from_numpy(np.require(proprio, requirements=("C", "W"))).unsqueeze(0))
         if device.type != "cpu":
             images, proprio = images.to(device), proprio.to(device)
         return images, cached[1], proprio

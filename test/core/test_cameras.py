@@ -15,7 +15,7 @@ def test_images_within_the_tolerance_make_one_observation_once():
     assert not cameras.add(0, SCENE, stamp=1.00, received=1.001)  # the wrist image is missing
     assert cameras.add(1, WRIST, stamp=1.01, received=1.002)
     assert cameras.matched is not None and cameras.matched[1] is WRIST and cameras.matched_received == 1.001
-    assert not cameras.add(1, WRIST, stamp=1.01, received=1.003)  # the same stamps again: no new observation
+    assert cameras.add(1, WRIST, stamp=1.01, received=1.003)  # a new frame, within the tolerance: a new observation
     assert not cameras.add(0, SCENE, stamp=1.05, received=1.051)  # 40 ms from the wrist's: out of tolerance
     assert cameras.add(1, WRIST, stamp=1.05, received=1.052)
 
@@ -41,4 +41,5 @@ def test_each_camera_is_watched_and_the_culprit_named():
 def test_one_camera_reads_as_before():
     cameras = CameraSet(("camera/image_raw",), tolerance_s=0.0)
     assert cameras.add(0, SCENE, stamp=5.0, received=1.0)
+    assert cameras.add(0, SCENE, stamp=5.0, received=1.05)  # unstamped publishers: every frame is one
     assert cameras.hold_reason(2.0, 0.5, 0.05).startswith("camera stale")

@@ -35,7 +35,7 @@ class CameraSet:
         self.refused = [""] * len(names)  # why each camera's images since its last usable one were refused
         self.matched: tuple[np.ndarray, ...] | None = None  # the newest observation's images
         self.matched_received = -math.inf  # arrival of its primary image
-        self._matched_stamps: tuple[float, ...] = ()
+        self._matched_frames: tuple[_Frame, ...] = ()
 
     def __len__(self) -> int:
         return len(self.names)
@@ -50,18 +50,18 @@ class CameraSet:
         return -math.inf if frame is None else frame.received
 
     def add(self, camera: int, image: np.ndarray, stamp: float, received: float) -> bool:
-        """Store a camera's image; True when it completes a new observation (a set of images, one
-        per camera, stamped within the tolerance of the primary's, not used before)."""
+        """Store a camera's image; True when it completes a new observation: a set of images, one per
+        camera, stamped within the tolerance of the first camera's, this new image among them (a
+        publisher that leaves its stamps at 0 still makes one observation per frame)."""
         self.frames[camera] = _Frame(image, stamp, received)
         if any(frame is None for frame in self.frames):
             return False
-        frames = [f for f in self.frames if f is not None]
-        stamps = tuple(f.stamp for f in frames)
-        if stamps == self._matched_stamps or max(abs(s - stamps[0]) for s in stamps) > self.tolerance_s:
+        frames = tuple(f for f in self.frames if f is not None)
+        if max(abs(f.stamp - frames[0].stamp) for f in frames) > self.tolerance_s:
             return False
         self.matched = tuple(f.image for f in frames)
         self.matched_received = frames[0].received
-        self._matched_stamps = stamps
+        self._matched_frames = frames
         return True
 
     def hold_reason(self, now: float, timeout_s: float, ahead_s: float) -> str:
@@ -79,9 +79,9 @@ class CameraSet:
                 return f"{label} stale (stamped {frame.received - now:.3f} s ahead: the clock went back)"
         if len(self.names) > 1 and now - self.matched_received > timeout_s:
             frames = [f for f in self.frames if f is not None]
-            for name, frame, used in zip(self.names, frames, self._matched_stamps or (None,) * len(frames),
+            for name, frame, used in zip(self.names, frames, self._matched_frames or (None,) * len(frames),
                                          strict=True):
-                if frame.stamp == used:  # nothing from it since the last observation: it is the late one
+                if frame is used:  # nothing from it since the last observation: it is the late one
                     return (f"camera '{name}' stale (no image since the last observation, "
                             f"{now - frame.received:.3f} s ago; timeout {timeout_s} s)")
             offsets = [abs(f.stamp - frames[0].stamp) for f in frames]

@@ -231,10 +231,11 @@ class DdsRig:
         self.stop = threading.Event()
 
     def spin(self, node: Any, *, executor: str = "multi", feed: Callable[[], None] | None = None,
-             others: tuple[Any, ...] = ()) -> None:
+             others: tuple[Any, ...] = (), realtime: bool = False) -> None:
         """``executor``: "multi" (node and peer on one 3-thread executor), "single" (one
         single-threaded executor) or "split" (a single-threaded executor each). ``feed`` runs in
-        its own daemon thread. ``others``: more nodes under test, spun with ``node``."""
+        its own daemon thread. ``others``: more nodes under test, spun with ``node``. ``realtime``:
+        the thread spinning ``node`` first takes its ``realtime_priority``, as ``ros2 run`` does."""
         from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
 
         self.node = node
@@ -247,14 +248,16 @@ class DdsRig:
         for under_test in (node, *others):
             self.executors[0].add_node(under_test)
         self.executors[-1].add_node(self.peer)
-        self.threads = [threading.Thread(target=self._spin_until_stopped, args=(e,), daemon=True)
-                        for e in self.executors]
+        self.threads = [threading.Thread(target=self._spin_until_stopped, args=(e, realtime and i == 0), daemon=True)
+                        for i, e in enumerate(self.executors)]
         if feed is not None:
             self.threads.append(threading.Thread(target=feed, daemon=True))
         for t in self.threads:
             t.start()
 
-    def _spin_until_stopped(self, executor: Any) -> None:
+    def _spin_until_stopped(self, executor: Any, realtime: bool = False) -> None:
+        if realtime:
+            self.node.apply_realtime_priority()
         # Not executor.spin(): shutting an executor down while a thread spins it races inside rclpy
         # (a finishing callback can trigger a guard condition the shutdown has just destroyed).
         while not self.stop.is_set():

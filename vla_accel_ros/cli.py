@@ -45,22 +45,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "train an EAGLE-style draft head on a Hugging Face VLA (hf:DIR) or an OpenVLA model"),
     "build-store": ("vla_accel_ros.commands.build_store",
                     "build HeiSD's store: demonstrated trajectories the heisd decoder drafts from"),
+    "convert": ("vla_accel_ros.commands.convert",
+                "an OpenVLA-OFT directory's .pt components as safetensors, once"),
     "predict": ("vla_accel_ros.commands.predict", "one observation in, its action and timings out, any checkpoint"),
     "vision-fidelity": ("vla_accel_ros.commands.vision_fidelity",
                         "incremental vision (re-encode changed patches only) against the full prefill"),
     "hf-cost": ("vla_accel_ros.commands.hf_cost",
                 "time a Hugging Face VLA's passes at OpenVLA's size and the implied speed-ups"),
+    "lerobot-cost": ("vla_accel_ros.commands.lerobot_cost",
+                     "SmolVLA's or pi0's prefix, flow step and chunk at the real shape, in CPU time"),
     "soak": ("vla_accel_ros.commands.soak", "the node for a long run at a control rate: is its memory flat?"),
     "sim-speed": ("vla_accel_ros.commands.sim_speed", "measure sim steps/s with and without rendering"),
 }
 
 # How ``vla-accel --help`` lists them: what each group is for, and its commands in order.
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "run": ("the node and the sim, bags", ("sim", "record", "replay")),
+    "run": ("the node and the sim, bags", ("sim", "record", "replay", "soak")),
     "evaluate": ("success rate and speed over seeded episodes", ("eval", "bench", "fleet-bench")),
     "train": ("demonstrations, models and their heads", ("demos", "train", "train-flow", "train-parallel-draft",
                                                          "train-world", "train-hf", "train-draft", "build-store")),
-    "inspect": ("one part up close", ("predict", "vision-fidelity", "hf-cost", "sim-speed")),
+    "inspect": ("one part up close", ("predict", "vision-fidelity", "hf-cost", "lerobot-cost",
+                                                 "sim-speed")),
+    "models": ("published checkpoints", ("convert",)),
 }
 
 DESCRIPTION = ("Run, evaluate, train and inspect the VLA policy and its accelerated decoders,\n"

@@ -47,7 +47,8 @@ class HeadlessPolicy:
 
 
 REFUSED = {"sd": "draft head", "kerv_released": "draft head", "deadline": "draft head", "heisd": "draft head",
-           "flow10": "continuous action head", "flow2": "continuous action head"}
+           "flow10": "continuous action head", "flow2": "continuous action head",
+           "chunk": "predicts its chunk in one pass"}
 WARNED = {"world_aware": "no contact head"}
 
 

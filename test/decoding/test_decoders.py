@@ -71,7 +71,8 @@ DECODERS = names()
 
 
 def test_registry_names_and_errors() -> None:
-    assert DECODERS == ("ar", "sd", "kerv_released", "kerv", "world_aware", "deadline", "heisd", "flow10", "flow2")
+    assert DECODERS == ("ar", "sd", "kerv_released", "kerv", "world_aware", "deadline", "heisd", "flow10", "flow2",
+                        "chunk")
     for name in DECODERS:
         assert make_decoder(name).name == name
         assert make_decoder(name).spec is spec_of(name)
@@ -87,6 +88,7 @@ def test_registry_names_and_errors() -> None:
 
 def test_the_specs_declare_each_decoders_capabilities() -> None:
     assert names_with(lambda s: s.flow_head) == ("flow10", "flow2")
+    assert names_with(lambda s: s.action_chunk) == ("chunk",)
     assert names_with(lambda s: s.retrieval_store) == ("heisd",)
     assert names_with(lambda s: s.episode_state) == ("heisd",)
     assert names_with(lambda s: s.verifies_in_prefill) == ("world_aware",)
@@ -323,7 +325,7 @@ def test_run_policy_step_over_an_episode(policy: Policy, kin: ArmKinematics, obs
     store = RetrievalStore.build(keys, np.random.default_rng(0).integers(0, 255, (3, 4, 7)),
                                  meta={"calibration": PUBLISHED_BOUNDARY.to_dict()})
     settings = {"heisd": {"store": store}}  # heisd needs a retrieval store
-    for name in DECODERS:
+    for name in (n for n in DECODERS if not spec_of(n).refusal(policy.capabilities())):  # chunk: OFT's
         history = EpisodeHistory(JointKalmanFilter(kin, dt=0.05), max_steps=10, control_period_s=0.05)
         for i, obs in enumerate(observations(5, seed=5)):
             assert history.observe_joints(obs.joint_pos * 0 + Q_HOME + 0.01 * i, obs.stamp)

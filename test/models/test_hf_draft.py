@@ -121,7 +121,7 @@ def test_broken_head_files_are_refused_naming_the_file(with_head: Path, tmp_path
         load_hf_vla(directory)
     (directory / DRAFT_META_FILE).write_text(json.dumps(meta))
     (directory / DRAFT_WEIGHTS_FILE).write_bytes(b"not safetensors")
-    with pytest.raises(ValueError, match=f"{DRAFT_WEIGHTS_FILE}: cannot read safetensors"):
+    with pytest.raises(ValueError, match=f"{DRAFT_WEIGHTS_FILE}: truncated or not safetensors"):
         load_hf_vla(directory)
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("rclpy")
 from vla_accel_ros.cli import main as cli_main  # noqa: E402
 from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.core.resources import default_urdf  # noqa: E402
-from vla_accel_ros.rosbag.compare import no_command_cause  # noqa: E402
+from vla_accel_ros.rosbag.compare import no_command_cause, verdict  # noqa: E402
 from vla_accel_ros.rosbag.io import (  # noqa: E402
     TOPICS,
     BagWriter,
@@ -125,3 +125,17 @@ def test_realtime_replay_with_remaps_and_no_command_exits_2_without_rcl_warnings
     assert proc.returncode == 2, proc.stderr
     assert "Found remap rule" not in proc.stderr
     assert "no command produced" in proc.stderr and "ur_joint_1" in proc.stderr
+
+
+def test_a_verdict_within_the_tolerance_but_short_of_matches_says_why() -> None:
+    """Every difference within the tolerance, but too few recorded commands matched in time: the
+    verdict is DIVERGED and says which of the two it is."""
+    summary: dict[str, Any] = {"mode": "deterministic", "recording": "live", "frames": 257, "commands": 257,
+                               "recorded_commands": 79, "matched": 46, "recorded_matched": 46, "identical": False,
+                               "within_tolerance": False, "tolerance": 0.217, "tolerance_source": "recording",
+                               "max_abs_diff": 0.07, "mean_abs_diff": 0.01, "first_divergent_step": None,
+                               "errors": [], "unsafe_commands": 0}
+    line = verdict(summary)
+    assert "DIVERGED" in line and "only 46 of the 79 recorded commands" in line and "90% of them needed" in line
+    assert "first beyond it" not in line
+    assert "only" not in verdict({**summary, "within_tolerance": True, "recorded_matched": 79})

@@ -32,8 +32,8 @@ openvla_layout = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(openvla_layout)  # type: ignore[union-attr]
 
 # Which checkpoints a command takes: any family, only the package's own, only a Hugging Face VLA,
-# a token VLA (a Hugging Face or an OpenVLA model).
-ANY, OWN, HF, TOKEN = "any", "own", "hf", "token"
+# a token VLA (a Hugging Face or an OpenVLA model), an OpenVLA-OFT model.
+ANY, OWN, HF, TOKEN, OFT = "any", "own", "hf", "token", "oft"
 # command -> (the families it takes, its arguments; {X}: the checkpoint, {O}: a fresh output path,
 # {D}: a demo directory, {B}: a bag, {I}: an image file)
 ARGV: dict[str, tuple[str, str]] = {
@@ -45,6 +45,7 @@ ARGV: dict[str, tuple[str, str]] = {
     "sim": (ANY, "sim --checkpoint {X} --episodes 1 --out {O}"),
     "record": (ANY, "record --checkpoint {X} --episodes 1 --duration-s 0.5 --out {O}"),
     "replay": (ANY, "replay {B} --checkpoint {X} --summary {O}"),
+    "soak": (ANY, "soak --checkpoint {X} --minutes 0.1 --out {O}"),
     "predict": (ANY, "predict --checkpoint {X} --image {I} --instruction pick_up_the_red_cube --json"),
     "vision-fidelity": (OWN, "vision-fidelity --checkpoint {X} --episodes 1 --max-steps 2 --out {O}"),
     "demos": (OWN, "demos --policy {X} --episodes 1 --max-steps 2 --out {O}"),
@@ -55,21 +56,22 @@ ARGV: dict[str, tuple[str, str]] = {
     "build-store": (OWN, "build-store --checkpoint {X} --data {D} --out {O} --no-progress"),
     "train-hf": (HF, "train-hf --data {D} --out {O} --init {X} --epochs 0 --no-progress"),
     "train-draft": (TOKEN, "train-draft --checkpoint {X} --data {D} --epochs 1 --no-progress"),
+    "convert": (OFT, "convert {X}"),
 }
-NO_CHECKPOINT = {"sim-speed"}  # commands that load none
+NO_CHECKPOINT = {"sim-speed", "lerobot-cost"}  # commands that load none (lerobot-cost: random weights)
 # bad checkpoint -> (the families of the commands it is given to, what the error line must say)
 CASES: dict[str, tuple[tuple[str, ...], str]] = {
-    "missing": ((ANY, OWN, HF, TOKEN), "does not exist"),
-    "hf_missing": ((ANY, OWN, HF, TOKEN), "does not exist"),
+    "missing": ((ANY, OWN, HF, TOKEN, OFT), "does not exist"),
+    "hf_missing": ((ANY, OWN, HF, TOKEN, OFT), "does not exist"),
     "truncated_own": ((ANY, OWN), "model.safetensors: truncated"),
     "truncated_hf": ((ANY, HF, TOKEN), "model.safetensors: truncated"),
     "truncated_openvla": ((ANY, TOKEN), "model-00001-of-00002.safetensors: truncated"),
     "no_statistics": ((ANY, HF, TOKEN), "dataset_statistics.json"),
     "no_statistics_openvla": ((ANY, TOKEN), "dataset_statistics.json"),
-    "unsupported_family": ((ANY, OWN, HF, TOKEN), "config.json"),
+    "unsupported_family": ((ANY, OWN, HF, TOKEN, OFT), "config.json"),
     "hf_without_prefix": ((OWN,), "hf family"),
-    "openvla_to_own": ((OWN,), "openvla family"),
-    "placeholder": ((ANY, OWN, HF, TOKEN), "set checkpoint to your model's directory"),
+    "openvla_to_own": ((OWN, OFT), "openvla family"),
+    "placeholder": ((ANY, OWN, HF, TOKEN, OFT), "set checkpoint to your model's directory"),
 }
 
 PAIRS = [(command, case) for command, (family, _) in ARGV.items() if command in COMMANDS

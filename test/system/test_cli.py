@@ -27,7 +27,7 @@ def test_the_command_list_groups_every_command_once_with_one_line(capsys: pytest
     listed = re.findall(r"^  (\S+) +\S", text.split("commands:\n", 1)[1], flags=re.MULTILINE)
     assert sorted(listed) == sorted(cli.COMMANDS) and len(listed) == len(set(listed))
     groups = re.findall(r"^(\w+): ", text.split("commands:\n", 1)[1], flags=re.MULTILINE)
-    assert groups == ["run", "evaluate", "train", "inspect"]
+    assert groups == ["run", "evaluate", "train", "inspect", "models"]
     assert all(len(line) <= 110 for line in text.splitlines())
 
 

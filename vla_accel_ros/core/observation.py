@@ -16,8 +16,10 @@ class Observation:
     joint_pos: arm joint positions in the arm's joint order (rad or m), shape (n_arm,).
     gripper: finger opening in metres (sum of both fingers' travel is not used: one finger's).
     stamp: time of the observation in seconds (sim or ROS time).
-    extra_images: the other cameras' RGB uint8 images, in the order of the model's image slots after
-        the first (a wrist camera); empty for a one-camera observation.
+    extra_images: the further cameras' RGB uint8 images (a wrist camera, ...), in the order of the
+        model's image slots after ``image``.
+    state: the robot state a policy reads in place of :attr:`proprio`, raw (OpenVLA-OFT's proprio
+        as its dataset recorded it, e.g. LIBERO's end-effector pose and gripper); None: ``proprio``.
     """
 
     image: np.ndarray
@@ -26,10 +28,11 @@ class Observation:
     gripper: float
     stamp: float = 0.0
     extra_images: tuple[np.ndarray, ...] = ()
+    state: np.ndarray | None = None
 
     @property
     def images(self) -> tuple[np.ndarray, ...]:
-        """Every camera's image, in image-slot order (``image`` first)."""
+        """Every camera's image, in the model's image slots: ``image`` then ``extra_images``."""
         return (self.image, *self.extra_images)
 
     @property

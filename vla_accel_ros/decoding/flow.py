@@ -28,6 +28,7 @@ from vla_accel_ros.decoding.protocol import (
     N_ACTION_TOKENS,
     DecodeContext,
     Decoder,
+    DecodeResult,
     Step,
     model_free_result,
 )
@@ -58,11 +59,13 @@ class FlowDecoder(Decoder):
 
     def step(self, policy: PolicyLike, context: DecodeContext, prefix: Prefix | None = None) -> Step:
         self.check_policy(policy)
-        heads = policy.flow
         ledger = PassLedger(policy, context)  # no target pass after the prefill: it only times the step
         prefill = yield from ledger.prefill(prefix)
         if context.step == 0:
             self.generator.manual_seed(self.config.seed)
+        if policy.capabilities().flow_chunks:
+            return self._sampled_chunk(policy, context, prefill.prefix, ledger)
+        heads = policy.flow
         noise = self.next_noise(context.step, heads.config.action_width)
         condition = prefix_condition(prefill.prefix.hidden_last, prefill.prefix.pooled)
         if heads.config.cameras > 1:  # the other cameras' images, after the first's
@@ -78,6 +81,18 @@ class FlowDecoder(Decoder):
         result = model_free_result(self.name, chunk[0], tokens, {"head": head_ms, "decode": ledger.decode_ms()})
         # A chunked head (horizon > 1) hands the controller every step of its chunk.
         return replace(result, chunk=chunk) if len(chunk) > 1 else result
+
+    def _sampled_chunk(self, policy: Any, context: DecodeContext, prefix: Prefix, ledger: PassLedger) -> DecodeResult:
+        """A flow VLA's chunk (``flow_chunks``): fresh noise of the policy's shape, the policy's own
+        step count (``flow10``) or 2 Euler steps of the same field (``flow2``)."""
+        noise = torch.randn(policy.noise_shape(), generator=self.generator)
+        steps = 2 if self.student else int(policy.config.num_steps)
+        head_start = context.clock()
+        chunk = policy.sample_chunk(prefix, noise, steps)
+        head_ms = (context.clock() - head_start) * 1e3
+        tokens = np.zeros(N_ACTION_TOKENS, dtype=np.int64)  # no action tokens: bookkeeping only
+        result = model_free_result(self.name, chunk[0], tokens, {"head": head_ms, "decode": ledger.decode_ms()})
+        return replace(result, chunk=chunk)
 
 
 class Flow2Decoder(FlowDecoder):

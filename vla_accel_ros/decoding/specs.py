@@ -192,6 +192,7 @@ class DecoderSpec:
     parallel_draft: ClassVar[bool] = False  # drafts with the parallel draft head when the policy has one
     contact_head: ClassVar[bool] = False  # reads the contact head where the scene gives no clearance
     flow_head: ClassVar[bool] = False  # decodes with the continuous action head (vla-accel train-flow)
+    action_chunk: ClassVar[bool] = False  # reads the chunk a policy's prefill predicts (OpenVLA-OFT); no tokens
     retrieval_store: ClassVar[bool] = False  # needs a retrieval store (vla-accel build-store)
     episode_state: ClassVar[bool] = False  # keeps state across steps that a new episode clears
     fill_check: ClassVar[bool] = False  # fills a rejected suffix with the Kalman filter and can check it
@@ -207,6 +208,12 @@ class DecoderSpec:
     @classmethod
     def refusal(cls, offered: PolicyCapabilities) -> str:
         """Why a policy offering ``offered`` cannot serve this decoder ('' when it can)."""
+        if offered.action_chunk and not cls.action_chunk:
+            return (f"decoder '{cls.name}' does not apply: the policy has no action tokens, it predicts a whole "
+                    f"chunk in one pass (decoder '{CHUNK_DECODER}')")
+        if cls.action_chunk and not offered.action_chunk:
+            return (f"decoder '{cls.name}' needs a policy that predicts its chunk in one pass (an OpenVLA-OFT "
+                    "checkpoint)")
         if cls.flow_head and not offered.flow_head:
             return f"decoder '{cls.name}' needs a checkpoint with a continuous action head (vla-accel train-flow)"
         if cls.draft_head and not offered.draft_head:
@@ -341,6 +348,15 @@ class Flow2(DecoderSpec):
     flow_head = True
 
 
+@register
+class Chunk(DecoderSpec):
+    name = "chunk"
+    summary = "the policy's own chunk from its one pass (OpenVLA-OFT's parallel decoding); no action tokens"
+    implementation = "vla_accel_ros.decoding.chunk:ChunkDecoder"
+    action_chunk = True
+
+
+CHUNK_DECODER = Chunk.name
 DEFAULT = Kerv.name  # the decoder of the node and of the commands that run it, unless told otherwise
 
 

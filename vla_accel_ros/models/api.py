@@ -45,6 +45,11 @@ class PolicyCapabilities:
     flow_head: ``flow`` (the continuous action head).
     incremental_prefill: ``incremental_prefill(settings)`` (reuse of unchanged image tokens).
     batched_passes: ``prefill_batch`` and ``score`` take a batch of several observations.
+    flow_chunks: ``sample_chunk(prefix, noise, steps)``: a flow VLA that samples a whole chunk from its
+        prefix's keys and values (LeRobot's SmolVLA and π0), with ``noise_shape()``; no action tokens.
+    action_chunk: the prefill predicts a whole chunk of actions in its one pass, read with
+        ``action_chunk(prefix)`` (OpenVLA-OFT's parallel decoding); the policy has no action
+        tokens, so no token decoder applies.
     image_slots: camera images one observation holds (``Observation.images``, in slot order).
     """
 
@@ -54,6 +59,8 @@ class PolicyCapabilities:
     flow_head: bool = False
     incremental_prefill: bool = False
     batched_passes: bool = False
+    flow_chunks: bool = False
+    action_chunk: bool = False
     image_slots: int = 1
 
     def missing(self) -> list[str]:

@@ -7,8 +7,13 @@ when a directory of that family is loaded (torch, transformers):
 - ``hf``: ``config.json`` of a Llava-style VLA, a ``vision_config`` and an image token
   (:mod:`vla_accel_ros.models.hf.hf_vla`); ``hf:DIR`` declares it, for a directory that is not
   recognised otherwise;
+- ``oft``: an OpenVLA directory with an OpenVLA-OFT action head beside it
+  (``action_head--<step>_checkpoint.*``; :mod:`vla_accel_ros.models.oft.checkpoint`);
 - ``openvla``: ``config.json`` with ``model_type: "openvla"``, openvla-7b and its fine-tunes as
-  published (:mod:`vla_accel_ros.models.openvla.checkpoint`).
+  published (:mod:`vla_accel_ros.models.openvla.checkpoint`);
+- ``lerobot``: a LeRobot policy directory, ``config.json`` with a policy ``type`` beside
+  ``policy_preprocessor.json`` (SmolVLA and π0, :mod:`vla_accel_ros.models.lerobot.policy`); its
+  loaders also take ``tokenizer_dir``.
 
 A directory no family recognises is refused in one line that names the file read and the families
 known. Every loader raises ValueError (the own family's CheckpointError is one) naming the file at fault.
@@ -50,17 +55,22 @@ class Family:
     # "module:function" called with the directory and unnorm_key: the family's checks of its files
     # that need no model (ValueError naming the file at fault); empty: none beyond recognising it
     checker: str = ""
+    takes_tokenizer_dir: bool = False
 
     def load(self, directory: Path, unnorm_key: str, *, device: str | None = None,
-             dtype: str | None = None) -> PolicyLike:
-        if device is None and dtype is None:
+             dtype: str | None = None, tokenizer_dir: Path | None = None) -> PolicyLike:
+        if tokenizer_dir is not None and not self.takes_tokenizer_dir:
+            raise ValueError(f"{directory}: a checkpoint of the {self.name} family holds its tokenizer; "
+                             "tokenizer_dir does not apply")
+        if device is None and dtype is None and tokenizer_dir is None:
             policy: PolicyLike = _function(self.loader)(directory, unnorm_key)
             return policy
         if not self.placed_loader:
             raise ValueError(f"{directory}: a checkpoint of the {self.name} family runs on the CPU in float32 "
                              "(no device or dtype can be chosen)")
+        extra = {"tokenizer_dir": tokenizer_dir} if self.takes_tokenizer_dir else {}
         placed: PolicyLike = _function(self.placed_loader)(directory, unnorm_key=unnorm_key or None, device=device,
-                                                           dtype=dtype)
+                                                           dtype=dtype, **extra)
         return placed
 
 
@@ -106,6 +116,38 @@ def check_token_vla_files(directory: Path, unnorm_key: str = "") -> None:
     load_action_statistics(directory, with_overrides(load_spec(directory), unnorm_key=unnorm_key or None))
 
 
+def _is_lerobot(directory: Path, config: dict[str, Any] | None) -> bool:
+    return config is not None and "type" in config and (directory / "policy_preprocessor.json").is_file()
+
+
+def check_lerobot_files(directory: Path, unnorm_key: str = "") -> None:
+    """A LeRobot policy's files: ``config.json`` of a supported type, ``model.safetensors`` complete."""
+    from vla_accel_ros.models.lerobot.config import parse_config
+
+    if unnorm_key:
+        raise ValueError(f"{directory}: a LeRobot policy has one set of statistics; unnorm_key does not apply")
+    parse_config(directory / CONFIG_FILE, read_config(directory) or {})
+    if not (directory / "model.safetensors").is_file():
+        raise ValueError(f"{directory / 'model.safetensors'}: missing (the policy's weights)")
+    check_safetensors(directory / "model.safetensors")
+
+
+def _is_oft(directory: Path, config: dict[str, Any] | None) -> bool:
+    from vla_accel_ros.models.oft.components import has_action_head
+
+    return config is not None and config.get("model_type") == "openvla" and has_action_head(directory)
+
+
+def check_oft_files(directory: Path, unnorm_key: str = "") -> None:
+    """An OpenVLA-OFT directory's files: safetensors weights, every shard its index names present
+    and complete, and its components converted to safetensors (:mod:`.oft.components`)."""
+    from vla_accel_ros.models.oft.components import find_components
+
+    check_weights(directory)
+    for path in find_components(directory).values():
+        check_safetensors(path)
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("own", "model.json", lambda directory, config: (directory / "model.json").is_file(),
            "vla_accel_ros.models.own.checkpoint:load_policy_directory",
@@ -113,11 +155,18 @@ FAMILIES: tuple[Family, ...] = (
     Family("hf", "config.json of a Llava-style VLA (a vision_config and an image token)", _is_llava_style,
            "vla_accel_ros.models.hf.hf_vla:load_policy_directory", "vla_accel_ros.models.hf.hf_vla:load_hf_vla",
            checker="vla_accel_ros.models.load:check_hf_files"),
+    Family("oft", 'config.json with model_type "openvla" and an action_head--<step>_checkpoint file (OpenVLA-OFT)',
+           _is_oft, "vla_accel_ros.models.oft.checkpoint:load_policy_directory",
+           "vla_accel_ros.models.oft.checkpoint:load_oft", checker="vla_accel_ros.models.load:check_oft_files"),
     Family("openvla", 'config.json with model_type "openvla" (openvla-7b and its fine-tunes)',
            lambda directory, config: config is not None and config.get("model_type") == "openvla",
            "vla_accel_ros.models.openvla.checkpoint:load_policy_directory",
            "vla_accel_ros.models.openvla.checkpoint:load_openvla",
            checker="vla_accel_ros.models.load:check_token_vla_files"),
+    Family("lerobot", "config.json with a policy type beside policy_preprocessor.json (SmolVLA, pi0)", _is_lerobot,
+           "vla_accel_ros.models.lerobot.policy:load_policy_directory",
+           "vla_accel_ros.models.lerobot.policy:load_lerobot", checker="vla_accel_ros.models.load:check_lerobot_files",
+           takes_tokenizer_dir=True),
 )
 
 
@@ -191,13 +240,14 @@ def require_family(source: str | Path | CheckpointRef, name: str, purpose: str) 
 
 
 def load_policy(source: str | Path | CheckpointRef, *, unnorm_key: str = "", device: str | None = None,
-                dtype: str | None = None) -> PolicyLike:
+                dtype: str | None = None, tokenizer_dir: Path | None = None) -> PolicyLike:
     """The policy in the checkpoint ``source`` names (a directory, or ``hf:DIR``), loaded by its family
     (``unnorm_key``: a Hugging Face or OpenVLA model's dataset in its statistics; empty = the only
     one; ``device`` and ``dtype``: where it runs and its weights' dtype, None = the family's
-    default); ValueError naming the file at fault."""
+    default; ``tokenizer_dir``: a LeRobot policy's tokenizer when not in the Hugging Face cache);
+    ValueError naming the file at fault."""
     ref = CheckpointRef.parse(source)
-    return recognise(ref).load(ref.directory, unnorm_key, device=device, dtype=dtype)
+    return recognise(ref).load(ref.directory, unnorm_key, device=device, dtype=dtype, tokenizer_dir=tokenizer_dir)
 
 
 def load_token_vla(source: str | Path | CheckpointRef, *, unnorm_key: str | None = None, device: str | None = None,

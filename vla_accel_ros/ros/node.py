@@ -281,7 +281,7 @@ class VlaAccelNode(LifecycleNode):
                 cfg.runner_config().checkpoint_path, self.kin.joint_names, self.kin.tcp_frame,
                 action_dt_s=cfg.action_dt_s, image_size=cfg.image_size, allow_unmatched=cfg.allow_unmatched_robot)
             if self._robot_warning:
-                self.get_logger().warn(self._robot_warning)
+                self.get_logger().warning(self._robot_warning)
         self.controller_joints = controller_joint_order(self.kin, cfg.controller_joints)
         self.controller = build_controller(cfg.controller_config(), self.kin, enabled=False,
                                            instruction=str(self.get_parameter("instruction").value))
@@ -306,7 +306,7 @@ class VlaAccelNode(LifecycleNode):
             cfg, self.kin, self.controller_joints, clock=self.get_clock(),
             make=lambda msg_type, topic: self.create_lifecycle_publisher(msg_type, topic, COMMAND_QOS))
         for warning in self._policy_warnings:
-            self.get_logger().warn(warning)
+            self.get_logger().warning(warning)
         # Start-up garbage (imports, model, URDF) is never scanned again: a full collection over it
         # took 20-80 ms, i.e. whole missed ticks, when it happened to run in the executor thread.
         gc.collect()
@@ -334,7 +334,7 @@ class VlaAccelNode(LifecycleNode):
     def _reject(self, message: str) -> None:
         """Count, keep for /diagnostics, and log each kind of problem once per LOG_THROTTLE_S."""
         if self._errors.add(message, time.monotonic()):
-            self.get_logger().warn(message)
+            self.get_logger().warning(message)
 
     def _stamp_in_order(self, what: str, stamp: float) -> bool:
         take, problem = self._stamps.check(what, stamp, self._now())
@@ -359,7 +359,7 @@ class VlaAccelNode(LifecycleNode):
         """A line the camera intake process printed (rclpy's log, libpng's and OpenCV's complaints about
         bad images): each kind logged at most once per LOG_THROTTLE_S."""
         if self._camera_output.add(line, time.monotonic()):
-            self.get_logger().warn(f"camera intake: {shorten(line)}")
+            self.get_logger().warning(f"camera intake: {shorten(line)}")
 
     def _on_joint_state(self, msg: JointState) -> None:
         stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
@@ -478,7 +478,7 @@ class VlaAccelNode(LifecycleNode):
         self.ticks.add(wall, result, self.kin.n)
         if (stall := self._stalls.tick(now)) is not None and wall - self._stall_logged >= LOG_THROTTLE_S:
             self._stall_logged = wall
-            self.get_logger().warn(f"control loop stalled: {stall.gap_s:.3f} s between two ticks ({stall.missed} "
+            self.get_logger().warning(f"control loop stalled: {stall.gap_s:.3f} s between two ticks ({stall.missed} "
                                    f"missed); likely cause: {stall.cause}")
 
     # --- reporting ----------------------------------------------------------------------------

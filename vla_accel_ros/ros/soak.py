@@ -22,6 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from vla_accel_ros.core.errors import RunFailed
+from vla_accel_ros.core.resources import default_checkpoint
+from vla_accel_ros.decoding.specs import DEFAULT
+from vla_accel_ros.models.load import check_checkpoint
+
 PROCESSES = ("node", "inference", "camera")
 START_TIMEOUT_S = 300.0
 
@@ -32,7 +37,7 @@ class SoakOptions:
     rate_hz: float = 50.0
     warmup_min: float = 5.0
     sample_s: float = 10.0
-    decoder: str = "kerv"
+    decoder: str = DEFAULT
     checkpoint: str = ""  # empty: the shipped policy
     domain_id: int = 97
     image_size: int = 128
@@ -133,8 +138,11 @@ class Robot:
 def run_soak(opts: SoakOptions, out: Path, on_sample: Callable[[dict[str, Any]], None] = lambda s: None,
              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the soak; its summary and samples. ``on_sample`` sees each sample as it is taken; the
-    node's log goes to ``out/node.log``. RuntimeError when the node ends or never reports its children."""
+    node's log goes to ``out/node.log``. RunFailed (ConfigError when it refused to start) when the node
+    ends or never reports its children."""
     from vla_accel_ros.ros.processes import NodeProcess, parameter_arguments
+
+    check_checkpoint(opts.checkpoint or default_checkpoint())  # a bad one is one line, not a refusing node
 
     out.mkdir(parents=True, exist_ok=True)
     params = {"autostart": True, "control_rate_hz": opts.rate_hz, "instruction": "pick up the red cube",
@@ -151,7 +159,7 @@ def run_soak(opts: SoakOptions, out: Path, on_sample: Callable[[dict[str, Any]],
             if node.returncode is not None:
                 raise node.exit_error("at start-up")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the node did not report its children within {START_TIMEOUT_S:.0f} s "
+                raise RunFailed(f"the node did not report its children within {START_TIMEOUT_S:.0f} s "
                                    f"(see {node.log})")
             time.sleep(0.5)
         t0 = time.monotonic()

@@ -106,10 +106,11 @@ def compare(produced: list[Command], recorded: list[Command], joint_names: tuple
     """Match each produced command with the recorded one nearest in time (within half a period);
     ``start_ns``: the bag's start, which ``first_divergent_t_s`` counts from; ``recording``: its
     kind, which says how many commands must match (all of them, or most of the recorded ones)."""
-    out: dict[str, Any] = {"recorded_commands": len(recorded), "matched": 0, "max_abs_diff": None,
-                           "mean_abs_diff": None, "first_divergent_step": None, "first_divergent_stamp_s": None,
-                           "first_divergent_t_s": None, "per_joint": {}, "gripper_max_abs_diff": None,
-                           "identical": False, "within_tolerance": False, "tolerance": tolerance}
+    out: dict[str, Any] = {"recorded_commands": len(recorded), "matched": 0, "recorded_matched": 0,
+                           "max_abs_diff": None, "mean_abs_diff": None, "first_divergent_step": None,
+                           "first_divergent_stamp_s": None, "first_divergent_t_s": None, "per_joint": {},
+                           "gripper_max_abs_diff": None, "identical": False, "within_tolerance": False,
+                           "tolerance": tolerance}
     diffs, finger_diffs, found = [], [], set()
     for step, j in match_commands(produced, recorded, period_s):
         found.add(j)
@@ -126,6 +127,7 @@ def compare(produced: list[Command], recorded: list[Command], joint_names: tuple
     d = np.array(diffs)
     out.update({
         "matched": len(diffs),
+        "recorded_matched": len(found),
         "max_abs_diff": float(d.max()),
         "mean_abs_diff": float(d.mean()),
         "per_joint": {name: {"max_abs_diff": float(d[:, k].max()), "mean_abs_diff": float(d[:, k].mean())}
@@ -188,6 +190,10 @@ def verdict(s: dict[str, Any]) -> str:
             at = s.get("first_divergent_t_s")
             at = s["first_divergent_stamp_s"] if at is None else at
             tail += f", first beyond it at step {s['first_divergent_step']} (t={at:.3f} s)"
+        elif not s["within_tolerance"]:  # every difference within it: too few commands were matched
+            needed = f"{LIVE_MIN_MATCHED:.0%} of them" if live else "every one, one to one"
+            tail += (f", but only {s.get('recorded_matched', s['matched'])} of the {s['recorded_commands']} recorded "
+                     f"commands have a replayed one within half a control period ({needed} needed)")
         if live and s.get("tolerance_source") == "recording":
             tail += (f"; a live recording's commands depend on thread timing and cannot reproduce bit-identically, "
                      f"so its tolerance is {LIVE_TOLERANCE_PERIODS} control periods of motion at the slowest joint's "

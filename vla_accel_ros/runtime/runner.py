@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from vla_accel_ros.core.actions import ACTION_DIM
 from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
@@ -47,6 +48,8 @@ class PolicyRunner:
                  period_s: float, max_steps: int = 120, clock: Callable[[], float] = time.perf_counter,
                  vision: VisionReuseConfig | None = None, sampling: SamplingConfig | None = None) -> None:
         self.warnings = decoder.check_policy(policy)  # the fallbacks taken for what the policy lacks
+        if policy.capabilities().flow_chunks:  # its state is the arm's joints and gripper, its action ours
+            policy.check_robot(len(kin.joint_names) + 1, ACTION_DIM)  # type: ignore[attr-defined]
         self.policy = policy
         self.decoder = decoder
         self.decoder_name = decoder.name

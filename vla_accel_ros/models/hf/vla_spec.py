@@ -49,6 +49,8 @@ PROPRIO_FIELD = "{proprio}"
 OPENVLA_APPENDED_ID = 29871  # Llama-2's "▁": OpenVLA appends it when the prompt does not end with it
 SPEC_FILE = "vla_spec.json"
 STATISTICS_FILE = "dataset_statistics.json"
+# vla_spec.json keys of an OpenVLA-OFT directory: what its checkpoint does not store (models/oft/spec.py)
+CHUNK_KEYS = ("chunk_size", "action_dim", "bounds", "n_images")
 CONFIG_FILE = "config.json"
 # The processor's image settings: the legacy file, then the processor file that nests them.
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -274,11 +276,13 @@ def load_spec(directory: Path | str) -> VLASpec:
     path = directory / SPEC_FILE
     if path.is_file():
         overrides = read_json_object(path)
-        known = {f.name for f in fields(VLASpec)} | {ROBOT_KEY}
+        known = {f.name for f in fields(VLASpec)} | {ROBOT_KEY, *CHUNK_KEYS}
         for key in overrides:
             if key not in known:
                 raise ValueError(f"{path}: unknown key '{key}' (known keys: {', '.join(sorted(known))})")
         overrides.pop(ROBOT_KEY, None)  # the robot the model was made for: core/robot_record.py reads it
+        for key in CHUNK_KEYS:  # an OFT model's chunk: models/oft/spec.py reads them
+            overrides.pop(key, None)
         values |= overrides
     try:
         return VLASpec(**values)
@@ -307,12 +311,11 @@ class ActionStatistics:
     proprio_q99: np.ndarray | None = None
 
 
-def load_action_statistics(directory: Path | str, spec: VLASpec) -> ActionStatistics:
-    """The action statistics of ``spec.unnorm_key`` from ``spec.statistics_file`` in ``directory``
-    (or, without that file, the ``norm_stats`` of ``config.json``). ValueError naming the file when
-    it is missing, the key is missing or ambiguous, or the action is not 7-D."""
-    directory = Path(directory)
-    path = directory / spec.statistics_file
+def dataset_statistics(directory: Path, file: str, unnorm_key: str | None) -> tuple[Path, str, Any]:
+    """Where the statistics were read (``file`` in ``directory``, else ``config.json`` for its
+    ``norm_stats``), the dataset ``unnorm_key`` picks (None: the only one) and its entry;
+    ValueError naming the file when there are none, or the key is missing or ambiguous."""
+    path = directory / file
     if path.is_file():
         table = read_json_object(path)
     elif ((directory / CONFIG_FILE).is_file()
@@ -323,16 +326,22 @@ def load_action_statistics(directory: Path | str, spec: VLASpec) -> ActionStatis
         raise ValueError(f"{path}: no action statistics (and no norm_stats in {CONFIG_FILE}); the "
                          "policy's actions cannot be unnormalised without them")
     keys = sorted(table)
-    if spec.unnorm_key is None:
+    if unnorm_key is None:
         if len(keys) != 1:
             raise ValueError(f"{path}: holds the statistics of {len(keys)} datasets {keys}; "
                              "pick one with unnorm_key")
-        key = keys[0]
-    elif spec.unnorm_key not in table:
-        raise ValueError(f"{path}: no dataset '{spec.unnorm_key}' (unnorm_key); it holds {keys}")
-    else:
-        key = spec.unnorm_key
-    entry = table[key].get("action") if isinstance(table[key], dict) else None
+        unnorm_key = keys[0]
+    elif unnorm_key not in table:
+        raise ValueError(f"{path}: no dataset '{unnorm_key}' (unnorm_key); it holds {keys}")
+    return path, unnorm_key, table[unnorm_key]
+
+
+def load_action_statistics(directory: Path | str, spec: VLASpec) -> ActionStatistics:
+    """The action statistics of ``spec.unnorm_key`` from ``spec.statistics_file`` in ``directory``
+    (or, without that file, the ``norm_stats`` of ``config.json``). ValueError naming the file when
+    it is missing, the key is missing or ambiguous, or the action is not 7-D."""
+    path, key, dataset = dataset_statistics(Path(directory), spec.statistics_file, spec.unnorm_key)
+    entry = dataset.get("action") if isinstance(dataset, dict) else None
     if not isinstance(entry, dict) or "q01" not in entry or "q99" not in entry:
         raise ValueError(f"{path}: dataset '{key}' has no action q01/q99")
     try:
@@ -345,7 +354,7 @@ def load_action_statistics(directory: Path | str, spec: VLASpec) -> ActionStatis
         if value.shape != (ACTION_DIM,):
             raise ValueError(f"{path}: dataset '{key}' has action {name} of shape {value.shape}; "
                              f"this policy's actions are {ACTION_DIM}-D")
-    proprio = _proprio_quantiles(table[key].get("proprio"), path, key)
+    proprio = _proprio_quantiles(dataset.get("proprio"), path, key)
     return ActionStatistics(key=key, q01=q01, q99=q99, mask=mask, source=path,
                             proprio_q01=None if proprio is None else proprio[0],
                             proprio_q99=None if proprio is None else proprio[1])
@@ -380,6 +389,12 @@ _FROM_POLICY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "minus1_1_open_high": lambda g: (g + 1.0) / 2.0,
     "minus1_1_open_low": lambda g: (1.0 - g) / 2.0,
 }
+
+
+def gripper_to_ours(value: np.ndarray, convention: str) -> np.ndarray:
+    """A policy's gripper values in ``convention`` (``GRIPPER_CONVENTIONS``) as ours (1 = open),
+    clipped to [0, 1]."""
+    return np.clip(_FROM_POLICY[convention](np.asarray(value, dtype=np.float64)), 0.0, 1.0)
 
 
 class OpenVLAActionTokenizer(ActionTokenizer):
@@ -428,7 +443,7 @@ class OpenVLAActionTokenizer(ActionTokenizer):
 
     def from_policy_gripper(self, value: np.ndarray) -> np.ndarray:
         """The policy's gripper values in ours (1 = open), clipped to [0, 1]."""
-        return np.clip(_FROM_POLICY[self.gripper](np.asarray(value, dtype=np.float64)), 0.0, 1.0)
+        return gripper_to_ours(value, self.gripper)
 
     def normalise(self, values: np.ndarray) -> np.ndarray:
         """Our actions (..., 7) -> the policy's normalised values in [-1, 1]."""

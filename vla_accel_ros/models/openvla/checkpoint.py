@@ -23,6 +23,7 @@ incremental prefill), over OpenVLA's model half (:class:`~.modules.OpenVLAModule
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,16 @@ import torch
 from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.models.hf.hf_vla import TORCH_DTYPES, HFTokenVLA, attach_saved_draft, spec_choices
-from vla_accel_ros.models.hf.vla_spec import SPEC_FILE, load_spec, read_json_object, with_overrides
+from vla_accel_ros.models.hf.vla_spec import (
+    CHUNK_KEYS,
+    SPEC_FILE,
+    VLASpec,
+    load_spec,
+    read_json_object,
+    with_overrides,
+)
 from vla_accel_ros.models.openvla.config import (
+    ImageProcessing,
     OpenVLADirectoryConfig,
     read_directory_config,
     read_image_processing,
@@ -68,7 +77,40 @@ def load_openvla(path: Path | str, *, unnorm_key: str | None = None, device: str
     ``dtype`` ("float32", "bfloat16", "float16") override ``vla_spec.json``'s when given; without
     either, the weights keep their stored dtype. A draft head saved beside the weights is attached
     unless ``draft`` is False. Every problem is a ValueError naming the file or key at fault."""
-    directory = CheckpointRef.parse(path).directory
+    parts = read_parts(CheckpointRef.parse(path).directory, unnorm_key=unnorm_key, device=device, dtype=dtype)
+    directory = parts.directory
+    for key in CHUNK_KEYS:
+        if key in parts.stored:
+            raise ValueError(f"{directory / SPEC_FILE}: '{key}' is for an OpenVLA-OFT directory (one with an "
+                             "action_head--<step>_checkpoint file)")
+    statistics, action_tokenizer, torch_device = spec_choices(directory, parts.spec)
+    modules, text_tokenizer = build_modules(parts, torch_device)
+    policy = OpenVLAPolicy(modules, text_tokenizer, parts.spec, action_tokenizer, source=str(directory),
+                           statistics=statistics)
+    if draft:
+        attach_saved_draft(policy, directory)
+    return policy
+
+
+@dataclass(frozen=True)
+class DirectoryParts:
+    """What an OpenVLA-layout directory says before its model is built (its JSON files and the
+    weights' headers): the config, the weights, the image processing, the spec with the overrides
+    given, and ``vla_spec.json`` as written (``stored``)."""
+
+    directory: Path
+    config: OpenVLADirectoryConfig
+    weights: OpenVLAWeights
+    processing: ImageProcessing
+    spec: VLASpec
+    stored: dict[str, Any]
+
+
+def read_parts(directory: Path, *, unnorm_key: str | None = None, device: str | None = None,
+               dtype: str | None = None) -> DirectoryParts:
+    """The :class:`DirectoryParts` of ``directory``, ``unnorm_key``, ``device`` and ``dtype``
+    overriding ``vla_spec.json``'s; without a dtype, the weights' stored one. ValueError naming the
+    file or key at fault."""
     problem = checkpoint_problem(directory)
     if problem:
         raise ValueError(f"{directory}: {problem}")
@@ -84,7 +126,13 @@ def load_openvla(path: Path | str, *, unnorm_key: str | None = None, device: str
     chosen_dtype = dtype or stored.get("dtype") or DTYPE_NAMES.get(weights.stored_dtype, "float32")
     spec = with_overrides(load_spec(directory), unnorm_key=unnorm_key, device=device, dtype=chosen_dtype,
                           image_size=processing.size)
-    statistics, action_tokenizer, torch_device = spec_choices(directory, spec)
+    return DirectoryParts(directory, config, weights, processing, spec, stored)
+
+
+def build_modules(parts: DirectoryParts, device: torch.device) -> tuple[OpenVLAModules, Any]:
+    """The model half of the passes (the network on ``device`` in the spec's dtype) and the text
+    tokenizer; ValueError naming the file at fault."""
+    directory, config = parts.directory, parts.config
     text_tokenizer = read_text_tokenizer(directory)
     if text_tokenizer.vocab_size != config.action_vocab_size:
         raise ValueError(f"{directory}: the tokenizer's vocabulary has {text_tokenizer.vocab_size} tokens, but "
@@ -92,13 +140,8 @@ def load_openvla(path: Path | str, *, unnorm_key: str | None = None, device: str
                          "pad_to_multiple_of)")
     if text_tokenizer.pad_token_id is None:
         raise ValueError(f"{directory}: the tokenizer has no pad token, whose id holds the image patches' places")
-    model = build_model(config, weights, processing.size, TORCH_DTYPES[spec.dtype]).to(torch_device)
-    modules = OpenVLAModules(model, processing, image_token_id=int(text_tokenizer.pad_token_id))
-    policy = OpenVLAPolicy(modules, text_tokenizer, spec, action_tokenizer, source=str(directory),
-                           statistics=statistics)
-    if draft:
-        attach_saved_draft(policy, directory)
-    return policy
+    model = build_model(config, parts.weights, parts.processing.size, TORCH_DTYPES[parts.spec.dtype]).to(device)
+    return OpenVLAModules(model, parts.processing, image_token_id=int(text_tokenizer.pad_token_id)), text_tokenizer
 
 
 def build_model(config: OpenVLADirectoryConfig, weights: OpenVLAWeights, image_size: int,

@@ -1,0 +1,265 @@
+"""LeRobot's flow VLAs read natively: the chunks of LeRobot 0.6.1's own SmolVLA and π0 on the
+fixture's policies (``test/fixtures/lerobot/README.md``), the processor statistics, the prefix's
+reuse over the flow steps, ``vla-accel predict`` and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from vla_accel_ros.cli import main  # noqa: E402
+from vla_accel_ros.models.lerobot.config import parse_config  # noqa: E402
+from vla_accel_ros.models.lerobot.policy import load_lerobot  # noqa: E402
+from vla_accel_ros.models.lerobot.processor import Statistics  # noqa: E402
+from vla_accel_ros.models.load import recognise  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
+TOKENIZERS = {"smolvla": FIXTURES / "tokenizers" / "smolvlm2", "pi0": FIXTURES / "tokenizers" / "paligemma"}
+# fp32 agreement: this many times the original's own fp32 noise (its chunks for a batch of two
+# against one at a time); the original's bfloat16 run differs from its fp32 one 1e4 times more
+NOISE_FACTOR = 20.0
+
+
+@pytest.fixture(scope="module", params=["smolvla", "pi0"])
+def family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def policy(family: str):  # type: ignore[no-untyped-def]
+    return load_lerobot(FIXTURES / family, tokenizer_dir=TOKENIZERS[family])
+
+
+def reference(family: str) -> dict[str, np.ndarray]:
+    return dict(np.load(FIXTURES / f"{family}_reference.npz"))
+
+
+def tolerance(family: str) -> float:
+    calibration = json.loads((FIXTURES / f"{family}_calibration.json").read_text())
+    return NOISE_FACTOR * max(calibration["batch2_vs_batch1_fp32"], 1e-7)
+
+
+def test_chunks_agree_with_lerobot(family: str, policy) -> None:  # type: ignore[no-untyped-def]
+    ref = reference(family)
+    tol = tolerance(family)
+    assert tol < 1e-4
+    for i in range(len(ref["tasks"])):
+        images, state, task = [ref["front"][i], ref["wrist"][i]], ref["state"][i], str(ref["tasks"][i])
+        chunk = policy.predict_chunk(images, state, task, noise=ref["noise"][i])
+        assert chunk.actions.shape == (50, 6)
+        assert np.abs(chunk.normalized - ref["actions_normalized"][i]).max() <= tol
+        assert np.abs(chunk.actions - ref["actions"][i]).max() <= tol
+        two = policy.predict_chunk(images, state, task, noise=ref["noise"][i], steps=2)
+        assert np.abs(two.normalized - ref["actions_normalized_2steps"][i]).max() <= tol
+        # the fixture discriminates: another noise, or another task, moves the chunk far past the tolerance
+        other = policy.predict_chunk(images, state, str(ref["tasks"][1 - i]), noise=ref["noise"][i])
+        assert np.abs(other.normalized - ref["actions_normalized"][i]).max() > 1e3 * tol
+
+
+def test_float_images_as_lerobot_holds_them(policy) -> None:  # type: ignore[no-untyped-def]
+    ref = reference(policy.config.type)
+    as_uint8 = policy.predict_chunk([ref["front"][0], ref["wrist"][0]], ref["state"][0], str(ref["tasks"][0]),
+                                    noise=ref["noise"][0])
+    floats = [np.ascontiguousarray(im.transpose(2, 0, 1)).astype(np.float32) / 255.0
+              for im in (ref["front"][0], ref["wrist"][0])]
+    as_float = policy.predict_chunk(floats, ref["state"][0], str(ref["tasks"][0]), noise=ref["noise"][0])
+    np.testing.assert_array_equal(as_uint8.actions, as_float.actions)
+
+
+def test_prefix_reuse_over_flow_steps_equals_recomputing(policy) -> None:  # type: ignore[no-untyped-def]
+    ref = reference(policy.config.type)
+    inputs = policy.inputs([ref["front"][1], ref["wrist"][1]], ref["state"][1], str(ref["tasks"][1]))
+    noise = torch.as_tensor(ref["noise"][1])[None]
+    with torch.inference_mode():
+        reused = policy.integrate(policy.prefix(inputs), inputs, noise, 10)
+        x, dt = noise, -0.1
+        for step in range(10):  # a fresh prefix for every step
+            t = torch.tensor(1.0 + step * dt, dtype=torch.float32).expand(1)
+            x = x + dt * policy.velocity(policy.prefix(inputs), inputs, x, t)
+    torch.testing.assert_close(reused, x, rtol=0, atol=0)
+
+
+def test_statistics_from_the_processor_files(family: str, policy) -> None:  # type: ignore[no-untyped-def]
+    from safetensors.torch import load_file
+
+    pre = json.loads((FIXTURES / family / "policy_preprocessor.json").read_text())
+    state_file = next(s["state_file"] for s in pre["steps"] if s.get("registry_name") == "normalizer_processor")
+    stored = load_file(str(FIXTURES / family / state_file))
+    state = torch.tensor([[0.3, -1.0, 2.0, 0.0, 5.0, -0.5]])
+    expected = (state - stored["observation.state.mean"]) / (stored["observation.state.std"] + 1e-8)
+    torch.testing.assert_close(policy.statistics.state.normalise(state), expected)
+    action = torch.tensor([[0.1, 0.2, -0.3, 1.0, -1.0, 0.0]])
+    post = json.loads((FIXTURES / family / "policy_postprocessor.json").read_text())
+    post_file = next(s["state_file"] for s in post["steps"] if s.get("registry_name") == "unnormalizer_processor")
+    stats = load_file(str(FIXTURES / family / post_file))
+    torch.testing.assert_close(policy.statistics.action.unnormalise(action),
+                               action * stats["action.std"] + stats["action.mean"])
+    torch.testing.assert_close(policy.statistics.action.normalise(policy.statistics.action.unnormalise(action)),
+                               action, atol=1e-6, rtol=0)
+
+
+def copy_policy(tmp_path: Path, family: str = "smolvla") -> Path:
+    target = tmp_path / family
+    shutil.copytree(FIXTURES / family, target)
+    return target
+
+
+def test_quantile_statistics_and_a_renamed_state_file(tmp_path: Path) -> None:
+    """QUANTILES maps q01..q99 to [-1, 1]; the statistics file is found through ``state_file``."""
+    directory = copy_policy(tmp_path)
+    post = json.loads((directory / "policy_postprocessor.json").read_text())
+    step = next(s for s in post["steps"] if s.get("registry_name") == "unnormalizer_processor")
+    renamed = "policy_postprocessor_step_3_unnormalizer_processor.safetensors"
+    (directory / step["state_file"]).rename(directory / renamed)
+    step["state_file"] = renamed
+    step["config"]["norm_map"]["ACTION"] = "QUANTILES"
+    (directory / "policy_postprocessor.json").write_text(json.dumps(post))
+    config = parse_config(directory / "config.json", json.loads((directory / "config.json").read_text()))
+    statistics = Statistics.load(directory, config)
+    q01, q99 = statistics.action.stats["q01"], statistics.action.stats["q99"]
+    torch.testing.assert_close(statistics.action.unnormalise(torch.stack([-torch.ones(6), torch.ones(6)])),
+                               torch.stack([q01, q99]))
+
+
+def error_of(directory: Path, **kwargs) -> str:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError) as caught:
+        load_lerobot(directory, **kwargs)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_refusals_name_the_file_or_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = copy_policy(tmp_path)
+    # a missing tokenizer says where it was looked for
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    message = error_of(directory)
+    assert "SmolVLM2-500M-Video-Instruct" in message and str(tmp_path / "hf" / "hub") in message
+    assert "tokenizer_dir" in error_of(directory, tokenizer_dir=tmp_path / "nowhere")
+    # statistics missing a feature
+    from safetensors.torch import load_file, save_file
+
+    pre = json.loads((directory / "policy_preprocessor.json").read_text())
+    state_file = next(s["state_file"] for s in pre["steps"] if s.get("registry_name") == "normalizer_processor")
+    stats = load_file(str(directory / state_file))
+    save_file({k: v for k, v in stats.items() if not k.startswith("observation.state")}, str(directory / state_file))
+    message = error_of(directory, tokenizer_dir=TOKENIZERS["smolvla"])
+    assert state_file in message and "observation.state.mean" in message
+    # an unsupported type lists the supported ones
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "type": "act"}))
+    assert recognise(directory).name == "lerobot"
+    message = error_of(directory, tokenizer_dir=TOKENIZERS["smolvla"])
+    assert "'act'" in message and "smolvla, pi0" in message
+
+
+def test_state_and_action_widths_must_match_the_robot(policy) -> None:  # type: ignore[no-untyped-def]
+    ref = reference(policy.config.type)
+    with pytest.raises(ValueError, match="observation.state has 6 values, got 7"):
+        policy.inputs([ref["front"][0], ref["wrist"][0]], np.zeros(7), "x")
+    with pytest.raises(ValueError, match="2 images"):
+        policy.inputs([ref["front"][0]], ref["state"][0], "x")
+    policy.check_robot(6, 6)
+    with pytest.raises(ValueError, match="the robot has 7 and 7"):
+        policy.check_robot(7, 7)
+
+
+def test_predict_json_with_noise_and_images(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from PIL import Image
+
+    ref = reference("pi0")
+    Image.fromarray(ref["front"][0]).save(tmp_path / "front.png")
+    np.save(tmp_path / "wrist.npy", ref["wrist"][0])
+    np.save(tmp_path / "noise.npy", ref["noise"][0])
+    state = ",".join(repr(float(v)) for v in ref["state"][0])
+    args = ["predict", "--checkpoint", str(FIXTURES / "pi0"), "--image", str(tmp_path / "front.png"), "--image",
+            str(tmp_path / "wrist.npy"), f"--state={state}", "--instruction", str(ref["tasks"][0]),
+            "--tokenizer-dir", str(TOKENIZERS["pi0"])]
+    assert main([*args, "--noise", str(tmp_path / "noise.npy"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["family"] == "lerobot" and out["type"] == "pi0" and out["steps"] == 10
+    assert np.abs(np.array(out["actions"]) - ref["actions"][0]).max() <= tolerance("pi0")
+    assert np.abs(np.array(out["actions_normalized"]) - ref["actions_normalized"][0]).max() <= tolerance("pi0")
+    assert main([*args, "--noise", str(tmp_path / "noise.npy"), "--steps", "2", "--json"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    assert two["steps"] == 2
+    assert np.abs(np.array(two["actions_normalized"]) - ref["actions_normalized_2steps"][0]).max() <= tolerance("pi0")
+    np.save(tmp_path / "bad_noise.npy", np.zeros((50, 6), dtype=np.float32))
+    assert main([*args, "--noise", str(tmp_path / "bad_noise.npy")]) == 2
+    err = capsys.readouterr().err
+    assert "bad_noise.npy" in err and "50 x 32" in err and "Traceback" not in err
+
+
+def test_incremental_vision_every_token_changed_equals_the_full_prefix() -> None:
+    from vla_accel_ros.models.configuration import VisionReuseConfig
+
+    policy = load_lerobot(FIXTURES / "smolvla", tokenizer_dir=TOKENIZERS["smolvla"])
+    ref = reference("smolvla")
+    task = str(ref["tasks"][0])
+    settings = VisionReuseConfig(threshold=8.0, refresh_steps=100, max_drift=2.0, reuse_kv=True)
+    incremental = policy.incremental_vision(settings)
+    # square frames: no padding, whose tokens never change (and keep their keys and values)
+    frames = np.random.default_rng(3).integers(0, 256, (2, 128, 128, 3), dtype=np.uint8)
+    with torch.inference_mode():
+        first = policy.inputs([frames[0], ref["wrist"][0]], ref["state"][0], task)
+        incremental.prefix(first)
+        assert incremental.last.refreshed and incremental.last.reason == "first frame"
+        # every pixel of both cameras moves (a new frame far from the first): every token recomputed
+        moved = [np.clip(frames[0].astype(int) + 100 * (frames[0] < 128) - 100 * (frames[0] >= 128), 0,
+                         255).astype(np.uint8),
+                 np.clip(ref["wrist"][0].astype(int) + 100 * (ref["wrist"][0] < 128) - 100 * (ref["wrist"][0] >= 128),
+                         0, 255).astype(np.uint8)]
+        second = policy.inputs(moved, ref["state"][1], task)
+        reused = incremental.prefix(second)
+        assert not incremental.last.refreshed and incremental.last.fraction == 1.0
+        full = policy.prefix(second)
+        for a, b in zip(reused.keys + reused.values, full.keys + full.values, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        # the same frame again with a new state: no image token recomputed, the prefix still the full one
+        third = policy.inputs(moved, ref["state"][0], task)
+        again = incremental.prefix(third)
+        assert incremental.last.recomputed == 0
+        full = policy.prefix(third)
+        for a, b in zip(again.keys + again.values, full.keys + full.values, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        # one camera moved in one corner: only its tokens there are recomputed
+        corner = moved[0].copy()
+        corner[:20, :20] = 255 - corner[:20, :20]
+        incremental.prefix(policy.inputs([corner, moved[1]], ref["state"][0], task))
+        assert 0 < incremental.last.recomputed < incremental.last.n_patches // 4
+    chunk = policy.predict_chunk(moved, ref["state"][0], task, noise=ref["noise"][0], incremental=incremental)
+    assert np.isfinite(chunk.actions).all()
+
+
+def test_the_runner_refuses_a_policy_whose_widths_are_not_the_arms(tmp_path: Path) -> None:
+    import importlib.util
+
+    from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.resources import default_urdf
+    from vla_accel_ros.decoding import make_decoder
+    from vla_accel_ros.runtime.runner import PolicyRunner
+
+    spec = importlib.util.spec_from_file_location("lerobot_layout", FIXTURES / "layout.py")
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    kin = ArmKinematics(default_urdf())
+    policy = load_lerobot(FIXTURES / "smolvla", tokenizer_dir=TOKENIZERS["smolvla"])  # an SO-100's 6 and 6
+    with pytest.raises(ValueError, match="state of 6 and gives actions of 6; the robot has 8 and 7"):
+        PolicyRunner(policy, make_decoder("flow10"), kin, action_dt_s=0.05, period_s=1.0)
+    arm = load_lerobot(layout.write_smolvla_dir(tmp_path / "arm"), tokenizer_dir=TOKENIZERS["smolvla"])
+    runner = PolicyRunner(arm, make_decoder("flow2"), kin, action_dt_s=0.05, period_s=1.0)
+    from vla_accel_ros.core.observation import Observation
+
+    obs = Observation(image=np.zeros((128, 128, 3), np.uint8), instruction="pick up the red cube",
+                      joint_pos=np.zeros(7), gripper=0.04)
+    result = runner(obs)
+    assert result.chunk.shape == (10, 7) and np.array_equal(result.action, result.chunk[0])
+    assert np.isfinite(result.chunk).all()

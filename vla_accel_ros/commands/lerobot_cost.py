@@ -1,0 +1,30 @@
+"""``vla-accel lerobot-cost``: SmolVLA's or π0's prefix, one flow step and a whole chunk at the real
+shape, in CPU time here, with and without the accelerators (2 steps, incremental vision)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--type", choices=("smolvla", "pi0"), default="smolvla", help="the policy type")
+    parser.add_argument("--layers", type=int, default=0,
+                        help="text layers to build (VLM and expert); their time is scaled to the real depth "
+                             "(0: the real depth)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16", help="the backbones' dtype")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per pass (median)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (CPU time counts them all)")
+    parser.add_argument("--out", default="outputs/lerobot_cost", help="output directory (summary.json)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.evaluation.lerobot_cost import LeRobotCostOptions, lerobot_cost
+
+    if args.layers < 0 or args.repeats < 1:
+        raise ValueError("--layers must be >= 0 and --repeats >= 1")
+    opts = LeRobotCostOptions(type=args.type, layers=args.layers, dtype=args.dtype, repeats=args.repeats,
+                              threads=args.threads, out=args.out)
+    summary = lerobot_cost(opts)
+    print(json.dumps(summary["table"], indent=1))
+    return 0

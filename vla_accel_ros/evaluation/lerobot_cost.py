@@ -1,0 +1,153 @@
+"""What SmolVLA and π0 cost at their real shapes on this machine: the prefix (vision towers and the
+VLM), one flow step (the expert over the chunk's action tokens), and a whole chunk, with and
+without the accelerators (2 flow steps; SmolVLA's incremental vision on an unchanged frame, where
+only the language and the state rows run).
+
+Random weights at the published sizes: SmolVLA = SmolVLM2-500M's vision tower (768 wide, 12 layers,
+512 px, patch 16, pixel shuffle 4: 64 tokens per camera) and its first 16 text layers (960 wide, 15
+heads, 5 kv heads, head_dim 64), an expert 0.75 x as wide; π0 = SigLIP so400m/14 at 224 px, Gemma
+2B and a Gemma-300M expert (18 layers each). Both take 3 cameras, 48 language tokens and a chunk of
+50. Times are CPU seconds of this process (with one torch thread, the cost of the pass on one core,
+whatever else the machine runs). The text stacks can be built with fewer layers (``layers``): their
+time is then scaled by the real depth over the layers built (each layer costs the same), the
+towers' time is measured whole.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vla_accel_ros.models.lerobot.config import GEMMA_VARIANTS, parse_config
+
+SMOLVLA_LAYERS = 16
+N_CAMERAS = 3
+LANGUAGE = 48
+
+
+@dataclass(frozen=True)
+class LeRobotCostOptions:
+    type: str = "smolvla"
+    layers: int = 0  # text layers built (VLM and expert); 0 = the real depth
+    dtype: str = "bfloat16"
+    repeats: int = 3
+    threads: int = 1
+    out: str = "outputs/lerobot_cost"
+
+
+def _config(kind: str, layers: int) -> dict[str, Any]:
+    cameras = {f"observation.images.camera{i + 1}": {"type": "VISUAL", "shape": [3, 256, 256]}
+               for i in range(N_CAMERAS)}
+    raw: dict[str, Any] = {"type": kind, "input_features": {"observation.state": {"type": "STATE", "shape": [6]},
+                                                            **cameras},
+                           "output_features": {"action": {"type": "ACTION", "shape": [6]}},
+                           "tokenizer_max_length": LANGUAGE}
+    if kind == "smolvla":
+        raw.update(num_vlm_layers=layers or SMOLVLA_LAYERS, num_expert_layers=0, pad_language_to="max_length",
+                   prefix_length=0)
+    return raw
+
+
+def smolvlm2_500m_config(text_layers: int) -> Any:
+    """SmolVLM2-500M's config at its published sizes (the hub is not read)."""
+    from transformers import SmolVLMConfig
+
+    return SmolVLMConfig(
+        vision_config=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                           patch_size=16, image_size=512),
+        text_config=dict(model_type="llama", hidden_size=960, intermediate_size=2560, num_hidden_layers=text_layers,
+                         num_attention_heads=15, num_key_value_heads=5, head_dim=64, vocab_size=49280,
+                         rms_norm_eps=1e-5),
+        scale_factor=4)
+
+
+def build(kind: str, layers: int, dtype: torch.dtype) -> tuple[Any, Any, int]:
+    """(model, config, the real text depth) with random weights in ``dtype`` (projections float32)."""
+    path = Path(f"<{kind} real shape>") / "config.json"
+    config = parse_config(path, _config(kind, layers))
+    if kind == "smolvla":
+        from vla_accel_ros.models.lerobot.smolvla import SmolVLAModel
+
+        model: Any = SmolVLAModel(config, smolvlm2_500m_config(config.num_vlm_layers))
+        depth = SMOLVLA_LAYERS
+    else:
+        from vla_accel_ros.models.lerobot.pi0 import Pi0Model, VisionShape, build_configs
+
+        vision = VisionShape(1152, 27, 4304, 14, 224, GEMMA_VARIANTS["gemma_2b"].width)
+        model = Pi0Model(config, *build_configs(config, vision, 257_152, depth=layers))
+        depth = GEMMA_VARIANTS["gemma_2b"].depth
+    for name, parameter in model.named_parameters():
+        if name.startswith(("vlm.", "expert.", "paligemma.")) and not (
+                kind == "pi0" and any(p in name for p in ("vision_tower", "multi_modal_projector", "norm"))):
+            parameter.data = parameter.data.to(dtype)
+    model.eval().requires_grad_(False)
+    return model, config, depth
+
+
+def _median_s(run: Callable[[], Any], repeats: int) -> float:
+    """The median CPU time of ``run`` (the process's, all its threads): what the pass costs, not
+    what the machine's other load makes it wait."""
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        run()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
+def lerobot_cost(opts: LeRobotCostOptions) -> dict[str, Any]:
+    """The cost table (module docstring) as a dict, also written to ``out``/summary.json."""
+    if opts.threads > 0:
+        torch.set_num_threads(opts.threads)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[opts.dtype]
+    model, config, depth = build(opts.type, opts.layers, dtype)
+    built = opts.layers or depth
+    scale = depth / built
+    height, width = config.image_hw
+    images = [torch.rand(1, 3, height, width) * 2 - 1 for _ in range(N_CAMERAS)]
+    masks = [torch.ones(1, dtype=torch.bool)] * N_CAMERAS
+    lang = torch.randint(0, 1000, (1, LANGUAGE))
+    lang_mask = torch.ones(1, LANGUAGE, dtype=torch.bool)
+    state = torch.zeros(1, config.max_state_dim)
+    noise = torch.randn(1, config.chunk_size, config.max_action_dim)
+    t = torch.ones(1)
+    with torch.inference_mode():
+        tokens = model.embed_images(images)
+        if opts.type == "smolvla":
+            emb, pad, att = model.embed_prefix(tokens, masks, lang, lang_mask, state)
+            prefix = model.run_prefix(emb, pad, att)
+            text_rows = torch.arange(emb.shape[1] - LANGUAGE - 1, emb.shape[1])
+            vlm = _median_s(lambda: model.run_prefix(emb, pad, att), opts.repeats)
+            step = _median_s(lambda: model.velocity(prefix, noise, t), opts.repeats)
+            rows = _median_s(lambda: model.run_prefix_rows(text_rows, emb[:, text_rows], pad, att, prefix),
+                             opts.repeats)
+        else:
+            emb, pad = model.embed_prefix(tokens, masks, lang, lang_mask)
+            prefix = model.run_prefix(emb, pad)
+            vlm = _median_s(lambda: model.run_prefix(emb, pad), opts.repeats)
+            step = _median_s(lambda: model.velocity(prefix, state, noise, t), opts.repeats)
+            rows = float("nan")
+        towers = _median_s(lambda: model.embed_images(images), opts.repeats)
+    prefix_s = towers + vlm * scale
+    step_s = step * scale
+    table = {"prefix_s": prefix_s, "towers_s": towers, "vlm_s": vlm * scale, "flow_step_s": step_s,
+             "chunk_10_steps_s": prefix_s + 10 * step_s, "chunk_2_steps_s": prefix_s + 2 * step_s}
+    if opts.type == "smolvla":  # an unchanged frame: no tower, the language and the state rows only
+        table["prefix_incremental_unchanged_s"] = rows * scale
+        table["chunk_2_steps_incremental_unchanged_s"] = rows * scale + 2 * step_s
+    summary = {"options": asdict(opts), "prefix_tokens": int(pad.shape[1]), "text_layers_built": built,
+               "text_layers_real": depth, "threads": torch.get_num_threads(),
+               "parameters_built": int(sum(p.numel() for p in model.parameters())),
+               "table": {k: round(float(v), 4) for k, v in table.items() if np.isfinite(v)}}
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,1 @@
+"""LeRobot's flow VLAs (SmolVLA, π0) read natively from their checkpoint directories."""

@@ -1,0 +1,294 @@
+"""A LeRobot flow policy (SmolVLA, π0) as this package runs it: one observation in, a chunk out.
+
+``predict_chunk(images, state, instruction, noise, steps)`` does what LeRobot's preprocessor,
+``predict_action_chunk`` and postprocessor do together:
+
+1. the state normalised with the preprocessor's statistics and zero-padded to ``max_state_dim``;
+   the images in the config's camera order; the instruction with a newline, tokenized;
+2. the prefix computed once (:meth:`prefix`), its keys and values reused by every flow step;
+3. ``steps`` Euler steps from the noise at t = 1 towards t = 0, x <- x - (1/steps) v(x, t), with
+   t = 1, 1 - 1/steps, ..., 1/steps (10 steps: 1.0 ... 0.1);
+4. the chunk cut to the action's width, then unnormalised with the postprocessor's statistics.
+
+The noise is ``chunk_size`` x ``max_action_dim`` standard normal, as LeRobot draws it; giving the
+same noise gives the same chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.models.api import PolicyCapabilities, Prefix
+from vla_accel_ros.models.lerobot.config import LeRobotConfig, parse_config
+from vla_accel_ros.models.lerobot.processor import (
+    Statistics,
+    image_tensor,
+    load_tokenizer,
+    pretrained_source,
+    resize_with_pad,
+    tokenize,
+    tokenizer_settings,
+)
+from vla_accel_ros.models.lerobot.weights import assign, pi0_float32_names, read_tensors
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """One observation as the model takes it (batch 1): pixels per camera in [-1, 1], the
+    normalised, padded state, and the tokenized instruction."""
+
+    images: list[torch.Tensor]
+    state: torch.Tensor
+    lang_tokens: torch.Tensor
+    lang_masks: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class FlowPrefix:
+    """A flow policy's :class:`~vla_accel_ros.models.api.Prefix` cache: the prefix's keys and values
+    and the model inputs the flow steps read. Never cropped: the flow decodes no tokens."""
+
+    kv: Any
+    inputs: ModelInputs
+
+    def cropped(self, length: int) -> FlowPrefix:
+        return self
+
+    def rows(self, rows: list[int]) -> FlowPrefix:
+        if rows != [0]:
+            raise ValueError("a flow policy's prefix holds one observation")
+        return self
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A predicted chunk: ``actions`` (H, action dim) unnormalised, ``normalized`` before that."""
+
+    actions: np.ndarray
+    normalized: np.ndarray
+
+
+class LeRobotPolicy:
+    """A SmolVLA or π0 checkpoint directory, loaded natively (the module docstring)."""
+
+    family = "lerobot"
+
+    def __init__(self, config: LeRobotConfig, model: Any, statistics: Statistics, tokenizer: Any,
+                 token_settings: dict[str, Any]) -> None:
+        self.config = config
+        self.model = model
+        self.statistics = statistics
+        self.tokenizer = tokenizer
+        self.token_settings = token_settings
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(p.dtype for n, p in self.model.named_parameters() if n.startswith(("vlm.", "paligemma.")))
+
+    def capabilities(self) -> PolicyCapabilities:
+        return PolicyCapabilities(flow_head=True, flow_chunks=True, image_slots=len(self.config.camera_names))
+
+    # --- the runtime's contract (the package's runner, the node) ------------------------------
+    def prefill(self, obs: Observation) -> Prefix:
+        """The prefix of one robot observation: its camera image (one camera), its state (the joints
+        then the gripper opening) and instruction; the cache holds the keys and values and the
+        model inputs the flow steps read."""
+        state = np.concatenate([np.asarray(obs.joint_pos, dtype=np.float64), [float(obs.gripper)]])
+        inputs = self.inputs([obs.image], state, obs.instruction)
+        with torch.inference_mode():
+            kv = self.prefix(inputs)
+        empty = torch.zeros(1, 1, 1)
+        return Prefix(cache=FlowPrefix(kv, inputs), action_hidden=empty, tokens=torch.zeros(1, 0, dtype=torch.long),
+                      pooled=empty[:, 0], prefix_len=int(kv.length))
+
+    def contact_probability(self, prefix: Prefix) -> float:
+        """No contact head (capabilities): the decoders never read it; NaN says so if asked."""
+        return float("nan")
+
+    def sample_chunk(self, prefix: Prefix, noise: torch.Tensor, steps: int) -> np.ndarray:
+        """The unnormalised chunk (H, action dim) from a :meth:`prefill` prefix and the noise."""
+        cache = prefix.cache
+        with torch.inference_mode():
+            sample = self.integrate(cache.kv, cache.inputs, noise.reshape(1, *self.noise_shape()), steps)[0]
+        actions = self.statistics.action.unnormalise(sample[:, : self.config.action_dim])
+        return np.asarray(actions.numpy(), dtype=np.float64)
+
+    def check_robot(self, state_dim: int, action_dim: int) -> None:
+        """ValueError unless the robot's state and action widths are the config's."""
+        config = self.config
+        if state_dim != config.state_dim or action_dim != config.action_dim:
+            raise ValueError(f"{config.path}: the policy takes a state of {config.state_dim} and gives actions of "
+                             f"{config.action_dim}; the robot has {state_dim} and {action_dim}")
+
+    # --- inputs -----------------------------------------------------------------------------
+    def inputs(self, images: Sequence[Any], state: Any, instruction: str) -> ModelInputs:
+        """The model's inputs for one observation: ``images`` one per camera in the config's order
+        (H x W x 3 uint8, or 3 x H x W float in [0, 1]), ``state`` the raw state."""
+        config = self.config
+        if len(images) != len(config.camera_names):
+            raise ValueError(f"{config.path}: the policy takes {len(config.camera_names)} images "
+                             f"({', '.join(config.camera_names)}), got {len(images)}")
+        state_tensor = torch.as_tensor(np.asarray(state, dtype=np.float32)).reshape(1, -1)
+        if state_tensor.shape[1] != config.state_dim:
+            raise ValueError(f"{config.path}: observation.state has {config.state_dim} values, got "
+                             f"{state_tensor.shape[1]}")
+        normalised = self.statistics.state.normalise(state_tensor)
+        padded = torch.nn.functional.pad(normalised, (0, config.max_state_dim - config.state_dim))
+        height, width = config.image_hw
+        pixels = [resize_with_pad(image_tensor(image), height, width, centred=config.type == "pi0") * 2.0 - 1.0
+                  for image in images]
+        ids, mask = tokenize(self.tokenizer, instruction, self.token_settings)
+        return ModelInputs(pixels, padded, ids, mask)
+
+    # --- the flow ---------------------------------------------------------------------------
+    def prefix(self, inputs: ModelInputs) -> Any:
+        """The prefix's keys and values, computed once per chunk."""
+        model = self.model
+        masks = [torch.ones(1, dtype=torch.bool) for _ in inputs.images]
+        tokens = model.embed_images(inputs.images)
+        if self.config.type == "smolvla":
+            return model.run_prefix(*model.embed_prefix(tokens, masks, inputs.lang_tokens, inputs.lang_masks,
+                                                        inputs.state))
+        return model.run_prefix(*model.embed_prefix(tokens, masks, inputs.lang_tokens, inputs.lang_masks))
+
+    def velocity(self, prefix: Any, inputs: ModelInputs, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """One flow step's velocity (B, H, max_action_dim) over a computed prefix."""
+        if self.config.type == "smolvla":
+            return self.model.velocity(prefix, x, t)  # type: ignore[no-any-return]
+        return self.model.velocity(prefix, inputs.state, x, t)  # type: ignore[no-any-return]
+
+    def integrate(self, prefix: Any, inputs: ModelInputs, noise: torch.Tensor, steps: int) -> torch.Tensor:
+        """``steps`` Euler steps from the noise at t = 1, every step over the same prefix."""
+        dt = -1.0 / steps
+        x = noise
+        for step in range(steps):
+            t = torch.tensor(1.0 + step * dt, dtype=torch.float32).expand(x.shape[0])
+            x = x + dt * self.velocity(prefix, inputs, x, t)
+        return x
+
+    def noise_shape(self) -> tuple[int, int]:
+        return self.config.chunk_size, self.config.max_action_dim
+
+    def incremental_vision(self, settings: Any = None) -> Any:
+        """SmolVLA's incremental prefix over a stream of frames under ``settings`` (a
+        :class:`~vla_accel_ros.models.configuration.VisionReuseConfig`; :mod:`.incremental`)."""
+        from vla_accel_ros.models.lerobot.incremental import IncrementalPrefix
+
+        return IncrementalPrefix(self, settings)
+
+    def sample(self, inputs: ModelInputs, noise: Any = None, steps: int | None = None,
+               generator: torch.Generator | None = None, incremental: Any = None) -> torch.Tensor:
+        """The normalised chunk (H, max_action_dim) float32 before cutting (module docstring);
+        ``incremental``: an :meth:`incremental_vision` that makes the prefix."""
+        steps = self.config.num_steps if steps is None else int(steps)
+        if steps <= 0:
+            raise ValueError(f"steps must be positive, got {steps}")
+        shape = self.noise_shape()
+        if noise is None:
+            noise_tensor = torch.randn(shape, generator=generator)
+        else:
+            noise_tensor = torch.as_tensor(np.asarray(noise, dtype=np.float32))
+            if tuple(noise_tensor.shape) != shape:
+                raise ValueError(f"noise must be chunk_size x max_action_dim = {shape[0]} x {shape[1]}, got "
+                                 f"{' x '.join(map(str, noise_tensor.shape))}")
+        with torch.inference_mode():
+            prefix = self.prefix(inputs) if incremental is None else incremental.prefix(inputs)
+            return self.integrate(prefix, inputs, noise_tensor[None], steps)[0]
+
+    def predict_chunk(self, images: Sequence[Any], state: Any, instruction: str, noise: Any = None,
+                      steps: int | None = None, generator: torch.Generator | None = None,
+                      incremental: Any = None) -> Chunk:
+        """The chunk for one observation (module docstring)."""
+        sample = self.sample(self.inputs(images, state, instruction), noise, steps, generator, incremental)
+        normalized = sample[:, : self.config.action_dim]
+        actions = self.statistics.action.unnormalise(normalized)
+        return Chunk(actions.numpy().astype(np.float64), normalized.numpy().astype(np.float64))
+
+    def n_parameters(self) -> dict[str, int]:
+        return {"total": sum(p.numel() for p in self.model.parameters())}
+
+
+# --- loading ----------------------------------------------------------------------------------
+def vlm_config(config: LeRobotConfig, tokenizer_dir: Path | None) -> Any:
+    """SmolVLM's config (not in the policy directory): from ``tokenizer_dir`` or the hub cache."""
+    from transformers import AutoConfig
+
+    source, kwargs = pretrained_source(config.vlm_model_name, tokenizer_dir, "VLM config")
+    try:
+        return AutoConfig.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(f"VLM config {config.vlm_model_name!r}: cannot load it from {source} "
+                         f"({str(error).splitlines()[0]})") from None
+
+
+def build_model(config: LeRobotConfig, tensors: dict[str, torch.Tensor], tokenizer_dir: Path | None) -> Any:
+    """The family's model with random weights, its sizes from the config (and for π0 the weights)."""
+    if config.type == "smolvla":
+        from vla_accel_ros.models.lerobot.smolvla import SmolVLAModel
+
+        return SmolVLAModel(config, vlm_config(config, tokenizer_dir))
+    from vla_accel_ros.models.lerobot.pi0 import Pi0Model, VisionShape, build_configs
+
+    path = config.path.parent / "model.safetensors"
+    tower = "paligemma.vision_tower.vision_model."
+    try:
+        patch = tensors[f"{tower}embeddings.patch_embedding.weight"]
+        fc1 = tensors[f"{tower}encoder.layers.0.mlp.fc1.weight"]
+        positions = tensors[f"{tower}embeddings.position_embedding.weight"].shape[0]
+        projector = tensors["paligemma.multi_modal_projector.linear.weight"]
+        vocab = tensors["paligemma.language_model.embed_tokens.weight"].shape[0]
+    except KeyError as error:
+        raise ValueError(f"{path}: no tensor {error.args[0]}") from None
+    layers = len({name.split(".")[5] for name in tensors if name.startswith(f"{tower}encoder.layers.")})
+    side = int(round(positions ** 0.5)) * int(patch.shape[2])
+    if side != config.image_resolution[0]:
+        raise ValueError(f"{path}: the vision tower takes {side} px images; config.json's image_resolution is "
+                         f"{config.image_resolution[0]}")
+    vision = VisionShape(int(patch.shape[0]), layers, int(fc1.shape[0]), int(patch.shape[2]), side,
+                         int(projector.shape[0]))
+    return Pi0Model(config, *build_configs(config, vision, int(vocab)))
+
+
+def load_lerobot(directory: Path | str, *, unnorm_key: str | None = None, device: str | None = None,
+                 dtype: str | None = None, tokenizer_dir: Path | str | None = None) -> LeRobotPolicy:
+    """The LeRobot policy in ``directory`` (``dtype``: float32 or bfloat16, None = as saved;
+    ``tokenizer_dir``: the tokenizer, and SmolVLA's VLM config, when not in the hub cache);
+    ValueError naming the file or key at fault."""
+    from vla_accel_ros.models.load import read_config
+
+    directory = Path(directory)
+    if unnorm_key:
+        raise ValueError(f"{directory}: a LeRobot policy has one set of statistics; --unnorm-key does not apply")
+    if device not in (None, "cpu"):
+        raise ValueError(f"{directory}: a LeRobot policy runs on the CPU here (device {device!r})")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    raw = read_config(directory)
+    if raw is None:
+        raise ValueError(f"{directory / 'config.json'}: missing")
+    config = parse_config(directory / "config.json", raw)
+    statistics = Statistics.load(directory, config)
+    settings = tokenizer_settings(directory, config)
+    tok_dir = None if tokenizer_dir is None else Path(tokenizer_dir)
+    tokenizer = load_tokenizer(str(settings["tokenizer_name"]), tok_dir)
+    tensors = read_tensors(directory, config.type)
+    model = build_model(config, tensors, tok_dir)
+    keep = model.float32_names() if config.type == "smolvla" else pi0_float32_names(model)
+    assign(model, tensors, directory, None if dtype is None else DTYPES[dtype], keep)
+    if config.type == "pi0":
+        model.round_rope_like_lerobot()
+    return LeRobotPolicy(config, model, statistics, tokenizer, settings)
+
+
+def load_policy_directory(directory: Path, unnorm_key: str = "") -> LeRobotPolicy:
+    """The family loader of :mod:`vla_accel_ros.models.load`."""
+    return load_lerobot(directory, unnorm_key=unnorm_key or None)

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from vla_accel_ros.runtime.stalls import UNKNOWN_CAUSE, StallMonitor
+from vla_accel_ros.runtime.stalls import KEPT_WAITING, UNKNOWN_CAUSE, StallMonitor
 
 PERIOD = 0.05
 
@@ -20,8 +20,9 @@ class FakeClock:
         return self.t
 
 
-def monitor(clock: FakeClock, holdoff_s: float = 10.0) -> StallMonitor:
-    return StallMonitor(PERIOD, stall_after_periods=3.0, holdoff_s=holdoff_s, clock=clock)
+def monitor(clock: FakeClock, holdoff_s: float = 10.0, cpu_clock=None) -> StallMonitor:
+    """A monitor on ``clock``; its callbacks busy on the CPU all the time they run unless ``cpu_clock``."""
+    return StallMonitor(PERIOD, stall_after_periods=3.0, holdoff_s=holdoff_s, clock=clock, cpu_clock=cpu_clock or clock)
 
 
 def run(mon: StallMonitor, clock: FakeClock, ticks: int, stamp: float) -> float:
@@ -107,3 +108,13 @@ def test_a_wrapped_callback_is_timed_and_returns_its_result():
     mon.tick(1.0)
     assert mon.wrap("the slow one", slow)(21) == 42
     assert mon.tick(1.0 + 0.2 + PERIOD).cause == "the slow one ran 0.200 s"
+
+
+def test_a_slow_callback_that_was_kept_off_the_cpu_is_named_as_waiting_not_busy():
+    clock = FakeClock()
+    mon = monitor(clock, cpu_clock=lambda: 0.0)  # no CPU time passes in the callback: it was preempted
+    stamp = run(mon, clock, 5, 50.0)
+    with mon.timed("report"):
+        clock.t += 0.5
+    stall = mon.tick(stamp + 0.5)
+    assert stall is not None and stall.cause == f"report ran 0.500 s (0.000 s on the CPU: {KEPT_WAITING})"

@@ -170,11 +170,14 @@ class VlaAccelNode(LifecycleNode):
     def start(self) -> None:
         """Configure, then activate (what ``autostart`` does). Raises ConfigError when either fails."""
         if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
-            self._forget_gc()  # the constructor raises: nobody destroys this node
+            # The constructor raises: nobody else destroys this node, and while it lives rcl keeps
+            # its name's /rosout publisher, so the next node of that name in the process logs nowhere.
+            self.destroy_node()
             raise self._configure_error or ConfigError("configure failed")
         if self.trigger_activate() != TransitionCallbackReturn.SUCCESS:
-            self._forget_gc()
-            raise self._refuse(ConfigError("activate failed"))
+            refusal = self._refuse(ConfigError("activate failed"))
+            self.destroy_node()
+            raise refusal
 
     @property
     def lifecycle_state(self) -> str:

@@ -19,6 +19,8 @@ from typing import Any
 KEEP_SLOW = 64  # slow callbacks remembered for attributing a stall
 UNKNOWN_CAUSE = ("no callback of this node ran that long: another thread or process held the CPU or the "
                  "interpreter (a large message being taken, the machine's load)")
+# Said of a slow callback that spent most of its time off the CPU: preempted, not busy.
+KEPT_WAITING = "its thread was kept waiting for the CPU or the interpreter"
 
 
 @dataclass(frozen=True)
@@ -34,13 +36,16 @@ class StallMonitor:
     ran during it. Thread-safe: callbacks are timed on every thread of the node."""
 
     def __init__(self, period_s: float, stall_after_periods: float, holdoff_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, cpu_clock: Callable[[], float] = time.thread_time,
+                 ) -> None:
         self.period_s = period_s
         self.bound_s = stall_after_periods * period_s
         self.holdoff_s = holdoff_s
         self.clock = clock
+        self.cpu_clock = cpu_clock  # the calling thread's CPU seconds: a slow callback busy, or kept waiting
         self._lock = threading.Lock()
-        self._slow: deque[tuple[str, float, float]] = deque(maxlen=KEEP_SLOW)  # (name, start, end)
+        # (name, start, end, CPU seconds of its thread or None)
+        self._slow: deque[tuple[str, float, float, float | None]] = deque(maxlen=KEEP_SLOW)
         self._gc_started: float | None = None
         self._last: tuple[float, float] | None = None  # (stamp, wall) of the last tick
         self._recent: deque[Stall] = deque(maxlen=KEEP_SLOW)
@@ -52,11 +57,11 @@ class StallMonitor:
     @contextmanager
     def timed(self, name: str) -> Iterator[None]:
         """Time the body as the callback ``name``."""
-        start = self.clock()
+        start, cpu = self.clock(), self.cpu_clock()
         try:
             yield
         finally:
-            self.record(name, start, self.clock())
+            self.record(name, start, self.clock(), self.cpu_clock() - cpu)
 
     def wrap(self, name: str, callback: Callable[..., Any]) -> Callable[..., Any]:
         """``callback``, timed as ``name`` on every call."""
@@ -65,12 +70,12 @@ class StallMonitor:
                 return callback(*args, **kwargs)
         return timed_callback
 
-    def record(self, name: str, start: float, end: float) -> None:
+    def record(self, name: str, start: float, end: float, cpu_s: float | None = None) -> None:
         """A callback ``name`` ran from ``start`` to ``end`` (``clock`` seconds); only those longer
         than half a period are kept."""
         if end - start > 0.5 * self.period_s:
             with self._lock:
-                self._slow.append((name, start, end))
+                self._slow.append((name, start, end, cpu_s))
 
     def gc_callback(self, phase: str, info: dict[str, Any]) -> None:
         """For ``gc.callbacks``: a collection is timed like a callback."""
@@ -107,10 +112,12 @@ class StallMonitor:
     def _cause_locked(self, start: float, end: float) -> str:
         """The slow callback that overlapped [start, end] the longest."""
         best, overlap = "", 0.0
-        for name, t0, t1 in self._slow:
+        for name, t0, t1, cpu in self._slow:
             shared = min(t1, end) - max(t0, start)
             if shared > overlap:
-                best, overlap = f"{name} ran {t1 - t0:.3f} s", shared
+                waited = cpu is not None and cpu < 0.5 * (t1 - t0)
+                best = f"{name} ran {t1 - t0:.3f} s" + (f" ({cpu:.3f} s on the CPU: {KEPT_WAITING})" if waited else "")
+                overlap = shared
         return best or UNKNOWN_CAUSE
 
     # --- the report ---------------------------------------------------------------------------

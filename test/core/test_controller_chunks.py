@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vla_accel_ros.core.chunks import ChunkSettings
 from vla_accel_ros.core.controller import Controller, ControllerConfig
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
@@ -26,10 +27,10 @@ def chunk_of(h: int) -> np.ndarray:
 
 
 def run(kin: ArmKinematics, period: float, ticks: int, h: int, *, tick_times: list[float] | None = None,
-        obs_age: float = 0.0, **cfg: float) -> tuple[list, Controller]:
+        obs_age: float = 0.0, **cfg: object) -> tuple[list, Controller]:
     """A chunk of ``h`` arriving at t = 0 from an observation ``obs_age`` old, then ``ticks``
     ticks every ``period`` (or at ``tick_times``); the arm reported still at home throughout."""
-    ctrl = Controller(kin, ControllerConfig(period_s=period, action_dt_s=ACTION_DT, **cfg))
+    ctrl = Controller(kin, ControllerConfig(period_s=period, action_dt_s=ACTION_DT, **cfg))  # type: ignore[arg-type]
     ctrl.set_instruction("pick up the red cube")
     ctrl.set_enabled(True)
     ctrl.on_joint_state(Q_HOME, 0.04, -0.01)
@@ -65,26 +66,37 @@ def test_a_late_tick_skips_the_steps_it_missed_and_counts_them(kin):
     assert ctrl.stats.actions_expired == 2
 
 
-def test_steps_later_than_the_action_timeout_are_not_executed(kin):
-    # the observation is 0.08 s old: step k is 0.08 s late at its own time; with a 0.1 s timeout
-    # every step is still fresh, with 0.05 s none is
-    fresh, _ = run(kin, 0.05, 3, 3, obs_age=0.08, action_timeout_s=0.1, fallback_max_s=1.0)
-    stale, ctrl = run(kin, 0.05, 3, 3, obs_age=0.08, action_timeout_s=0.05, fallback_max_s=1.0)
-    assert [r.source for r in fresh] == ["policy"] * 3
-    assert [r.source for r in stale] == ["fallback"] * 3 and ctrl.stats.actions_expired == 3
+def test_steps_whose_time_passed_during_inference_are_dropped(kin):
+    # the observation is 0.08 s old when the chunk arrives: step 0 (due at -0.08) ran during
+    # inference and is dropped; steps 1 and 2 run at their own times
+    results, ctrl = run(kin, 0.05, 3, 3, obs_age=0.08, fallback_max_s=1.0)
+    assert [r.source for r in results] == ["policy", "policy", "fallback"]
+    assert [r.gripper_command for r in results[:2]] == pytest.approx([0.1, 0.2])
+    assert ctrl.stats.chunk_steps_dropped == 1 and results[0].chunk_start and not results[1].chunk_start
 
 
-def test_a_new_chunk_replaces_what_is_left_of_the_last(kin):
-    results, ctrl = run(kin, 0.05, 2, 4, fallback_max_s=1.0)
-    ctrl.on_action_chunk(chunk_of(2)[::-1], obs_stamp=0.09, now=0.1)  # gripper 0.1 then 0.0
+def test_a_chunk_whose_last_step_is_older_than_the_action_timeout_is_not_executed(kin):
+    # every step's time passed during a 0.3 s inference: only the last is kept, 0.2 s late for its step
+    fresh, _ = run(kin, 0.05, 1, 3, obs_age=0.3, action_timeout_s=0.25, fallback_max_s=1.0)
+    stale, ctrl = run(kin, 0.05, 1, 3, obs_age=0.3, action_timeout_s=0.15, fallback_max_s=1.0)
+    assert [r.source for r in fresh] == ["policy"] and fresh[0].gripper_command == pytest.approx(0.2)
+    assert [r.source for r in stale] == ["fallback"] and ctrl.stats.actions_expired == 1
+
+
+@pytest.mark.parametrize("blend, grippers", [("latest_only", [0.1, 0.0]),
+                                              ("weighted_average", [0.7 * 0.1 + 0.3 * 0.2, 0.3 * 0.3]),
+                                              ("crossfade", [0.1 / 3 + 0.2 * 2 / 3, 0.0 * 2 / 3 + 0.3 / 3])])
+def test_a_new_chunk_blends_with_what_is_left_of_the_last(kin, blend, grippers):
+    results, ctrl = run(kin, 0.05, 2, 4, fallback_max_s=1.0, chunks=ChunkSettings(chunk_blend=blend))
+    ctrl.on_action_chunk(chunk_of(2)[::-1], obs_stamp=0.09, now=0.1)  # gripper 0.1 then 0.0; old: 0.2, 0.3
     after = []
     for t in (0.1, 0.15, 0.2):
         ctrl.on_joint_state(Q_HOME, 0.04, t)
         ctrl.on_image(IMAGE, t)
         after.append(ctrl.tick(t))
     assert [r.source for r in after] == ["policy", "policy", "fallback"]
-    assert [r.gripper_command for r in after[:2]] == pytest.approx([0.1, 0.0])
-    assert ctrl.stats.actions_replaced == 1
+    assert [r.gripper_command for r in after[:2]] == pytest.approx(grippers)
+    assert ctrl.stats.chunk_steps_blended == 2 and ctrl.stats.chunks_planned == 2
 
 
 def test_the_fallback_after_a_chunk_is_bounded_and_every_step_is_continuous(kin):

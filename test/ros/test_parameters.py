@@ -32,10 +32,13 @@ VISION_PARAMETERS = ["vision_reuse", "vision_threshold", "vision_refresh_steps",
                      "vision_tower_refresh_steps"]
 
 
+CHUNK_PARAMETERS = ["chunk_execution", "chunk_refill_threshold", "chunk_blend", "chunk_verify_threshold_rad"]
+
+
 @pytest.mark.parametrize("cls", [NodeConfig, InferenceNodeConfig, SimBridgeConfig, ControllerConfig])
 def test_every_field_is_documented_and_numeric_ones_have_ranges(cls):
     specs = parameter_specs(cls)
-    groups = {"vision": VISION_PARAMETERS, "policy": POLICY_PARAMETERS}
+    groups = {"vision": VISION_PARAMETERS, "policy": POLICY_PARAMETERS, "chunks": CHUNK_PARAMETERS}
     flat = [name for f in dataclasses.fields(cls) for name in groups.get(f.name, [f.name])]
     assert [s.name for s in specs] == flat
     for spec in specs:
@@ -293,3 +296,22 @@ def test_r_bounds_on_the_command_line():
     for bad in ("6:2", "3", "a:b", "-1:4", "2:6:9"):
         with pytest.raises(argparse.ArgumentTypeError, match="R_MIN:R_MAX"):
             parse_r_bounds(bad)
+
+
+def test_chunk_and_camera_parameters_reach_the_controller_and_bad_ones_are_named():
+    cfg = from_params(NodeConfig, {"chunk_execution": "sync", "chunk_blend": "weighted_average",
+                                   "chunk_refill_threshold": 0.25, "image_topics": ["front/image", "wrist/image"],
+                                   "image_transports": ["raw", "compressed"], "camera_sync_tolerance_s": 0.01})
+    controller = cfg.controller_config()
+    assert controller.chunks.chunk_execution == "sync" and controller.chunks.chunk_blend == "weighted_average"
+    assert controller.chunks.chunk_refill_threshold == 0.25
+    assert controller.camera_names == ("front/image", "wrist/image") and controller.camera_sync_tolerance_s == 0.01
+    assert cfg.camera_compressed == (False, True)
+    assert NodeConfig().camera_topics == ("camera/image_raw",)  # image_topic: the one-camera form
+    for params, words in [({"chunk_execution": "later"}, "chunk_execution"),
+                          ({"chunk_refill_threshold": 1.5}, "chunk_refill_threshold"),
+                          ({"image_topics": ["a", "a"]}, "image_topics"),
+                          ({"image_topics": ["a", "b"], "image_transports": ["raw"]}, "image_transports"),
+                          ({"image_transports": ["h264"]}, "image_transports")]:
+        with pytest.raises(ConfigError, match=words):
+            from_params(NodeConfig, params)

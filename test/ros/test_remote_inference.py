@@ -14,6 +14,7 @@ from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image, JointState  # noqa: E402
 from std_msgs.msg import Float64MultiArray, String  # noqa: E402
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint  # noqa: E402
 
 from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.core.observation import Observation  # noqa: E402
@@ -41,8 +42,14 @@ def test_the_wire_format_round_trips_and_refuses_what_is_not_an_action():
     answer = remote_protocol.action_from(msg)
     np.testing.assert_array_equal(answer.actions, chunk)
     assert answer.obs_stamp == pytest.approx(1234.5) and answer.stats["target_passes"] == 1
-    for bad in (JointState(name=["a0/dx"], position=[0.1]), JointState(name=["x"], position=[0.0]),
-                JointState(name=[*msg.name], position=[float("nan")] * len(msg.name))):
+    assert answer.stats["decode_ms"] == 2.5
+    # a chunk is a trajectory: stamped with its observation's time, one point per action step
+    assert isinstance(msg, JointTrajectory) and list(msg.joint_names)[-1] == "gripper"
+    assert [p.time_from_start.nanosec for p in msg.points] == [0, 50_000_000, 100_000_000]
+    nan_point = JointTrajectoryPoint(positions=[float("nan")] * 7)
+    for bad in (JointTrajectory(joint_names=["x"], points=msg.points), JointTrajectory(joint_names=msg.joint_names),
+                JointTrajectory(joint_names=msg.joint_names, points=[JointTrajectoryPoint(positions=[0.1])]),
+                JointTrajectory(joint_names=msg.joint_names, points=[nan_point])):
         with pytest.raises(ValueError):
             remote_protocol.action_from(bad)
     jpeg = remote_protocol.compressed_image_message(obs)
@@ -76,7 +83,7 @@ class RemoteRig:
         pubs = {"image": peer.create_publisher(Image, f"/far/{remote_protocol.IMAGE_TOPIC}", BEST_EFFORT),
                 "state": peer.create_publisher(JointState, f"/far/{remote_protocol.STATE_TOPIC}", BEST_EFFORT),
                 "task": peer.create_publisher(String, f"/far/{remote_protocol.INSTRUCTION_TOPIC}", LATCHED_QOS),
-                "action": peer.create_publisher(JointState, f"/arm/{remote_protocol.ACTION_TOPIC}", RELIABLE)}
+                "action": peer.create_publisher(JointTrajectory, f"/arm/{remote_protocol.ACTION_TOPIC}", RELIABLE)}
         self._timers: list[threading.Timer] = []
 
         def relay(kind):
@@ -99,7 +106,7 @@ class RemoteRig:
         peer.create_subscription(JointState, f"/arm/{remote_protocol.STATE_TOPIC}", relay("state"), BEST_EFFORT)
         peer.create_subscription(String, f"/arm/{remote_protocol.INSTRUCTION_TOPIC}", pubs["task"].publish,
                                  LATCHED_QOS)
-        peer.create_subscription(JointState, f"/far/{remote_protocol.ACTION_TOPIC}", relay("action"), RELIABLE)
+        peer.create_subscription(JointTrajectory, f"/far/{remote_protocol.ACTION_TOPIC}", relay("action"), RELIABLE)
         image = Image(height=64, width=64, encoding="rgb8", step=192, data=np.full(64 * 64 * 3, 80, np.uint8).tobytes())
 
         def feed() -> None:

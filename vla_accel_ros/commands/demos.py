@@ -13,6 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--image-size", type=int, default=128, help="camera image side in pixels")
     parser.add_argument("--max-steps", type=int, default=120, help="episode step limit at 20 Hz")
+    parser.add_argument("--wrist", action="store_true",
+                        help="record the wrist camera too (wrist_images): data for a two-camera policy")
     parser.add_argument("--only-successes", action="store_true", help="keep only successful episodes on disk")
     parser.add_argument(
         "--action-noise", type=float, default=0.0,
@@ -33,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not check_rendering("demos"):  # no GL: one line saying what to set, before any work
         return 2
-    config = SimConfig(image_size=args.image_size, max_steps=args.max_steps)
+    config = SimConfig(image_size=args.image_size, max_steps=args.max_steps, wrist_image=args.wrist)
     policy_action = greedy_policy_action(args.policy) if args.policy else None
     summary = record_demos(
         args.out, args.episodes, args.seed, config, args.only_successes, action_noise=args.action_noise,

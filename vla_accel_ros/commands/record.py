@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", default="", help="policy checkpoint directory (default: the package's)")
     parser.add_argument("--duration-s", type=float, default=8.0, help="episode time limit (sim seconds)")
     parser.add_argument("--domain-id", type=int, default=0, help="ROS_DOMAIN_ID for live mode (0 = private)")
+    parser.add_argument("--cameras", type=int, default=1, choices=(1, 2),
+                        help="2: record the wrist camera too (/wrist_camera/image_raw), for a two-camera policy")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
                             kf_fill_check=args.kf_fill_check)
     opts = RecordOptions(episodes=args.episodes, out=args.out, storage=args.storage, mode=args.mode,
                          policy=policy, control_rate_hz=args.control_rate, seed=args.seed,
-                         duration_s=args.duration_s, domain_id=args.domain_id)
+                         duration_s=args.duration_s, domain_id=args.domain_id, cameras=args.cameras)
     s = record(opts)
     missing = [t for t in (TOPICS["camera"][0], TOPICS["joint_states"][0], TOPICS["commands"][0])
                if not s["messages"].get(t)]

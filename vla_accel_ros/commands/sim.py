@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vla_accel_ros.commands.vision_options import add_vision_arguments, vision_config
+from vla_accel_ros.core.chunks import CHUNK_BLENDS, CHUNK_EXECUTIONS, CHUNK_MODES, ChunkSettings
 from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding.specs import DEFAULT, KINEMATIC_R_BOUNDS
 from vla_accel_ros.models.api import REMOTE_PREFIXES
@@ -58,6 +59,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run a checkpoint made for another arm with the same DOF, with a warning (the node's "
                              "allow_unmatched_robot); a different DOF never runs")
     add_vision_arguments(parser)  # the node's vision_* parameters
+    chunks = ChunkSettings()
+    parser.add_argument("--cameras", type=int, default=1, choices=(1, 2),
+                        help="2: the bridge publishes the wrist camera too and the node takes both (image_topics)")
+    parser.add_argument("--chunk-execution", default=chunks.chunk_execution, choices=CHUNK_EXECUTIONS,
+                        help="the node's chunk_execution")
+    parser.add_argument("--chunk-blend", default=chunks.chunk_blend, choices=CHUNK_BLENDS,
+                        help="the node's chunk_blend")
+    parser.add_argument("--chunk-refill-threshold", type=float, default=chunks.chunk_refill_threshold,
+                        help="the node's chunk_refill_threshold (fraction of a chunk)")
+    parser.add_argument("--chunk-verify-threshold", type=float, default=chunks.chunk_verify_threshold_rad,
+                        help="the node's chunk_verify_threshold_rad (0 = no kinematic chunk verification)")
+    parser.add_argument("--chunk-modes", default="", help="comma-separated, of " + ", ".join(CHUNK_MODES) +
+                        ": run the node in each on the same seeds (OUT/MODE), compare them (OUT/chunk_modes.json) "
+                        "and plot their commands with the chunk boundaries (OUT/chunk_execution.png)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
     opts = sim_options(args)
     started = time.monotonic()
+    if args.chunk_modes:
+        return _run_chunk_modes(opts, [m.strip() for m in args.chunk_modes.split(",") if m.strip()])
     if args.decoders:
         result = run_sim_decoders(opts, [d.strip() for d in args.decoders.split(",") if d.strip()])
         base = result["baseline"]
@@ -90,6 +107,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_chunk_modes(opts: SimRunOptions, modes: list[str]) -> int:
+    from vla_accel_ros.ros.chunk_runs import run_chunk_modes  # the node processes: only when it runs
+
+    result = run_chunk_modes(opts, modes)
+    print("| mode | success | actions/s | chunk-wait ticks | obs->action ms p50 | p99 | jerk rms | jerk max | "
+          "largest boundary step (rad) | early re-plans | inferences/action |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in result["modes"]:
+        cells = [row["mode"], f"{row['success_rate']:.0%}", f"{row['actions_per_s']:.1f}",
+                 f"{row['chunk_wait_tick_share']:.1%}", f"{row['obs_to_action_ms_p50']:.0f}",
+                 f"{row['obs_to_action_ms_p99']:.0f}", f"{row['jerk_rms']:.1f}", f"{row['jerk_max']:.1f}",
+                 f"{row['chunk_boundary_step_max']:.4f}", str(row["chunk_replans"]),
+                 f"{row['inferences_per_action']:.3f}"]
+        print("| " + " | ".join(cells) + " |")
+    print(f"sim: -> {opts.out}/chunk_modes.json, {opts.out}/chunk_execution.png")
+    return 0
+
+
 def sim_options(args: argparse.Namespace) -> SimRunOptions:
     """The run's options from the flags; ValueError naming a bad one."""
     from vla_accel_ros.ros.launcher import SimRunOptions
@@ -110,4 +145,7 @@ def sim_options(args: argparse.Namespace) -> SimRunOptions:
                          output=args.output, executor=args.executor, domain_id=args.domain_id,
                          inference_mode=args.inference_mode, netns=args.netns, realtime_priority=args.realtime_priority,
                          vision=vision_config(args) if args.vision != "full" else None,
-                         allow_unmatched_robot=args.allow_unmatched_robot)
+                         allow_unmatched_robot=args.allow_unmatched_robot, cameras=args.cameras,
+                         chunks=ChunkSettings(chunk_execution=args.chunk_execution, chunk_blend=args.chunk_blend,
+                                              chunk_refill_threshold=args.chunk_refill_threshold,
+                                              chunk_verify_threshold_rad=args.chunk_verify_threshold))

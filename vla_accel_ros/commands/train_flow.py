@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="width of the 2-step student's MLP (0 = the teacher's; it then starts as the teacher)")
     parser.add_argument("--horizon", type=int, default=d.horizon,
                         help="actions per sample: H > 1 trains a chunked policy whose H actions feed the node's queue")
+    parser.add_argument("--cameras", type=int, default=d.cameras, choices=(1, 2),
+                        help="image slots: 2 conditions the head on the demos' wrist images too "
+                             "(vla-accel demos --wrist)")
     add_run_arguments(parser, d)
 
 

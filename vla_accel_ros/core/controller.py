@@ -2,10 +2,12 @@
 
 It keeps the latest stamped inputs (joint state, image, instruction) and the newest verified
 policy actions: one action, or a chunked policy's H actions for H consecutive action steps
-(``on_action_chunk``; action k is due k action steps after the chunk arrived, and a newer chunk
-replaces what is left). At every tick it chooses:
+(``on_action_chunk``). At the first tick after it arrives, a chunk becomes a joint-space plan
+(:mod:`vla_accel_ros.core.chunks`: aligned to its observation's time, re-anchored to the Kalman
+filter's estimate, blended with what the previous plan still holds); its schedule tells the
+inference worker when to start the next one (``wait_observation``). At every tick it chooses:
 
-- ``policy``: the due action, not used before, no later for its step than ``action_timeout_s``
+- ``policy``: the plan's due step, not used before, no later for its step than ``action_timeout_s``
   after its observation, through differential IK (``actions.action_to_joint_targets``, the sim's
   path too); a tick that comes after several steps skips the ones it missed;
 - ``fallback``: no fresh action, so the joint-space Kalman filter extrapolates the motion over one
@@ -52,7 +54,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -62,10 +64,13 @@ from vla_accel_ros.core.actions import (
     gripper_command_to_opening,
     validate_action,
 )
+from vla_accel_ros.core.cameras import CameraSet
+from vla_accel_ros.core.chunks import ChunkPlan, ChunkQueue, ChunkSettings, plan_deviation
 from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.core.settings import check_fields, setting
+from vla_accel_ros.core.settings import check_fields, nested, setting
+from vla_accel_ros.core.ticks import Counters, TickResult, TickStats
 
 SOURCES = ("policy", "fallback", "hold")
 # A measured position further from the last accepted one than the velocity limits reach over the
@@ -81,7 +86,11 @@ class ControllerConfig:
     """The ROS-free control core's settings (derived from :class:`NodeConfig`)."""
 
     period_s: float = setting(0.05, "Control period", range=(0.001, 1.0))
-    camera_timeout_s: float = setting(0.5, "Image watchdog", range=(0.001, 60.0))
+    camera_timeout_s: float = setting(0.5, "Image watchdog (each camera's, and the matched observation's)",
+                                      range=(0.001, 60.0))
+    camera_names: tuple[str, ...] = setting(("camera",), "The cameras in image-slot order (named in hold reasons)")
+    camera_sync_tolerance_s: float = setting(0.025, "Largest stamp difference of the images of one observation",
+                                             range=(0.0, 10.0))
     joint_state_timeout_s: float = setting(0.25, "Joint-state watchdog", range=(0.001, 60.0))
     action_timeout_s: float = setting(0.5, "Maximum observation age of a usable action", range=(0.0, 60.0))
     action_dt_s: float = setting(0.05, "Duration of one policy action step", range=(0.001, 1.0))
@@ -92,6 +101,8 @@ class ControllerConfig:
                                     "decays to 0 over it); then hold", range=(0.0, 10.0))
     expect_actions: bool = setting(True, "A policy supplies actions; false = none (bring-up): the fallback "
                                    "tracks the measured position and extrapolates nothing")
+    # chunk_execution, chunk_refill_threshold, chunk_blend, chunk_verify_threshold_rad
+    chunks: ChunkSettings = nested(ChunkSettings())
     gripper_velocity: float = setting(0.1, "Speed limit (m/s) of a finger joint whose URDF gives none",
                                       range=(1e-4, 10.0))
     jump_confirm_s: float = setting(0.05, "How long agreeing joint-state outliers must persist to be a real "
@@ -102,73 +113,8 @@ class ControllerConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-
-
-@dataclass(frozen=True)
-class TickStats:
-    """Counters since start (a snapshot taken at a tick)."""
-
-    ticks: int = 0
-    ticks_published: int = 0
-    policy_ticks: int = 0
-    fallback_ticks: int = 0
-    hold_ticks: int = 0
-    deadline_misses: int = 0
-    actions_received: int = 0
-    actions_used: int = 0
-    actions_expired: int = 0
-    actions_replaced: int = 0
-    inputs_rejected: int = 0
-    guard_trips: int = 0
-    outliers_rejected: int = 0  # joint-state samples gated (beyond what the velocity limits reach)
-    jumps_accepted: int = 0  # runs of agreeing outliers taken as a real jump (reset, moved by hand)
-    beyond_limits_rejected: int = 0  # joint-state samples beyond the URDF limits (+ tolerance)
-    fallback_expired: int = 0  # times the fallback ran out (fallback_max_s) into a hold
-    last_outlier: str = ""  # why the last outlier was gated ('' = none yet)
-
-
-@dataclass(frozen=True)
-class TickResult:
-    """What one tick decided. ``q_command`` is None only when no joint state was ever received
-    (there is no known safe position to command)."""
-
-    stamp: float
-    q_command: np.ndarray | None  # arm joint order of the kinematics
-    gripper_command: float  # the command asked for: 1 = open, 0 = closed
-    finger_positions: np.ndarray  # one per gripper joint (m), within their limits and v*T of the last ones
-    source: str
-    reason: str
-    stats: TickStats
-    period_s: float = math.nan  # measured time since the previous tick
-    q_measured: np.ndarray | None = None  # newest joint measurement at the tick
-
-
-@dataclass
-class _Chunk:
-    """Actions for consecutive action steps from one observation: action k is due ``k``
-    action steps after the chunk arrived (one action: a chunk of one)."""
-
-    actions: np.ndarray  # (H, 7)
-    obs_stamp: float
-    received: float
-    next: int = 0  # the first action not yet used or skipped
-
-    @property
-    def unused(self) -> int:
-        return len(self.actions) - self.next
-
-
-@dataclass
-class _Counters:
-    values: dict[str, int] = field(default_factory=lambda: {
-        f: 0 for f, spec in TickStats.__dataclass_fields__.items() if spec.type in (int, "int")})
-    last_outlier: str = ""
-
-    def add(self, name: str, n: int = 1) -> None:
-        self.values[name] += n
-
-    def snapshot(self) -> TickStats:
-        return TickStats(**self.values, last_outlier=self.last_outlier)
+        if not self.camera_names:
+            raise ValueError("ControllerConfig.camera_names must name at least one camera")
 
 
 class Controller:
@@ -180,19 +126,18 @@ class Controller:
         self._lock = threading.Lock()
         self._new_obs = threading.Condition(self._lock)
         self._kf = JointKalmanFilter(kin, self.config.period_s)
-        self._counters = _Counters()
+        self._counters = Counters()
         self._enabled = False
         self._instruction = ""
         # latest inputs: (value, arrival time)
         self._q: np.ndarray | None = None
         self._gripper_opening: float | None = None  # measured (mean finger position), once known
         self._q_rx = -math.inf
+        self._cameras = CameraSet(self.config.camera_names, self.config.camera_sync_tolerance_s)
         self._beyond_limits = ""  # why the newest joint state was beyond the limits ('' = it was not)
-        self._image: np.ndarray | None = None
-        self._image_rx = -math.inf
-        self._image_refused = ""  # why the images since the last usable one were refused
         self._obs_seq = 0
-        self._chunk: _Chunk | None = None
+        self._chunks = ChunkQueue(self.config.chunks, self.config.action_dt_s, self.config.jitter_window)
+        self._chunk_start = False  # the current tick started a plan
         # outputs
         self._gripper_cmd = self.config.gripper_initial
         self._last_cmd: np.ndarray | None = None
@@ -268,30 +213,35 @@ class Controller:
                 f"[{lower[worst]:.4g}, {upper[worst]:.4g}] by {beyond[worst]:.4g} (joint_limit_tolerance "
                 f"{self.config.joint_limit_tolerance:g})")
 
-    def on_image(self, image: np.ndarray, now: float) -> str | None:
-        """Store an RGB uint8 image (already at the model's input size)."""
+    def on_image(self, image: np.ndarray, now: float, camera: int = 0, stamp: float | None = None) -> str | None:
+        """Store an RGB uint8 image (already at the model's input size) of camera ``camera`` (its
+        image slot), stamped ``stamp`` by its sender (default: ``now``). A new observation exists
+        once every camera has an image stamped within ``camera_sync_tolerance_s`` of the first's."""
         with self._lock:
+            cameras = self._cameras
+            what = "image" if len(cameras) == 1 else f"image of camera '{cameras.names[cameras.index(camera)]}'"
             if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
                 self._counters.add("inputs_rejected")
-                return f"image rejected: expected uint8 HxWx3 RGB, got {image.dtype} {image.shape}"
+                return f"{what} rejected: expected uint8 HxWx3 RGB, got {image.dtype} {image.shape}"
             notice = None
-            if now < self._image_rx:
-                if self._image_rx - now <= self.config.period_s:
+            before = cameras.last_received(camera)
+            if now < before:
+                if before - now <= self.config.period_s:
                     self._counters.add("inputs_rejected")
-                    return f"image rejected: time went backwards ({now:.6f} < {self._image_rx:.6f})"
-                notice = self._clock_went_back_locked("image", now, self._image_rx)
-            self._image, self._image_rx = image, now
-            self._image_refused = ""
-            self._obs_seq += 1
-            self._new_obs.notify_all()
+                    return f"{what} rejected: time went backwards ({now:.6f} < {before:.6f})"
+                notice = self._clock_went_back_locked(what, now, before)
+            cameras.refused[camera] = ""
+            if cameras.add(camera, image, now if stamp is None else float(stamp), now):
+                self._obs_seq += 1
+                self._new_obs.notify_all()
         return notice
 
-    def on_image_refused(self, reason: str) -> None:
-        """The node refused a camera image (too large, undecodable, ...): nothing of it is used, and
-        the camera stays as fresh as the last usable frame made it; once that is stale, the hold
-        names ``reason``."""
+    def on_image_refused(self, reason: str, camera: int = 0) -> None:
+        """The node refused an image of camera ``camera`` (too large, undecodable, ...): nothing of
+        it is used, and the camera stays as fresh as the last usable frame made it; once that is
+        stale, the hold names ``reason``."""
         with self._lock:
-            self._image_refused = reason.strip()
+            self._cameras.refused[self._cameras.index(camera)] = reason.strip()
 
     def _gate_locked(self, q: np.ndarray, now: float) -> bool:
         """True when ``q`` is an outlier: further from the last accepted sample than the velocity
@@ -333,7 +283,7 @@ class Controller:
         timeline; the other input keeps its old, now future, stamp and counts as stale until it
         arrives again (the watchdog holds meanwhile)."""
         self._kf.reset()
-        self._chunk = None
+        self._forget_chunks_locked()
         self._last_tick = None
         return (f"{what}: time went backwards by {before - now:.3f} s ({now:.6f} < {before:.6f}): clock reset, "
                 f"filter and pending action dropped, holding until every input is current")
@@ -352,13 +302,13 @@ class Controller:
                         f"{self.config.max_instruction_chars}")
             if text != self._instruction:
                 self._instruction = text
-                self._chunk = None  # an action for the old task must not be executed
+                self._forget_chunks_locked()  # an action for the old task must not be executed
         return None
 
     def set_enabled(self, enabled: bool) -> None:
         with self._lock:
             if enabled and not self._enabled:
-                self._chunk = None  # nothing decided while disabled is executed later
+                self._forget_chunks_locked()  # nothing decided while disabled is executed later
             self._enabled = bool(enabled)
 
     def set_inference_fault(self, reason: str) -> None:
@@ -368,7 +318,7 @@ class Controller:
         with self._lock:
             self._inference_fault = reason.strip()
             if self._inference_fault:
-                self._chunk = None
+                self._forget_chunks_locked()
 
     def set_config_fault(self, reason: str) -> None:
         """Hold the measured position with ``reason`` until cleared with '' (the node's set-up no
@@ -376,7 +326,7 @@ class Controller:
         with self._lock:
             self._config_fault = reason.strip()
             if self._config_fault:
-                self._chunk = None
+                self._forget_chunks_locked()
 
     def set_clock_fault(self, reason: str) -> None:
         """Hold the measured position with ``reason`` until cleared with '': the clock the core's
@@ -402,16 +352,20 @@ class Controller:
     # --- inference side -----------------------------------------------------------------------
     def wait_observation(self, after_seq: int, timeout: float) -> tuple[int, Observation] | None:
         """Block until an observation newer than ``after_seq`` exists (image, joints and an
-        instruction); return (seq, observation) or None on timeout. ``stamp`` = image arrival."""
+        instruction) and the chunk schedule wants the next inference (``chunk_execution``);
+        return (seq, observation) or None on timeout. ``stamp`` = image arrival."""
         with self._new_obs:
             ready = self._new_obs.wait_for(
-                lambda: self._obs_seq > after_seq and self._q is not None and bool(self._instruction), timeout
+                lambda: (self._obs_seq > after_seq and self._q is not None and bool(self._instruction)
+                         and self._chunks.wants_inference()), timeout
             )
-            if not ready or self._image is None or self._q is None:
+            images = self._cameras.matched
+            if not ready or images is None or self._q is None:
                 return None
             opening = 0.0 if self._gripper_opening is None else self._gripper_opening
-            obs = Observation(self._image, self._instruction, self._q.copy(),
-                              float(np.clip(opening, 0.0, self._max_opening or np.inf)), self._image_rx)
+            obs = Observation(images[0], self._instruction, self._q.copy(),
+                              float(np.clip(opening, 0.0, self._max_opening or np.inf)),
+                              self._cameras.matched_received, extra_images=images[1:])
             return self._obs_seq, obs
 
     def on_action(self, action: np.ndarray, obs_stamp: float, now: float, instruction: str | None = None) -> str | None:
@@ -421,13 +375,20 @@ class Controller:
     def on_action_chunk(self, actions: np.ndarray, obs_stamp: float, now: float,
                         instruction: str | None = None) -> str | None:
         """Hand over H verified 7-D actions for H consecutive action steps, computed from the
-        observation stamped ``obs_stamp`` (a chunked policy's output). They replace what is left
-        of the previous chunk; each is used at most once, at the first tick it is due."""
+        observation stamped ``obs_stamp`` (a chunked policy's output). The next tick plans them
+        (aligned, re-anchored, blended with what the previous plan still holds); each step is used
+        at most once, at the first tick it is due. A chunk of the wrong shape or with a non-finite
+        value is rejected whole (the message says why): the arm goes on with what it has, then
+        the fallback, then holds."""
         try:
             chunk = np.asarray(actions, dtype=float)
             if chunk.ndim != 2 or len(chunk) == 0:
                 raise ValueError(f"an action chunk must be (H >= 1, 7), got shape {chunk.shape}")
-            chunk = np.stack([validate_action(a) for a in chunk])
+            for k, action in enumerate(chunk):
+                try:
+                    validate_action(action)
+                except ValueError as err:
+                    raise ValueError(f"step {k} of {len(chunk)}: {err}") from None
         except ValueError as err:
             with self._lock:
                 self._counters.add("inputs_rejected")
@@ -437,9 +398,8 @@ class Controller:
                 self._counters.add("actions_expired")
                 return "action dropped: the instruction changed while it was computed"
             self._counters.add("actions_received")
-            if self._chunk is not None and self._chunk.unused:
+            if self._chunks.receive(chunk, obs_stamp):
                 self._counters.add("actions_replaced")
-            self._chunk = _Chunk(chunk, float(obs_stamp), float(now))
         return None
 
     # --- the tick -----------------------------------------------------------------------------
@@ -456,6 +416,7 @@ class Controller:
             self._last_tick = now
 
             starved_before, self._starved_s = self._starved_s, 0.0
+            self._chunk_start = False
             hold_reason = self._hold_reason_locked(now)
             if hold_reason:
                 self._window_start = None  # the fallback window counts from the end of this hold
@@ -466,6 +427,8 @@ class Controller:
                 self._hold_q, self._hold_reason = None, ""
             if self._starved_s > 0.0 and starved_before == 0.0:
                 self._counters.add("fallback_expired")
+            if self._chunks.started and (source == "fallback" and self.config.expect_actions or self._starved_s > 0.0):
+                self._counters.add("chunk_wait_ticks")  # between chunks: the wait for a task's first is not
             q_cmd = self._guard_locked(q_cmd)
             self._counters.add(f"{source}_ticks")
             fingers = self._finger_guard_locked(self._finger_positions(self._gripper_cmd))
@@ -473,9 +436,11 @@ class Controller:
                 self._counters.add("ticks_published")
                 self._last_cmd = q_cmd
                 self._last_fingers = fingers
+            if self._chunks.wants_inference():
+                self._new_obs.notify_all()  # the schedule may have come due with this tick
             return TickResult(now, None if q_cmd is None else q_cmd.copy(), self._gripper_cmd, fingers, source,
                               reason, self._counters.snapshot(), period,
-                              None if self._q is None else self._q.copy())
+                              None if self._q is None else self._q.copy(), self._chunk_start)
 
     def _hold_reason_locked(self, now: float) -> str:
         cfg = self.config
@@ -487,10 +452,8 @@ class Controller:
             return f"joint state beyond the URDF limits: {self._beyond_limits}; holding the last valid position"
         if stale := self._stale_reason("joint states", self._q_rx, cfg.joint_state_timeout_s, now):
             return stale
-        if self._image is None:
-            return "no camera image received" + (f" (refused: {self._image_refused})" if self._image_refused else "")
-        if stale := self._stale_reason("camera", self._image_rx, cfg.camera_timeout_s, now):
-            return stale + (f"; the newest image was refused: {self._image_refused}" if self._image_refused else "")
+        if stale := self._cameras.hold_reason(now, cfg.camera_timeout_s, cfg.period_s):
+            return stale
         if not self._enabled:
             return "disabled"
         if not self._instruction:
@@ -515,7 +478,7 @@ class Controller:
             return None
         if self._hold_q is None:  # latch the measured position when the hold begins
             self._hold_q = np.clip(self._q, self.kin.limits.lower, self.kin.limits.upper)
-            self._chunk = None
+            self._chunks.forget(task_over=False)  # a hold between chunks still waits on them
         self._hold_reason = reason
         return self._hold_q
 
@@ -524,22 +487,22 @@ class Controller:
         cfg = self.config
         if self._window_start is None:
             self._window_start = now
-        chunk = self._chunk
-        # The newest action of the chunk that is due (k action steps after it arrived), if not used.
-        due = -1 if chunk is None else min(int(math.floor((now - chunk.received) / cfg.action_dt_s + 1e-6)),
-                                           len(chunk.actions) - 1)
-        if chunk is not None and due >= chunk.next:
-            if due > chunk.next:  # a slow tick skipped an action's step: it is never executed late
-                self._counters.add("actions_expired", due - chunk.next)
-            chunk.next = due + 1
-            age = now - chunk.obs_stamp - due * cfg.action_dt_s  # how late the action is for its step
+        self._plan_chunk_locked(now)
+        plan = self._chunks.plan
+        due = -1 if plan is None else plan.step_at(now, cfg.action_dt_s)  # the step due now, if not used
+        if plan is not None and due >= plan.next:
+            if due > plan.next:  # a slow tick skipped an action's step: it is never executed late
+                self._counters.add("actions_expired", due - plan.next)
+            plan.next = due + 1
+            slot = plan.first_slot + due
+            age = now - plan.obs_stamp - slot * cfg.action_dt_s  # how late the action is for its step
             if age <= cfg.action_timeout_s:
                 self._counters.add("actions_used")
                 self._window_start = now
-                q_target, gripper = action_to_joint_targets(self.kin, self._q, chunk.actions[due], cfg.action_dt_s)
-                self._gripper_cmd = gripper
-                step = f", step {due + 1} of {len(chunk.actions)}" if len(chunk.actions) > 1 else ""
-                return q_target, "policy", f"action from observation {age * 1e3:.1f} ms old{step}"
+                self._verify_plan_locked(plan, due)
+                self._gripper_cmd = float(plan.gripper[due])
+                step = f", step {slot + 1} of {plan.horizon}" if plan.horizon > 1 else ""
+                return plan.q[due].copy(), "policy", f"action from observation {age * 1e3:.1f} ms old{step}"
             self._counters.add("actions_expired")
             why = f"newest action expired ({age:.3f} s > {cfg.action_timeout_s} s)"
         else:
@@ -565,6 +528,40 @@ class Controller:
                 q_pred = q_filtered + speed * (q_pred - q_filtered)
             return q_pred, "fallback", f"{why}; Kalman prediction at {speed:.0%} speed"
         return self._q, "fallback", why + "; filter not initialised, measured position"
+
+    def _plan_chunk_locked(self, now: float) -> None:
+        """A chunk that arrived becomes the plan at this tick, its start (:mod:`vla_accel_ros.core.chunks`):
+        a chunk's deltas from the filter's estimate of the arm now, a single action's from the
+        measured position, as the policy saw it."""
+        assert self._q is not None
+        q, dt = self._q, self.config.action_dt_s
+
+        def anchor(horizon: int) -> np.ndarray:
+            if horizon > 1 and self._kf.initialized and self._kf.stamp is not None:
+                return np.clip(self._kf.predict_q(max(now - self._kf.stamp, 0.0)), self.kin.limits.lower,
+                               self.kin.limits.upper)
+            return q
+
+        plan = self._chunks.start_pending(now, anchor, lambda q0, a: action_to_joint_targets(self.kin, q0, a, dt))
+        if plan is not None:
+            self._counters.add("chunks_planned")
+            self._counters.add("chunk_steps_dropped", plan.first_slot)
+            self._counters.add("chunk_steps_blended", plan.blended)
+            self._chunk_start = True
+
+    def _verify_plan_locked(self, plan: ChunkPlan, step: int) -> None:
+        """Kinematic chunk verification: the filter's estimate against the plan; an early re-plan
+        (once per plan) when they part by more than ``chunk_verify_threshold_rad``."""
+        threshold = self.config.chunks.chunk_verify_threshold_rad
+        if threshold <= 0.0 or plan.horizon <= 1 or plan.replan_requested or not self._kf.initialized:
+            return
+        if plan_deviation(plan, step, self._kf.q) > threshold:
+            plan.replan_requested = True
+            self._counters.add("chunk_replans")
+
+    def _forget_chunks_locked(self) -> None:
+        """Nothing planned or pending is executed any more (a hold, a new task, a restart)."""
+        self._chunks.forget()
 
     def _guard_locked(self, q_cmd: np.ndarray | None) -> np.ndarray | None:
         """The command actually returned: ``q_cmd`` within reach of the measured position, then
@@ -615,7 +612,7 @@ class Controller:
         motion, the pending action, the jump candidates and the hold target (a hold re-latches at the
         new position). The previous command stays: the commands ramp from it at the velocity limits."""
         self._kf.reset()
-        self._chunk = None
+        self._forget_chunks_locked()
         self._hold_q = None
         self._jump_q, self._jump_n = None, 0
 
@@ -641,6 +638,15 @@ class Controller:
         """Why the last gated joint-state sample was gated ('' = none yet)."""
         with self._lock:
             return self._counters.last_outlier
+
+    def chunk_timing(self) -> dict[str, float]:
+        """Observation to the first executed step of each plan (ms): p50, p99 over the recent window."""
+        with self._lock:
+            latency = np.asarray(self._chunks.latency_s, dtype=float) * 1e3
+        if latency.size == 0:
+            return {"obs_to_action_ms_p50": 0.0, "obs_to_action_ms_p99": 0.0}
+        return {"obs_to_action_ms_p50": float(np.percentile(latency, 50)),
+                "obs_to_action_ms_p99": float(np.percentile(latency, 99))}
 
     def timing(self) -> dict[str, Any]:
         """Tick period statistics over the recent window (ms)."""

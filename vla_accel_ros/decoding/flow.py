@@ -68,6 +68,11 @@ class FlowDecoder(Decoder):
         heads = policy.flow
         noise = self.next_noise(context.step, heads.config.action_width)
         condition = prefix_condition(prefill.prefix.hidden_last, prefill.prefix.pooled)
+        if heads.config.cameras > 1:  # the other cameras' images, after the first's
+            if prefill.prefix.camera_condition is None:
+                raise ValueError(f"the flow head reads {heads.config.cameras} camera images; this prefill gave "
+                                 "one (incremental vision encodes the first camera only)")
+            condition = torch.cat([condition, prefill.prefix.camera_condition], dim=-1)
         head_start = context.clock()
         sample = heads.sample(condition, noise, student=self.student)
         head_ms = (context.clock() - head_start) * 1e3  # the sampler alone: its Euler steps

@@ -50,6 +50,7 @@ class PolicyCapabilities:
     action_chunk: the prefill predicts a whole chunk of actions in its one pass, read with
         ``action_chunk(prefix)`` (OpenVLA-OFT's parallel decoding); the policy has no action
         tokens, so no token decoder applies.
+    image_slots: camera images one observation holds (``Observation.images``, in slot order).
     """
 
     draft_head: bool = False
@@ -60,9 +61,10 @@ class PolicyCapabilities:
     batched_passes: bool = False
     flow_chunks: bool = False
     action_chunk: bool = False
+    image_slots: int = 1
 
     def missing(self) -> list[str]:
-        return [name for name, present in vars(self).items() if not present]
+        return [name for name, present in vars(self).items() if isinstance(present, bool) and not present]
 
 
 class PolicyConfig(Protocol):
@@ -119,6 +121,8 @@ class Prefix:
     pooled: torch.Tensor
     prefix_len: int
     base: int = 0
+    # (B, 2d * (slots - 1)): the flow head's condition from the other cameras' images (None: one camera)
+    camera_condition: torch.Tensor | None = None
 
     @property
     def hidden_last(self) -> torch.Tensor:

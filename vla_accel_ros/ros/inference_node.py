@@ -30,6 +30,7 @@ from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory
 
 from vla_accel_ros.core.convert import compressed_to_rgb, image_to_rgb
 from vla_accel_ros.core.kinematics import ArmKinematics
@@ -119,8 +120,8 @@ class VlaInferenceNode(Node):
         return self.resolve_topic_name(f"/{robot.strip('/')}/{topic}" if robot.strip("/") else topic)
 
     def _serve_robot(self, name: str, runner: Any) -> Robot:
-        robot = Robot(name, runner, self.create_publisher(JointState, self._topic(name, remote_protocol.ACTION_TOPIC),
-                                                          ACTION_QOS))
+        robot = Robot(name, runner, self.create_publisher(JointTrajectory,
+                                                          self._topic(name, remote_protocol.ACTION_TOPIC), ACTION_QOS))
 
         def on_image(msg: Image | CompressedImage) -> None:
             with self._lock:
@@ -187,7 +188,8 @@ class VlaInferenceNode(Node):
             report = StepReport.of(result)
             stats = {"target_passes": report.target_passes, "accepted_len": report.accepted_len,
                      "drafted": report.drafted, "decode_ms": decode_ms}
-            robot.publisher.publish(remote_protocol.action_message(report.actions, state.header.stamp, stats))
+            robot.publisher.publish(remote_protocol.action_message(report.actions, state.header.stamp, stats,
+                                                                   self.cfg.action_dt_s))
             robot.answered += 1
             robot.latency_ms.append(decode_ms)
 

@@ -35,6 +35,7 @@ Worker = InferenceWorker | ProcessInferenceWorker | RemoteInferenceWorker
 class Inference:
     worker: Worker  # started
     model_image_size: int  # the checkpoint's input size; 0 in remote mode (the inference node resizes)
+    model_image_slots: int  # camera images per observation the checkpoint reads; 0 in remote mode
     warnings: list[str]  # the decoder's fallbacks for what the policy lacks
 
 
@@ -49,16 +50,16 @@ def start_inference(cfg: NodeConfig, controller: Controller, kin: ArmKinematics,
             assert link is not None, "remote inference needs the node's RemoteLink"
             remote = link.start_worker(controller, clock, kin.joint_names, lost_after_s=cfg.remote_lost_after_s,
                                        max_age_s=cfg.action_timeout_s)
-            return Inference(remote, 0, [])
+            return Inference(remote, 0, 0, [])
         if cfg.inference_mode == "process":
             child = ProcessInferenceWorker(controller, ChildSpec(runner_config, kin.urdf_xml, kin.tcp_frame), clock,
                                            max_restarts=cfg.inference_restarts, python=cfg.inference_python)
             child.start()
-            return Inference(child, child.image_size, list(child.warnings))
+            return Inference(child, child.image_size, child.image_slots, list(child.warnings))
         runner = build_runner(runner_config, kin)
     except (OSError, ValueError, KeyError) as err:
         raise ConfigError(f"cannot load policy checkpoint '{runner_config.checkpoint_path}' with decoder "
                           f"'{cfg.policy.decoder}': {err}") from err
     thread = InferenceWorker(controller, runner, clock, torch_threads=cfg.torch_threads)
     thread.start()
-    return Inference(thread, runner.image_size, list(runner.warnings))
+    return Inference(thread, runner.image_size, runner.image_slots, list(runner.warnings))

@@ -163,11 +163,12 @@ def check_arguments(given: Mapping[str, str], arguments: list[LaunchArgument],
 # The parameter arguments of each launch file (a launch argument of the same name for each).
 VLA_NODE_ARGUMENTS = ("control_rate_hz", "autostart", "checkpoint", "decoder", "temperature", "kf_fill_check",
                       "output", "controller", "image_topic", "joint_states_topic", "urdf_file", "tcp_frame",
-                      "use_sim_time", "allow_unmatched_robot", "inference_mode", "instruction")
+                      "use_sim_time", "allow_unmatched_robot", "inference_mode", "instruction", "image_topics",
+                      "chunk_execution", "chunk_blend", "chunk_refill_threshold")
 INFERENCE_NODE_ARGUMENTS = ("robots", "checkpoint", "unnorm_key", "decoder", "temperature", "kf_fill_check",
                             "urdf_file", "tcp_frame", "allow_unmatched_robot")
 SIM_NODE_ARGUMENTS = ("control_rate_hz", "autostart", "checkpoint", "decoder", "temperature", "kf_fill_check",
-                      "output", "use_sim_time")
+                      "output", "use_sim_time", "chunk_execution", "chunk_blend", "chunk_refill_threshold")
 SIM_BRIDGE_ARGUMENTS = ("seed",)
 
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from vla_accel_ros.core.chunks import ChunkSettings
 from vla_accel_ros.core.errors import RunFailed
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.core.settings import changed_params
@@ -38,8 +39,10 @@ from vla_accel_ros.ros.parameters import (
     SimBridgeConfig,
 )
 from vla_accel_ros.ros.processes import NodeProcess, NodeRefused, parameter_arguments
+from vla_accel_ros.ros.run_summary import chunk_metrics
 
 READY_TIMEOUT_S = 90.0
+CAMERA_TOPICS = ("camera/image_raw", "wrist_camera/image_raw")  # the bridge's scene and wrist cameras
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ class SimRunOptions:
     inference: bool = True
     vision: VisionReuseConfig | None = None  # the node's vision_* parameters; None: its defaults (every patch)
     allow_unmatched_robot: bool = False  # the node's: run a checkpoint made for another arm of the same DOF
+    chunks: ChunkSettings = field(default_factory=ChunkSettings)  # the node's chunk_* parameters
+    cameras: int = 1  # 2: the bridge publishes the wrist camera too, and the node takes both (image_topics)
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -71,6 +76,8 @@ class SimRunOptions:
             raise ValueError(f"--duration-s must be > 0, got {self.duration_s}")
         if self.output not in OUTPUT_FORMATS:
             raise ValueError(f"--output must be one of {', '.join(OUTPUT_FORMATS)}, got {self.output}")
+        if self.cameras not in (1, 2):
+            raise ValueError(f"--cameras must be 1 (scene) or 2 (scene and wrist), got {self.cameras}")
         if not 0 <= self.domain_id <= 232:
             raise ValueError(f"--domain-id must be in [0, 232], got {self.domain_id}")
         if self.inference_mode not in INFERENCE_MODES:
@@ -97,7 +104,8 @@ class SimRunOptions:
                             executor=self.executor, stats_file=str(self.stats_file.resolve()),
                             inference=self.inference, robot_description_timeout_s=10.0,
                             inference_mode=self.inference_mode, realtime_priority=self.realtime_priority,
-                            inference_python=self.inference_python, allow_unmatched_robot=self.allow_unmatched_robot)
+                            inference_python=self.inference_python, allow_unmatched_robot=self.allow_unmatched_robot,
+                            chunks=self.chunks, image_topics=CAMERA_TOPICS if self.cameras == 2 else ())
         return config if self.vision is None else replace(config, vision=self.vision)
 
     def inference_config(self) -> InferenceNodeConfig:
@@ -107,13 +115,15 @@ class SimRunOptions:
     def bridge_config(self) -> SimBridgeConfig:
         """sim_node's settings: episodes start on this run's resets."""
         return SimBridgeConfig(start_episode=False, episode_duration_s=self.duration_s,
-                               real_time_factor=self.real_time_factor)
+                               real_time_factor=self.real_time_factor,
+                               wrist_image_topic=CAMERA_TOPICS[1] if self.cameras == 2 else "")
 
     def to_json(self) -> dict[str, Any]:
         """The options as summary.json records them: flat, the policy's settings beside the others
         and its kinematic bounds as ``kinematic_r_bounds`` (None: the decoder's own)."""
         options = asdict(self)
         policy = options.pop("policy")
+        options.update(options.pop("chunks"))
         del policy["kinematic_r_min"], policy["kinematic_r_max"]
         return {**options, **policy, "kinematic_r_bounds": self.policy.kinematic_r_bounds}
 
@@ -291,11 +301,19 @@ def _summarise(opts: SimRunOptions, episodes: list[dict[str, Any]], node: dict[s
             "period_jitter_ms_p50", "period_jitter_ms_p99", "period_jitter_ms_max", "rate_hz",
             "inference_latency_ms_p50", "inference_latency_ms_p99", "inference_acceptance",
             "inference_target_passes_mean", "inference_errors", "inference_lost", "inference_dropped_late",
-            "inference_round_trip_ms_p50", "inference_round_trip_ms_p99")
+            "inference_round_trip_ms_p50", "inference_round_trip_ms_p99", "chunks_planned", "chunk_steps_dropped",
+            "chunk_steps_blended", "chunk_replans", "obs_to_action_ms_p50", "obs_to_action_ms_p99")
+    policy, waits = int(node.get("policy_ticks") or 0), int(node.get("chunk_wait_ticks") or 0)
+    episode_s = float(sum(e.get("duration_s", 0.0) for e in episodes))
     return {
         "episodes": len(episodes),
         "success_rate": float(np.mean([e["success"] for e in episodes])) if episodes else 0.0,
         **{k: node.get(k) for k in keys},
+        # the ticks a policy was expected whose command came from no plan (the fallback, or its hold)
+        "chunk_wait_tick_share": waits / (policy + waits) if policy + waits else 0.0,
+        "actions_per_s": policy / episode_s if episode_s else 0.0,
+        "inferences_per_action": int(node.get("chunks_planned") or 0) / policy if policy else 0.0,
+        **chunk_metrics(node["tick_log"], 1.0 / opts.control_rate_hz),
         # The node's footprint includes its inference child process when there is one.
         "peak_rss_mb": (peak_rss if np.isfinite(peak_rss) else node.get("peak_rss_mb", 0.0))
         + float(node.get("inference_child_peak_rss_mb") or 0.0),

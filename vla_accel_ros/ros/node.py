@@ -64,9 +64,9 @@ from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.core.robot_record import check_checkpoint_robot
 from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.core.stamp_order import StampOrder
-from vla_accel_ros.ros.camera_intake import CameraIntake, CameraIntakeError, IntakeSpec
 from vla_accel_ros.ros.command_publishers import CommandPublisher, command_publishers
 from vla_accel_ros.ros.inference_workers import Worker, start_inference
+from vla_accel_ros.ros.node_cameras import NodeCameras, check_image_slots
 from vla_accel_ros.ros.parameters import NodeConfig
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS, declare_config, run_node, set_realtime_priority
 from vla_accel_ros.ros.remote_link import RemoteLink
@@ -126,7 +126,7 @@ class VlaAccelNode(LifecycleNode):
         self._last_tick: TickResult | None = None
         self.ticks = TickLog(whole_run=bool(cfg.stats_file))  # else a ring of the newest: flat memory
         self._stamps = StampOrder(max(cfg.camera_timeout_s, cfg.joint_state_timeout_s), cfg.future_stamp_tolerance_s)
-        self._camera: CameraIntake | None = None  # made at configure
+        self._camera: NodeCameras | None = None  # made at configure
         self._stalls = StallMonitor(cfg.period_s, cfg.stall_after_periods, cfg.stall_holdoff_s)
         gc.callbacks.append(self._stalls.gc_callback)  # a collection in the timer's thread delays a tick
         self._watchdog: Any = None  # the wall-clock stand-in for the control timer, while active
@@ -224,7 +224,7 @@ class VlaAccelNode(LifecycleNode):
         self.get_logger().info(
             f"ready: {cfg.control_rate_hz:g} Hz, output {cfg.output} on {outputs}, inputs {inputs}, joints "
             f"{list(self.controller_joints)}, decoder {cfg.policy.decoder if self.worker else '(inference off)'} "
-            f"({cfg.inference_mode}), image {self.image_size}px")
+            f"({cfg.inference_mode}), image {self.image_size}px from cameras {list(cfg.camera_topics)}")
         return result
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -270,9 +270,9 @@ class VlaAccelNode(LifecycleNode):
         checkpoint = cfg.runner_config().checkpoint_path
         if cfg.inference and cfg.inference_mode != "remote" and (problem := checkpoint_problem(checkpoint)):
             raise ConfigError(f"{checkpoint}: {problem}")  # before any URDF wait: the example's placeholder
-        # Spawned next: its imports run while the URDF and the policy load.
-        self._camera = CameraIntake(self._on_camera_frame, self._on_camera_refused, self._reject,
-                                    self._on_camera_output)
+        # Spawned first: its imports run while the URDF and the policy load.
+        self._camera = NodeCameras(cfg, lambda: self.controller, self._now, self._stamp_in_order, self._reject,
+                                   self._on_camera_output, self._stalls.timed)
         self._camera.spawn()
         arm = load_arm(self, cfg)
         self.kin, self._description_fallback = arm.kin, arm.fallback
@@ -297,19 +297,14 @@ class VlaAccelNode(LifecycleNode):
             inference = start_inference(cfg, self.controller, self.kin, self._now, self._remote)
             self.worker, self._policy_warnings = inference.worker, inference.warnings
             model_size = inference.model_image_size
+            check_image_slots(len(self._camera), inference.model_image_slots)
         self.image_size = cfg.image_size or model_size or 128
         if model_size and self.image_size != model_size:
             raise ConfigError(f"parameter 'image_size' = {cfg.image_size} but the checkpoint expects "
                               f"{model_size}; set 0 to use the checkpoint's size")
         self._subscribe_inputs()
-        try:
-            self._camera.start(IntakeSpec(
-                topic=self.resolve_topic_name(cfg.image_topic), compressed=cfg.compressed_image,
-                image_size=self.image_size, max_pixels=cfg.max_image_pixels, reliable=cfg.image_reliable,
-                domain_id=self.context.get_domain_id(), node_name=f"_{self.get_name()}_camera",
-                namespace=self.get_namespace()))
-        except CameraIntakeError as err:
-            raise ConfigError(f"camera on {cfg.image_topic}: {err}") from err
+        self._camera.start(self.resolve_topic_name, self.image_size, cfg.max_image_pixels, cfg.image_reliable,
+                           self.context.get_domain_id(), self.get_name(), self.get_namespace())
         # Outputs, reliable; they publish only while active.
         self._commands = command_publishers(
             cfg, self.kin, self.controller_joints, clock=self.get_clock(),
@@ -363,23 +358,6 @@ class VlaAccelNode(LifecycleNode):
             self._reject(fault)
         else:
             self.get_logger().info("robot_description received after start-up matches the URDF in use")
-
-    def _on_camera_frame(self, stamp: float, rgb: Any) -> None:
-        """A frame from the camera intake (its thread), converted to the model's size."""
-        with self._stalls.timed("camera frame hand-over"):
-            controller = self.controller
-            if controller is None or not self._stamp_in_order("image", stamp):
-                return
-            if (error := controller.on_image(rgb, self._now())) is not None:
-                self._reject(error)
-
-    def _on_camera_refused(self, stamp: float, why: str) -> None:
-        """The camera intake refused an image: nothing of it is used (the camera stays as fresh as its
-        last usable frame)."""
-        message = f"image on {self.cfg.image_topic} rejected: {why}"
-        self._reject(message)
-        if (controller := self.controller) is not None:
-            controller.on_image_refused(message)
 
     def _on_camera_output(self, line: str) -> None:
         """A line the camera intake process printed (rclpy's log, libpng's and OpenCV's complaints about
@@ -522,9 +500,10 @@ class VlaAccelNode(LifecycleNode):
                     "instruction_sha256": hashlib.sha256(instruction.encode()).hexdigest()[:16],
                     "source": tick.source if tick else "", "reason": tick.reason if tick else "",
                     "hold_reason": self.controller.hold_reason, "clock_fault": self.controller.clock_fault,
-                    **self.controller.stats.__dict__, **self.controller.timing(), **self._stalls.stats()})
+                    **self.controller.stats.__dict__, **self.controller.timing(), **self.controller.chunk_timing(),
+                    **self._stalls.stats()})
         if self._camera is not None:
-            out.update({f"camera_{k}": v for k, v in self._camera.stats().items()})
+            out.update(self._camera.stats())
             out["camera_output_lines"] = self._camera_output.total
         if self.worker is not None:
             out.update({f"inference_{k}": v for k, v in self.worker.stats().items()})

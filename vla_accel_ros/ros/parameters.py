@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vla_accel_ros.core.chunks import ChunkSettings
 from vla_accel_ros.core.controller import ControllerConfig
 from vla_accel_ros.core.images import DEFAULT_MAX_IMAGE_PIXELS
 from vla_accel_ros.core.settings import ConfigError, check_fields, nested, setting
@@ -38,6 +39,7 @@ from vla_accel_ros.runtime.builder import RunnerConfig
 OUTPUT_FORMATS = ("forward_position", "joint_trajectory", "joint_state")
 EXECUTORS = ("single", "multi")
 INFERENCE_MODES = ("thread", "process", "remote")
+IMAGE_TRANSPORTS = ("raw", "compressed")
 
 FILL_CHECK = ", ".join(names_with(lambda spec: spec.fill_check))
 KINEMATIC = ", ".join(names_with(lambda spec: spec.kinematic_threshold))
@@ -118,6 +120,13 @@ class NodeConfig:
     image_topic: str = setting("camera/image_raw", "Camera topic (sensor_msgs/Image, or CompressedImage when "
                           "compressed_image is true)")
     compressed_image: bool = setting(False, "Subscribe to sensor_msgs/CompressedImage instead of Image")
+    image_topics: tuple[str, ...] = setting((), "Camera topics in the order of the model's image slots (e.g. the scene "
+                                            "camera, then the wrist camera); empty = image_topic alone")
+    image_transports: tuple[str, ...] = setting((), "raw (sensor_msgs/Image) or compressed (CompressedImage) for each "
+                                                "of image_topics, in order; empty = compressed_image for every one")
+    camera_sync_tolerance_s: float = setting(0.025, "Largest difference of the header stamps of the images that make "
+                                             "one observation; cameras further apart hold the arm",
+                                             range=(0.0, 10.0))
     image_reliable: bool = setting(False, "Subscribe to the camera reliably: only reliable publishers match, and a "
                                    "large frame is not lost for one missing fragment; false (best effort) matches "
                                    "either kind of publisher")
@@ -139,6 +148,8 @@ class NodeConfig:
     # vision_reuse (the on/off switch), vision_threshold, vision_refresh_steps, vision_max_drift, vision_reuse_kv
     vision: VisionReuseConfig = nested(VisionReuseConfig(enabled=False), prefix="vision_",
                                        names={"enabled": "vision_reuse"})
+    # chunk_execution, chunk_refill_threshold, chunk_blend, chunk_verify_threshold_rad
+    chunks: ChunkSettings = nested(ChunkSettings())
     inference: bool = setting(True, "Run the policy; false = bring-up mode that only tracks and holds")
     image_size: int = setting(0, "Model input size in pixels; 0 = from the checkpoint", range=(0, 2048))
     camera_timeout_s: float = setting(0.5, "Watchdog: hold the arm when the newest image is older", range=(0.001, 60.0))
@@ -221,6 +232,13 @@ class NodeConfig:
         if self.inference_python and self.inference_mode != "process":
             raise ConfigError("parameter 'inference_python' needs inference_mode: process (a thread shares the "
                               "node's interpreter)")
+        if len(set(self.image_topics)) != len(self.image_topics) or any(not t.strip() for t in self.image_topics):
+            raise ConfigError(f"parameter 'image_topics' must name distinct topics, got {list(self.image_topics)}")
+        if self.image_transports and len(self.image_transports) != len(self.camera_topics):
+            raise ConfigError(f"parameter 'image_transports' has {len(self.image_transports)} entries for "
+                              f"{len(self.camera_topics)} camera topic(s) {list(self.camera_topics)}")
+        if bad := [t for t in self.image_transports if t not in IMAGE_TRANSPORTS]:
+            raise ConfigError(f"parameter 'image_transports': {bad[0]!r} is not one of {', '.join(IMAGE_TRANSPORTS)}")
 
     @property
     def period_s(self) -> float:
@@ -246,7 +264,22 @@ class NodeConfig:
             jump_confirm_s=self.jump_confirm_s,
             joint_limit_tolerance=self.joint_limit_tolerance,
             max_instruction_chars=self.max_instruction_chars,
+            camera_names=self.camera_topics,
+            camera_sync_tolerance_s=self.camera_sync_tolerance_s,
+            chunks=self.chunks,
         )
+
+    @property
+    def camera_topics(self) -> tuple[str, ...]:
+        """The camera topics in image-slot order: ``image_topics``, or ``image_topic`` alone."""
+        return self.image_topics or (self.image_topic,)
+
+    @property
+    def camera_compressed(self) -> tuple[bool, ...]:
+        """Whether each of :attr:`camera_topics` carries CompressedImage."""
+        if self.image_transports:
+            return tuple(t == "compressed" for t in self.image_transports)
+        return (self.compressed_image,) * len(self.camera_topics)
 
 
 @dataclass(frozen=True)
@@ -299,6 +332,8 @@ class SimBridgeConfig:
     gripper_controller: str = setting("gripper_controller", "Gripper controller name (<gripper_controller>/commands)")
     joint_command_topic: str = setting("joint_command", "JointState command topic")
     wrist_camera: bool = setting(False, "Render from the wrist camera instead of the scene camera")
+    wrist_image_topic: str = setting("", "Also publish the wrist camera here (rgb8, stamped as the scene camera's "
+                                     "image of the same instant), a second image slot; empty = none")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -14,6 +14,7 @@ from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory
 
 from vla_accel_ros.core.controller import Controller
 from vla_accel_ros.core.observation import Observation
@@ -36,7 +37,7 @@ class RemoteLink:
                        if compressed else node.create_publisher(Image, remote_protocol.IMAGE_TOPIC, OBSERVATION_QOS))
         self._state = node.create_publisher(JointState, remote_protocol.STATE_TOPIC, OBSERVATION_QOS)
         self._task = node.create_publisher(String, remote_protocol.INSTRUCTION_TOPIC, LATCHED_QOS)
-        self.subscription = node.create_subscription(JointState, remote_protocol.ACTION_TOPIC, self._on_action,
+        self.subscription = node.create_subscription(JointTrajectory, remote_protocol.ACTION_TOPIC, self._on_action,
                                                      ACTION_QOS, callback_group=callback_group)
         self.worker: RemoteInferenceWorker | None = None
         self._joint_names: tuple[str, ...] = ()
@@ -67,7 +68,7 @@ class RemoteLink:
                             else remote_protocol.image_message(obs))
         self._state.publish(remote_protocol.state_message(obs, self._joint_names))
 
-    def _on_action(self, msg: JointState) -> None:
+    def _on_action(self, msg: JointTrajectory) -> None:
         if self.worker is None:
             return
         try:

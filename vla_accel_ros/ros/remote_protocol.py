@@ -12,11 +12,13 @@ both sides resolve them in the robot's namespace.
   ``gripper`` (finger opening, m); the same stamp. The image and the state of one observation are
   paired by that stamp.
 - ``vla_inference/instruction`` (std_msgs/String, latched): the task.
-- ``vla_inference/action`` (sensor_msgs/JointState): ``header.stamp`` echoes the observation's
-  stamp, so the control node judges freshness on its own clock whatever the hosts' clock offset.
-  Names ``a<k>/<dim>`` carry action k of the chunk (``a0/dx`` ... ``a0/gripper``; one action: k = 0
-  only); names ``stat/<key>`` carry the decode statistics (target passes, accepted tokens, drafted
-  tokens, decode milliseconds).
+- ``vla_inference/action`` (trajectory_msgs/JointTrajectory): the chunk, a first-class message on the
+  graph. ``header.stamp`` is the observation's stamp, so the control node aligns the chunk and judges
+  its freshness on its own clock whatever the hosts' clock offset; ``joint_names`` are the action's
+  dimensions (``dx dy dz droll dpitch dyaw gripper``: end-effector deltas and the gripper command);
+  point k holds action k at ``time_from_start`` k action steps after the observation (one action:
+  one point). The decode statistics (target passes, accepted tokens, drafted tokens, decode
+  milliseconds) ride in the first point's ``effort``, which an action trajectory has no other use for.
 
 QoS: observations best effort, depth 1 (a late image is worth nothing); actions reliable, depth 1.
 """
@@ -25,8 +27,9 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
-from builtin_interfaces.msg import Time
+from builtin_interfaces.msg import Duration, Time
 from sensor_msgs.msg import CompressedImage, Image, JointState
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from vla_accel_ros.core.actions import ACTION_DIM, ACTION_NAMES
 from vla_accel_ros.core.observation import Observation
@@ -39,7 +42,6 @@ STATE_TOPIC = "vla_inference/observation/state"
 INSTRUCTION_TOPIC = "vla_inference/instruction"
 ACTION_TOPIC = "vla_inference/action"
 GRIPPER_NAME = "gripper"
-STAT_PREFIX = "stat/"
 STAT_KEYS = ("target_passes", "accepted_len", "drafted", "decode_ms")
 
 
@@ -95,33 +97,36 @@ def observation_from(image: np.ndarray, state: JointState, instruction: str,
     return Observation(image, instruction, q, float(positions[GRIPPER_NAME]), from_time(state.header.stamp))
 
 
-def action_message(actions: np.ndarray, stamp: Time, stats: dict[str, float]) -> JointState:
-    """The answer to the observation stamped ``stamp``: actions (H, 7) and the decode statistics."""
+def action_message(actions: np.ndarray, stamp: Time, stats: dict[str, float],
+                   action_dt_s: float = 0.05) -> JointTrajectory:
+    """The answer to the observation stamped ``stamp``: the chunk (H, 7) as a trajectory of the
+    action's dimensions, one point per action step, and the decode statistics."""
     actions = np.asarray(actions, dtype=float).reshape(-1, ACTION_DIM)
-    names = [f"a{k}/{dim}" for k in range(len(actions)) for dim in ACTION_NAMES]
-    values = actions.reshape(-1).tolist()
-    for key in STAT_KEYS:
-        names.append(STAT_PREFIX + key)
-        values.append(float(stats.get(key, 0.0)))
-    msg = JointState(name=names, position=values)
+    msg = JointTrajectory(joint_names=list(ACTION_NAMES))
     msg.header.stamp = stamp
+    for k, action in enumerate(actions):
+        offset = k * action_dt_s
+        point = JointTrajectoryPoint(positions=action.tolist(),
+                                     time_from_start=Duration(sec=int(offset), nanosec=int(round(offset % 1 * 1e9))))
+        msg.points.append(point)
+    msg.points[0].effort = [float(stats.get(key, 0.0)) for key in STAT_KEYS]
     return msg
 
 
-def action_from(msg: JointState) -> RemoteAction:
-    """The actions of an action message; ValueError when it is not one (names out of order,
-    a dimension missing, values not finite)."""
-    values = dict(zip(msg.name, msg.position))
-    if len(values) != len(msg.position) or len(msg.name) != len(msg.position):
-        raise ValueError("action message: names and positions differ in number, or a name repeats")
-    horizon = sum(1 for n in msg.name if n.endswith(f"/{ACTION_NAMES[0]}") and n.startswith("a"))
-    if horizon == 0:
-        raise ValueError(f"action message has no action (names {list(msg.name)[:8]})")
-    try:
-        actions = np.array([[values[f"a{k}/{dim}"] for dim in ACTION_NAMES] for k in range(horizon)], dtype=float)
-    except KeyError as err:
-        raise ValueError(f"action message lacks {err.args[0]}") from None
+def action_from(msg: JointTrajectory) -> RemoteAction:
+    """The chunk of an action message; ValueError when it is not one (other dimensions, a point of
+    the wrong width, no point, values not finite)."""
+    if list(msg.joint_names) != list(ACTION_NAMES):
+        raise ValueError(f"action trajectory's joint_names must be {list(ACTION_NAMES)}, "
+                         f"got {list(msg.joint_names)[:8]}")
+    if not msg.points:
+        raise ValueError("action trajectory has no point")
+    widths = {len(p.positions) for p in msg.points}
+    if widths != {ACTION_DIM}:
+        raise ValueError(f"action trajectory points must hold {ACTION_DIM} positions, got {sorted(widths)}")
+    actions = np.array([list(p.positions) for p in msg.points], dtype=float)
     if not np.all(np.isfinite(actions)):
-        raise ValueError("action message holds non-finite values")
-    stats = {k[len(STAT_PREFIX):]: float(v) for k, v in values.items() if k.startswith(STAT_PREFIX)}
+        raise ValueError("action trajectory holds non-finite values")
+    effort = list(msg.points[0].effort)
+    stats = {key: float(v) for key, v in zip(STAT_KEYS, effort, strict=False)}
     return RemoteAction(actions, from_time(msg.header.stamp), stats, stamp_key(msg.header.stamp))

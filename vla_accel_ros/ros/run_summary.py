@@ -29,12 +29,14 @@ def own_peak_rss_mb() -> float:
     return peak_rss_mb(os.getpid()) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-TickEntry = tuple[float, float, int, np.ndarray, np.ndarray]
+# (wall, stamp, source code, command, measured, a plan started, jumps accepted so far)
+TickEntry = tuple[float, float, int, np.ndarray, np.ndarray, bool, int]
+SETTLED_RAD = 0.1  # a command this close to the measured arm after a reset: the ramp to it is over
 
 
 class TickLog:
-    """The ticks of a run: (wall, stamp, source code, command, measured) each; the first
-    ``MAX_TICK_LOG`` with ``whole_run``, else the newest ``RECENT_TICKS``."""
+    """The ticks of a run: (wall, stamp, source code, command, measured, chunk start, jumps) each;
+    the first ``MAX_TICK_LOG`` with ``whole_run``, else the newest ``RECENT_TICKS``."""
 
     def __init__(self, whole_run: bool = True) -> None:
         self.whole_run = whole_run
@@ -45,7 +47,8 @@ class TickLog:
             return
         measured = result.q_measured if result.q_measured is not None else np.full(dof, np.nan)
         command = result.q_command if result.q_command is not None else np.full(dof, np.nan)
-        self.entries.append((wall, result.stamp, SOURCE_CODES[result.source], command, measured))
+        self.entries.append((wall, result.stamp, SOURCE_CODES[result.source], command, measured,
+                             result.chunk_start, result.stats.jumps_accepted))
 
     def jitter_ms(self, period_s: float) -> dict[str, float]:
         """|tick period - ``period_s``| on the node's clock: p50, p99 and max (ms)."""
@@ -62,7 +65,50 @@ class TickLog:
             "source": [t[2] for t in self.entries],
             "command": [np.asarray(t[3]).tolist() for t in self.entries],
             "measured": [np.asarray(t[4]).tolist() for t in self.entries],
+            "chunk_start": [bool(t[5]) for t in self.entries],
+            "jumps": [int(t[6]) for t in self.entries],
         }
+
+
+def motion_segments(log: dict[str, list[Any]]) -> list[slice]:
+    """The ticks of each episode the policy drove: from the first policy tick after a jump (an
+    episode reset) whose command is within ``SETTLED_RAD`` of the arm (the ramp to the new start is
+    over) up to the next jump."""
+    source = np.asarray(log["source"], dtype=int)
+    jumps = np.asarray(log.get("jumps", [0] * len(source)), dtype=int)
+    cmd, meas = np.asarray(log["command"], dtype=float), np.asarray(log["measured"], dtype=float)
+    if source.size == 0:
+        return []
+    close = np.all(np.abs(cmd - meas) < SETTLED_RAD, axis=1)
+    edges = [0, *(np.flatnonzero(np.diff(jumps)) + 1).tolist(), len(source)]
+    segments = []
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        start = np.flatnonzero((source[lo:hi] == SOURCE_CODES["policy"]) & close[lo:hi])
+        if start.size and hi - (lo + start[0]) > 3:
+            segments.append(slice(lo + int(start[0]), hi))
+    return segments
+
+
+def chunk_metrics(log: dict[str, list[Any]], period_s: float) -> dict[str, float]:
+    """Smoothness of the commanded joint positions over the episodes' motion (:func:`motion_segments`):
+    ``jerk_rms`` and ``jerk_max`` (rad/s^3, third differences at the nominal period, every joint)
+    and ``chunk_boundary_step_max`` (rad: the largest change of a joint's command at a tick that
+    started a new plan)."""
+    cmd = np.asarray(log["command"], dtype=float)
+    starts = np.asarray(log.get("chunk_start", [False] * len(cmd)), dtype=bool)
+    jerks, steps = [], []
+    for seg in motion_segments(log):
+        q = cmd[seg]
+        if len(q) > 3 and np.all(np.isfinite(q)):
+            jerks.append(np.diff(q, 3, axis=0).ravel() / period_s**3)
+        boundary = np.flatnonzero(starts[seg][1:]) + 1
+        if boundary.size:
+            steps.append(np.abs(q[boundary] - q[boundary - 1]).max(axis=1))
+    jerk = np.concatenate(jerks) if jerks else np.zeros(0)
+    step = np.concatenate(steps) if steps else np.zeros(0)
+    return {"jerk_rms": float(np.sqrt(np.mean(jerk**2))) if jerk.size else 0.0,
+            "jerk_max": float(np.abs(jerk).max()) if jerk.size else 0.0,
+            "chunk_boundary_step_max": float(step.max()) if step.size else 0.0}
 
 
 def write_stats_file(path: str, summary: dict[str, Any]) -> None:

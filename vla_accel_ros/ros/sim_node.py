@@ -80,6 +80,9 @@ class SimBridgeNode(Node):
 
         self._pub_joints = self.create_publisher(JointState, "joint_states", 10)
         self._pub_image = self.create_publisher(Image, "camera/image_raw", 10)
+        # the wrist camera, a second image slot, rendered at the same instant as the scene camera
+        self._pub_wrist = (self.create_publisher(Image, cfg.wrist_image_topic, 10)
+                           if cfg.wrist_image_topic else None)
         self._pub_clock = self.create_publisher(Clock, "/clock", 10)
         self._pub_description = self.create_publisher(String, "robot_description", LATCHED_QOS)
         self._pub_episode = self.create_publisher(String, "~/episode", 10)
@@ -270,16 +273,21 @@ class SimBridgeNode(Node):
         self._pub_joints.publish(msg)
 
     def _publish_image(self, stamp: Time) -> None:
-        rgb = self.env.render()
-        msg = Image(height=rgb.shape[0], width=rgb.shape[1], encoding="rgb8", step=rgb.shape[1] * 3)
-        msg.header.stamp = stamp
-        msg.header.frame_id = "camera"
-        msg.data = rgb.tobytes()
-        self._pub_image.publish(msg)
+        self._pub_image.publish(_image_message(self.env.render(), stamp, "camera"))
+        if self._pub_wrist is not None:
+            self._pub_wrist.publish(_image_message(self.env.render(self.env.handles.wrist_camera), stamp, "wrist"))
 
     def shutdown(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2.0)
+
+
+def _image_message(rgb: np.ndarray, stamp: Time, frame_id: str) -> Image:
+    msg = Image(height=rgb.shape[0], width=rgb.shape[1], encoding="rgb8", step=rgb.shape[1] * 3)
+    msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.data = rgb.tobytes()
+    return msg
 
 
 def main(args: list[str] | None = None) -> int:

@@ -35,7 +35,8 @@ DETERMINISTIC = "deterministic"
 LIVE = "live"
 # Within one log time: the URDF first, then time, the task, the arm, and last the frame that
 # triggers inference (so the frame sees the joint state stamped with it).
-PRIORITY = {"robot_description": 0, "clock": 1, "instruction": 2, "joint_states": 3, "camera": 4}
+# the wrist camera before the scene camera: the scene camera's frame completes an observation and ticks
+PRIORITY = {"robot_description": 0, "clock": 1, "instruction": 2, "joint_states": 3, "wrist_camera": 4, "camera": 5}
 
 
 def grouped(messages: Iterable[BagMessage], roles: dict[str, str]) -> Iterator[tuple[str, BagMessage]]:

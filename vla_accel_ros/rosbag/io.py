@@ -29,6 +29,7 @@ CUSTOM_KEY = "vla_accel"  # metadata.yaml custom_data key holding the recording'
 # role -> (default topic, message type)
 TOPICS: dict[str, tuple[str, str]] = {
     "camera": ("/camera/image_raw", "sensor_msgs/msg/Image"),
+    "wrist_camera": ("/wrist_camera/image_raw", "sensor_msgs/msg/Image"),  # a second image slot, when recorded
     "joint_states": ("/joint_states", "sensor_msgs/msg/JointState"),
     "instruction": ("/vla_accel_node/instruction", "std_msgs/msg/String"),
     "commands": ("/arm_controller/commands", "std_msgs/msg/Float64MultiArray"),

@@ -110,11 +110,7 @@ class LockstepCore:
 
     def feed(self, role: str, msg: Any, stamp_ns: int) -> Any:
         """Apply one message; returns the tick's TickResult for a camera frame, else None."""
-        from vla_accel_ros.core.convert import (
-            compressed_to_rgb,
-            image_to_rgb,
-            joint_state_to_arm,
-        )
+        from vla_accel_ros.core.convert import joint_state_to_arm
 
         t = float_seconds(stamp_ns)
         if role == "joint_states":
@@ -128,20 +124,30 @@ class LockstepCore:
         elif role == "instruction":
             if (error := self.controller.set_instruction(str(msg.data))) is not None:
                 self._error(error)
+        elif role == "wrist_camera":  # the second image slot: stored, the scene camera's frame ticks
+            rgb = self._rgb(msg)
+            if rgb is not None and (error := self.controller.on_image(rgb, t, camera=1, stamp=t)) is not None:
+                self._error(error)
         elif role == "camera":
             self.frames += 1
-            try:
-                compressed = hasattr(msg, "format") and not hasattr(msg, "encoding")
-                rgb = compressed_to_rgb(msg, self.image_size) if compressed else image_to_rgb(msg, self.image_size)
-            except ValueError as err:
-                self._error(f"image rejected: {err}")
-                rgb = None
+            rgb = self._rgb(msg)
             if rgb is not None:
-                if (error := self.controller.on_image(rgb, t)) is not None:
+                if (error := self.controller.on_image(rgb, t, stamp=t)) is not None:
                     self._error(error)  # a rejection, or the notice of a clock reset (image kept)
                 self._infer(t)  # as the node's worker: whenever the controller has a new observation
             return self.controller.tick(t)
         return None
+
+    def _rgb(self, msg: Any) -> np.ndarray | None:
+        """A camera message as RGB at the model's size; None (the error counted) when it is refused."""
+        from vla_accel_ros.core.convert import compressed_to_rgb, image_to_rgb
+
+        try:
+            compressed = hasattr(msg, "format") and not hasattr(msg, "encoding")
+            return compressed_to_rgb(msg, self.image_size) if compressed else image_to_rgb(msg, self.image_size)
+        except ValueError as err:
+            self._error(f"image rejected: {err}")
+            return None
 
     def _infer(self, t: float) -> None:
         got = self.controller.wait_observation(self._seq, timeout=0.0)
@@ -154,8 +160,9 @@ class LockstepCore:
             self._error(f"inference failed: {type(err).__name__}: {err}")
             return
         self.inferences += 1
-        message = self.controller.on_action(np.asarray(result.action, dtype=float), obs.stamp, t,
-                                            instruction=obs.instruction)
+        actions = result.action[None] if result.chunk is None else result.chunk  # a chunked policy's whole chunk
+        message = self.controller.on_action_chunk(np.asarray(actions, dtype=float), obs.stamp, t,
+                                                  instruction=obs.instruction)
         if message:
             self._error(message)
 

@@ -61,6 +61,7 @@ class RecordOptions:
     seed: int = 100_000
     duration_s: float = 8.0
     domain_id: int = 0
+    cameras: int = 1  # 2: the wrist camera too (/wrist_camera/image_raw), the node's second image slot
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -73,6 +74,8 @@ class RecordOptions:
             raise ValueError(f"--control-rate must be in [1, 500] Hz, got {self.control_rate_hz}")
         if self.duration_s <= 0:
             raise ValueError(f"--duration-s must be > 0, got {self.duration_s}")
+        if self.cameras not in (1, 2):
+            raise ValueError(f"--cameras must be 1 (scene) or 2 (scene and wrist), got {self.cameras}")
         if Path(self.out).exists():
             raise ValueError(f"--out {self.out} exists already; rosbag2 writes a new directory")
 
@@ -101,7 +104,8 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
     rate = bridge.joint_state_rate_hz
     camera_every = max(1, int(round(rate / bridge.camera_rate_hz)))
     dt_ns = int(round(1e9 / rate))
-    cfg = NodeConfig(control_rate_hz=opts.control_rate_hz, policy=opts.policy, autostart=True)
+    cfg = NodeConfig(control_rate_hz=opts.control_rate_hz, policy=opts.policy, autostart=True,
+                     image_topics=(TOPICS["camera"][0], TOPICS["wrist_camera"][0]) if opts.cameras == 2 else ())
     env = PickCubeEnv(SimConfig(image_size=bridge.image_size, control_hz=rate,
                                 max_steps=max(1, int(round(opts.duration_s * rate))),
                                 success_hold_steps=max(1, int(round(bridge.success_hold_s * rate)))))
@@ -133,7 +137,7 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
                     env.advance()
                     step += 1
                     t_ns += dt_ns
-                    # Order within one stamp = replay's PRIORITY: clock, instruction, joints, camera.
+                    # Order within one stamp = replay's PRIORITY: clock, instruction, joints, wrist camera, camera.
                     writer.write(TOPICS["clock"][0], t_ns, make_clock(t_ns))
                     if (step - 1) % int(round(rate)) == 0:  # the bridge repeats it every second
                         msg = make_string(env.instruction)
@@ -144,6 +148,10 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
                     writer.write(TOPICS["joint_states"][0], t_ns, msg)
                     core.feed("joint_states", msg, t_ns)
                     if step % camera_every == 0:
+                        if opts.cameras == 2:  # before the scene camera, whose frame completes the observation
+                            msg = make_image(env.render(env.handles.wrist_camera), t_ns, frame_id="wrist")
+                            writer.write(TOPICS["wrist_camera"][0], t_ns, msg)
+                            core.feed("wrist_camera", msg, t_ns)
                         msg = make_image(env.render(), t_ns)
                         writer.write(TOPICS["camera"][0], t_ns, msg)
                         cmd = core.command(core.feed("camera", msg, t_ns), t_ns)
@@ -272,7 +280,8 @@ def record_live(opts: RecordOptions, progress: bool = True) -> dict[str, Any]:
     try:
         sim = run_sim(SimRunOptions(episodes=opts.episodes, control_rate_hz=opts.control_rate_hz, policy=opts.policy,
                                     out=str(run_dir), seed=opts.seed, duration_s=opts.duration_s,
-                                    domain_id=opts.domain_id), progress=progress, attach=attach)
+                                    domain_id=opts.domain_id, cameras=opts.cameras), progress=progress,
+                     attach=attach)
     finally:
         writer.close()
     errors = recorders[0].errors if recorders else []

@@ -102,6 +102,8 @@ def node_settings(opts: ReplayOptions, custom: dict[str, Any]) -> NodeSettings:
         recording["temperature"] = float(custom["temperature"])
     if "kf_fill_check" in custom:  # as stored: NodeConfig names it if it is not a bool
         recording["kf_fill_check"] = custom["kf_fill_check"]
+    if custom.get("cameras") == 2:  # recorded with the wrist camera: the node takes both
+        recording["image_topics"] = [TOPICS["camera"][0], TOPICS["wrist_camera"][0]]
     file: dict[str, Any] = {}
     if opts.params_file:
         file = {name: value for name, value in read_node_parameters(opts.params_file, NODE_NAME).items()
@@ -150,6 +152,10 @@ def node_topics(cfg: NodeConfig) -> dict[str, str]:
                 "joint_trajectory": f"{controller}/joint_trajectory"}.get(cfg.output, cfg.joint_command_topic)
     topics.update(camera=resolve_topic(cfg.image_topic), joint_states=resolve_topic(cfg.joint_states_topic),
                   commands=resolve_topic(commands))
+    if len(cfg.camera_topics) > 1:  # the image slots in order: the scene camera, then the wrist camera
+        topics.update(camera=resolve_topic(cfg.camera_topics[0]), wrist_camera=resolve_topic(cfg.camera_topics[1]))
+    else:
+        del topics["wrist_camera"]
     gripper = cfg.gripper_controller.strip("/")
     if gripper:
         topics["gripper"] = resolve_topic(f"{gripper}/commands")

@@ -160,7 +160,8 @@ def replay_deterministic(opts: ReplayOptions, progress: bool = True) -> dict[str
         facts = {**_joint_state_facts(bag, topics["joint_states"]), **_timeline(bag)}
         produced: list[Command] = []
         recorded: list[Command] = []
-        inputs = [topics[r] for r in ("camera", "joint_states", "instruction", "commands", "gripper") if r in topics]
+        inputs = [topics[r] for r in ("camera", "wrist_camera", "joint_states", "instruction", "commands", "gripper")
+                  if r in topics]
         total = sum(bag.count(t) for t in inputs)
         writer = BagWriter(opts.out, opts.storage, custom=_out_custom(opts, cfg)) if opts.out else None
         last_fingers: dict[int, np.ndarray] = {}
@@ -256,6 +257,8 @@ class BagPlayer:
             "clock": self.node.create_publisher(Clock, TOPICS["clock"][0], 10),
             "robot_description": self.node.create_publisher(String, TOPICS["robot_description"][0], LATCHED_QOS),
         }
+        if bag.count(TOPICS["wrist_camera"][0]):  # the second image slot, as recorded
+            self.pubs["wrist_camera"] = self.node.create_publisher(Image, TOPICS["wrist_camera"][0], 10)
         self._Clock = Clock
         self.kin = kin
         self.controller_joints = tuple(controller_joints) or tuple(kin.joint_names)
@@ -354,6 +357,8 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
                                  "joint_states_topic": TOPICS["joint_states"][0], "output": "forward_position",
                                  "robot_description_timeout_s": 10.0 if from_bag else 0.0,
                                  "stats_rate_hz": STATS_RATE_HZ}
+        if "wrist_camera" in topics:  # both cameras, in slot order, on the topics the player publishes
+            fixed["image_topics"] = [TOPICS["camera"][0], TOPICS["wrist_camera"][0]]
         forward = replace(cfg, output="forward_position")
         player = BagPlayer(domain, bag, kin, camera_type=camera_type, command_topic=node_topics(forward)["commands"],
                            gripper_topic=node_topics(forward).get("gripper", ""), controller_joints=controller_joints)
@@ -382,7 +387,7 @@ def replay_realtime(opts: ReplayOptions, progress: bool = True) -> dict[str, Any
         has_clock = bag.count(TOPICS["clock"][0]) > 0
         roles = _roles(topics)
         inputs = [topics["camera"], topics["joint_states"], topics["instruction"]] + (
-            [TOPICS["clock"][0]] if has_clock else [])
+            [TOPICS["clock"][0]] if has_clock else []) + ([topics["wrist_camera"]] if "wrist_camera" in topics else [])
         total = sum(bag.count(t) for t in inputs)
         frames = 0
         wall0, bag0 = time.monotonic(), None

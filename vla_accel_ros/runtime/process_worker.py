@@ -153,6 +153,7 @@ class _Child:
             self.close(STOP_TIMEOUT_S)
             raise InferenceProcessError(str(reply.get("message", f"unexpected reply {reply}")))
         self.image_size = int(reply["image_size"])
+        self.image_slots = int(reply.get("image_slots", 1))
         self.warnings: list[str] = [str(w) for w in reply.get("warnings", [])]
         self.python = str(reply.get("python", ""))  # the interpreter the child reports it runs
         self.pid = self.proc.pid
@@ -176,8 +177,9 @@ class _Child:
         return self.proc.poll() is None
 
     def request(self, obs: Observation) -> None:
-        """Image into the buffer, header over the socket (the child is idle: one request at a time)."""
-        image = np.ascontiguousarray(obs.image, dtype=np.uint8)
+        """Images into the buffer (the cameras' stacked, in slot order), header over the socket (the
+        child is idle: one request at a time)."""
+        image = np.ascontiguousarray(np.stack(obs.images) if obs.extra_images else obs.image, dtype=np.uint8)
         if self.buffer is None or len(self.buffer) != image.nbytes:
             if self.buffer is not None:
                 self.buffer.close()
@@ -241,6 +243,7 @@ class ProcessInferenceWorker(WorkerBase):
         self.restarts = 0
         self.down_reason = ""
         self.image_size = 0
+        self.image_slots = 1
         self.warnings: list[str] = []  # the decoder's fallbacks for what the policy lacks
         self.child_python = ""  # the interpreter the running child reported
         self._child_peak_rss_mb = 0.0  # over all children so far (read while they live)
@@ -251,6 +254,7 @@ class ProcessInferenceWorker(WorkerBase):
             raise RuntimeError("ProcessInferenceWorker already started")
         self._child = _Child(self.spec, self.start_timeout_s, self.python)
         self.image_size = self._child.image_size
+        self.image_slots = self._child.image_slots
         self.warnings = self._child.warnings
         self.child_python = self._child.python
         self._start_thread("vla_inference_feeder")
@@ -426,8 +430,9 @@ def _serve(conn: Connection, memfd: int, runner: PolicyRunner) -> None:
                 buffer.close()
             buffer = mmap.mmap(memfd, nbytes, prot=mmap.PROT_READ)
         image = np.frombuffer(buffer, dtype=np.uint8, count=nbytes).reshape(shape).copy()
-        obs = Observation(image, str(msg["instruction"]), np.asarray(msg["joint_pos"], dtype=float),
-                          float(msg["gripper"]), float(msg["stamp"]))
+        images = tuple(image) if image.ndim == 4 else (image,)  # several cameras: stacked (N, H, W, 3)
+        obs = Observation(images[0], str(msg["instruction"]), np.asarray(msg["joint_pos"], dtype=float),
+                          float(msg["gripper"]), float(msg["stamp"]), extra_images=images[1:])
         t0 = time.perf_counter()
         try:
             report = StepReport.of(runner(obs))
@@ -455,7 +460,8 @@ def child_main(argv: list[str]) -> int:
     except Exception as err:  # CheckpointError, unknown decoder, bad URDF: tell the node why
         send_json(conn, {"op": "fatal", "message": f"{type(err).__name__}: {err}"})
         return 3
-    send_json(conn, {"op": "ready", "image_size": int(runner.image_size), "warnings": list(runner.warnings),
+    send_json(conn, {"op": "ready", "image_size": int(runner.image_size), "image_slots": runner.image_slots,
+                     "warnings": list(runner.warnings),
                      "pid": os.getpid(), "python": sys.executable})
     gc.collect()
     gc.freeze()  # the loaded model's objects never need scanning again

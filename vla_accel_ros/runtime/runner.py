@@ -96,6 +96,11 @@ class PolicyRunner:
         report = getattr(self.policy, "remote_stats", None)
         return dict(report()) if callable(report) else {}
 
+    @property
+    def image_slots(self) -> int:
+        """Camera images per observation the policy reads (``Observation.images``)."""
+        return int(self.policy.capabilities().image_slots)
+
     def start_episode(self, key: int | None = None) -> None:
         """Forget the previous episode (history, filter, vision cache, decoder state). ``key`` keys the
         episode's sampling noise (eval: the episode's seed, so a seed always samples alike); None

@@ -3,7 +3,8 @@
 On-disk format (one directory):
 
 - ``episode_00000.npz`` … (``numpy.savez_compressed``; load with ``allow_pickle=False``), holding
-  ``images`` uint8 (T, H, W, 3) RGB from the front camera; ``joint_pos`` float32 (T, 7) in the arm's
+  ``images`` uint8 (T, H, W, 3) RGB from the front camera (and, recorded with ``--wrist``,
+  ``wrist_images`` of the same shape from the wrist camera); ``joint_pos`` float32 (T, 7) in the arm's
   joint order; ``gripper`` float32 (T,) one finger's opening in m; ``actions`` float32 (T, 7), the
   expert's action taken at step t (OpenVLA convention); ``near_contact`` bool (T,) and
   ``target_clearance`` float32 (T,) (gripper-to-target distance at the observation); ``tcp_pos``
@@ -63,9 +64,11 @@ def record_demos(
             bar.success(successes, i + 1)
             if only_successes and not result["success"]:
                 continue
+            wrist = {"wrist_images": np.stack(result["wrist_images"])} if "wrist_images" in result else {}
             np.savez_compressed(
                 out / f"episode_{i:05d}.npz",
                 images=np.stack(result["images"]),
+                **wrist,
                 joint_pos=np.stack(result["joint_pos"]),
                 gripper=np.asarray(result["gripper"], np.float32),
                 actions=np.stack(result["actions"]).astype(np.float32),
@@ -84,6 +87,7 @@ def record_demos(
         "success_rate": successes / episodes,
         "seed": seed,
         "image_size": config.image_size,
+        "cameras": 2 if config.wrist_image else 1,
         "control_hz": config.control_hz,
         "max_steps": config.max_steps,
         "steps_total": steps_total,

@@ -46,6 +46,7 @@ class SimConfig:
     control_hz: float = 20.0
     max_steps: int = 120
     wrist_camera: bool = False
+    wrist_image: bool = False  # also render the wrist camera: the observation's second image slot
     urdf: str | None = None
     tcp_frame: str = "tcp"
     render: bool = True
@@ -231,6 +232,8 @@ class PickCubeEnv:
             joint_pos=self.joint_positions(),
             gripper=self.gripper_opening(),
             stamp=self.time,
+            extra_images=(self.render(self.handles.wrist_camera),) if self.config.wrist_image and self.config.render
+            else (),
         )
 
     def close(self) -> None:

@@ -139,6 +139,8 @@ def run_expert_episode(
         action = expert.act(obs)
         if record:
             steps["images"].append(obs.image)
+            if obs.extra_images:
+                steps.setdefault("wrist_images", []).append(obs.extra_images[0])
             steps["joint_pos"].append(obs.joint_pos.astype(np.float32))
             steps["gripper"].append(np.float32(obs.gripper))
             steps["actions"].append(action)

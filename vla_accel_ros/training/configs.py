@@ -130,6 +130,7 @@ class FlowTrainConfig:
     layers: int = 3
     student_hidden: int = 0  # 0 = the teacher's width (the student then starts as the teacher)
     horizon: int = 1  # actions per sample: > 1 makes a chunked policy (H consecutive action steps)
+    cameras: int = 1  # image slots: 2 reads the demos' wrist images as well as the front camera's
     teacher_from: str | None = None  # a checkpoint whose flow head's teacher is reused (no teacher training)
     seed: int = 0
     val_fraction: float = 0.1
@@ -138,13 +139,15 @@ class FlowTrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "distill_epochs", "batch_size", "hidden", "layers", "threads", "horizon"):
+        for name in ("epochs", "distill_epochs", "batch_size", "hidden", "layers", "threads", "horizon", "cameras"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.student_hidden < 0:
             raise ValueError(f"student_hidden must be >= 0, got {self.student_hidden}")
+        if self.cameras > 2:
+            raise ValueError(f"cameras must be 1 (front) or 2 (front and wrist), got {self.cameras}")
 
 
 @dataclass(frozen=True)

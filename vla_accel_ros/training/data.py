@@ -34,7 +34,8 @@ class DemoDataset:
     (raw joints + gripper); actions (N, 7) float32; near_contact (N,) bool; aux (N, 6) float32 (see
     AUX_DIM; NaN when unknown); keypoint_targets (N, 2, 2) float32, where the front camera images
     the named cube and the TCP (x, y in [-1, 1], NaN when unknown); episode (N,) int64
-    index into ``files``; files: episode file names in load order; success (E,) bool.
+    index into ``files``; files: episode file names in load order; success (E,) bool;
+    wrist_images (N, H, W, 3) uint8 when every episode was recorded with the wrist camera, else None.
     """
 
     images: torch.Tensor
@@ -47,6 +48,7 @@ class DemoDataset:
     episode: torch.Tensor
     files: tuple[str, ...]
     success: torch.Tensor
+    wrist_images: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -79,7 +81,7 @@ def load_episode(path: Path, max_text_len: int) -> dict[str, np.ndarray]:
             missing = [k for k in REQUIRED_KEYS if k not in data.files]
             if missing:
                 raise DatasetError(f"{path}: missing arrays {missing}")
-            optional = ("success", "tcp_pos", "target_pos", "policy_in_loop")
+            optional = ("success", "tcp_pos", "target_pos", "policy_in_loop", "wrist_images")
             episode = {k: data[k] for k in (*REQUIRED_KEYS, *optional) if k in data.files}
     except DatasetError:
         raise
@@ -98,6 +100,8 @@ def load_episode(path: Path, max_text_len: int) -> dict[str, np.ndarray]:
             raise DatasetError(f"{path}: '{key}' contains NaN or inf")
     if t == 0:
         raise DatasetError(f"{path}: episode has no steps")
+    if "wrist_images" in episode and episode["wrist_images"].shape != images.shape:
+        raise DatasetError(f"{path}: 'wrist_images' has shape {episode['wrist_images'].shape}, expected {images.shape}")
     if "tcp_pos" in episode and "target_pos" in episode:
         tcp, target = episode["tcp_pos"].astype(np.float32), episode["target_pos"].astype(np.float32)
         aux = np.concatenate([target - tcp, tcp], axis=1) / AUX_SCALE_M
@@ -107,6 +111,7 @@ def load_episode(path: Path, max_text_len: int) -> dict[str, np.ndarray]:
         keypoints = np.full((t, 2, 2), np.nan, np.float32)
     return {
         "images": images,
+        **({"wrist_images": episode["wrist_images"]} if "wrist_images" in episode else {}),
         "aux": aux.astype(np.float32),
         "keypoint_targets": keypoints.astype(np.float32),
         "proprio": np.concatenate([episode["joint_pos"], episode["gripper"][:, None]], axis=1).astype(np.float32),
@@ -148,6 +153,8 @@ def load_demos(
     if not episodes:
         raise DatasetError(f"{directory}: no successful episodes among {len(files)} files")
     lengths = [e["images"].shape[0] for e in episodes]
+    wrist = (torch.from_numpy(np.concatenate([e["wrist_images"] for e in episodes]))
+             if all("wrist_images" in e for e in episodes) else None)
     return DemoDataset(
         images=torch.from_numpy(np.concatenate([e["images"] for e in episodes])),
         text=torch.from_numpy(np.stack([e["text"] for e in episodes]).repeat(lengths, axis=0)),
@@ -159,5 +166,6 @@ def load_demos(
         episode=torch.from_numpy(np.repeat(np.arange(len(episodes)), lengths)),
         files=tuple(names),
         success=torch.tensor([e["success"] for e in episodes]),
+        wrist_images=wrist,
     )
 

@@ -78,7 +78,7 @@ def train_heads(cfg: FlowTrainConfig, cond: torch.Tensor, actions: torch.Tensor,
     torch.manual_seed(cfg.seed)
     x, y = cond[train_idx], actions[train_idx]
     if cfg.teacher_from:
-        trained = load_flow_heads(cfg.teacher_from, cond.shape[1] // 2)
+        trained = load_flow_heads(cfg.teacher_from, cond.shape[1] // (2 * cfg.cameras))
         if trained is None:
             raise ValueError(f"--teacher-from {cfg.teacher_from}: no flow head there (vla-accel train-flow)")
         if trained.config.horizon != cfg.horizon:
@@ -88,8 +88,9 @@ def train_heads(cfg: FlowTrainConfig, cond: torch.Tensor, actions: torch.Tensor,
         heads.teacher.load_state_dict(trained.teacher.state_dict())
         history = {"teacher": []}
     else:
-        heads = FlowHeads(FlowHeadConfig(d_model=cond.shape[1] // 2, hidden=cfg.hidden, layers=cfg.layers,
-                                         student_hidden=cfg.student_hidden, horizon=cfg.horizon))
+        heads = FlowHeads(FlowHeadConfig(d_model=cond.shape[1] // (2 * cfg.cameras), hidden=cfg.hidden,
+                                         layers=cfg.layers, student_hidden=cfg.student_hidden, horizon=cfg.horizon,
+                                         cameras=cfg.cameras))
         history = {"teacher": _optimise(
             heads.teacher, lambda idx: flow_matching_loss(heads.teacher, x[idx], y[idx], generator), len(x), cfg,
             cfg.epochs, cfg.lr, generator, "flow teacher")}
@@ -158,6 +159,11 @@ def train_flow(cfg: FlowTrainConfig) -> dict[str, Any]:
     data = load_demos(cfg.data, policy.config.max_text_len, cfg.max_episodes, progress=cfg.progress)
     train_idx, val_idx = data.split(cfg.val_fraction)
     cond = prefix_features(policy, data.images, data.text, data.proprio, progress=cfg.progress)
+    if cfg.cameras == 2:  # the wrist image's features after the front image's, as the policy's image slots
+        if data.wrist_images is None:
+            raise ValueError(f"--cameras 2: the demos in {cfg.data} hold no wrist_images (vla-accel demos --wrist)")
+        wrist = prefix_features(policy, data.wrist_images, data.text, data.proprio, progress=cfg.progress)
+        cond = torch.cat([cond, wrist], dim=-1)
     actions = torch.from_numpy(policy.tokenizer.normalise(data.actions.numpy())).to(torch.float32)
     actions = action_windows(actions, data.episode, cfg.horizon)
     heads, history = train_heads(cfg, cond, actions, train_idx)

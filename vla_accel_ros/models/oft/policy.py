@@ -122,7 +122,8 @@ class OFTPolicy:
 
     # --- what the policy offers ---------------------------------------------------------------
     def capabilities(self) -> PolicyCapabilities:
-        return PolicyCapabilities(action_chunk=True)
+        # its image slots as its spec says (0: not stated, any count the checkpoint takes)
+        return PolicyCapabilities(action_chunk=True, image_slots=self.chunk.n_images or 0)
 
     @property
     def n_action_tokens(self) -> int:

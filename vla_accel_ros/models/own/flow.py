@@ -42,6 +42,12 @@ class FlowHeadConfig(JsonConfig):
     student_steps: int = 2
     student_hidden: int = 0  # the student's MLP width; 0 = the teacher's
     horizon: int = 1  # actions per sample: a chunk for this many consecutive action steps
+    cameras: int = 1  # image slots: the condition holds the target's prefix features of each camera's image
+
+    @property
+    def condition_width(self) -> int:
+        """Width of the condition: 2 * d_model per image slot."""
+        return 2 * self.d_model * self.cameras
 
     @property
     def action_width(self) -> int:
@@ -51,7 +57,8 @@ class FlowHeadConfig(JsonConfig):
     def __post_init__(self) -> None:
         if not isinstance(self.student_hidden, int) or self.student_hidden < 0:
             raise ValueError(f"FlowHeadConfig.student_hidden must be an int >= 0, got {self.student_hidden!r}")
-        for name in ("d_model", "hidden", "layers", "time_features", "teacher_steps", "student_steps", "horizon"):
+        for name in ("d_model", "hidden", "layers", "time_features", "teacher_steps", "student_steps", "horizon",
+                     "cameras"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"FlowHeadConfig.{name} must be a positive int, got {value!r}")
@@ -66,7 +73,7 @@ class VelocityField(nn.Module):
         super().__init__()
         self.config = config
         hidden = hidden or config.hidden
-        width = config.action_width + config.time_features + 2 * config.d_model
+        width = config.action_width + config.time_features + config.condition_width
         layers: list[nn.Module] = []
         for _ in range(config.layers):
             layers += [nn.Linear(width, hidden), nn.GELU()]
@@ -83,7 +90,7 @@ class VelocityField(nn.Module):
         return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
-        """x (B, 7H), t (B,), condition (B, 2d) -> velocity (B, 7H)."""
+        """x (B, 7H), t (B,), condition (B, 2d * cameras) -> velocity (B, 7H)."""
         return self.net(torch.cat([x, self.time_features(t), condition], dim=-1))
 
     def _folded(self, steps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -156,3 +163,9 @@ class FlowHeads(nn.Module):
 def prefix_condition(hidden_last: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
     """The head's condition from a prefix: BOS hidden state and prefix mean, (B, 2d)."""
     return torch.cat([hidden_last, pooled], dim=-1)
+
+
+def camera_condition(condition: torch.Tensor, cameras: int) -> torch.Tensor:
+    """Rows of per-image conditions (B * cameras, 2d), each observation's cameras consecutive,
+    as one condition per observation (B, 2d * cameras), the cameras in slot order."""
+    return condition.reshape(condition.shape[0] // cameras, cameras * condition.shape[1])

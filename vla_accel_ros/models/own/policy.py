@@ -22,7 +22,7 @@ from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.api import PolicyCapabilities, Prefix, ScoreOutput
 from vla_accel_ros.models.layers import KVCache
 from vla_accel_ros.models.own.draft import ContactHead, DraftHead
-from vla_accel_ros.models.own.flow import FlowHeads
+from vla_accel_ros.models.own.flow import FlowHeads, camera_condition, prefix_condition
 from vla_accel_ros.models.own.vla import (
     PROPRIO_DIM,
     PrefixPass,
@@ -131,7 +131,12 @@ class Policy:
         own incremental prefill, and passes over a batch of observations."""
         return PolicyCapabilities(draft_head=True, parallel_draft_head=self.parallel_draft is not None,
                                   contact_head=True, flow_head=self.flow is not None, incremental_prefill=True,
-                                  batched_passes=True)
+                                  batched_passes=True, image_slots=self.image_slots)
+
+    @property
+    def image_slots(self) -> int:
+        """Camera images per observation: the flow head's (its condition reads each), else one."""
+        return self.flow.config.cameras if self.flow is not None else 1
 
     @property
     def n_action_tokens(self) -> int:
@@ -243,7 +248,23 @@ class Policy:
         after it (a decoder's proposal, verified by k more rows of the prefill instead of a pass of
         its own; the prefix rows attend only to the prefix, so they are a plain prefill's)."""
         images, text, proprio = self.observation_batch(observations)
-        return self.prefill_tensors(images, text, proprio, tokens)
+        scored = self.prefill_tensors(images, text, proprio, tokens)
+        if self.image_slots == 1:
+            return scored
+        return replace(scored, prefix=replace(scored.prefix, camera_condition=self.camera_condition(observations)))
+
+    def camera_condition(self, observations: Sequence[Observation]) -> torch.Tensor:
+        """The flow head's condition from each observation's other camera images (B, 2d * (slots - 1)):
+        the target's prefix features of each image, in one pass over them all."""
+        extra = self.image_slots - 1
+        for obs in observations:
+            if len(obs.extra_images) != extra:
+                raise ValueError(f"the policy reads {self.image_slots} camera images (its image slots), the "
+                                 f"observation holds {1 + len(obs.extra_images)}")
+        rows = [replace(obs, image=image, extra_images=()) for obs in observations for image in obs.extra_images]
+        images, text, proprio = self.observation_batch(rows)
+        prefix = self.prefill_tensors(images, text, proprio).prefix
+        return camera_condition(prefix_condition(prefix.hidden_last, prefix.pooled), extra)
 
     def prefill_tensors(self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
                         tokens: torch.Tensor | None = None, local_tokens: torch.Tensor | None = None) -> ScoreOutput:

@@ -45,6 +45,7 @@ ARGV: dict[str, tuple[str, str]] = {
     "sim": (ANY, "sim --checkpoint {X} --episodes 1 --out {O}"),
     "record": (ANY, "record --checkpoint {X} --episodes 1 --duration-s 0.5 --out {O}"),
     "replay": (ANY, "replay {B} --checkpoint {X} --summary {O}"),
+    "serve-openpi": (ANY, "serve-openpi --checkpoint {X} --port 0"),
     "soak": (ANY, "soak --checkpoint {X} --minutes 0.1 --out {O}"),
     "predict": (ANY, "predict --checkpoint {X} --image {I} --instruction pick_up_the_red_cube --json"),
     "vision-fidelity": (OWN, "vision-fidelity --checkpoint {X} --episodes 1 --max-steps 2 --out {O}"),

@@ -16,7 +16,7 @@ when a directory of that family is loaded (torch, transformers):
   loaders also take ``tokenizer_dir``.
 - ``openpi``: no directory but a server's address, ``openpi://HOST:PORT`` or ``ws://`` (a policy served
   over openpi's protocol, :mod:`vla_accel_ros.models.openpi.client`); its chunks come through the flow
-  decoders (``decoders``), and it needs the arm (``arm``) to turn joint actions into our actions.
+  decoders (``answers_with_chunks``), and it needs the arm (``arm``) to turn joint actions into our actions.
 
 A directory no family recognises is refused in one line that names the file read and the families
 known. Every loader raises ValueError (the own family's CheckpointError is one) naming the file at fault.
@@ -59,7 +59,7 @@ class Family:
     # that need no model (ValueError naming the file at fault); empty: none beyond recognising it
     checker: str = ""
     takes_tokenizer_dir: bool = False
-    decoders: tuple[str, ...] = ()  # the decoders its policies serve (empty: each declares what it needs)
+    answers_with_chunks: bool = False  # its policies answer with chunks only: the flow decoders serve them
     remote: bool = False  # its loader takes the checkpoint's address and the arm, not a directory
 
     def load(self, directory: Path, unnorm_key: str, *, device: str | None = None,
@@ -173,7 +173,8 @@ FAMILIES: tuple[Family, ...] = (
            "vla_accel_ros.models.lerobot.policy:load_lerobot", checker="vla_accel_ros.models.load:check_lerobot_files",
            takes_tokenizer_dir=True),
     Family("openpi", "an openpi server's address (openpi://HOST:PORT, ws://...)", lambda directory, config: False,
-           "vla_accel_ros.models.openpi.client:connect_policy", decoders=("flow10", "flow2"), remote=True),
+           "vla_accel_ros.models.openpi.client:connect_policy", answers_with_chunks=True,
+           remote=True),
 )
 
 

@@ -265,7 +265,9 @@ def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], A
 
     try:
         attached = attach(domain) if attach is not None else None
+        # the node's camera child delivers a frame before the first episode, so no episode pays its start-up
         ready = monitor.wait_for(lambda: bool(monitor.stats) and monitor.joint_states > 0 and
+                                 monitor.stats.get("camera_frames", 1) > 0 and
                                  (remote is None or monitor.inference_connected()) and
                                  (attached is None or attached.ready()) or ended(), READY_TIMEOUT_S)
         if remote is not None and remote.returncode is not None:

@@ -70,10 +70,11 @@ class PolicyRunner:
         here, so that a missing one is reported at start-up, not at every step. ``decoder_settings``
         go to the decoder's config."""
         from vla_accel_ros.decoding import make_decoder
+        from vla_accel_ros.decoding.specs import names_with
         from vla_accel_ros.models.load import load_policy, recognise
 
         ref = CheckpointRef.parse(checkpoint)
-        served_by = recognise(ref).decoders
+        served_by = names_with(lambda spec: spec.flow_head) if recognise(ref).answers_with_chunks else ()
         swapped = ""
         if served_by and decoder_name not in served_by:  # a policy server's chunks come through a flow decoder
             swapped = f"decoder '{decoder_name}' needs the model's passes; {ref} answers with chunks: {served_by[0]}"

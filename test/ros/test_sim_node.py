@@ -119,6 +119,11 @@ def test_episode_through_topics_with_a_random_policy(tmp_path, tiny_checkpoint):
                 "hold_ticks", "period_jitter_ms_p50", "period_jitter_ms_p99", "peak_rss_mb"):
         assert key in summary, key
     assert summary["episodes"] == 1
+    # The ticks before the first episode (the node waiting with nothing to do) are told apart from
+    # the episode's, whose hold share is the one to compare between runs.
+    assert summary["pre_episode_ticks"] + summary["episode_ticks"] == summary["ticks"]
+    assert summary["episode_hold_ticks"] <= summary["hold_ticks"]
+    assert summary["hold_tick_share"] == pytest.approx(summary["episode_hold_ticks"] / summary["episode_ticks"])
     for plot in ("tick_jitter.png", "joint_tracking.png"):
         assert (tmp_path / "run" / plot).stat().st_size > 1000
     # Commands at the configured rate, all published once the inputs flow.

@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     s = run_sim(opts)
     print(f"sim: {s['episodes']} episodes, success {s['success_rate']:.0%}, {s['ticks']} ticks at "
           f"{opts.control_rate_hz:g} Hz ({s['ticks_published']} published, {s['fallback_ticks']} fallback, "
-          f"{s['hold_ticks']} hold, {s['deadline_misses']} deadline misses), jitter p50 "
+          f"{s['hold_ticks']} hold, {s['deadline_misses']} deadline misses; in the episodes "
+          f"{s['hold_tick_share']:.1%} hold, {s['pre_episode_ticks']} ticks before the first), jitter p50 "
           f"{s['period_jitter_ms_p50']:.2f} ms p99 {s['period_jitter_ms_p99']:.2f} ms, peak RSS "
           f"{s['peak_rss_mb']:.0f} MB, {time.monotonic() - started:.0f} s -> {opts.out} "
           f"(summary.json{''.join(', ' + name for name in s.get('plots', ()))})")

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -39,7 +40,7 @@ from vla_accel_ros.ros.parameters import (
     SimBridgeConfig,
 )
 from vla_accel_ros.ros.processes import NodeProcess, NodeRefused, parameter_arguments
-from vla_accel_ros.ros.run_summary import chunk_metrics
+from vla_accel_ros.ros.run_summary import chunk_metrics, episode_tick_counts
 
 READY_TIMEOUT_S = 90.0
 CAMERA_TOPICS = ("camera/image_raw", "wrist_camera/image_raw")  # the bridge's scene and wrist cameras
@@ -226,11 +227,12 @@ def run_sim(opts: SimRunOptions, progress: bool = True,
             env = dict(env, **host.peers_env()) if host is not None else env
             remote = _start_inference_node(opts, out, env, host)
             stack.callback(remote.stop)
-        episodes, peak_rss = _run_episodes(opts, progress, attach, out, env, domain, remote)
+        episodes, peak_rss, first_episode_wall = _run_episodes(opts, progress, attach, out, env, domain, remote)
     if not stats_file.is_file():
         raise RunFailed(f"the node wrote no statistics to {stats_file}; see {out}/vla_accel_node.log")
     node_stats = json.loads(stats_file.read_text())
     summary = _summarise(opts, episodes, node_stats, peak_rss, domain)
+    summary.update(episode_tick_counts(node_stats["tick_log"], first_episode_wall))
     summary["plots"] = _plot(node_stats, opts.control_rate_hz, out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -251,8 +253,9 @@ def _start_inference_node(opts: SimRunOptions, out: Path, env: dict[str, str],
 
 def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], Attachment] | None, out: Path,
                   env: dict[str, str], domain: int,
-                  remote: NodeProcess | None) -> tuple[list[dict[str, Any]], float]:
-    """The bridge and the node up, then the episodes: their reports and the node's peak RSS."""
+                  remote: NodeProcess | None) -> tuple[list[dict[str, Any]], float, float]:
+    """The bridge and the node up, then the episodes: their reports, the node's peak RSS and when the
+    first episode started (``time.monotonic``, the clock of the node's tick log)."""
     from vla_accel_ros.core.progress import progress_bar
 
     sim = NodeProcess.start("vla_accel_ros.ros.sim_node", _ros_args(opts.bridge_config()), out / "sim_node.log", env)
@@ -278,6 +281,7 @@ def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], A
             raise RunFailed(f"nodes did not come up (node rc={node.returncode}, sim rc={sim.returncode}); "
                                f"see {node.log} and {sim.log}")
         bar = progress_bar(range(opts.episodes), desc="sim", unit="ep", disable=not progress)
+        first_episode_wall = time.monotonic()
         for i in bar:
             n_before = len(monitor.episodes)
             monitor.reset(opts.seed + i)
@@ -287,7 +291,7 @@ def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], A
             if not done or len(monitor.episodes) <= n_before:
                 raise RunFailed(f"episode {i} (seed {opts.seed + i}) did not finish; node rc={node.returncode}")
             bar.success(sum(bool(e["success"]) for e in monitor.episodes), len(monitor.episodes))
-        return monitor.episodes, node.peak_rss_mb()
+        return monitor.episodes, node.peak_rss_mb(), first_episode_wall
     finally:
         if attached is not None:
             attached.close()

@@ -111,6 +111,21 @@ def chunk_metrics(log: dict[str, list[Any]], period_s: float) -> dict[str, float
             "chunk_boundary_step_max": float(step.max()) if step.size else 0.0}
 
 
+def episode_tick_counts(log: dict[str, list[Any]], first_episode_wall: float) -> dict[str, Any]:
+    """The ticks from the first episode's start (``first_episode_wall``, the node's tick clock:
+    ``time.monotonic``) on, apart from the ticks before it, when the node ran with nothing to do
+    yet (holding: no instruction, or waiting for its first action): ``pre_episode_ticks``,
+    ``episode_ticks``, ``episode_hold_ticks``, ``episode_fallback_ticks`` and ``hold_tick_share``
+    (hold ticks of the episodes over their ticks)."""
+    wall = np.asarray(log["wall"], dtype=float)
+    source = np.asarray(log["source"], dtype=int)[wall >= first_episode_wall]
+    holds = int(np.count_nonzero(source == SOURCE_CODES["hold"]))
+    return {"pre_episode_ticks": int(wall.size - source.size), "episode_ticks": int(source.size),
+            "episode_hold_ticks": holds,
+            "episode_fallback_ticks": int(np.count_nonzero(source == SOURCE_CODES["fallback"])),
+            "hold_tick_share": holds / source.size if source.size else 0.0}
+
+
 def write_stats_file(path: str, summary: dict[str, Any]) -> None:
     """``summary`` as JSON at ``path``, replaced whole (a reader never sees half a file)."""
     file = Path(path)

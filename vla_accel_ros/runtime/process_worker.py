@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 120.0  # spawn + import torch + load the checkpoint, on a loaded 2-core machine
+START_TIMEOUT_S = 120.0  # spawn + import torch + load the checkpoint, on a loaded machine
 REPLY_TIMEOUT_S = 30.0  # one decode taking this long means a hung child: kill and restart it
 STOP_TIMEOUT_S = 3.0
 POLL_S = 0.05  # how often a waiting feeder looks at the child and the stop flag
@@ -247,6 +247,7 @@ class ProcessInferenceWorker(WorkerBase):
         self.warnings: list[str] = []  # the decoder's fallbacks for what the policy lacks
         self.child_python = ""  # the interpreter the running child reported
         self._child_peak_rss_mb = 0.0  # over all children so far (read while they live)
+        self._policy_stats: dict[str, Any] = {}  # a policy server's counters, as of the child's last reply
 
     # --- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -317,6 +318,9 @@ class ProcessInferenceWorker(WorkerBase):
         return recv_json(child.conn)
 
     def _handle(self, reply: dict[str, Any], obs: Observation, latency_ms: float) -> None:
+        if isinstance(reply.get("policy_stats"), dict):
+            with self._lock:
+                self._policy_stats = reply["policy_stats"]
         if reply.get("op") != "action":
             self._note_error(str(reply.get("message", f"unexpected reply {reply.get('op')}")))
             self._stop.wait(0.1)
@@ -378,9 +382,14 @@ class ProcessInferenceWorker(WorkerBase):
 
     def stats(self) -> dict[str, Any]:
         """``InferenceWorker.stats()`` keys (latency = observation handed over -> action back),
-        plus the child's own decode time and peak RSS, restarts, pid and why it is down ('' when up)."""
+        plus the child's own decode time and peak RSS, restarts, pid and why it is down ('' when up), and
+        what the child's policy counts of itself (a policy server's ``server_*`` counters), as of its
+        last reply."""
         self._note_rss(self._child)
-        return super().stats()
+        out = super().stats()
+        with self._lock:
+            out.update(self._policy_stats)
+        return out
 
     def _counters(self) -> dict[str, Any]:
         return super()._counters() | {"mode": "process", "restarts": self.restarts, "down_reason": self.down_reason,
@@ -437,12 +446,19 @@ def _serve(conn: Connection, memfd: int, runner: PolicyRunner) -> None:
         try:
             report = StepReport.of(runner(obs))
         except Exception as err:  # keep serving: the node falls back meanwhile
-            send_json(conn, {"op": "error", "message": f"{type(err).__name__}: {err}"})
+            send_json(conn, {"op": "error", "message": f"{type(err).__name__}: {err}",
+                             **_policy_stats(runner)})
             continue
-        send_json(conn, {"op": "action", "actions": report.actions.tolist(),
+        send_json(conn, {"op": "action", "actions": report.actions.tolist(), **_policy_stats(runner),
                          "latency_ms": (time.perf_counter() - t0) * 1e3, "accepted_len": report.accepted_len,
                          "drafted": report.drafted, "target_passes": report.target_passes,
                          "vision_fraction": report.vision_fraction})
+
+
+def _policy_stats(runner: PolicyRunner) -> dict[str, Any]:
+    """``{"policy_stats": ...}`` for a policy that counts itself (a policy server), else nothing."""
+    stats = runner.policy_stats()
+    return {"policy_stats": stats} if stats else {}
 
 
 def child_main(argv: list[str]) -> int:

@@ -8,8 +8,9 @@ filter's estimate, blended with what the previous plan still holds); its schedul
 inference worker when to start the next one (``wait_observation``). At every tick it chooses:
 
 - ``policy``: the plan's due step, not used before, no later for its step than ``action_timeout_s``
-  after its observation, through differential IK (``actions.action_to_joint_targets``, the sim's
-  path too); a tick that comes after several steps skips the ones it missed;
+  after its observation, as joint targets (``actions.action_to_joint_targets``, the sim's path too:
+  differential IK for end-effector deltas, absolute joint positions as they are, per ``action_space``);
+  a tick that comes after several steps skips the ones it missed;
 - ``fallback``: no fresh action, so the joint-space Kalman filter extrapolates the motion over one
   action step, i.e. it stands in for the late action. Its velocity decays linearly to 0 over
   ``fallback_max_s`` after the last fresh action (or after the hold before it), then the core holds
@@ -19,24 +20,16 @@ inference worker when to start the next one (``wait_observation``). At every tic
   measured position at the moment the hold began (latched, so a sagging arm does not drift the hold
   target).
 
-Every command then passes the same guard: within what the velocity limits reach from the measured
-position over one action step, then within velocity limit x period of the previous returned command
-(the very first one: of the measured position) and within the position limits, finite; a
-non-finite candidate repeats the previous command. Two consecutive commands therefore never differ
-by more than v*T per joint, whatever the measurements, the source or the hold target do: a hold
-after a jump ramps to its target at the velocity limits. The fingers obey the same rule: each
-finger position within its limits and within its velocity limit x period of the previous one (of
-the measured opening, the first time); a finger without a URDF velocity limit moves at most
-``gripper_velocity``.
+Every command then passes the same guard (:mod:`vla_accel_ros.core.command_guard`): within reach
+of the measured position, within v*T of the previous command and within the position limits, the
+fingers alike; a hold after a jump ramps to its target at the velocity limits.
 
-Joint states are gated: a sample further from the last accepted one than the velocity limits reach
-over the elapsed time (plus ``JUMP_SLACK``) is an outlier: it moves neither the filter, nor the hold
-target, nor the policy's proprioception, and is counted (``TickStats.outliers_rejected``,
-``last_outlier``). Outliers that agree with each other for ``jump_confirm_s`` (by their arrival
-times, however many samples that is) are a real jump (an episode reset, an arm moved by hand):
-accepted, the filter, pending action and hold target restart there, and the command ramps to it. A
-sample beyond the URDF position limits by more than ``joint_limit_tolerance`` is never accepted: the
-core holds the last valid position until a sample within the limits comes.
+Joint states are gated (:mod:`vla_accel_ros.core.joint_gate`): an outlier moves neither the filter,
+nor the hold target, nor the policy's proprioception, and is counted (``TickStats.outliers_rejected``,
+``last_outlier``); a confirmed jump (an episode reset, an arm moved by hand) is accepted, and the
+filter, pending action and hold target restart there, the command ramping to it. A sample beyond the
+URDF position limits by more than ``joint_limit_tolerance`` is never accepted: the core holds the last
+valid position until a sample within the limits comes.
 
 Faults set from outside hold the arm with their reason until cleared: the inference worker down,
 a robot description that contradicts the URDF in use, the node's clock stopped (sim time without
@@ -59,13 +52,11 @@ from typing import Any
 
 import numpy as np
 
-from vla_accel_ros.core.actions import (
-    action_to_joint_targets,
-    gripper_command_to_opening,
-    validate_action,
-)
+from vla_accel_ros.core.actions import ACTION_SPACES, EE_DELTA, action_to_joint_targets, action_width, validate_action
 from vla_accel_ros.core.cameras import CameraSet
 from vla_accel_ros.core.chunks import ChunkPlan, ChunkQueue, ChunkSettings, plan_deviation
+from vla_accel_ros.core.command_guard import CommandGuard
+from vla_accel_ros.core.joint_gate import JUMP, OUTLIER, JointGate
 from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
@@ -73,12 +64,6 @@ from vla_accel_ros.core.settings import check_fields, nested, setting
 from vla_accel_ros.core.ticks import Counters, TickResult, TickStats
 
 SOURCES = ("policy", "fallback", "hold")
-# A measured position further from the last accepted one than the velocity limits reach over the
-# elapsed time, plus this slack (rad or m: encoder noise, stamping jitter), is no motion the arm can
-# make: an outlier, or the first sample after a reset or teleport.
-JUMP_SLACK = 0.05
-# Speed the gate assumes for a joint without a URDF velocity limit (rad/s or m/s).
-UNLIMITED_SPEED = 10.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +79,9 @@ class ControllerConfig:
     joint_state_timeout_s: float = setting(0.25, "Joint-state watchdog", range=(0.001, 60.0))
     action_timeout_s: float = setting(0.5, "Maximum observation age of a usable action", range=(0.0, 60.0))
     action_dt_s: float = setting(0.05, "Duration of one policy action step", range=(0.001, 1.0))
+    action_space: str = setting(EE_DELTA, "What the policy's actions are (its robot record's action_space): "
+                                "end-effector deltas or absolute joint positions, each with the gripper",
+                                choices=ACTION_SPACES)
     deadline_tolerance: float = setting(0.5, "Late-tick threshold as a fraction of the period", range=(0.0, 10.0))
     gripper_initial: float = setting(1.0, "Gripper command before the first action", range=(0.0, 1.0))
     jitter_window: int = setting(4096, "Ticks kept for the jitter percentiles", range=(16, 1_000_000))
@@ -123,6 +111,7 @@ class Controller:
     def __init__(self, kin: ArmKinematics, config: ControllerConfig | None = None) -> None:
         self.kin = kin
         self.config = config or ControllerConfig()
+        self._action_width = action_width(self.config.action_space, kin.n)
         self._lock = threading.Lock()
         self._new_obs = threading.Condition(self._lock)
         self._kf = JointKalmanFilter(kin, self.config.period_s)
@@ -140,7 +129,6 @@ class Controller:
         self._chunk_start = False  # the current tick started a plan
         # outputs
         self._gripper_cmd = self.config.gripper_initial
-        self._last_cmd: np.ndarray | None = None
         self._last_tick: float | None = None
         self._hold_q: np.ndarray | None = None
         self._hold_reason = ""
@@ -149,23 +137,10 @@ class Controller:
         self._clock_fault = ""  # the node's clock stopped (sim time without /clock): hold
         self._periods: deque[float] = deque(maxlen=self.config.jitter_window)
         self._max_opening = float(kin.gripper_limits.upper.max()) if kin.gripper_joint_names else 0.0
-        velocity = kin.limits.velocity
-        # Reach of the arm from its measured position within one command's horizon.
-        self._reach_dt = max(self.config.period_s, self.config.action_dt_s)
-        self._reach = velocity * self._reach_dt
-        self._step = velocity * self.config.period_s  # most a command may differ from the previous one
-        self._gate_speed = np.where(np.isfinite(velocity), velocity, UNLIMITED_SPEED)
-        self._lo, self._hi = np.empty(kin.n), np.empty(kin.n)  # the guard's bounds, reused every tick
-        finger_velocity = kin.gripper_limits.velocity
-        self._finger_step = np.where(np.isfinite(finger_velocity), finger_velocity,
-                                     self.config.gripper_velocity) * self.config.period_s
-        self._last_fingers: np.ndarray | None = None
-        # the outliers that may be the start of a real jump: newest one, its arrival, when the run of
-        # agreeing ones began, how many agree
-        self._jump_q: np.ndarray | None = None
-        self._jump_rx = -math.inf
-        self._jump_since = -math.inf
-        self._jump_n = 0
+        self._guard = CommandGuard(kin, period_s=self.config.period_s, action_dt_s=self.config.action_dt_s,
+                                   gripper_velocity=self.config.gripper_velocity)
+        self._gate = JointGate(kin, jump_confirm_s=self.config.jump_confirm_s,
+                               joint_limit_tolerance=self.config.joint_limit_tolerance)
         # start of the fallback window: the last fresh action, or the first tick after a hold
         self._window_start: float | None = None
         self._starved_s = 0.0  # how long no fresh action came, while that holds the arm
@@ -181,7 +156,7 @@ class Controller:
             if q.shape != (self.kin.n,) or not np.all(np.isfinite(q)):
                 self._counters.add("inputs_rejected")
                 return f"joint state rejected: expected {self.kin.n} finite positions, got {q}"
-            if beyond := self._beyond_limits_locked(q):
+            if beyond := self._gate.beyond_limits(q):
                 self._counters.add("inputs_rejected")
                 self._counters.add("beyond_limits_rejected")
                 self._beyond_limits = beyond
@@ -194,24 +169,20 @@ class Controller:
                 notice = self._clock_went_back_locked("joint state", now, self._q_rx)
             if notice is not None:
                 self._restart_locked()  # a new timeline: elapsed time to the last sample means nothing
-            elif self._q is not None and self._gate_locked(q, now):
-                return None  # an outlier: counted and reported in the stats, nothing else changes
+            elif self._q is not None:
+                verdict = self._gate.check(q, now, self._q, self._q_rx)
+                if verdict == OUTLIER:  # counted and reported in the stats, nothing else changes
+                    self._counters.add("outliers_rejected")
+                    self._counters.last_outlier = self._gate.last_outlier
+                    return None
+                if verdict == JUMP:
+                    self._counters.add("jumps_accepted")
+                    self._restart_locked()
             self._kf.update(q, now)  # equal stamps are skipped by the filter
             self._q, self._q_rx = q, now
             if gripper_opening is not None and math.isfinite(gripper_opening):
                 self._gripper_opening = float(gripper_opening)
         return notice
-
-    def _beyond_limits_locked(self, q: np.ndarray) -> str:
-        """What puts ``q`` further past a URDF position limit than ``joint_limit_tolerance``, or ''."""
-        lower, upper = self.kin.limits.lower, self.kin.limits.upper
-        beyond = np.maximum(lower - q, q - upper)
-        worst = int(np.argmax(beyond))
-        if beyond[worst] <= self.config.joint_limit_tolerance:
-            return ""
-        return (f"{self.kin.joint_names[worst]} = {q[worst]:.6g} is outside its limits "
-                f"[{lower[worst]:.4g}, {upper[worst]:.4g}] by {beyond[worst]:.4g} (joint_limit_tolerance "
-                f"{self.config.joint_limit_tolerance:g})")
 
     def on_image(self, image: np.ndarray, now: float, camera: int = 0, stamp: float | None = None) -> str | None:
         """Store an RGB uint8 image (already at the model's input size) of camera ``camera`` (its
@@ -242,40 +213,6 @@ class Controller:
         stale, the hold names ``reason``."""
         with self._lock:
             self._cameras.refused[self._cameras.index(camera)] = reason.strip()
-
-    def _gate_locked(self, q: np.ndarray, now: float) -> bool:
-        """True when ``q`` is an outlier: further from the last accepted sample than the velocity
-        limits reach over the time between them (+ JUMP_SLACK). Outliers that agree with each other
-        (each within reach of the one before) for ``jump_confirm_s`` of arrival time are a real jump:
-        the newest is accepted (False) and the core restarts from it. Time, not a sample count,
-        decides: three samples of a glitch take 1.5 ms at 2 kHz, and a burst delivered at once
-        takes none."""
-        assert self._q is not None
-        excess = np.abs(q - self._q) - self._gate_speed * max(now - self._q_rx, 0.0)
-        if not np.any(excess > JUMP_SLACK):
-            self._jump_q, self._jump_n = None, 0
-            return False
-        agrees = (self._jump_q is not None and not np.any(
-            np.abs(q - self._jump_q) - self._gate_speed * max(now - self._jump_rx, 0.0) > JUMP_SLACK))
-        if not agrees:
-            self._jump_since, self._jump_n = now, 0
-        self._jump_n += 1
-        self._jump_q, self._jump_rx = q, now
-        persisted = now - self._jump_since
-        confirm = self.config.jump_confirm_s
-        if persisted >= confirm - 1e-9 and (self._jump_n > 1 or confirm <= 0.0):  # round-off of summed periods
-            self._counters.add("jumps_accepted")
-            self._restart_locked()
-            return False
-        worst = int(np.argmax(excess))
-        self._counters.add("outliers_rejected")
-        self._counters.last_outlier = (
-            f"joint state outlier: {self.kin.joint_names[worst]} at {q[worst]:.4f}, "
-            f"{abs(q[worst] - self._q[worst]):.4f} "
-            f"from the last accepted sample {max(now - self._q_rx, 0.0):.3f} s before, more than its velocity limit "
-            f"reaches (+{JUMP_SLACK} slack); gated (agreeing outliers for {persisted:.3f} s, a real jump persists "
-            f"jump_confirm_s = {confirm:g} s)")
-        return True
 
     def _clock_went_back_locked(self, what: str, now: float, before: float) -> str:
         """The clock itself went back (sim reset, bag played again): arrival times are on that
@@ -369,12 +306,12 @@ class Controller:
             return self._obs_seq, obs
 
     def on_action(self, action: np.ndarray, obs_stamp: float, now: float, instruction: str | None = None) -> str | None:
-        """Hand over a verified 7-D action computed from the observation stamped ``obs_stamp``."""
+        """Hand over a verified action (of ``action_space``) computed from the observation stamped ``obs_stamp``."""
         return self.on_action_chunk(np.asarray(action, dtype=float).reshape(1, -1), obs_stamp, now, instruction)
 
     def on_action_chunk(self, actions: np.ndarray, obs_stamp: float, now: float,
                         instruction: str | None = None) -> str | None:
-        """Hand over H verified 7-D actions for H consecutive action steps, computed from the
+        """Hand over H verified actions (of ``action_space``) for H consecutive action steps, computed from the
         observation stamped ``obs_stamp`` (a chunked policy's output). The next tick plans them
         (aligned, re-anchored, blended with what the previous plan still holds); each step is used
         at most once, at the first tick it is due. A chunk of the wrong shape or with a non-finite
@@ -383,10 +320,10 @@ class Controller:
         try:
             chunk = np.asarray(actions, dtype=float)
             if chunk.ndim != 2 or len(chunk) == 0:
-                raise ValueError(f"an action chunk must be (H >= 1, 7), got shape {chunk.shape}")
+                raise ValueError(f"an action chunk must be (H >= 1, {self._action_width}), got shape {chunk.shape}")
             for k, action in enumerate(chunk):
                 try:
-                    validate_action(action)
+                    validate_action(action, self._action_width)
                 except ValueError as err:
                     raise ValueError(f"step {k} of {len(chunk)}: {err}") from None
         except ValueError as err:
@@ -429,13 +366,14 @@ class Controller:
                 self._counters.add("fallback_expired")
             if self._chunks.started and (source == "fallback" and self.config.expect_actions or self._starved_s > 0.0):
                 self._counters.add("chunk_wait_ticks")  # between chunks: the wait for a task's first is not
-            q_cmd = self._guard_locked(q_cmd)
+            q_cmd, tripped = self._guard.arm(q_cmd, self._q)
+            if tripped:
+                self._counters.add("guard_trips")
             self._counters.add(f"{source}_ticks")
-            fingers = self._finger_guard_locked(self._finger_positions(self._gripper_cmd))
+            fingers = self._guard.fingers(self._gripper_cmd, self._gripper_opening)
             if q_cmd is not None:
                 self._counters.add("ticks_published")
-                self._last_cmd = q_cmd
-                self._last_fingers = fingers
+                self._guard.returned(q_cmd, fingers)
             if self._chunks.wants_inference():
                 self._new_obs.notify_all()  # the schedule may have come due with this tick
             return TickResult(now, None if q_cmd is None else q_cmd.copy(), self._gripper_cmd, fingers, source,
@@ -534,7 +472,7 @@ class Controller:
         a chunk's deltas from the filter's estimate of the arm now, a single action's from the
         measured position, as the policy saw it."""
         assert self._q is not None
-        q, dt = self._q, self.config.action_dt_s
+        q, dt, space = self._q, self.config.action_dt_s, self.config.action_space
 
         def anchor(horizon: int) -> np.ndarray:
             if horizon > 1 and self._kf.initialized and self._kf.stamp is not None:
@@ -542,7 +480,10 @@ class Controller:
                                self.kin.limits.upper)
             return q
 
-        plan = self._chunks.start_pending(now, anchor, lambda q0, a: action_to_joint_targets(self.kin, q0, a, dt))
+        def step(q0: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, float]:
+            return action_to_joint_targets(self.kin, q0, action, dt, space)
+
+        plan = self._chunks.start_pending(now, anchor, step)
         if plan is not None:
             self._counters.add("chunks_planned")
             self._counters.add("chunk_steps_dropped", plan.first_slot)
@@ -563,50 +504,6 @@ class Controller:
         """Nothing planned or pending is executed any more (a hold, a new task, a restart)."""
         self._chunks.forget()
 
-    def _guard_locked(self, q_cmd: np.ndarray | None) -> np.ndarray | None:
-        """The command actually returned: ``q_cmd`` within reach of the measured position, then
-        within v*T of the previous command and within the position limits; the previous command
-        again when ``q_cmd`` is not a finite arm configuration."""
-        if q_cmd is None or self._q is None:
-            return None
-        lim = self.kin.limits
-        previous = self._last_cmd
-        if previous is None:  # the very first command continues from where the arm is
-            previous = np.clip(self._q, lim.lower, lim.upper)
-        q = np.asarray(q_cmd, dtype=float)
-        if q.shape == (self.kin.n,) and np.all(np.isfinite(q)):
-            lo, hi = self._lo, self._hi
-            np.subtract(self._q, self._reach, out=lo)
-            np.add(self._q, self._reach, out=hi)
-            out = np.clip(q, lo, hi)  # the one new array: it becomes the previous command
-            # Last, so that it always holds: the previous command is within the position limits,
-            # so clipping to them keeps the step within v*T.
-            np.subtract(previous, self._step, out=lo)
-            np.add(previous, self._step, out=hi)
-            np.clip(out, lo, hi, out=out)
-            np.clip(out, lim.lower, lim.upper, out=out)
-            if np.isfinite(out).all():
-                return out
-        self._counters.add("guard_trips")
-        return previous
-
-    def _finger_positions(self, gripper_cmd: float) -> np.ndarray:
-        opening = gripper_command_to_opening(gripper_cmd, self._max_opening)
-        return np.clip(np.full(len(self.kin.gripper_joint_names), opening), self.kin.gripper_limits.lower,
-                       self.kin.gripper_limits.upper)
-
-    def _finger_guard_locked(self, fingers: np.ndarray) -> np.ndarray:
-        """``fingers`` within each finger's velocity limit x period of the previous returned finger
-        command (the very first one: of the measured opening, when known) and within the limits."""
-        lim = self.kin.gripper_limits
-        previous = self._last_fingers
-        if previous is None:
-            if self._gripper_opening is None:
-                return fingers  # no measured opening to continue from: the command itself
-            previous = np.clip(np.full(len(fingers), self._gripper_opening), lim.lower, lim.upper)
-        out = np.clip(fingers, previous - self._finger_step, previous + self._finger_step)
-        return np.clip(out, lim.lower, lim.upper)
-
     def _restart_locked(self) -> None:
         """The arm was moved from outside (episode reset, by hand) or the clock restarted: forget the
         motion, the pending action, the jump candidates and the hold target (a hold re-latches at the
@@ -614,7 +511,7 @@ class Controller:
         self._kf.reset()
         self._forget_chunks_locked()
         self._hold_q = None
-        self._jump_q, self._jump_n = None, 0
+        self._gate.forget()
 
     # --- reporting ----------------------------------------------------------------------------
     @property

@@ -42,6 +42,7 @@ import hashlib
 import json
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
@@ -64,6 +65,7 @@ from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.core.robot_record import check_checkpoint_robot
 from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.core.stamp_order import StampOrder
+from vla_accel_ros.models.load import declared_action_space
 from vla_accel_ros.ros.command_publishers import CommandPublisher, command_publishers
 from vla_accel_ros.ros.inference_workers import Worker, start_inference
 from vla_accel_ros.ros.node_cameras import NodeCameras, check_image_slots
@@ -82,9 +84,10 @@ COMMAND_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, histo
 LOG_THROTTLE_S = 10.0  # each kind of input problem is logged at most once per this long
 INSTRUCTION_LOG_S = 1.0  # instruction changes are logged at most once per this long
 # The node's clock standing still this long on the wall clock (and stall_after_periods periods) is a
-# stopped clock. A sim's /clock under load pauses for a while (0.14-0.24 s seen on a 2-core machine):
+# stopped clock. A sim's /clock under load pauses for a while (0.14-0.24 s seen on a loaded host):
 # that is no reason to drop the policy's actions and hold; its robot stood still too.
 CLOCK_STOPPED_MIN_S = 0.5
+MAX_CLOCK_LAG_S = 1.0  # the most a /clock step widens the future-stamp tolerance
 INSTRUCTION_LOG_CHARS = 200  # of an instruction, the log, /diagnostics and ~/stats show this many characters
 LEVELS = {OK: DiagnosticStatus.OK, WARN: DiagnosticStatus.WARN, ERROR: DiagnosticStatus.ERROR}
 
@@ -134,6 +137,7 @@ class VlaAccelNode(LifecycleNode):
         self._stall_logged = -float("inf")  # time.monotonic() a stall was last logged
         self._tick_wall = 0.0  # time.monotonic() of the last tick
         self._clock_value = 0.0  # the node's clock at the watchdog's last look
+        self._clock_step = 0.0  # use_sim_time: its last step between two looks (a /clock period or more), <= 1 s
         self._clock_moved = 0.0  # time.monotonic() the watchdog last saw the node's clock move
         self._clock_stopped_at = 0.0  # time.monotonic() of the last tick before the clock stopped
         self._instruction_logged = (-float("inf"), 0)  # (when, changes since)
@@ -287,7 +291,11 @@ class VlaAccelNode(LifecycleNode):
             if self._robot_warning:
                 self.get_logger().warning(self._robot_warning)
         self.controller_joints = controller_joint_order(self.kin, cfg.controller_joints)
-        self.controller = build_controller(cfg.controller_config(), self.kin, enabled=False,
+        controller_config = cfg.controller_config()
+        if cfg.inference and cfg.inference_mode != "remote":  # remote inference carries end-effector deltas
+            controller_config = replace(controller_config,
+                                        action_space=declared_action_space(cfg.runner_config().checkpoint_ref))
+        self.controller = build_controller(controller_config, self.kin, enabled=False,
                                            instruction=str(self.get_parameter("instruction").value))
         self._joint_names = list(self.kin.joint_names)
         model_size = 0
@@ -341,7 +349,7 @@ class VlaAccelNode(LifecycleNode):
             self.get_logger().warning(message)
 
     def _stamp_in_order(self, what: str, stamp: float) -> bool:
-        take, problem = self._stamps.check(what, stamp, self._now())
+        take, problem = self._stamps.check(what, stamp, self._now(), self._clock_step)
         if problem:
             self._reject(problem)
         return take
@@ -453,6 +461,8 @@ class VlaAccelNode(LifecycleNode):
             return
         wall, now = time.monotonic(), self._now()
         if now != self._clock_value:
+            if self.get_clock().ros_time_is_active:  # sim time: the clock moves in /clock steps
+                self._clock_step = min(max(now - self._clock_value, 0.0), MAX_CLOCK_LAG_S)
             self._clock_value, self._clock_moved = now, wall
         if self.controller.clock_fault:
             if wall - self._tick_wall >= 0.99 * self.cfg.period_s:  # checked twice a period: tick once

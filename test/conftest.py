@@ -1,4 +1,4 @@
-"""Shared test set-up: headless rendering and one torch thread (the CI box has 2 cores), plus the
+"""Shared test set-up: headless rendering and one torch thread (faster on small CI hosts), plus the
 helpers several test modules use, as fixtures (pytest runs with --import-mode=importlib, so test
 modules cannot import this file):
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vla_accel_ros.core.actions import JOINT_POSITION
 from vla_accel_ros.core.chunks import (
     CHUNK_BLENDS,
     WEIGHTED_AVERAGE_NEW,
@@ -138,10 +139,14 @@ def controller(kin: ArmKinematics, **chunks: object) -> Controller:
     return ctrl
 
 
+def small_deltas(rng: np.random.Generator, horizon: int) -> np.ndarray:
+    return np.concatenate([rng.uniform(-0.01, 0.01, (horizon, 6)), rng.uniform(0, 1, (horizon, 1))], axis=1)
+
+
 def drive(kin: ArmKinematics, ctrl: Controller, ticks: int, horizon: int, latency_ticks: int,
-          rng: np.random.Generator, follow: float = 1.0) -> list:
-    """A worker with a fixed latency serving the controller's schedule (wait_observation), an arm that
-    moves ``follow`` of the way to each command; the tick results."""
+          rng: np.random.Generator, follow: float = 1.0, chunk_of=small_deltas) -> list:
+    """A worker with a fixed latency serving the controller's schedule (wait_observation) with
+    ``chunk_of(rng, horizon)``, an arm that moves ``follow`` of the way to each command; the tick results."""
     q = Q_HOME.copy()
     in_flight: tuple[int, float] | None = None  # (tick it is delivered at, observation stamp)
     seq, results = 0, []
@@ -153,8 +158,7 @@ def drive(kin: ArmKinematics, ctrl: Controller, ticks: int, horizon: int, latenc
             seq, obs = got
             in_flight = (i + latency_ticks, obs.stamp)
         if in_flight is not None and i >= in_flight[0]:
-            chunk = np.concatenate([rng.uniform(-0.01, 0.01, (horizon, 6)), rng.uniform(0, 1, (horizon, 1))], axis=1)
-            assert ctrl.on_action_chunk(chunk, in_flight[1], now) is None
+            assert ctrl.on_action_chunk(chunk_of(rng, horizon), in_flight[1], now) is None
             in_flight = None
         result = ctrl.tick(now)
         results.append(result)
@@ -244,3 +248,40 @@ def test_a_bad_chunk_is_one_line_and_the_arm_holds_safely(kin, bad, why):
         sources.append(result.source)
         assert np.all(np.isfinite(result.q_command))
     assert "policy" not in sources and sources[-1] == "hold"  # the fallback, then the hold
+
+
+# --- absolute joint positions (the robot record's joint_position+gripper) ------------------------
+@settings(max_examples=25, deadline=None)
+@given(execution=st.sampled_from(("sync", "async")), blend=st.sampled_from(CHUNK_BLENDS),
+       horizon=st.integers(1, 10), latency=st.integers(0, 4), spread=st.floats(0.0, 4.0), seed=st.integers(0, 10_000))
+def test_joint_position_chunks_pass_the_same_clamps(kin, execution, blend, horizon, latency, spread, seed):
+    """Targets anywhere, beyond the limits too: every command within the limits and within v*T of
+    the previous one, chunk boundaries included."""
+    ctrl = Controller(kin, ControllerConfig(period_s=DT, action_dt_s=DT, action_space=JOINT_POSITION,
+                                            chunks=ChunkSettings(chunk_execution=execution, chunk_blend=blend)))
+    ctrl.set_instruction("pick up the red cube")
+    ctrl.set_enabled(True)
+
+    def targets_anywhere(rng: np.random.Generator, horizon: int) -> np.ndarray:
+        return np.column_stack([Q_HOME + rng.uniform(-spread, spread, (horizon, kin.n)), rng.uniform(0, 1, horizon)])
+
+    results = drive(kin, ctrl, 60, horizon, latency, np.random.default_rng(seed), chunk_of=targets_anywhere)
+    commands = np.array([r.q_command for r in results])
+    assert np.all(np.isfinite(commands)) and all(kin.within_limits(c) for c in commands)
+    assert np.all(np.abs(np.diff(commands, axis=0)) <= kin.limits.velocity * DT + 1e-9)
+
+
+def test_a_joint_position_target_within_reach_is_the_command(kin):
+    ctrl = Controller(kin, ControllerConfig(period_s=DT, action_dt_s=DT, action_space=JOINT_POSITION))
+    ctrl.set_instruction("pick up the red cube")
+    ctrl.set_enabled(True)
+    ctrl.on_joint_state(Q_HOME, 0.04, 0.0)
+    ctrl.on_image(IMAGE, 0.0)
+    target = Q_HOME + 0.05  # within v*T of every joint
+    assert ctrl.on_action(np.r_[target, 0.0], obs_stamp=0.0, now=0.0) is None
+    result = ctrl.tick(0.0)
+    assert result.source == "policy"
+    np.testing.assert_allclose(result.q_command, target)
+    # an end-effector delta (7 numbers) is the wrong shape for a joint-position policy: one line
+    message = ctrl.on_action(np.zeros(7), obs_stamp=0.0, now=0.0)
+    assert message is not None and "8 numbers" in message and "\n" not in message

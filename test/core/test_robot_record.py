@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from vla_accel_ros.core.actions import JOINT_POSITION
 from vla_accel_ros.core.robot_record import (
     ACTION_SPACE,
     LEGACY_ROBOT,
@@ -56,8 +57,15 @@ SAME_DOF_OTHER_ARM = [
     ("tcp_frame", replace(MADE_FOR, tcp_frame="tool0"), "TCP frame: checkpoint 'tcp', in use 'tool0'"),
     ("rate", replace(MADE_FOR, control_rate_hz=10.0), "policy rate (1/action_dt_s): checkpoint 20 Hz, in use 10 Hz"),
     ("image_size", replace(MADE_FOR, image_size=96), "image size: checkpoint 128px, in use 96px"),
-    ("action_space", replace(MADE_FOR, action_space="joint_delta"), "action space"),
 ]
+
+
+def test_either_action_space_runs_on_the_arm_and_no_other_is_a_record() -> None:
+    joint_policy = replace(MADE_FOR, action_space=JOINT_POSITION)  # executed as joint targets: no mismatch
+    assert check_robot(joint_policy, MADE_FOR) == ""
+    assert RobotRecord.from_json(joint_policy.to_json()) == joint_policy
+    with pytest.raises(ValueError, match="action_space must be one of"):
+        replace(MADE_FOR, action_space="joint_delta")
 
 
 @pytest.mark.parametrize("in_use, fragment", [case[1:] for case in SAME_DOF_OTHER_ARM],

@@ -64,3 +64,26 @@ def test_a_declared_family_survives_making_the_directory_absolute(tmp_path: Path
     assert str(ref) == f"hf:{Path('checkpoints/hf_small').resolve()}"
     options = RecordOptions(out=str(tmp_path / "bag"), policy=PolicySettings(checkpoint="hf:checkpoints/hf_small"))
     assert options.custom()["checkpoint"] == str(ref)
+
+
+def test_the_action_space_is_the_one_declared(own_dir: Path, hf_dir: Path, tmp_path: Path) -> None:
+    from vla_accel_ros.core.actions import EE_DELTA, JOINT_POSITION
+    from vla_accel_ros.core.resources import share_dir
+    from vla_accel_ros.core.robot_record import LEGACY_ROBOT
+    from vla_accel_ros.models.load import declared_action_space
+
+    assert declared_action_space(own_dir) == EE_DELTA  # the package's own record
+    assert declared_action_space(hf_dir) == EE_DELTA  # no robot recorded: end-effector deltas
+    joint = tmp_path / "joint"  # the same model, its record saying absolute joint positions
+    joint.mkdir()
+    for item in own_dir.iterdir():
+        (joint / item.name).symlink_to(item)
+    (joint / "model.json").unlink()
+    meta = json.loads((own_dir / "model.json").read_text())
+    meta["robot"] = {**meta.get("robot", LEGACY_ROBOT), "action_space": JOINT_POSITION}
+    (joint / "model.json").write_text(json.dumps(meta))
+    assert declared_action_space(joint) == JOINT_POSITION
+    # a policy server's: its spec's (DROID answers with joint velocities, executed as positions)
+    droid = share_dir() / "config" / "openpi" / "droid.json"
+    assert declared_action_space(f"openpi://127.0.0.1:9?spec={droid}") == JOINT_POSITION
+    assert declared_action_space("openpi://127.0.0.1:9") == EE_DELTA  # LIBERO's keys, our actions

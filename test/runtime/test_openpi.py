@@ -205,20 +205,28 @@ def test_a_bad_reply_is_one_error_and_no_actions(kin: ArmKinematics, reply: byte
         fake.close()
 
 
-def test_joint_replies_become_our_actions_within_the_velocity_limits(kin: ArmKinematics) -> None:
+def test_joint_replies_are_executed_as_joint_positions_within_the_limits(kin: ArmKinematics) -> None:
+    from vla_accel_ros.core.actions import JOINT_POSITION, action_to_joint_targets
+
     q0 = np.array([0.0, 0.3, 0.0, -1.2, 0.0, 1.0, 0.0])
     for space, far in (("joint_velocity", np.full(7, 50.0)), ("joint_position", q0 + 2.0)):
-        policy = OpenPIPolicy(ServerAddress("ws://x:1", PolicySpec(action_space=space, action_dt_s=0.05), "", 1.0),
-                              kin)
+        spec = PolicySpec(action_space=space, action_dt_s=0.05)
+        assert spec.executed_action_space == JOINT_POSITION
+        policy = OpenPIPolicy(ServerAddress("ws://x:1", spec, "", 1.0), kin)
         reply = {"actions": np.column_stack([np.tile(far, (3, 1)), np.zeros(3)])}
         ours = policy.to_our_actions(reply, q0)
-        assert ours.shape == (3, 7) and np.all(ours[:, 6] == 0.0)
-        q, pose = q0, kin.fk(q0)
-        for k in range(3):  # each step is the pose change of a joint step clamped to v * dt
+        assert ours.shape == (3, 8) and np.all(ours[:, 7] == 0.0)  # the joints, then the gripper: closed
+        if space == "joint_position":  # absolute targets as sent: the controller clamps them
+            np.testing.assert_array_equal(ours[:, :7], np.tile(far, (3, 1)))
+        q = q0
+        for k in range(3):  # velocities: the positions each step reaches, clamped to v * dt
             step = kin.clamp(q + far * 0.05 if space == "joint_velocity" else far, q, 0.05)
-            assert np.all(np.abs(step - q) <= kin.limits.velocity * 0.05 + 1e-12)
-            np.testing.assert_allclose(ours[k, :6], ArmKinematics.pose_delta(pose, kin.fk(step)), atol=1e-9)
-            q, pose = step, kin.fk(step)
+            if space == "joint_velocity":
+                np.testing.assert_allclose(ours[k, :7], step, atol=1e-12)
+            executed, _ = action_to_joint_targets(kin, q, ours[k], 0.05, JOINT_POSITION)
+            np.testing.assert_allclose(executed, step, atol=1e-12)
+            assert np.all(np.abs(executed - q) <= kin.limits.velocity * 0.05 + 1e-12)
+            q = executed
 
 
 def test_addresses_and_keys(tmp_path: Path, kin: ArmKinematics, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -266,11 +274,11 @@ def test_the_shipped_example_specs_make_requests_and_read_replies(name: str, kin
         assert request["observation/gripper_position"].shape == (1,)
         q0 = np.array([0.0, 0.3, 0.0, -1.2, 0.0, 1.0, 0.0])  # within the limits: zero velocity stays put
         ours = policy.to_our_actions({"actions": np.zeros((10, 8))}, q0)
-        assert ours.shape == (8, 7) and np.allclose(ours[:, :6], 0.0) and np.all(ours[:, 6] == 1.0)
+        assert ours.shape == (8, 8) and np.allclose(ours[:, :7], q0) and np.all(ours[:, 7] == 1.0)
 
 
-def test_the_inference_child_serves_a_policy_server(served: Any, checkpoint: Path, kin: ArmKinematics,
-                                                    wait_until: Any) -> None:
+def test_the_inference_child_serves_a_policy_server_and_reports_its_counters(
+        served: Any, checkpoint: Path, kin: ArmKinematics, wait_until: Any) -> None:
     from vla_accel_ros.core.controller import Controller, ControllerConfig
     from vla_accel_ros.runtime.process_worker import ChildSpec, ProcessInferenceWorker
 
@@ -294,6 +302,9 @@ def test_the_inference_child_serves_a_policy_server(served: Any, checkpoint: Pat
             return worker.stats()["actions"] >= 3
 
         assert wait_until(fed, 60.0), worker.stats()
-        assert worker.stats()["errors"] == 0
+        stats = worker.stats()
+        assert stats["errors"] == 0
+        # the server's counters cross from the child with its replies, as in a thread
+        assert stats["server_replies"] >= 3 and stats["server_connected"] is True and stats["server_lost"] == 0
     finally:
         worker.stop()

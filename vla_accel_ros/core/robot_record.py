@@ -1,8 +1,10 @@
 """The robot a checkpoint was made for, and its comparison with the robot it is asked to drive.
 
 A checkpoint's ``model.json`` holds a ``robot`` record: arm DOF, joint names, TCP frame, action
-space, the policy's control rate, its camera and image size. Before anything commands an arm, the
-node and every ``vla-accel`` command that drives one compare that record with the URDF and the
+space, the policy's control rate, its camera and image size. The action space (end-effector deltas
+or absolute joint positions, :mod:`vla_accel_ros.core.actions`) says how the node executes the
+policy's actions; either runs on any arm. Before anything commands an arm, the node and every
+``vla-accel`` command that drives one compare the rest of the record with the URDF and the
 parameters in use (:func:`check_robot`):
 
 - a different DOF never starts (:class:`RobotMismatch`; the policy's proprioception and its IK
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from vla_accel_ros.core.actions import ACTION_SPACES, EE_DELTA
 from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.core.settings import ConfigError
 
@@ -28,7 +31,7 @@ ROBOT_KEY = "robot"  # the record's key in model.json
 META_FILE = "model.json"
 HF_CONFIG_FILE = "config.json"  # a Hugging Face model directory
 HF_SPEC_FILE = "vla_spec.json"  # what a Hugging Face VLA directory adds (models/vla_spec.py)
-ACTION_SPACE = "ee_delta_world_rotvec+gripper"  # core/actions.py: Δxyz, Δrotation vector, gripper in [0, 1]
+ACTION_SPACE = EE_DELTA  # the package's own policies: Δxyz, Δrotation vector, gripper in [0, 1]
 DEFAULT_CAMERA = "front"
 # Checkpoints written before the record existed were all made for the package's own arm.
 LEGACY_ROBOT = {
@@ -68,6 +71,9 @@ class RobotRecord:
             raise ValueError(f"robot record: joint names must be distinct and non-empty, got {list(self.joint_names)}")
         if not self.tcp_frame:
             raise ValueError("robot record: tcp_frame must not be empty")
+        if self.action_space not in ACTION_SPACES:
+            raise ValueError(f"robot record: action_space must be one of {', '.join(ACTION_SPACES)}, "
+                             f"got '{self.action_space}'")
         if not (math.isfinite(self.control_rate_hz) and self.control_rate_hz >= 0):
             raise ValueError(f"robot record: control_rate_hz must be >= 0, got {self.control_rate_hz}")
         if self.image_size < 0:
@@ -196,8 +202,6 @@ def robot_differences(made_for: RobotRecord, in_use: RobotRecord) -> list[str]:
         differ("joint names", list(made_for.joint_names), list(in_use.joint_names))
     if made_for.tcp_frame != in_use.tcp_frame:
         differ("TCP frame", repr(made_for.tcp_frame), repr(in_use.tcp_frame))
-    if made_for.action_space != in_use.action_space:
-        differ("action space", made_for.action_space, in_use.action_space)
     if (made_for.control_rate_hz and in_use.control_rate_hz
             and not math.isclose(made_for.control_rate_hz, in_use.control_rate_hz, rel_tol=1e-6)):
         differ("policy rate (1/action_dt_s)", f"{made_for.control_rate_hz:g} Hz", f"{in_use.control_rate_hz:g} Hz")

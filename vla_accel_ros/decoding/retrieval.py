@@ -9,7 +9,7 @@ draft and, when it is accepted, executes the following rows without a model step
 
 Index choice, measured by ``vla-accel build-store`` on our store (18 743 keys, d = 128, every step
 of the 392 stored expert episodes of ``data/demos_v3``; queries: the 396 frames of 8 held-out
-episodes, one at a time, one faiss thread, on the 2-core machine while trainings ran). *Cold*
+episodes, one at a time, one faiss thread, on two CPU cores while trainings ran). *Cold*
 flushes the caches before each query, as in the control loop, where a whole prefill runs between
 two queries; an exact scan then reads all 9.6 MB of keys from memory:
 

@@ -34,7 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vla_accel_ros.core.actions import EE_DELTA
 from vla_accel_ros.core.resources import checkpoint_problem
+from vla_accel_ros.core.robot_record import read_robot_record
 from vla_accel_ros.models.api import CheckpointRef, PolicyLike
 from vla_accel_ros.models.files import check_safetensors, check_weights
 
@@ -61,6 +63,9 @@ class Family:
     takes_tokenizer_dir: bool = False
     answers_with_chunks: bool = False  # its policies answer with chunks only: the flow decoders serve them
     remote: bool = False  # its loader takes the checkpoint's address and the arm, not a directory
+    # "module:function" called with the checkpoint's address: the action space of a remote family's
+    # actions; empty: the robot record's in the directory (core/robot_record.py)
+    action_space_of: str = ""
 
     def load(self, directory: Path, unnorm_key: str, *, device: str | None = None,
              dtype: str | None = None, tokenizer_dir: Path | None = None) -> PolicyLike:
@@ -174,7 +179,7 @@ FAMILIES: tuple[Family, ...] = (
            takes_tokenizer_dir=True),
     Family("openpi", "an openpi server's address (openpi://HOST:PORT, ws://...)", lambda directory, config: False,
            "vla_accel_ros.models.openpi.client:connect_policy", answers_with_chunks=True,
-           remote=True),
+           remote=True, action_space_of="vla_accel_ros.models.openpi.client:executed_action_space"),
 )
 
 
@@ -237,6 +242,19 @@ def check_checkpoint(source: str | Path | CheckpointRef, *, unnorm_key: str = ""
     family = recognise(ref)
     family.check(ref.directory, unnorm_key)
     return family
+
+
+def declared_action_space(source: str | Path | CheckpointRef) -> str:
+    """What the actions of the checkpoint ``source`` names are, as declared
+    (:mod:`vla_accel_ros.core.actions`): its robot record's ``action_space`` (end-effector deltas
+    when it records no robot), a policy server's spec's. ValueError naming the file at fault."""
+    ref = CheckpointRef.parse(source)
+    family = recognise(ref)
+    if family.action_space_of:
+        space: str = _function(family.action_space_of)(ref.address)
+        return space
+    record = read_robot_record(ref.directory)
+    return record.action_space if record is not None else EE_DELTA
 
 
 def require_family(source: str | Path | CheckpointRef, name: str, purpose: str) -> None:

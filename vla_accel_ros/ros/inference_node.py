@@ -32,11 +32,13 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
+from vla_accel_ros.core.actions import EE_DELTA
 from vla_accel_ros.core.convert import compressed_to_rgb, image_to_rgb
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.robot_record import check_checkpoint_robot
 from vla_accel_ros.core.settings import ConfigError
+from vla_accel_ros.models.load import declared_action_space
 from vla_accel_ros.ros import remote_protocol
 from vla_accel_ros.ros.parameters import InferenceNodeConfig
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS, declare_config, run_node
@@ -91,6 +93,11 @@ class VlaInferenceNode(Node):
                                                     allow_unmatched=cfg.allow_unmatched_robot)
         if self.robot_warning:
             self.get_logger().warn(self.robot_warning)
+        space = declared_action_space(runner_config.checkpoint_ref)
+        if space != EE_DELTA:
+            raise ConfigError(f"checkpoint '{runner_config.checkpoint_source}' acts in {space}; remote inference "
+                              f"carries end-effector deltas ({EE_DELTA}): run it in the node (inference_mode "
+                              "thread or process)")
         names = list(cfg.robots) or [""]
         self._lock = threading.Lock()
         self._wake = threading.Event()

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from vla_accel_ros.core.actions import ACTION_DIM
+from vla_accel_ros.core.actions import EE_DELTA, action_width
 from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
@@ -46,10 +46,13 @@ class PolicyRunner:
 
     def __init__(self, policy: PolicyLike, decoder: Decoder, kin: ArmKinematics, *, action_dt_s: float,
                  period_s: float, max_steps: int = 120, clock: Callable[[], float] = time.perf_counter,
-                 vision: VisionReuseConfig | None = None, sampling: SamplingConfig | None = None) -> None:
+                 vision: VisionReuseConfig | None = None, sampling: SamplingConfig | None = None,
+                 action_space: str = EE_DELTA) -> None:
+        """``action_space``: what the policy's actions are, as its robot record declares."""
         self.warnings = decoder.check_policy(policy)  # the fallbacks taken for what the policy lacks
-        if policy.capabilities().flow_chunks:  # its state is the arm's joints and gripper, its action ours
-            policy.check_robot(len(kin.joint_names) + 1, ACTION_DIM)  # type: ignore[attr-defined]
+        if policy.capabilities().flow_chunks:  # its state is the arm's joints and gripper
+            policy.check_robot(len(kin.joint_names) + 1,  # type: ignore[attr-defined]
+                               action_width(action_space, len(kin.joint_names)))
         self.policy = policy
         self.decoder = decoder
         self.decoder_name = decoder.name
@@ -71,7 +74,7 @@ class PolicyRunner:
         go to the decoder's config."""
         from vla_accel_ros.decoding import make_decoder
         from vla_accel_ros.decoding.specs import names_with
-        from vla_accel_ros.models.load import load_policy, recognise
+        from vla_accel_ros.models.load import declared_action_space, load_policy, recognise
 
         ref = CheckpointRef.parse(checkpoint)
         served_by = names_with(lambda spec: spec.flow_head) if recognise(ref).answers_with_chunks else ()
@@ -80,7 +83,8 @@ class PolicyRunner:
             swapped = f"decoder '{decoder_name}' needs the model's passes; {ref} answers with chunks: {served_by[0]}"
             decoder_name, decoder_settings = served_by[0], None
         decoder = make_decoder(decoder_name, **(decoder_settings or {}))
-        runner = cls(load_policy(ref, unnorm_key=unnorm_key, arm=kin), decoder, kin, **kwargs)
+        runner = cls(load_policy(ref, unnorm_key=unnorm_key, arm=kin), decoder, kin,
+                     action_space=declared_action_space(ref), **kwargs)
         if swapped:
             runner.warnings = [swapped, *runner.warnings]
         if decoder.spec.retrieval_store:

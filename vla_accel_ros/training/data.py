@@ -1,7 +1,7 @@
 """Demonstration directory (``episode_*.npz``, see ``vla_accel_ros.sim.demos``) -> in-memory tensors.
 
 Everything is decoded once into contiguous tensors (images stay uint8) so that training epochs
-only index memory: on a 2-core machine, re-reading compressed npz files every epoch would cost
+only index memory: with few cores, re-reading compressed npz files every epoch would cost
 more than the model itself.
 """
 

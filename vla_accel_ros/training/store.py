@@ -7,7 +7,7 @@ checkpoint's own tokenizer). The default stride is 1: on ``data/demos_v3`` every
 18 743 entries, and the retrieved action of an unseen frame lands 4.9 bins (mean |token
 difference|) from the demonstrated one, against 5.7 at stride 2 (9 462 entries). Loading the
 compressed episodes costs about as much as the prefill, so a larger stride saves only part of the
-build (about 5 minutes at stride 1 on the 2-core machine while a training runs).
+build (about 5 minutes at stride 1 on two CPU cores while a training runs).
 The last ``--holdout-episodes`` episodes are not stored: their frames
 are the queries that measure the index (latency, recall@1; see :mod:`vla_accel_ros.decoding.retrieval`) and
 how close retrieved actions come to the true ones on unseen scenes.

@@ -120,6 +120,11 @@ class ServerAddress:
         return cls(urlunsplit((scheme, parts.netloc, parts.path, "", "")), spec, api_key, timeout_s)
 
 
+def executed_action_space(address: str) -> str:
+    """The node's action space for the replies of the server at ``address`` (its spec's)."""
+    return ServerAddress.parse(address).spec.executed_action_space
+
+
 def connect_policy(address: str, *, arm: ArmKinematics) -> OpenPIPolicy:
     """The policy the server at ``address`` serves, for the arm ``arm``; nothing is connected yet
     (the first request connects). ValueError naming what is wrong in the address or its spec."""
@@ -243,7 +248,10 @@ class OpenPIPolicy:
         return request
 
     def to_our_actions(self, reply: Any, q: np.ndarray) -> np.ndarray:
-        """A reply's ``actions`` as our actions (H, 7) from the arm at ``q``; ServerError when unusable."""
+        """A reply's ``actions`` as the node executes them from the arm at ``q`` (the spec's
+        :attr:`~PolicySpec.executed_action_space`): end-effector deltas (H, 7), or joint positions
+        and the gripper (H, DOF + 1), joint velocities integrated over ``action_dt_s`` under the
+        velocity and position limits; ServerError when unusable."""
         if not isinstance(reply, dict) or "actions" not in reply:
             raise ServerError("the reply holds no 'actions'")
         actions = np.asarray(reply["actions"])
@@ -264,19 +272,13 @@ class OpenPIPolicy:
         gripper = np.array([gripper_to_ours(float(g), self.spec.gripper) for g in actions[:, width - 1]])
         if self.spec.action_space == "ee_delta":
             scaled = actions[:, :6] * np.asarray(self.spec.action_scale)
-            ours = np.column_stack([np.clip(scaled, -ACTION_BOUND, ACTION_BOUND), gripper])
-            return np.asarray(ours, dtype=float)
-        dt = self.spec.action_dt_s
-        ours = np.empty((len(actions), 7))
-        pose = self.arm.fk(q)
-        for k, row in enumerate(actions[:, :n]):
-            target = q + row * dt if self.spec.action_space == "joint_velocity" else row
-            q = self.arm.clamp(target, q, dt)
-            next_pose = self.arm.fk(q)
-            ours[k, :6] = np.clip(ArmKinematics.pose_delta(pose, next_pose), -ACTION_BOUND, ACTION_BOUND)
-            pose = next_pose
-        ours[:, 6] = gripper
-        return ours
+            return np.column_stack([np.clip(scaled, -ACTION_BOUND, ACTION_BOUND), gripper])
+        targets = actions[:, :n].copy()
+        if self.spec.action_space == "joint_velocity":  # positions reached under the limits, step by step
+            dt = self.spec.action_dt_s
+            for k, velocity in enumerate(actions[:, :n]):
+                q = targets[k] = self.arm.clamp(q + velocity * dt, q, dt)
+        return np.column_stack([targets, gripper])
 
     def _connection(self) -> ClientConnection:
         if self._ws is not None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vla_accel_ros.core.actions import EE_DELTA, JOINT_POSITION
 from vla_accel_ros.models.load import read_json_file
 
 ACTION_SPACES = ("ee_delta", "joint_position", "joint_velocity")
@@ -86,6 +87,12 @@ class PolicySpec:
             object.__setattr__(self, name, pair)
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+
+    @property
+    def executed_action_space(self) -> str:
+        """The node's action space for this server's replies: joint velocities arrive as the joint
+        positions they reach (:mod:`vla_accel_ros.core.actions`)."""
+        return EE_DELTA if self.action_space == "ee_delta" else JOINT_POSITION
 
     @property
     def main_image_key(self) -> str:

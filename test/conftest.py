@@ -283,6 +283,64 @@ class DdsRig:
         rclpy.try_shutdown(context=self.context)
 
 
+def drive_policy_node(rig: DdsRig, params: dict[str, Any], *, frame: tuple[int, int] = (48, 64), still: bool = False,
+                      timeout: float = 90.0) -> tuple[Any, dict[str, Any], list[Any]]:
+    """A VlaAccelNode with a policy (``params``) fed over DDS by the rig's peer: the package arm's
+    joint states every 10 ms, a camera image (``frame`` H x W) every fifth, random, or one frame
+    again and again with ``still``. Waits for 5 policy ticks, then checks the next ticks: each
+    one published, no inference error, the last commands finite and within the limits. The node,
+    its stats after them, and the /diagnostics received."""
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rclpy.parameter import Parameter
+    from sensor_msgs.msg import Image, JointState
+    from std_msgs.msg import Float64MultiArray
+
+    from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.resources import default_urdf
+    from vla_accel_ros.ros.node import VlaAccelNode
+
+    kin = ArmKinematics(default_urdf())
+    q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
+    node = VlaAccelNode(context=rig.context, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
+    commands: list[Any] = []
+    diagnostics: list[Any] = []
+    rig.peer.create_subscription(Float64MultiArray, "/arm_controller/commands", commands.append, 100)
+    rig.peer.create_subscription(DiagnosticArray, "/diagnostics", diagnostics.append, 50)
+    joints = rig.peer.create_publisher(JointState, "/joint_states", 10)
+    camera = rig.peer.create_publisher(Image, "/camera/image_raw", 10)
+    rng = np.random.default_rng(0)
+    height, width = frame
+
+    def feed() -> None:
+        k = 0
+        pixels = rng.integers(0, 255, (height, width, 3), dtype=np.uint8)
+        while not rig.stop.is_set():
+            joints.publish(JointState(name=list(kin.joint_names), position=q.tolist()))
+            if k % 5 == 0:
+                if not still:
+                    pixels = rng.integers(0, 255, (height, width, 3), dtype=np.uint8)
+                camera.publish(Image(height=height, width=width, encoding="rgb8", step=width * 3,
+                                     data=pixels.tobytes()))
+            k += 1
+            rig.stop.wait(0.01)
+
+    rig.spin(node, feed=feed)
+    assert rig.wait(lambda: node.stats().get("policy_ticks", 0) >= 5, timeout=timeout), node.stats()
+    before = node.stats()
+    assert rig.wait(lambda: node.stats()["ticks"] >= before["ticks"] + 5)
+    after = node.stats()
+    assert after["ticks_published"] - before["ticks_published"] == after["ticks"] - before["ticks"]
+    assert after["inference_errors"] == 0 and after["inference_actions"] > 0
+    commands_now = np.array([c.data for c in commands[-10:]])
+    assert np.all(np.isfinite(commands_now)) and all(kin.within_limits(c) for c in commands_now)
+    return node, after, diagnostics
+
+
+@pytest.fixture(scope="session")
+def policy_node_over_dds() -> Callable[..., tuple[Any, dict[str, Any], list[Any]]]:
+    return drive_policy_node
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint() -> Callable[..., Path]:
     return _tiny_checkpoint

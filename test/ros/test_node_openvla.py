@@ -15,8 +15,6 @@ import pytest
 rclpy = pytest.importorskip("rclpy")
 pytest.importorskip("transformers")
 from rclpy.parameter import Parameter  # noqa: E402
-from sensor_msgs.msg import Image, JointState  # noqa: E402
-from std_msgs.msg import Float64MultiArray  # noqa: E402
 
 from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.core.resources import default_urdf  # noqa: E402
@@ -43,42 +41,17 @@ def openvla_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("mode, decoder, reuse_kv", [("thread", "kerv", False), ("process", "ar", False),
                                                      ("thread", "world_aware", True)])
-def test_the_node_runs_an_openvla_directory_and_every_tick_publishes(dds_rig, openvla_dir, mode, decoder, reuse_kv):
+def test_the_node_runs_an_openvla_directory_and_every_tick_publishes(dds_rig, policy_node_over_dds, openvla_dir, mode,
+                                                                     decoder, reuse_kv):
     rig = dds_rig(next(_domains), "robot")
     params = {"inference": True, "inference_mode": mode, "checkpoint": str(openvla_dir), "unnorm_key": "libero_spatial",
               "decoder": decoder, "autostart": True, "instruction": "pick up the red cube",
               "robot_description_timeout_s": 0.0, "stats_rate_hz": 10.0, "realtime_priority": 0,
               "inference_restarts": 0, "vision_reuse": reuse_kv, "vision_reuse_kv": reuse_kv}
-    node = VlaAccelNode(context=rig.context, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
-    commands: list = []
-    rig.peer.create_subscription(Float64MultiArray, "/arm_controller/commands", commands.append, 100)
-    joints = rig.peer.create_publisher(JointState, "/joint_states", 10)
-    camera = rig.peer.create_publisher(Image, "/camera/image_raw", 10)
-    rng = np.random.default_rng(0)
-
-    def feed() -> None:
-        k = 0
-        pixels = rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)
-        while not rig.stop.is_set():
-            joints.publish(JointState(name=list(KIN.joint_names), position=Q.tolist()))
-            if k % 5 == 0:
-                if not reuse_kv:  # with reuse, a still scene: the same frame again and again
-                    pixels = rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)
-                camera.publish(Image(height=48, width=64, encoding="rgb8", step=192, data=pixels.tobytes()))
-            k += 1
-            rig.stop.wait(0.01)
-
-    rig.spin(node, feed=feed)
     try:
+        # with reuse, a still scene: the same frame again and again
+        node, after, _ = policy_node_over_dds(rig, params, frame=(48, 64), still=reuse_kv, timeout=90.0)
         assert node.image_size == 112  # the processor's size, from preprocessor_config.json
-        assert rig.wait(lambda: node.stats().get("policy_ticks", 0) >= 5, timeout=90.0), node.stats()
-        before = node.stats()
-        assert rig.wait(lambda: node.stats()["ticks"] >= before["ticks"] + 5)
-        after = node.stats()
-        assert after["ticks_published"] - before["ticks_published"] == after["ticks"] - before["ticks"]
-        assert after["inference_errors"] == 0 and after["inference_actions"] > 0
-        commands_now = np.array([c.data for c in commands[-10:]])
-        assert np.all(np.isfinite(commands_now)) and all(KIN.within_limits(q) for q in commands_now)
         assert (after["inference_vision_recomputed_mean"] < 1.0) == reuse_kv, after
     finally:
         rig.close()

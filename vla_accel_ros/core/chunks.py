@@ -55,9 +55,9 @@ class ChunkSettings:
                                    "chunk_refill_threshold of a chunk is left", choices=CHUNK_EXECUTIONS)
     chunk_refill_threshold: float = setting(0.5, "async: start the next inference when the queue holds at most this "
                                             "fraction of a chunk", range=(0.0, 1.0))
-    chunk_blend: str = setting("weighted_average", "How the steps two chunks both plan are combined: latest_only (the new "
-                               "chunk), weighted_average (0.3 old, 0.7 new) or crossfade (linear from the old to the "
-                               "new over the overlap)", choices=CHUNK_BLENDS)
+    chunk_blend: str = setting("weighted_average", "How the steps two chunks both plan are combined: latest_only "
+                               "(the new chunk), weighted_average (0.3 old, 0.7 new) or crossfade (linear from the old "
+                               "to the new over the overlap)", choices=CHUNK_BLENDS)
     chunk_verify_threshold_rad: float = setting(0.15, "Kinematic chunk verification: request an early re-plan when the "
                                                 "Kalman filter's estimate of a joint parts from the chunk's plan by "
                                                 "more than this (rad); 0 = off", range=(0.0, 10.0))

@@ -36,7 +36,7 @@ from typing import IO, Any
 import numpy as np
 
 from vla_accel_ros.core.images import compressed_to_rgb, image_to_rgb
-from vla_accel_ros.runtime.process_worker import describe_exit, die_with_parent, recv_json, send_json
+from vla_accel_ros.runtime.process_worker import describe_exit, die_with_parent, recv_json, send_json, stop_child
 
 START_TIMEOUT_S = 60.0  # spawn + import rclpy and OpenCV + create the subscription, on a loaded machine
 RESTART_DELAY_S = 1.0
@@ -115,21 +115,7 @@ class _Child:
 
     def close(self, timeout_s: float) -> None:
         """Ask the child to exit, then SIGTERM, then SIGKILL; always reaps it."""
-        if self.proc.poll() is None:
-            try:
-                send_json(self.conn, {"op": "stop"})
-            except OSError:
-                pass
-            for sig in (None, signal.SIGTERM, signal.SIGKILL):
-                if sig is not None and self.proc.poll() is None:
-                    self.proc.send_signal(sig)
-                try:
-                    self.proc.wait(timeout_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        self.proc.wait()
-        self.conn.close()
+        stop_child(self.proc, self.conn, timeout_s)
         self.output.join(timeout_s)
 
 

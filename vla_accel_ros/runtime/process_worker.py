@@ -120,6 +120,26 @@ def describe_exit(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
+def stop_child(proc: subprocess.Popen[bytes], conn: Connection, timeout_s: float) -> None:
+    """Ask a child process that speaks ``send_json`` to exit ({"op": "stop"}), then SIGTERM, then
+    SIGKILL, ``timeout_s`` each; always reaps it and closes ``conn``."""
+    if proc.poll() is None:
+        try:
+            send_json(conn, {"op": "stop"})
+        except OSError:
+            pass
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            if sig is not None and proc.poll() is None:
+                proc.send_signal(sig)
+            try:
+                proc.wait(timeout_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    proc.wait()
+    conn.close()
+
+
 class _Child:
     """One running child process: its handle, socket and image buffer (parent side)."""
 
@@ -192,21 +212,7 @@ class _Child:
 
     def close(self, timeout_s: float) -> None:
         """Ask the child to exit, then SIGTERM, then SIGKILL; always reaps it."""
-        if self.proc.poll() is None:
-            try:
-                send_json(self.conn, {"op": "stop"})
-            except OSError:
-                pass
-            for sig in (None, signal.SIGTERM, signal.SIGKILL):
-                if sig is not None and self.proc.poll() is None:
-                    self.proc.send_signal(sig)
-                try:
-                    self.proc.wait(timeout_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        self.proc.wait()
-        self.conn.close()
+        stop_child(self.proc, self.conn, timeout_s)
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None

@@ -263,3 +263,19 @@ def test_the_runner_refuses_a_policy_whose_widths_are_not_the_arms(tmp_path: Pat
     result = runner(obs)
     assert result.chunk.shape == (10, 7) and np.array_equal(result.action, result.chunk[0])
     assert np.isfinite(result.chunk).all()
+
+
+def test_the_runtime_prefill_takes_every_camera_in_slot_order(policy) -> None:  # type: ignore[no-untyped-def]
+    from vla_accel_ros.core.observation import Observation
+
+    ref = reference(policy.config.type)
+    front, wrist = (np.asarray(ref[k][1]) for k in ("front", "wrist"))
+    if front.dtype != np.uint8:  # LeRobot's 3 x H x W floats in [0, 1]: the node's H x W x 3 uint8
+        front, wrist = ((np.moveaxis(a, 0, -1) * 255).round().astype(np.uint8) for a in (front, wrist))
+    state = np.asarray(ref["state"][1], dtype=np.float64)
+    obs = Observation(front, str(ref["tasks"][1]), state[:-1], float(state[-1]), 0.0, extra_images=(wrist,))
+    assert policy.capabilities().image_slots == 2
+    noise = torch.as_tensor(ref["noise"][1])
+    chunk = policy.sample_chunk(policy.prefill(obs), noise, 10)
+    want = policy.predict_chunk([front, wrist], state, str(ref["tasks"][1]), noise=ref["noise"][1]).actions
+    np.testing.assert_allclose(chunk, want, rtol=0, atol=1e-6)

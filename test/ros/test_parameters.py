@@ -26,7 +26,7 @@ from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig, PolicySettings, SimBridgeConfig
 
 POLICY_PARAMETERS = ["checkpoint", "unnorm_key", "decoder", "temperature", "kf_fill_check", "kinematic_r_min",
-                     "kinematic_r_max"]
+                     "kinematic_r_max", "rtc_horizon", "rtc_guidance"]
 VISION_PARAMETERS = ["vision_reuse", "vision_threshold", "vision_refresh_steps", "vision_max_drift", "vision_reuse_kv",
                      "vision_feature_threshold", "vision_reuse_tower", "vision_tower_threshold",
                      "vision_tower_refresh_steps"]
@@ -141,6 +141,16 @@ def test_kf_fill_check_is_a_parameter_for_the_kalman_fill_decoders_only():
         assert from_params(cls, {"decoder": "world_aware", "kf_fill_check": True}).runner_config().kf_fill_check
         with pytest.raises(ConfigError, match="kf_fill_check.*kerv, world_aware.*'sd'"):
             from_params(cls, {"decoder": "sd", "kf_fill_check": True})
+
+
+def test_real_time_chunking_is_a_parameter_for_the_flow_decoders_only():
+    for cls in (NodeConfig, InferenceNodeConfig):
+        config = from_params(cls, {"decoder": "flow2", "rtc_horizon": 4, "rtc_guidance": 2.5}).runner_config()
+        assert (config.rtc_horizon, config.rtc_guidance) == (4, 2.5)
+        with pytest.raises(ConfigError, match="rtc_horizon.*flow10, flow2.*'kerv'"):
+            from_params(cls, {"decoder": "kerv", "rtc_horizon": 4})
+        with pytest.raises(ConfigError, match="rtc_guidance"):
+            from_params(cls, {"decoder": "flow2", "rtc_guidance": -1.0})
 
 
 def test_kinematic_r_bounds_are_parameters_for_the_kinematic_threshold_decoders_only():

@@ -3,10 +3,14 @@
 ``test/fixtures/pre_renovation/`` holds (see its README):
 
 - two deterministic bags of the shipped policy in the sim (``kerv``; ``world_aware`` with the checked
-  Kalman fill), each replayed here with the check of ``vla-accel replay --check``: IDENTICAL;
+  Kalman fill), each replayed here with the check of ``vla-accel replay --check``: every command the
+  recorded one (to float round-off: another CPU's vector kernels round differently in the last bit);
 - ``tokens.json``: the action tokens of the first steps of one seeded episode for every decoder and
   decoder setting below, on the shipped policy and on ``checkpoints/hf_small``, regenerated only when
-  a change of behaviour is intended (``python test/system/test_recorded_behaviour.py``).
+  a change of behaviour is intended (``python test/system/test_recorded_behaviour.py``). On another
+  CPU, round-off in the last bit can tip a token that sits at a bin boundary (or a near tie of two
+  logits), and the closed loop carries that on: up to ``TOKENS_TIPPED`` of an episode's tokens may
+  differ; a change of behaviour changes far more.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ TOKENS = FIXTURES / "tokens.json"
 HF_SMALL = f"hf:{ROOT / 'checkpoints' / 'hf_small'}"
 SEED = 100000
 STEPS = 12
+TOKENS_TIPPED = 4  # of STEPS x 7 tokens, differing by round-off on another CPU (module docstring)
+COMMAND_ROUND_OFF = 1e-9  # rad: a replayed command against the recorded one
 # name -> (checkpoint ("" = the shipped policy), decoder, runner settings, vision settings or None)
 CASES: dict[str, tuple[str, str, dict[str, Any], dict[str, Any] | None]] = {
     "ar": ("", "ar", {}, None),
@@ -130,14 +136,25 @@ def fleet_tokens(steps: int = 8) -> dict[str, list[list[int]]]:
     return tokens
 
 
+def tipped(tokens: Any, recorded: Any) -> int:
+    """How many tokens differ from the recorded ones (the shapes must agree)."""
+    got, want = np.asarray(tokens), np.asarray(recorded)
+    assert got.shape == want.shape
+    return int(np.count_nonzero(got != want))
+
+
 def test_fleet_tokens_unchanged() -> None:
-    assert fleet_tokens() == json.loads(TOKENS.read_text())["fleet"]
+    recorded = json.loads(TOKENS.read_text())["fleet"]
+    tokens = fleet_tokens()
+    assert tokens.keys() == recorded.keys()
+    for name in recorded:
+        assert tipped(tokens[name], recorded[name]) <= TOKENS_TIPPED, name
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_decoder_tokens_unchanged(name: str) -> None:
     recorded = json.loads(TOKENS.read_text())[name]
-    assert episode_tokens(name) == recorded
+    assert tipped(episode_tokens(name), recorded) <= TOKENS_TIPPED
 
 
 @pytest.mark.parametrize("bag", ["kerv", "world_aware_fill_check"])
@@ -147,7 +164,7 @@ def test_recorded_bag_replays_identical(bag: str, tmp_path: Path) -> None:
 
     summary = replay(ReplayOptions(bag=str(FIXTURES / bag), out=str(tmp_path / "replayed"), mode="deterministic"),
                      progress=False)
-    assert summary["identical"], summary
+    assert summary["max_abs_diff"] <= COMMAND_ROUND_OFF, summary
     assert summary["matched"] == summary["recorded_commands"] == 20
 
 

@@ -70,6 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the node's chunk_refill_threshold (fraction of a chunk)")
     parser.add_argument("--chunk-verify-threshold", type=float, default=chunks.chunk_verify_threshold_rad,
                         help="the node's chunk_verify_threshold_rad (0 = no kinematic chunk verification)")
+    parser.add_argument("--rtc-horizon", type=int, default=0, help="flow10, flow2: real-time chunking, the steps of "
+                        "each chunk guided towards the previous chunk's plan (the node's rtc_horizon; 0 = off)")
+    parser.add_argument("--rtc-guidance", type=float, default=5.0, help="real-time chunking's largest guidance gain "
+                        "(the node's rtc_guidance)")
     parser.add_argument("--chunk-modes", default="", help="comma-separated, of " + ", ".join(CHUNK_MODES) +
                         ": run the node in each on the same seeds (OUT/MODE), compare them (OUT/chunk_modes.json) "
                         "and plot their commands with the chunk boundaries (OUT/chunk_execution.png)")
@@ -140,7 +144,8 @@ def sim_options(args: argparse.Namespace) -> SimRunOptions:
         checkpoint += f"{'&' if '?' in checkpoint else '?'}spec={args.policy_spec.resolve()}"
     policy = PolicySettings(checkpoint=checkpoint, unnorm_key=args.unnorm_key, decoder=args.decoder,
                             temperature=args.temperature, kf_fill_check=args.kf_fill_check,
-                            kinematic_r_min=r_min, kinematic_r_max=r_max)
+                            kinematic_r_min=r_min, kinematic_r_max=r_max, rtc_horizon=args.rtc_horizon,
+                            rtc_guidance=args.rtc_guidance)
     return SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, policy=policy, out=args.out,
                          seed=args.seed, inference_python=args.inference_python, duration_s=args.duration_s,
                          output=args.output, executor=args.executor, domain_id=args.domain_id,

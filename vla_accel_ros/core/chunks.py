@@ -38,7 +38,8 @@ from vla_accel_ros.core.settings import check_fields, setting
 
 CHUNK_EXECUTIONS = ("sync", "async")
 CHUNK_BLENDS = ("latest_only", "weighted_average", "crossfade")
-CHUNK_MODES = ("sync", *(f"async:{blend}" for blend in CHUNK_BLENDS))  # execution[:blend], as runs compare them
+# execution[:blend] as runs compare them; "rtc": async, the new chunk alone, sampled by real-time chunking
+CHUNK_MODES = ("sync", *(f"async:{blend}" for blend in CHUNK_BLENDS), "rtc")
 WEIGHTED_AVERAGE_NEW = 0.7  # LeRobot's weighted_average: 0.3 of the old chunk, 0.7 of the new one
 SLOT_EPS = 1e-6  # round-off slack when a tick falls exactly on a step boundary
 

@@ -36,6 +36,7 @@ from vla_accel_ros.decoding.specs import DecoderSpec, FlowDecoderConfig
 from vla_accel_ros.decoding.speculation import PassLedger
 from vla_accel_ros.models.api import PolicyLike, Prefix
 from vla_accel_ros.models.own.flow import prefix_condition
+from vla_accel_ros.models.realtime_chunking import ChunkGuide, guidance_weights
 
 
 class FlowDecoder(Decoder):
@@ -46,6 +47,38 @@ class FlowDecoder(Decoder):
         self.config = FlowDecoderConfig(**cfg)
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.noise: torch.Tensor | None = None  # the previous step's noise
+        # real-time chunking: the previous chunk in the sampler's space and its observation's
+        # stamp, and how long a step takes (an average, seconds)
+        self.previous: tuple[torch.Tensor, float] | None = None
+        self.step_s = 0.0
+
+    def reset(self) -> None:
+        self.previous, self.step_s = None, 0.0
+
+    def guide(self, context: DecodeContext, horizon: int) -> ChunkGuide | None:
+        """Real-time chunking's guide for a chunk of ``horizon`` steps from this step's
+        observation: the previous chunk's plan for the same times, its first steps (those this
+        inference takes) frozen, up to ``rtc_horizon`` steps guided; None when off or nothing to follow."""
+        if self.config.rtc_horizon <= 0 or self.previous is None or len(context.joint_stamps) == 0:
+            return None
+        previous, stamp = self.previous
+        dt = context.control_period_s
+        shift = int(round((float(context.joint_stamps[-1]) - stamp) / dt))
+        guided = min(self.config.rtc_horizon, horizon, len(previous) - shift)
+        if shift < 0 or guided <= 0:
+            return None
+        target = previous[np.clip(np.arange(horizon) + shift, 0, len(previous) - 1)]
+        frozen = min(int(math.ceil(self.step_s / dt)), guided)
+        weights = torch.as_tensor(guidance_weights(horizon, frozen, guided), dtype=target.dtype)[:, None]
+        return ChunkGuide(target[None], weights, frozen, self.config.rtc_guidance)
+
+    def remember(self, context: DecodeContext, sample: torch.Tensor, started: float) -> None:
+        """This step's chunk (sampler's space, (H, D)) for the next step's guide, and its time."""
+        if self.config.rtc_horizon <= 0 or len(context.joint_stamps) == 0:
+            return
+        self.previous = (sample.detach(), float(context.joint_stamps[-1]))
+        took = context.clock() - started
+        self.step_s = took if self.step_s == 0.0 else 0.8 * self.step_s + 0.2 * took
 
     def next_noise(self, step: int, width: int = N_ACTION_TOKENS) -> torch.Tensor:
         """This step's (1, width) standard normal noise, correlated with the previous step's."""
@@ -74,8 +107,11 @@ class FlowDecoder(Decoder):
                                  "one (incremental vision encodes the first camera only)")
             condition = torch.cat([condition, prefill.prefix.camera_condition], dim=-1)
         head_start = context.clock()
-        sample = heads.sample(condition, noise, student=self.student)
+        guide = self.guide(context, heads.config.horizon) if heads.config.horizon > 1 else None
+        sample = heads.sample(condition, noise, student=self.student, guide=guide)
         head_ms = (context.clock() - head_start) * 1e3  # the sampler alone: its Euler steps
+        if heads.config.horizon > 1:
+            self.remember(context, sample[0].reshape(-1, N_ACTION_TOKENS), ledger.started)
         chunk = np.asarray(policy.tokenizer.denormalise(sample[0].numpy().reshape(-1, N_ACTION_TOKENS)), dtype=float)
         tokens = policy.tokenizer.encode(chunk[0])
         result = model_free_result(self.name, chunk[0], tokens, {"head": head_ms, "decode": ledger.decode_ms()})
@@ -88,8 +124,13 @@ class FlowDecoder(Decoder):
         noise = torch.randn(policy.noise_shape(), generator=self.generator)
         steps = 2 if self.student else int(policy.config.num_steps)
         head_start = context.clock()
-        chunk = policy.sample_chunk(prefix, noise, steps)
+        guided = hasattr(policy, "sample_space")  # a model sampled here (not a policy server's chunk)
+        guide = self.guide(context, policy.noise_shape()[0]) if guided else None
+        chunk = policy.sample_chunk(prefix, noise, steps, guide) if guide is not None else (
+            policy.sample_chunk(prefix, noise, steps))
         head_ms = (context.clock() - head_start) * 1e3
+        if guided:
+            self.remember(context, policy.sample_space(chunk), ledger.started)
         tokens = np.zeros(N_ACTION_TOKENS, dtype=np.int64)  # no action tokens: bookkeeping only
         result = model_free_result(self.name, chunk[0], tokens, {"head": head_ms, "decode": ledger.decode_ms()})
         return replace(result, chunk=chunk)

@@ -164,12 +164,22 @@ class HeiSDConfig:
 
 @dataclass(frozen=True)
 class FlowDecoderConfig:
+    """``rtc_horizon``: real-time chunking (:mod:`vla_accel_ros.models.realtime_chunking`), the
+    steps of each chunk guided towards what the previous chunk plans for the same times (0 = off);
+    ``rtc_guidance``: the guidance's largest gain."""
+
     seed: int = 0
     noise_correlation: float = 0.9  # rho of the step-to-step noise; 0 = independent noise every step
+    rtc_horizon: int = 0
+    rtc_guidance: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.noise_correlation <= 1.0:
             raise ValueError(f"noise_correlation must be in [0, 1], got {self.noise_correlation}")
+        if isinstance(self.rtc_horizon, bool) or not isinstance(self.rtc_horizon, int) or self.rtc_horizon < 0:
+            raise ValueError(f"rtc_horizon must be an int >= 0, got {self.rtc_horizon!r}")
+        if not (math.isfinite(self.rtc_guidance) and self.rtc_guidance >= 0.0):
+            raise ValueError(f"rtc_guidance must be >= 0, got {self.rtc_guidance}")
 
 
 @dataclass(frozen=True)
@@ -391,13 +401,19 @@ def default_setting(name: str, setting: str) -> Any:
 KINEMATIC_R_BOUNDS: tuple[int, int] = (default_setting(Kerv.name, "r_min"), default_setting(Kerv.name, "r_max"))
 
 
-def shared_settings(name: str, *, fill_check: bool = False,
-                    kinematic_r_bounds: tuple[int, int] | None = None) -> dict[str, Any]:
+def shared_settings(name: str, *, fill_check: bool = False, kinematic_r_bounds: tuple[int, int] | None = None,
+                    rtc: tuple[int, float] | None = None) -> dict[str, Any]:
     """Decoder ``name``'s settings from the options every decoder is offered (the node's
-    ``kf_fill_check``, ``kinematic_r_min`` and ``kinematic_r_max``): ValueError with the reason when
-    it asks for one the decoder does not take, or for bounds with r_min > r_max."""
+    ``kf_fill_check``, ``kinematic_r_min`` and ``kinematic_r_max``, ``rtc_horizon`` and
+    ``rtc_guidance``): ValueError with the reason when it asks for one the decoder does not take,
+    or for bounds with r_min > r_max."""
     spec = spec_of(name)
     settings: dict[str, Any] = {}
+    if rtc is not None and rtc[0] > 0:
+        if not spec.flow_head:
+            raise ValueError(f"'rtc_horizon' (real-time chunking) is for the flow decoders "
+                             f"({', '.join(names_with(lambda s: s.flow_head))}), not '{name}'")
+        settings["rtc_horizon"], settings["rtc_guidance"] = int(rtc[0]), float(rtc[1])
     if fill_check:
         if not spec.fill_check:
             raise ValueError(f"'kf_fill_check' is for the decoders that fill a rejected suffix with the Kalman filter "

@@ -4,7 +4,9 @@ in turn on the same seeded episodes (``OUT/MODE``), their figures side by side
 (``OUT/chunk_execution.png``).
 
 A mode is ``sync`` or ``async:BLEND`` (``async:crossfade``, ...): the node's ``chunk_execution`` and,
-for ``async``, its ``chunk_blend``; the other ``chunk_*`` parameters are the run's.
+for ``async``, its ``chunk_blend``; the other ``chunk_*`` parameters are the run's. ``rtc`` is ``async``
+with ``latest_only`` and real-time chunking (the run's ``rtc_horizon``, else ``DEFAULT_RTC_HORIZON``);
+the other modes run without it.
 """
 
 from __future__ import annotations
@@ -26,8 +28,13 @@ ROW_KEYS = ("success_rate", "actions_per_s", "chunk_wait_tick_share", "obs_to_ac
 PLOT_JOINTS = (1, 3)  # shoulder and elbow: the joints a pick moves most
 
 
+DEFAULT_RTC_HORIZON = 4  # the steps guided in the rtc mode unless the run sets rtc_horizon
+
+
 def mode_settings(mode: str, base: ChunkSettings) -> ChunkSettings:
     """``base`` with the execution and blend ``mode`` names; ValueError for an unknown mode."""
+    if mode == "rtc":  # the sampler continues the previous chunk: nothing left to blend
+        return replace(base, chunk_execution="async", chunk_blend="latest_only")
     execution, _, blend = mode.partition(":")
     if execution == "sync" and not blend:
         return replace(base, chunk_execution="sync")
@@ -43,7 +50,9 @@ def run_chunk_modes(opts: SimRunOptions, modes: list[str], progress: bool = True
     settings = {mode: mode_settings(mode, opts.chunks) for mode in modes}  # every mode checked before any run
     rows = []
     for mode in modes:
-        summary = run_sim(replace(opts, chunks=settings[mode], out=str(Path(opts.out) / _dir(mode))),
+        rtc_horizon = (opts.policy.rtc_horizon or DEFAULT_RTC_HORIZON) if mode == "rtc" else 0
+        policy = replace(opts.policy, rtc_horizon=rtc_horizon)
+        summary = run_sim(replace(opts, chunks=settings[mode], policy=policy, out=str(Path(opts.out) / _dir(mode))),
                           progress=progress)
         rows.append({"mode": mode, **{k: summary.get(k) for k in ROW_KEYS}})
     result = {"modes": rows, "options": opts.to_json()}

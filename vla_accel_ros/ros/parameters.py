@@ -68,13 +68,18 @@ class PolicySettings:
                                   "poorly, such as checkpoints/hf_small")
     kinematic_r_min: int = setting(KINEMATIC_R_BOUNDS[0], R_MIN_HELP, range=(0, 255))
     kinematic_r_max: int = setting(KINEMATIC_R_BOUNDS[1], R_MAX_HELP, range=(0, 255))
+    rtc_horizon: int = setting(0, "flow10, flow2 with a chunked policy: real-time chunking, the steps of each chunk "
+                               "guided towards what the previous chunk plans for the same times (its first steps, "
+                               "those the inference takes, frozen); 0 = off", range=(0, 1000))
+    rtc_guidance: float = setting(5.0, "Real-time chunking: the guidance's largest gain", range=(0.0, 100.0))
 
     def __post_init__(self) -> None:
         check_fields(self)
         if not self.decoder.strip():
             raise ConfigError("parameter 'decoder' must name a decoder")
         try:
-            shared_settings(self.decoder, fill_check=self.kf_fill_check, kinematic_r_bounds=self.kinematic_r_bounds)
+            shared_settings(self.decoder, fill_check=self.kf_fill_check, kinematic_r_bounds=self.kinematic_r_bounds,
+                            rtc=(self.rtc_horizon, self.rtc_guidance))
         except ValueError as err:
             raise ConfigError(f"parameter {err}") from None
 
@@ -87,18 +92,19 @@ class PolicySettings:
 
     def for_decoder(self, decoder: str) -> PolicySettings:
         """These settings with ``decoder``, and the shared settings it does not take
-        (``kf_fill_check``, the kinematic bounds) at their defaults."""
+        (``kf_fill_check``, the kinematic bounds, real-time chunking) at their defaults."""
         spec = spec_of(decoder)
         r_min, r_max = (self.kinematic_r_min, self.kinematic_r_max) if spec.kinematic_threshold else KINEMATIC_R_BOUNDS
         return replace(self, decoder=decoder, kf_fill_check=self.kf_fill_check and spec.fill_check,
-                       kinematic_r_min=r_min, kinematic_r_max=r_max)
+                       kinematic_r_min=r_min, kinematic_r_max=r_max, rtc_horizon=self.rtc_horizon * spec.flow_head)
 
     def runner_config(self, **runtime: Any) -> RunnerConfig:
         """The runner's settings: these, and ``runtime``'s (periods, threads, vision) under
         :class:`~vla_accel_ros.runtime.builder.RunnerConfig`'s names."""
         return RunnerConfig(checkpoint=self.checkpoint, unnorm_key=self.unnorm_key, decoder=self.decoder,
                             temperature=self.temperature, kf_fill_check=self.kf_fill_check,
-                            kinematic_r_bounds=self.kinematic_r_bounds, **runtime)
+                            kinematic_r_bounds=self.kinematic_r_bounds, rtc_horizon=self.rtc_horizon,
+                            rtc_guidance=self.rtc_guidance, **runtime)
 
 
 @dataclass(frozen=True)
@@ -143,7 +149,8 @@ class NodeConfig:
                                             "robot_description nor urdf_file is set", range=(0.0, 60.0))
     urdf_file: str = setting("", "URDF file; empty = the package's urdf/arm7.urdf (after the topic)")
     tcp_frame: str = setting("tcp", "URDF frame the policy's end-effector deltas refer to")
-    # checkpoint, unnorm_key, decoder, temperature, kf_fill_check, kinematic_r_min, kinematic_r_max
+    # checkpoint, unnorm_key, decoder, temperature, kf_fill_check, kinematic_r_min, kinematic_r_max, rtc_horizon,
+    # rtc_guidance
     policy: PolicySettings = nested(PolicySettings())
     # vision_reuse (the on/off switch), vision_threshold, vision_refresh_steps, vision_max_drift, vision_reuse_kv
     vision: VisionReuseConfig = nested(VisionReuseConfig(enabled=False), prefix="vision_",
@@ -288,7 +295,8 @@ class InferenceNodeConfig:
 
     robots: tuple[str, ...] = setting((), "Namespaces of the robots served (each one's control node runs with "
                                       "inference_mode: remote there); empty = the node's own namespace, one robot")
-    # checkpoint, unnorm_key, decoder, temperature, kf_fill_check, kinematic_r_min, kinematic_r_max
+    # checkpoint, unnorm_key, decoder, temperature, kf_fill_check, kinematic_r_min, kinematic_r_max, rtc_horizon,
+    # rtc_guidance
     policy: PolicySettings = nested(PolicySettings())
     urdf_file: str = setting("", "URDF of the robots (the decoders' Kalman filter and IK); empty = the package's")
     tcp_frame: str = setting("tcp", "URDF frame the policy's end-effector deltas refer to")

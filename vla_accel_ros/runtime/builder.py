@@ -58,6 +58,7 @@ class RunnerConfig:
         that capability (``kerv``, ``world_aware``).
     kinematic_r_bounds: (r_min, r_max), the bounds in token bins of the kinematic acceptance threshold
         of ``kerv`` and ``world_aware`` (their ``r_min``, ``r_max``); None = the decoder's own.
+    rtc_horizon, rtc_guidance: real-time chunking of the flow decoders (0 = off).
     """
 
     checkpoint: str = ""
@@ -71,6 +72,8 @@ class RunnerConfig:
     unnorm_key: str = ""
     kf_fill_check: bool = False
     kinematic_r_bounds: tuple[int, int] | None = None
+    rtc_horizon: int = 0
+    rtc_guidance: float = 5.0
 
     def __post_init__(self) -> None:
         spec_of(self.decoder)  # ValueError naming the registered decoders
@@ -142,7 +145,8 @@ def decoder_settings(config: RunnerConfig) -> dict[str, Any]:
     """What ``config`` sets of its decoder besides the name (:func:`~vla_accel_ros.decoding.specs.shared_settings`:
     ValueError when it asks for a setting the decoder does not take)."""
     return shared_settings(config.decoder, fill_check=config.kf_fill_check,
-                           kinematic_r_bounds=config.kinematic_r_bounds)
+                           kinematic_r_bounds=config.kinematic_r_bounds,
+                           rtc=(config.rtc_horizon, config.rtc_guidance))
 
 
 def build_controller(config: ControllerConfig, kin: ArmKinematics, *, enabled: bool = False,

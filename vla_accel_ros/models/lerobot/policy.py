@@ -37,6 +37,7 @@ from vla_accel_ros.models.lerobot.processor import (
     tokenizer_settings,
 )
 from vla_accel_ros.models.lerobot.weights import assign, pi0_float32_names, read_tensors
+from vla_accel_ros.models.realtime_chunking import ChunkGuide, guided_euler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -99,11 +100,11 @@ class LeRobotPolicy:
 
     # --- the runtime's contract (the package's runner, the node) ------------------------------
     def prefill(self, obs: Observation) -> Prefix:
-        """The prefix of one robot observation: its camera image (one camera), its state (the joints
-        then the gripper opening) and instruction; the cache holds the keys and values and the
-        model inputs the flow steps read."""
+        """The prefix of one robot observation: its cameras' images (in the config's camera order),
+        its state (the joints then the gripper opening) and instruction; the cache holds the keys
+        and values and the model inputs the flow steps read."""
         state = np.concatenate([np.asarray(obs.joint_pos, dtype=np.float64), [float(obs.gripper)]])
-        inputs = self.inputs([obs.image], state, obs.instruction)
+        inputs = self.inputs(list(obs.images), state, obs.instruction)
         with torch.inference_mode():
             kv = self.prefix(inputs)
         empty = torch.zeros(1, 1, 1)
@@ -114,13 +115,29 @@ class LeRobotPolicy:
         """No contact head (capabilities): the decoders never read it; NaN says so if asked."""
         return float("nan")
 
-    def sample_chunk(self, prefix: Prefix, noise: torch.Tensor, steps: int) -> np.ndarray:
-        """The unnormalised chunk (H, action dim) from a :meth:`prefill` prefix and the noise."""
+    def sample_chunk(self, prefix: Prefix, noise: torch.Tensor, steps: int,
+                     guide: ChunkGuide | None = None) -> np.ndarray:
+        """The unnormalised chunk (H, action dim) from a :meth:`prefill` prefix and the noise; with
+        ``guide`` (in :meth:`sample_space`), real-time chunking's guided sampler."""
         cache = prefix.cache
-        with torch.inference_mode():
-            sample = self.integrate(cache.kv, cache.inputs, noise.reshape(1, *self.noise_shape()), steps)[0]
+        noise = noise.reshape(1, *self.noise_shape())
+        if guide is None:
+            with torch.inference_mode():
+                sample = self.integrate(cache.kv, cache.inputs, noise, steps)[0]
+        else:
+            def velocity(x: torch.Tensor, tau: float) -> torch.Tensor:  # LeRobot's time runs from 1 (noise) to 0
+                t = torch.tensor(1.0 - tau, dtype=torch.float32).expand(x.shape[0])
+                return -self.velocity(cache.kv, cache.inputs, x, t)
+
+            # the cached prefix was made in inference mode: no backward pass through it
+            sample = guided_euler(velocity, noise, steps, guide, differentiable=False)[0]
         actions = self.statistics.action.unnormalise(sample[:, : self.config.action_dim])
-        return np.asarray(actions.numpy(), dtype=np.float64)
+        return np.asarray(actions.detach().numpy(), dtype=np.float64)
+
+    def sample_space(self, actions: np.ndarray) -> torch.Tensor:
+        """Unnormalised actions (H, action dim) as the sampler's (H, max_action_dim): normalised, padded."""
+        normalised = self.statistics.action.normalise(torch.as_tensor(np.asarray(actions, dtype=np.float32)))
+        return torch.nn.functional.pad(normalised, (0, self.config.max_action_dim - self.config.action_dim))
 
     def check_robot(self, state_dim: int, action_dim: int) -> None:
         """ValueError unless the robot's state and action widths are the config's."""

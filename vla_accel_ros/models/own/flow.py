@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vla_accel_ros.core.json_config import JsonConfig
+from vla_accel_ros.models.realtime_chunking import ChunkGuide, guided_euler
 from vla_accel_ros.models.tokenizer import ACTION_DIM
 
 
@@ -153,11 +154,22 @@ class FlowHeads(nn.Module):
         self.teacher = VelocityField(config)
         self.student = VelocityField(config, config.student_hidden or config.hidden)
 
-    def sample(self, condition: torch.Tensor, noise: torch.Tensor, student: bool) -> torch.Tensor:
-        """Normalised actions (B, 7H) in [-1, 1] from the condition (B, 2d) and noise (B, 7H)."""
-        if student:
-            return euler_sample(self.student, condition, noise, self.config.student_steps)
-        return euler_sample(self.teacher, condition, noise, self.config.teacher_steps)
+    def sample(self, condition: torch.Tensor, noise: torch.Tensor, student: bool,
+               guide: ChunkGuide | None = None) -> torch.Tensor:
+        """Normalised actions (B, 7H) in [-1, 1] from the condition (B, 2d) and noise (B, 7H);
+        with ``guide`` (its target (B, H, 7)), real-time chunking's guided sampler."""
+        field = self.student if student else self.teacher
+        steps = self.config.student_steps if student else self.config.teacher_steps
+        if guide is None:
+            return euler_sample(field, condition, noise, steps)
+        batch, width = noise.shape
+
+        def velocity(x: torch.Tensor, tau: float) -> torch.Tensor:  # the condition cloned: no inference tensor
+            t = torch.full((batch,), tau, dtype=x.dtype)
+            return field(x.reshape(batch, width), t, condition.clone()).reshape(x.shape)
+
+        shaped = noise.reshape(batch, width // ACTION_DIM, ACTION_DIM)
+        return guided_euler(velocity, shaped, steps, guide).reshape(batch, width).clamp(-1.0, 1.0)
 
 
 def prefix_condition(hidden_last: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:

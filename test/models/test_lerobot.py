@@ -279,3 +279,30 @@ def test_the_runtime_prefill_takes_every_camera_in_slot_order(policy) -> None:  
     chunk = policy.sample_chunk(policy.prefill(obs), noise, 10)
     want = policy.predict_chunk([front, wrist], state, str(ref["tasks"][1]), noise=ref["noise"][1]).actions
     np.testing.assert_allclose(chunk, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("decoder, steps", [("flow2", 2), ("flow10", None)])
+def test_the_flow_decoders_sample_the_policys_field_in_their_step_count(tmp_path: Path, decoder: str,
+                                                                       steps: int | None) -> None:
+    """``flow2``: two Euler steps of the policy's own velocity field, from the decoder's seeded
+    noise (``flow10``: the policy's own step count), exactly what ``predict_chunk`` computes."""
+    import importlib.util
+
+    from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.observation import Observation
+    from vla_accel_ros.core.resources import default_urdf
+    from vla_accel_ros.decoding import make_decoder
+    from vla_accel_ros.runtime.runner import PolicyRunner
+
+    spec = importlib.util.spec_from_file_location("lerobot_layout", FIXTURES / "layout.py")
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    arm = load_lerobot(layout.write_smolvla_dir(tmp_path / "arm"), tokenizer_dir=TOKENIZERS["smolvla"])
+    runner = PolicyRunner(arm, make_decoder(decoder, seed=3), ArmKinematics(default_urdf()), action_dt_s=0.05,
+                          period_s=1.0)
+    image = np.random.default_rng(0).integers(0, 255, (96, 96, 3), dtype=np.uint8)
+    q, opening = np.linspace(-0.5, 0.5, 7), 0.02
+    chunk = runner(Observation(image, "pick up the red cube", q, opening, 0.0)).chunk
+    noise = torch.randn(arm.noise_shape(), generator=torch.Generator().manual_seed(3))
+    want = arm.predict_chunk([image], np.r_[q, opening], "pick up the red cube", noise=noise.numpy(), steps=steps)
+    np.testing.assert_allclose(chunk, want.actions, rtol=0, atol=1e-6)

@@ -234,7 +234,9 @@ def test_the_running_node_takes_each_encoding_and_size_without_complaint(rig, en
     rig.frame = (encoding, _scene(h, w))
     try:
         assert rig.wait(lambda: rig.node.stats()["inference_actions"] > inferences + 5)
-        assert rig.node.stats()["input_errors"] == errors and rig.node.stats()["source"] != "hold", rig.node.stats()
+        assert rig.node.stats()["input_errors"] == errors, rig.node.stats()
+        # not holding: a tick may catch a large frame still on its way through the camera child, the next does not
+        assert rig.wait(lambda: rig.node.stats()["source"] != "hold", timeout=5.0), rig.node.stats()
     finally:
         rig.frame = ("rgb8", _scene(48, 64))
 

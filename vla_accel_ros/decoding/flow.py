@@ -124,10 +124,12 @@ class FlowDecoder(Decoder):
         noise = torch.randn(policy.noise_shape(), generator=self.generator)
         steps = 2 if self.student else int(policy.config.num_steps)
         head_start = context.clock()
-        guided = hasattr(policy, "sample_space")  # a model sampled here (not a policy server's chunk)
-        guide = self.guide(context, policy.noise_shape()[0]) if guided else None
-        chunk = policy.sample_chunk(prefix, noise, steps, guide) if guide is not None else (
-            policy.sample_chunk(prefix, noise, steps))
+        # a model sampled here takes a guide; a policy server's chunk does not
+        guided = self.config.rtc_horizon > 0 and policy.capabilities().chunk_guidance
+        if guided:
+            chunk = policy.sample_chunk(prefix, noise, steps, self.guide(context, policy.noise_shape()[0]))
+        else:
+            chunk = policy.sample_chunk(prefix, noise, steps)
         head_ms = (context.clock() - head_start) * 1e3
         if guided:
             self.remember(context, policy.sample_space(chunk), ledger.started)

@@ -50,6 +50,8 @@ class PolicyCapabilities:
     action_chunk: the prefill predicts a whole chunk of actions in its one pass, read with
         ``action_chunk(prefix)`` (OpenVLA-OFT's parallel decoding); the policy has no action
         tokens, so no token decoder applies.
+    chunk_guidance: with ``flow_chunks``, ``sample_chunk(prefix, noise, steps, guide)`` takes a
+        real-time chunking guide in its own space, ``sample_space(actions)`` (SmolVLA, π0).
     image_slots: camera images one observation holds (``Observation.images``, in slot order).
     """
 
@@ -61,6 +63,7 @@ class PolicyCapabilities:
     batched_passes: bool = False
     flow_chunks: bool = False
     action_chunk: bool = False
+    chunk_guidance: bool = False
     image_slots: int = 1
 
     def missing(self) -> list[str]:

@@ -96,7 +96,8 @@ class PolicySettings:
         spec = spec_of(decoder)
         r_min, r_max = (self.kinematic_r_min, self.kinematic_r_max) if spec.kinematic_threshold else KINEMATIC_R_BOUNDS
         return replace(self, decoder=decoder, kf_fill_check=self.kf_fill_check and spec.fill_check,
-                       kinematic_r_min=r_min, kinematic_r_max=r_max, rtc_horizon=self.rtc_horizon * spec.flow_head)
+                       kinematic_r_min=r_min, kinematic_r_max=r_max,
+                       rtc_horizon=self.rtc_horizon if spec.flow_head else 0)
 
     def runner_config(self, **runtime: Any) -> RunnerConfig:
         """The runner's settings: these, and ``runtime``'s (periods, threads, vision) under

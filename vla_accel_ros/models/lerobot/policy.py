@@ -96,7 +96,8 @@ class LeRobotPolicy:
         return next(p.dtype for n, p in self.model.named_parameters() if n.startswith(("vlm.", "paligemma.")))
 
     def capabilities(self) -> PolicyCapabilities:
-        return PolicyCapabilities(flow_head=True, flow_chunks=True, image_slots=len(self.config.camera_names))
+        return PolicyCapabilities(flow_head=True, flow_chunks=True, chunk_guidance=True,
+                                  image_slots=len(self.config.camera_names))
 
     # --- the runtime's contract (the package's runner, the node) ------------------------------
     def prefill(self, obs: Observation) -> Prefix:

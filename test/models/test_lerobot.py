@@ -198,16 +198,25 @@ def test_predict_json_with_noise_and_images(tmp_path: Path, capsys: pytest.Captu
     assert "bad_noise.npy" in err and "50 x 32" in err and "Traceback" not in err
 
 
-def test_incremental_vision_every_token_changed_equals_the_full_prefix() -> None:
+def prefix_tensors(prefix) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+    """Every layer's keys and values of a SmolVLA or π0 prefix."""
+    if hasattr(prefix, "keys"):
+        return [*prefix.keys, *prefix.values]
+    return [t for layer in prefix.cache.layers for t in (layer.keys, layer.values)]
+
+
+@pytest.mark.parametrize("kind", ["smolvla", "pi0"])
+def test_incremental_vision_every_token_changed_equals_the_full_prefix(kind: str) -> None:
     from vla_accel_ros.models.configuration import VisionReuseConfig
 
-    policy = load_lerobot(FIXTURES / "smolvla", tokenizer_dir=TOKENIZERS["smolvla"])
-    ref = reference("smolvla")
+    policy = load_lerobot(FIXTURES / kind, tokenizer_dir=TOKENIZERS[kind])
+    ref = reference(kind)
+    side = policy.config.image_size
     task = str(ref["tasks"][0])
     settings = VisionReuseConfig(threshold=8.0, refresh_steps=100, max_drift=2.0, reuse_kv=True)
     incremental = policy.incremental_vision(settings)
     # square frames: no padding, whose tokens never change (and keep their keys and values)
-    frames = np.random.default_rng(3).integers(0, 256, (2, 128, 128, 3), dtype=np.uint8)
+    frames = np.random.default_rng(3).integers(0, 256, (2, side, side, 3), dtype=np.uint8)
     with torch.inference_mode():
         first = policy.inputs([frames[0], ref["wrist"][0]], ref["state"][0], task)
         incremental.prefix(first)
@@ -221,14 +230,14 @@ def test_incremental_vision_every_token_changed_equals_the_full_prefix() -> None
         reused = incremental.prefix(second)
         assert not incremental.last.refreshed and incremental.last.fraction == 1.0
         full = policy.prefix(second)
-        for a, b in zip(reused.keys + reused.values, full.keys + full.values, strict=True):
+        for a, b in zip(prefix_tensors(reused), prefix_tensors(full), strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
         # the same frame again with a new state: no image token recomputed, the prefix still the full one
         third = policy.inputs(moved, ref["state"][0], task)
         again = incremental.prefix(third)
         assert incremental.last.recomputed == 0
         full = policy.prefix(third)
-        for a, b in zip(again.keys + again.values, full.keys + full.values, strict=True):
+        for a, b in zip(prefix_tensors(again), prefix_tensors(full), strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
         # one camera moved in one corner: only its tokens there are recomputed
         corner = moved[0].copy()
@@ -306,3 +315,23 @@ def test_the_flow_decoders_sample_the_policys_field_in_their_step_count(tmp_path
     noise = torch.randn(arm.noise_shape(), generator=torch.Generator().manual_seed(3))
     want = arm.predict_chunk([image], np.r_[q, opening], "pick up the red cube", noise=noise.numpy(), steps=steps)
     np.testing.assert_allclose(chunk, want.actions, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["distilled", "two_anchor"])
+def test_a_fresh_2_step_student_of_either_family_is_two_euler_steps(policy, method: str) -> None:  # type: ignore[no-untyped-def]
+    """``vla-accel train-flow`` starts either student as 2 Euler steps of the policy's own field
+    (π0's distilled copy holds its state projection too: its suffix reads the state)."""
+    from vla_accel_ros.models.lerobot.student import FlowStudent, flow_step_names
+
+    ref = reference(policy.config.type)
+    inputs = policy.inputs([ref["front"][0], ref["wrist"][0]], ref["state"][0], str(ref["tasks"][0]))
+    noise = torch.as_tensor(ref["noise"][0])[None]
+    student = FlowStudent.fresh(method, policy.model)
+    if method == "distilled":
+        assert ("state_proj.weight" in flow_step_names(policy.model)) == (policy.config.type == "pi0")
+        assert student.model is not None and student.model.expert is not policy.model.expert
+    with torch.inference_mode():
+        prefix = policy.prefix(inputs)
+        euler = policy.integrate(prefix, inputs, noise, 2)
+        sample = student.sample(lambda x, t, model: policy.velocity(prefix, inputs, x, t, model), noise)
+    torch.testing.assert_close(sample, euler, rtol=0, atol=1e-6)

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     policy = load_policy(ckpt, unnorm_key=args.unnorm_key)
     if wa_prefill and policy.world is None:
         raise ValueError(f"{ckpt} has no world component for --decoder {args.decoder}: run vla-accel train-world")
-    if spec_of(base_decoder).flow_head and policy.flow is None:
+    if spec_of(base_decoder).flow_head and not policy.capabilities().flow_head:
         raise ValueError(f"{ckpt} has no continuous action head for --decoder {args.decoder}: run vla-accel "
                          "train-flow")
     sampling = sampling_config(args)
@@ -96,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
                                     kinematic_r_bounds=args.kinematic_r_bounds))
     decoder = make_decoder(base_decoder, **settings)
     args.out.mkdir(parents=True, exist_ok=True)
-    sim_config = SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps)
+    # a two-camera policy (front, wrist) sees the sim's wrist camera as its second image slot
+    sim_config = SimConfig(image_size=policy.config.image_size, max_steps=args.max_steps,
+                           wrist_image=policy.capabilities().image_slots > 1)
     records = []
     start = time.perf_counter()
     with PickCubeEnv(sim_config) as env:

@@ -76,7 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(the node's rtc_guidance)")
     parser.add_argument("--chunk-modes", default="", help="comma-separated, of " + ", ".join(CHUNK_MODES) +
                         ": run the node in each on the same seeds (OUT/MODE), compare them (OUT/chunk_modes.json) "
-                        "and plot their commands with the chunk boundaries (OUT/chunk_execution.png)")
+                        "and plot their commands with the chunk boundaries (OUT/chunk_execution.png); with "
+                        "--decoders, every decoder in every mode (OUT/DECODER/MODE; DECODER+iv: with incremental "
+                        "vision)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     opts = sim_options(args)
     started = time.monotonic()
     if args.chunk_modes:
-        return _run_chunk_modes(opts, [m.strip() for m in args.chunk_modes.split(",") if m.strip()])
+        decoders = [d.strip() for d in args.decoders.split(",") if d.strip()] or None
+        return _run_chunk_modes(opts, [m.strip() for m in args.chunk_modes.split(",") if m.strip()], decoders)
     if args.decoders:
         result = run_sim_decoders(opts, [d.strip() for d in args.decoders.split(",") if d.strip()])
         base = result["baseline"]
@@ -112,15 +115,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_chunk_modes(opts: SimRunOptions, modes: list[str]) -> int:
+def _run_chunk_modes(opts: SimRunOptions, modes: list[str], decoders: list[str] | None) -> int:
     from vla_accel_ros.ros.chunk_runs import run_chunk_modes  # the node processes: only when it runs
 
-    result = run_chunk_modes(opts, modes)
-    print("| mode | success | actions/s | chunk-wait ticks | obs->action ms p50 | p99 | jerk rms | jerk max | "
+    result = run_chunk_modes(opts, modes, decoders=decoders)
+    grid = decoders is not None
+    print(("| decoder | chunk ms p50 | throughput vs first | image tokens recomputed " if grid else "")
+          + "| mode | success | actions/s | chunk-wait ticks | obs->action ms p50 | p99 | jerk rms | jerk max | "
           "largest boundary step (rad) | early re-plans | inferences/action |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---" * (15 if grid else 11) + "|")
     for row in result["modes"]:
-        cells = [row["mode"], f"{row['success_rate']:.0%}", f"{row['actions_per_s']:.1f}",
+        lead = ([row["decoder"], f"{row['inference_latency_ms_p50']:.1f}", f"{row['chunk_throughput_vs_first']:.2f}",
+                 f"{row['vision_recomputed_mean']:.0%}" if row["vision_recomputed_mean"] is not None else "-"]
+                if grid else [])
+        cells = [*lead, row["mode"], f"{row['success_rate']:.0%}", f"{row['actions_per_s']:.1f}",
                  f"{row['chunk_wait_tick_share']:.1%}", f"{row['obs_to_action_ms_p50']:.0f}",
                  f"{row['obs_to_action_ms_p99']:.0f}", f"{row['jerk_rms']:.1f}", f"{row['jerk_max']:.1f}",
                  f"{row['chunk_boundary_step_max']:.4f}", str(row["chunk_replans"]),

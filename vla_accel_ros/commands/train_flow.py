@@ -1,5 +1,6 @@
 """``vla-accel train-flow``: the continuous action head (10-step teacher, 2-step student), one
-action per sample or, with ``--horizon H``, a chunk of H.
+action per sample or, with ``--horizon H``, a chunk of H. For a LeRobot flow policy (SmolVLA, π0)
+the policy is the teacher: only its 2-step sampler is fitted (``--method``, ``--distill-epochs``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="write a copy of the checkpoint with the head here "
                         "(default: add the head to --checkpoint)")
     parser.add_argument("--epochs", type=int, default=d.epochs, help="teacher flow-matching epochs")
-    parser.add_argument("--distill-epochs", type=int, default=d.distill_epochs, help="student distillation epochs")
+    parser.add_argument("--distill-epochs", type=int, default=d.distill_epochs,
+                        help="student distillation epochs (a LeRobot policy: each runs its 10-step sampler on every "
+                             "demo step; a few suffice)")
     parser.add_argument("--batch-size", type=int, default=d.batch_size)
     parser.add_argument("--lr", type=float, default=d.lr)
     parser.add_argument("--hidden", type=int, default=d.hidden, help="width of the velocity MLP")
@@ -28,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="width of the 2-step student's MLP (0 = the teacher's; it then starts as the teacher)")
     parser.add_argument("--horizon", type=int, default=d.horizon,
                         help="actions per sample: H > 1 trains a chunked policy whose H actions feed the node's queue")
+    parser.add_argument("--method", default=d.method, choices=("distilled", "two_anchor"),
+                        help="a LeRobot policy (SmolVLA, pi0): fit its 2-step sampler as a distilled copy of its "
+                             "flow-step modules, or as a small adapter over its own field at two anchors")
     parser.add_argument("--cameras", type=int, default=d.cameras, choices=(1, 2),
                         help="image slots: 2 conditions the head on the demos' wrist images too "
                              "(vla-accel demos --wrist)")

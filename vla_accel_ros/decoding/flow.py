@@ -120,16 +120,18 @@ class FlowDecoder(Decoder):
 
     def _sampled_chunk(self, policy: Any, context: DecodeContext, prefix: Prefix, ledger: PassLedger) -> DecodeResult:
         """A flow VLA's chunk (``flow_chunks``): fresh noise of the policy's shape, the policy's own
-        step count (``flow10``) or 2 Euler steps of the same field (``flow2``)."""
+        step count (``flow10``) or 2 steps (``flow2``): its fitted 2-step sampler when it has one
+        (``vla-accel train-flow``), else 2 Euler steps of the same field."""
         noise = torch.randn(policy.noise_shape(), generator=self.generator)
         steps = 2 if self.student else int(policy.config.num_steps)
         head_start = context.clock()
         # a model sampled here takes a guide; a policy server's chunk does not
         guided = self.config.rtc_horizon > 0 and policy.capabilities().chunk_guidance
-        if guided:
-            chunk = policy.sample_chunk(prefix, noise, steps, self.guide(context, policy.noise_shape()[0]))
+        guide = self.guide(context, policy.noise_shape()[0]) if guided else None
+        if self.student:  # the policy's fitted 2-step sampler, when it has one (vla-accel train-flow)
+            chunk = policy.sample_chunk(prefix, noise, steps, guide, student=True)
         else:
-            chunk = policy.sample_chunk(prefix, noise, steps)
+            chunk = policy.sample_chunk(prefix, noise, steps, guide)
         head_ms = (context.clock() - head_start) * 1e3
         if guided:
             self.remember(context, policy.sample_space(chunk), ledger.started)

@@ -221,6 +221,9 @@ class DecoderSpec:
         if offered.action_chunk and not cls.action_chunk:
             return (f"decoder '{cls.name}' does not apply: the policy has no action tokens, it predicts a whole "
                     f"chunk in one pass (decoder '{CHUNK_DECODER}')")
+        if offered.flow_chunks and not cls.flow_head:
+            return (f"decoder '{cls.name}' does not apply: the policy has no action tokens, it samples a whole chunk "
+                    "by flow (decoders flow10, flow2)")
         if cls.action_chunk and not offered.action_chunk:
             return (f"decoder '{cls.name}' needs a policy that predicts its chunk in one pass (an OpenVLA-OFT "
                     "checkpoint)")
@@ -367,6 +370,7 @@ class Chunk(DecoderSpec):
 
 
 CHUNK_DECODER = Chunk.name
+FLOW_BASELINE = Flow10.name  # the baseline of a flow VLA without action tokens (SmolVLA, π0): its own sampler
 DEFAULT = Kerv.name  # the decoder of the node and of the commands that run it, unless told otherwise
 
 

@@ -48,13 +48,13 @@ accepted length and the speed-up over X alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
 
-from vla_accel_ros.decoding.specs import names, spec_of, threshold_sweep
+from vla_accel_ros.decoding.specs import FLOW_BASELINE, names, spec_of, threshold_sweep
 from vla_accel_ros.decoding.wa_prefill import (
     WA_PREFILL_PREFIX,
 )
@@ -81,6 +81,17 @@ RATIO_KEYS = ("speedup_vs_ar", "decode_speedup_vs_ar", "speedup_vs_ar_mean", "pr
 
 
 Entry = TypeVar("Entry")
+
+
+def baseline_of(names: Iterable[str]) -> str:
+    """A run's baseline among its rows' names: ``BASELINE``, or ``FLOW_BASELINE`` in a run without it
+    (a flow VLA's: every ``speedup_vs_ar`` is then against its own 10-step sampler)."""
+    return BASELINE if BASELINE in names else FLOW_BASELINE
+
+
+def run_baseline(policy: Any) -> str:
+    """The decoder a bench of ``policy`` measures every speed-up against."""
+    return FLOW_BASELINE if policy.capabilities().flow_chunks else BASELINE
 
 
 def default_decoders(policy: Any) -> list[str]:
@@ -189,10 +200,11 @@ def matched_success(rows: dict[str, dict[str, Any]], tolerance: float = 0.02) ->
     setting), the fastest setting (``speedup_vs_ar``) whose success is within ``tolerance`` of
     ``BASELINE``'s; None when no setting of the family gets there. Temperature rows are left out:
     they change the baseline's sampling, not a threshold."""
-    target = rows[BASELINE]["success_rate"] - tolerance - 1e-9
+    baseline = baseline_of(rows)
+    target = rows[baseline]["success_rate"] - tolerance - 1e-9
     families: dict[str, list[str]] = {}
     for name in rows:
-        if name != BASELINE and TEMPERATURE_PREFIX not in name:
+        if name != baseline and TEMPERATURE_PREFIX not in name:
             families.setdefault(setting_family(name), []).append(name)
     out: dict[str, dict[str, Any] | None] = {}
     for family, members in families.items():
@@ -259,7 +271,7 @@ def bench_schedule(entries: Sequence[Entry], episodes: int, repeats: int = 1) ->
 
 def main_rows(summaries: dict[str, dict[str, Any]], entries: Sequence[BenchEntry]) -> dict[str, dict[str, Any]]:
     """summary.json's rows (every entry outside the r sweep) from each entry's episode summary."""
-    baseline = summaries[BASELINE]
+    baseline = summaries[baseline_of(summaries)]
     rows = {e.name: row(summaries[e.name], baseline, plain_prefill_ms(summaries, e))
             for e in entries if e.sweep_r is None}
     for e in entries:  # incremental rows: their prefill against the same decoder's full-vision prefill
@@ -272,7 +284,7 @@ def main_rows(summaries: dict[str, dict[str, Any]], entries: Sequence[BenchEntry
 
 def sweep_rows(summaries: dict[str, dict[str, Any]], entries: Sequence[BenchEntry]) -> dict[str, dict[str, Any]]:
     """sweep.json's rows: the r-sweep entries, with their r and decoder."""
-    baseline = summaries[BASELINE]
+    baseline = summaries[baseline_of(summaries)]
     return {e.name: dict(row(summaries[e.name], baseline), sweep_r=e.sweep_r, decoder=e.decoder)
             for e in entries if e.sweep_r is not None}
 
@@ -311,7 +323,7 @@ def bench_rows(records: dict[str, list[list[EpisodeRecord]]], entries: Sequence[
 
 def plain_prefill_ms(summaries: dict[str, dict[str, Any]], entry: BenchEntry) -> float | None:
     """The prefill p50 of the baseline with ``entry``'s vision (full, +iv or +ivkv) in this run."""
-    reference = BASELINE + ("+ivkv" if entry.reuse_kv else "+iv" if entry.incremental_vision else "")
+    reference = baseline_of(summaries) + ("+ivkv" if entry.reuse_kv else "+iv" if entry.incremental_vision else "")
     return summaries[reference]["latency_ms"]["prefill_p50"] if reference in summaries else None
 
 

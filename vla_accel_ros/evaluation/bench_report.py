@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from vla_accel_ros.evaluation.bench import bounds_name, matched_success, wa_comparison
+from vla_accel_ros.evaluation.bench import baseline_of, bounds_name, matched_success, wa_comparison
 from vla_accel_ros.evaluation.comparisons import (
     BASELINE,
     CONTACT_COMPARISON,
@@ -79,8 +79,8 @@ def write_bench_report(out: Path, main_rows: dict[str, dict[str, Any]], sweep_ro
 
 
 COLUMN_NOTE = ("SR: success rate. NCF: near-contact failures, failed episodes whose gripper came within 2 cm of "
-               "the cube (rate: of all episodes; share: of the failed ones). Speed-ups: ar's latency over the row's, "
-               "in this run.")
+               "the cube (rate: of all episodes; share: of the failed ones). Speed-ups: the baseline's latency over "
+               "the row's, in this run (ar; flow10 for a flow VLA without action tokens).")
 
 
 def summary_table(main_rows: dict[str, dict[str, Any]], matched: dict[str, dict[str, Any] | None]) -> str:
@@ -89,7 +89,8 @@ def summary_table(main_rows: dict[str, dict[str, Any]], matched: dict[str, dict[
     table = markdown_table(main_rows) + "\n\n" + COLUMN_NOTE
     verified = {name: r for name, r in main_rows.items() if "prefill_verified_share" in r}
     if verified:
-        table += (f"\n\nverified inside the prefill (decode ms = total - the prefill of {BASELINE} with the same "
+        table += (f"\n\nverified inside the prefill (decode ms = total - the prefill of {baseline_of(main_rows)} with "
+                  "the same "
                   "vision): " + ", ".join(
                       f"{name} {r['prefill_verified_share']:.0%} of actions (prefill "
                       f"{r['prefill_verified_ms_p50']:.2f} ms there, "
@@ -101,7 +102,8 @@ def summary_table(main_rows: dict[str, dict[str, Any]], matched: dict[str, dict[
             for name, r in incremental.items())
     if note := retrieval_note(main_rows):
         table += "\n\n" + note
-    return table + "\n\n" + matched_success_table(matched, main_rows[BASELINE]["success_rate"])
+    baseline = baseline_of(main_rows)
+    return table + "\n\n" + matched_success_table(matched, main_rows[baseline]["success_rate"], baseline)
 
 
 def ratio_cell(r: dict[str, Any], key: str) -> str:
@@ -151,9 +153,10 @@ def retrieval_note(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def matched_success_table(matched: dict[str, dict[str, Any] | None], baseline_success: float) -> str:
-    lines = [f"fastest setting within 2 points of {BASELINE} ({baseline_success:.0%} success):", "",
-             "| family | setting | SR | NCF rate | accepted len | e2e speed-up vs ar |", "|" + "---|" * 6]
+def matched_success_table(matched: dict[str, dict[str, Any] | None], baseline_success: float,
+                          baseline: str = BASELINE) -> str:
+    lines = [f"fastest setting within 2 points of {baseline} ({baseline_success:.0%} success):", "",
+             f"| family | setting | SR | NCF rate | accepted len | e2e speed-up vs {baseline} |", "|" + "---|" * 6]
     for family, m in matched.items():
         if m is None:
             lines.append(f"| {family} | none within 2 points | | | | |")
@@ -202,9 +205,10 @@ def plot_pareto(sweep: dict[str, dict[str, Any]], main: dict[str, dict[str, Any]
         ax.axvline(target, color="tab:red", linestyle="--", linewidth=1)
         ax.annotate(f"target {target:g}x", (target, 0.02), xycoords=("data", "axes fraction"),
                     textcoords="offset points", xytext=(4, 0), fontsize=8, color="tab:red")
-        if BASELINE in main:
-            ax.axhspan(main[BASELINE]["success_rate"] - 0.02, main[BASELINE]["success_rate"] + 0.02, color="tab:green",
-                       alpha=0.12, label="matched success (AR ± 2 points)")
+        if main:
+            base = main[baseline_of(main)]["success_rate"]
+            ax.axhspan(base - 0.02, base + 0.02, color="tab:green", alpha=0.12,
+                       label=f"matched success ({baseline_of(main)} ± 2 points)")
         ax.set_xlim(left=min(0.9, ax.get_xlim()[0]), right=max(target * 1.1, ax.get_xlim()[1]))
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)

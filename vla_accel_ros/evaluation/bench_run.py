@@ -29,10 +29,10 @@ from vla_accel_ros.evaluation.bench import (
     bench_rows,
     bench_schedule,
     default_decoders,
+    run_baseline,
 )
 from vla_accel_ros.evaluation.bench_report import write_bench_report
 from vla_accel_ros.evaluation.comparisons import (
-    BASELINE,
     SWEEP_R,
     THRESHOLD_SWEPT,
     THRESHOLD_TRACED,
@@ -116,7 +116,8 @@ def run_bench(options: BenchOptions) -> BenchResult | None:
     options.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     policies = {e.name: wa_policy if e.wa_prefill else policy for e in entries}
-    with PickCubeEnv(SimConfig(image_size=policy.config.image_size, max_steps=options.max_steps)) as env:
+    with PickCubeEnv(SimConfig(image_size=policy.config.image_size, max_steps=options.max_steps,
+                               wrist_image=policy.capabilities().image_slots > 1)) as env:
         checkpoints = [ckpt] if wa_policy is None else [ckpt, options.wa_checkpoint]
         if not checkpoints_fit_robot("bench", checkpoints, sim_robot(env), options.allow_unmatched_robot):
             return None
@@ -163,8 +164,9 @@ def chosen_decoders(options: BenchOptions, policy: PolicyLike) -> tuple[list[str
     if unknown:
         raise ValueError(f"unknown decoders: {', '.join(unknown)} (choose from {', '.join(names())})")
     store_options = bench_store_options(decoders, options.checkpoint, policy, options.store, decoders_named=named)
-    if BASELINE not in decoders:
-        decoders.insert(0, BASELINE)  # every speed-up is relative to the baseline from this same run
+    baseline = run_baseline(policy)
+    if baseline not in decoders:
+        decoders.insert(0, baseline)  # every speed-up is relative to the baseline from this same run
     return decoders, wa_policy, store_options
 
 

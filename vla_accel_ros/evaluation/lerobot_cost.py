@@ -1,7 +1,7 @@
 """What SmolVLA and π0 cost at their real shapes on this machine: the prefix (vision towers and the
 VLM), one flow step (the expert over the chunk's action tokens), and a whole chunk, with and
-without the accelerators (2 flow steps; SmolVLA's incremental vision on an unchanged frame, where
-only the language and the state rows run).
+without the accelerators (2 flow steps; incremental vision on an unchanged frame, where only the
+language rows, and SmolVLA's state row, run).
 
 Random weights at the published sizes: SmolVLA = SmolVLM2-500M's vision tower (768 wide, 12 layers,
 512 px, patch 16, pixel shuffle 4: 64 tokens per camera) and its first 16 text layers (960 wide, 15
@@ -121,29 +121,25 @@ def lerobot_cost(opts: LeRobotCostOptions) -> dict[str, Any]:
     t = torch.ones(1)
     with torch.inference_mode():
         tokens = model.embed_images(images)
+        embedded = model.embed_inputs(tokens, masks, lang, lang_mask, state)
+        emb, rest = embedded[0], embedded[1:]
+        prefix = model.run_prefix(*embedded)
+        # an unchanged frame: the image rows reused, the language (and SmolVLA's state) recomputed
+        text_rows = torch.arange(N_CAMERAS * tokens[0].shape[1], emb.shape[1])
+        vlm = _median_s(lambda: model.run_prefix(*embedded), opts.repeats)
         if opts.type == "smolvla":
-            emb, pad, att = model.embed_prefix(tokens, masks, lang, lang_mask, state)
-            prefix = model.run_prefix(emb, pad, att)
-            text_rows = torch.arange(emb.shape[1] - LANGUAGE - 1, emb.shape[1])
-            vlm = _median_s(lambda: model.run_prefix(emb, pad, att), opts.repeats)
             step = _median_s(lambda: model.velocity(prefix, noise, t), opts.repeats)
-            rows = _median_s(lambda: model.run_prefix_rows(text_rows, emb[:, text_rows], pad, att, prefix),
-                             opts.repeats)
         else:
-            emb, pad = model.embed_prefix(tokens, masks, lang, lang_mask)
-            prefix = model.run_prefix(emb, pad)
-            vlm = _median_s(lambda: model.run_prefix(emb, pad), opts.repeats)
             step = _median_s(lambda: model.velocity(prefix, state, noise, t), opts.repeats)
-            rows = float("nan")
+        rows = _median_s(lambda: model.run_prefix_rows(text_rows, emb[:, text_rows], *rest, prefix), opts.repeats)
         towers = _median_s(lambda: model.embed_images(images), opts.repeats)
     prefix_s = towers + vlm * scale
     step_s = step * scale
     table = {"prefix_s": prefix_s, "towers_s": towers, "vlm_s": vlm * scale, "flow_step_s": step_s,
              "chunk_10_steps_s": prefix_s + 10 * step_s, "chunk_2_steps_s": prefix_s + 2 * step_s}
-    if opts.type == "smolvla":  # an unchanged frame: no tower, the language and the state rows only
-        table["prefix_incremental_unchanged_s"] = rows * scale
-        table["chunk_2_steps_incremental_unchanged_s"] = rows * scale + 2 * step_s
-    summary = {"options": asdict(opts), "prefix_tokens": int(pad.shape[1]), "text_layers_built": built,
+    table["prefix_incremental_unchanged_s"] = rows * scale  # no tower: the text rows only
+    table["chunk_2_steps_incremental_unchanged_s"] = rows * scale + 2 * step_s
+    summary = {"options": asdict(opts), "prefix_tokens": int(emb.shape[1]), "text_layers_built": built,
                "text_layers_real": depth, "threads": torch.get_num_threads(),
                "parameters_built": int(sum(p.numel() for p in model.parameters())),
                "table": {k: round(float(v), 4) for k, v in table.items() if np.isfinite(v)}}

@@ -45,8 +45,9 @@ class PolicyCapabilities:
     flow_head: ``flow`` (the continuous action head).
     incremental_prefill: ``incremental_prefill(settings)`` (reuse of unchanged image tokens).
     batched_passes: ``prefill_batch`` and ``score`` take a batch of several observations.
-    flow_chunks: ``sample_chunk(prefix, noise, steps)``: a flow VLA that samples a whole chunk from its
-        prefix's keys and values (LeRobot's SmolVLA and π0), with ``noise_shape()``; no action tokens.
+    flow_chunks: ``sample_chunk(prefix, noise, steps, guide=None, student=False)``: a flow VLA that
+        samples a whole chunk from its prefix's keys and values (LeRobot's SmolVLA and π0), with
+        ``noise_shape()``; no action tokens. ``student``: its fitted 2-step sampler when it has one.
     action_chunk: the prefill predicts a whole chunk of actions in its one pass, read with
         ``action_chunk(prefix)`` (OpenVLA-OFT's parallel decoding); the policy has no action
         tokens, so no token decoder applies.

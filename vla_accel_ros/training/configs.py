@@ -132,6 +132,7 @@ class FlowTrainConfig:
     horizon: int = 1  # actions per sample: > 1 makes a chunked policy (H consecutive action steps)
     cameras: int = 1  # image slots: 2 reads the demos' wrist images as well as the front camera's
     teacher_from: str | None = None  # a checkpoint whose flow head's teacher is reused (no teacher training)
+    method: str = "distilled"  # a LeRobot policy's 2-step sampler: distilled, or two_anchor (the adapter)
     seed: int = 0
     val_fraction: float = 0.1
     max_episodes: int | None = None
@@ -148,6 +149,8 @@ class FlowTrainConfig:
             raise ValueError(f"student_hidden must be >= 0, got {self.student_hidden}")
         if self.cameras > 2:
             raise ValueError(f"cameras must be 1 (front) or 2 (front and wrist), got {self.cameras}")
+        if self.method not in ("distilled", "two_anchor"):
+            raise ValueError(f"method must be distilled or two_anchor, got {self.method!r}")
 
 
 @dataclass(frozen=True)
@@ -368,3 +371,34 @@ class BuildStoreConfig:
         from vla_accel_ros.decoding.retrieval import RetrievalStoreConfig  # torch: only when a store is built
 
         RetrievalStoreConfig(horizon=self.horizon, index=self.index)  # validates both
+
+
+@dataclass(frozen=True)
+class SmolVLATrainConfig:
+    data: str
+    out: str
+    vlm_from: str  # a Hugging Face VLA in Llava's layout (``vla-accel train-hf``): its vision tower and text layers
+    vlm_layers: int = 3  # the first N text layers of vlm_from (SmolVLA keeps the first half of SmolVLM2's)
+    scale_factor: int = 2  # the connector's pixel shuffle: image tokens per camera = (patches per side / s)^2
+    chunk_size: int = 8
+    epochs: int = 6
+    batch_size: int = 64
+    noise_samples: int = 4  # flow (noise, time) draws per prefix: the expert is cheap beside the prefix
+    lr: float = 1e-3
+    vlm_lr_scale: float = 0.3  # the text layers start trained: a smaller step for them
+    aux_weight: float = 1.0  # where the named cube is, read from the state token's last hidden state (a training aid)
+    tokenizer_max_length: int = 16
+    seed: int = 0
+    val_fraction: float = 0.1
+    max_episodes: int | None = None
+    threads: int = 2
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vlm_layers", "scale_factor", "chunk_size", "epochs", "batch_size", "noise_samples", "threads",
+                     "tokenizer_max_length"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.lr <= 0 or self.vlm_lr_scale < 0 or self.aux_weight < 0:
+            raise ValueError(f"lr must be positive, vlm_lr_scale and aux_weight >= 0, got {self.lr}, "
+                             f"{self.vlm_lr_scale}, {self.aux_weight}")

@@ -1,4 +1,6 @@
 """Training of the continuous action head: the teacher, then the distilled 2-step student (``vla-accel train-flow``).
+A LeRobot flow policy (SmolVLA, π0) is its own teacher: only its 2-step sampler is fitted
+(:mod:`vla_accel_ros.training.lerobot_flow`).
 
 Both heads read the frozen target's prefix features, so those are computed once for every demo
 step; training the heads then costs seconds. Writes ``flow_head.safetensors`` and
@@ -153,6 +155,14 @@ def plot_flow_losses(history: dict[str, list[float]], path: Path) -> None:
 
 
 def train_flow(cfg: FlowTrainConfig) -> dict[str, Any]:
+    from vla_accel_ros.models.load import recognise
+
+    if recognise(cfg.checkpoint).name == "lerobot":  # the policy's own flow: fit its 2-step sampler
+        from vla_accel_ros.training.lerobot_flow import distil_lerobot
+
+        return distil_lerobot(cfg)
+    if cfg.method != "distilled":
+        raise ValueError(f"--method {cfg.method} applies to LeRobot flow policies; the own head's student is distilled")
     start = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     policy = load_checkpoint(cfg.checkpoint)

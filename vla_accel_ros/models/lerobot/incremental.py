@@ -1,6 +1,7 @@
-"""Incremental vision for SmolVLA: the prefix's keys and values of image tokens whose pixels did
-not change are reused from the frame that computed them; the changed (dynamic) image tokens, the
-language and the state are recomputed, attending to the cached keys and values of the rest.
+"""Incremental vision for SmolVLA and π0: the prefix's keys and values of image tokens whose pixels
+did not change are reused from the frame that computed them; the changed (dynamic) image tokens,
+the language (and SmolVLA's state token) are recomputed, attending to the cached keys and values
+of the rest.
 
 The rules are the package's incremental prefill's (:class:`~vla_accel_ros.models.configuration.VisionReuseConfig`,
 the node's ``vision_reuse*`` parameters): an image token is dynamic when the mean |change| (0..255)
@@ -19,19 +20,15 @@ from typing import Any
 
 import torch
 
-from vla_accel_ros.models.api import ReuseStats
+from vla_accel_ros.models.api import ReuseStats, ScoreOutput
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.models.lerobot.smolvla import PrefixKV
 
 
 class IncrementalPrefix:
-    """A SmolVLA policy's prefixes over a stream of frames (batch 1), reusing unchanged image tokens
-    (the module docstring); ``last`` says what the latest frame recomputed."""
+    """A SmolVLA or π0 policy's prefixes over a stream of frames (batch 1), reusing unchanged image
+    tokens (the module docstring); ``last`` says what the latest frame recomputed."""
 
     def __init__(self, policy: Any, config: VisionReuseConfig | None = None) -> None:
-        if policy.config.type != "smolvla":
-            raise ValueError(f"{policy.config.path}: incremental vision is implemented for SmolVLA, not "
-                             f"{policy.config.type}")
         self.policy = policy
         self.config = config or VisionReuseConfig()
         self.reset()
@@ -40,11 +37,11 @@ class IncrementalPrefix:
         """Forget the cache: the next frame is a full prefix."""
         self._reference: list[torch.Tensor] | None = None  # per camera, pixels (0..255) behind the cache
         self._lang: torch.Tensor | None = None
-        self._prefix: PrefixKV | None = None
+        self._prefix: Any = None  # SmolVLA's PrefixKV, π0's PrefixCache
         self._since_refresh = 0
         self.last: ReuseStats | None = None
 
-    def prefix(self, inputs: Any) -> PrefixKV:
+    def prefix(self, inputs: Any) -> Any:
         """The prefix of one observation's model inputs (``policy.inputs``), reusing what it can."""
         model = self.policy.model
         pixels = [(image[0] + 1.0) * 127.5 for image in inputs.images]  # (3, S, S) on 0..255
@@ -64,8 +61,8 @@ class IncrementalPrefix:
         masks = [torch.ones(1, dtype=torch.bool) for _ in pixels]
         if reason:
             tokens = model.embed_images(inputs.images)
-            emb, pad, att = model.embed_prefix(tokens, masks, inputs.lang_tokens, inputs.lang_masks, inputs.state)
-            self._prefix = model.run_prefix(emb, pad, att)
+            self._prefix = model.run_prefix(*model.embed_inputs(tokens, masks, inputs.lang_tokens, inputs.lang_masks,
+                                                                inputs.state))
             self._reference = pixels
             self._lang = inputs.lang_tokens.clone()
             self._since_refresh = 1
@@ -82,12 +79,11 @@ class IncrementalPrefix:
                 self._reference[camera] = self._reference[camera].clone()
                 self._patch_reference(camera, dynamic, pixels[camera], side, cell)
             else:  # no token of this camera moved: its embeddings never reach the recomputed rows
-                tokens.append(torch.zeros(1, per_camera, model.vlm.text_model.config.hidden_size,
-                                          dtype=inputs.state.dtype))
-        emb, pad, att = model.embed_prefix(tokens, masks, inputs.lang_tokens, inputs.lang_masks, inputs.state)
-        rest = torch.arange(n_tokens, emb.shape[1])  # the language and the state: always recomputed
+                tokens.append(torch.zeros(1, per_camera, model.image_token_width, dtype=model.image_token_dtype))
+        emb, *masks_of_prefix = model.embed_inputs(tokens, masks, inputs.lang_tokens, inputs.lang_masks, inputs.state)
+        rest = torch.arange(n_tokens, emb.shape[1])  # the language (and the state): always recomputed
         rows = torch.cat([*dynamic_rows, rest])
-        self._prefix = model.run_prefix_rows(rows, emb[:, rows], pad, att, self._prefix)
+        self._prefix = model.run_prefix_rows(rows, emb[:, rows], *masks_of_prefix, self._prefix)
         self._since_refresh += 1
         n_dynamic = int(sum(len(r) for r in dynamic_rows))
         self.last = ReuseStats(n_dynamic, n_tokens, False)
@@ -110,3 +106,25 @@ class IncrementalPrefix:
         if self._since_refresh >= self.config.refresh_steps:
             return "timer"
         return ""
+
+
+class RuntimePrefill:
+    """:class:`IncrementalPrefix` as the runtime's :class:`~vla_accel_ros.models.api.IncrementalPrefill`:
+    ``prefill_batch`` of one observation gives the policy's flow prefix (no action tokens to score)."""
+
+    def __init__(self, policy: Any, incremental: IncrementalPrefix) -> None:
+        self.policy = policy
+        self.incremental = incremental
+
+    @property
+    def last(self) -> ReuseStats | None:
+        return self.incremental.last
+
+    def reset(self) -> None:
+        self.incremental.reset()
+
+    def prefill_batch(self, observations: Any, tokens: torch.Tensor | None = None) -> ScoreOutput:
+        if len(observations) != 1 or tokens is not None:
+            raise ValueError("a flow policy's incremental prefill takes one observation and no action tokens")
+        prefix = self.policy.prefill(observations[0], self.incremental)
+        return ScoreOutput(torch.zeros(1, 0, 0), prefix)

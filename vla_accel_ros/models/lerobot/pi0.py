@@ -123,6 +123,24 @@ class Pi0Model(nn.Module):
         pads.append(lang_masks)
         return torch.cat(embs, dim=1), torch.cat(pads, dim=1)
 
+    def embed_inputs(self, image_tokens: list[torch.Tensor], image_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                     lang_masks: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The prefix's embeddings and masks, :meth:`run_prefix`'s arguments (the state is the suffix's)."""
+        return self.embed_prefix(image_tokens, image_masks, lang_tokens, lang_masks)
+
+    @property
+    def image_token_width(self) -> int:
+        return int(self.language_model.config.hidden_size)
+
+    @property
+    def image_token_dtype(self) -> torch.dtype:
+        return next(self.paligemma.multi_modal_projector.parameters()).dtype
+
+    def token_grid(self) -> tuple[int, int]:
+        """(tokens per image side, pixels per token side) of the image tokens."""
+        vision = self.paligemma.config.vision_config
+        return vision.image_size // vision.patch_size, vision.patch_size
+
     def _run(self, model: Any, hidden: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
              cache: Any) -> torch.Tensor:
         """A Gemma stack's layers and final norm over ``hidden``, appending to ``cache``."""
@@ -140,6 +158,22 @@ class Pi0Model(nn.Module):
         allowed = make_att_2d_masks(pad, torch.zeros_like(pad))
         cache = DynamicCache(config=self.language_model.config)
         self._run(self.language_model, emb, additive_mask(allowed), torch.cumsum(pad, dim=1) - 1, cache)
+        return PrefixCache(cache, pad, pad.sum(dim=-1, keepdim=True))
+
+    def run_prefix_rows(self, rows: torch.Tensor, emb_rows: torch.Tensor, pad: torch.Tensor,
+                        cached: PrefixCache) -> PrefixCache:
+        """The language model over the prefix rows ``rows`` (their embeddings ``emb_rows``) alone,
+        every other row's keys and values taken from ``cached`` (incremental vision's reuse); with
+        every row recomputed it is :meth:`run_prefix`."""
+        from transformers import DynamicCache
+
+        allowed = make_att_2d_masks(pad, torch.zeros_like(pad))[:, rows]
+        scatter = _RowScatter(cached.cache, rows)
+        self._run(self.language_model, emb_rows, additive_mask(allowed), (torch.cumsum(pad, dim=1) - 1)[:, rows],
+                  scatter)
+        cache = DynamicCache(config=self.language_model.config)
+        for index, (keys, values) in enumerate(scatter.layers):
+            cache.update(keys, values, index)
         return PrefixCache(cache, pad, pad.sum(dim=-1, keepdim=True))
 
     def embed_suffix(self, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -168,6 +202,23 @@ class Pi0Model(nn.Module):
             if added > 0:  # the prefix's keys and values serve the next step
                 prefix.cache.crop(-added)
         return self.action_out_proj(out[:, -self.config.chunk_size:].to(torch.float32))
+
+
+class _RowScatter:
+    """A key/value cache for a pass over some prefix rows: each layer's new keys and values are
+    written into those rows of the cached prefix's, and attention reads the whole prefix."""
+
+    def __init__(self, cached: Any, rows: torch.Tensor) -> None:
+        self.cached, self.rows = cached, rows
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.cached.layers[layer_idx]
+        full = (layer.keys.index_copy(2, self.rows, keys.to(layer.keys.dtype)),
+                layer.values.index_copy(2, self.rows, values.to(layer.values.dtype)))
+        self.layers.append(full)
+        return full
 
 
 @dataclass(frozen=True, eq=False)

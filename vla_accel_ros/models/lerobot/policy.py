@@ -36,6 +36,7 @@ from vla_accel_ros.models.lerobot.processor import (
     tokenize,
     tokenizer_settings,
 )
+from vla_accel_ros.models.lerobot.student import FlowStudent, load_student
 from vla_accel_ros.models.lerobot.weights import assign, pi0_float32_names, read_tensors
 from vla_accel_ros.models.realtime_chunking import ChunkGuide, guided_euler
 
@@ -84,12 +85,13 @@ class LeRobotPolicy:
     family = "lerobot"
 
     def __init__(self, config: LeRobotConfig, model: Any, statistics: Statistics, tokenizer: Any,
-                 token_settings: dict[str, Any]) -> None:
+                 token_settings: dict[str, Any], student: FlowStudent | None = None) -> None:
         self.config = config
         self.model = model
         self.statistics = statistics
         self.tokenizer = tokenizer
         self.token_settings = token_settings
+        self.student = student  # the fitted 2-step sampler (vla-accel train-flow), when there is one
 
     @property
     def dtype(self) -> torch.dtype:
@@ -97,17 +99,19 @@ class LeRobotPolicy:
 
     def capabilities(self) -> PolicyCapabilities:
         return PolicyCapabilities(flow_head=True, flow_chunks=True, chunk_guidance=True,
+                                  incremental_prefill=True,
                                   image_slots=len(self.config.camera_names))
 
     # --- the runtime's contract (the package's runner, the node) ------------------------------
-    def prefill(self, obs: Observation) -> Prefix:
+    def prefill(self, obs: Observation, incremental: Any = None) -> Prefix:
         """The prefix of one robot observation: its cameras' images (in the config's camera order),
         its state (the joints then the gripper opening) and instruction; the cache holds the keys
-        and values and the model inputs the flow steps read."""
+        and values and the model inputs the flow steps read. ``incremental``: an
+        :meth:`incremental_vision` that makes the prefix, reusing unchanged image tokens."""
         state = np.concatenate([np.asarray(obs.joint_pos, dtype=np.float64), [float(obs.gripper)]])
         inputs = self.inputs(list(obs.images), state, obs.instruction)
         with torch.inference_mode():
-            kv = self.prefix(inputs)
+            kv = self.prefix(inputs) if incremental is None else incremental.prefix(inputs)
         empty = torch.zeros(1, 1, 1)
         return Prefix(cache=FlowPrefix(kv, inputs), action_hidden=empty, tokens=torch.zeros(1, 0, dtype=torch.long),
                       pooled=empty[:, 0], prefix_len=int(kv.length))
@@ -116,19 +120,28 @@ class LeRobotPolicy:
         """No contact head (capabilities): the decoders never read it; NaN says so if asked."""
         return float("nan")
 
-    def sample_chunk(self, prefix: Prefix, noise: torch.Tensor, steps: int,
-                     guide: ChunkGuide | None = None) -> np.ndarray:
+    def sample_chunk(self, prefix: Prefix, noise: torch.Tensor, steps: int, guide: ChunkGuide | None = None,
+                     student: bool = False) -> np.ndarray:
         """The unnormalised chunk (H, action dim) from a :meth:`prefill` prefix and the noise; with
-        ``guide`` (in :meth:`sample_space`), real-time chunking's guided sampler."""
+        ``guide`` (in :meth:`sample_space`), real-time chunking's guided sampler; ``student``: the
+        fitted 2-step sampler when the directory has one (else ``steps`` Euler steps)."""
         cache = prefix.cache
         noise = noise.reshape(1, *self.noise_shape())
+        fitted = self.student if student else None
         if guide is None:
             with torch.inference_mode():
-                sample = self.integrate(cache.kv, cache.inputs, noise, steps)[0]
+                if fitted is not None:
+                    sample = fitted.sample(lambda x, t, model: self.velocity(cache.kv, cache.inputs, x, t, model),
+                                           noise)[0]
+                else:
+                    sample = self.integrate(cache.kv, cache.inputs, noise, steps)[0]
         else:
+            field = fitted.velocity_model() if fitted is not None else None
+            steps = fitted.steps if fitted is not None else steps
+
             def velocity(x: torch.Tensor, tau: float) -> torch.Tensor:  # LeRobot's time runs from 1 (noise) to 0
                 t = torch.tensor(1.0 - tau, dtype=torch.float32).expand(x.shape[0])
-                return -self.velocity(cache.kv, cache.inputs, x, t)
+                return -self.velocity(cache.kv, cache.inputs, x, t, field)
 
             # the cached prefix was made in inference mode: no backward pass through it
             sample = guided_euler(velocity, noise, steps, guide, differentiable=False)[0]
@@ -169,20 +182,20 @@ class LeRobotPolicy:
 
     # --- the flow ---------------------------------------------------------------------------
     def prefix(self, inputs: ModelInputs) -> Any:
-        """The prefix's keys and values, computed once per chunk."""
+        """The prefix's keys and values, computed once per chunk (for a batch of observations too)."""
         model = self.model
-        masks = [torch.ones(1, dtype=torch.bool) for _ in inputs.images]
+        masks = [torch.ones(inputs.state.shape[0], dtype=torch.bool) for _ in inputs.images]
         tokens = model.embed_images(inputs.images)
-        if self.config.type == "smolvla":
-            return model.run_prefix(*model.embed_prefix(tokens, masks, inputs.lang_tokens, inputs.lang_masks,
-                                                        inputs.state))
-        return model.run_prefix(*model.embed_prefix(tokens, masks, inputs.lang_tokens, inputs.lang_masks))
+        return model.run_prefix(*model.embed_inputs(tokens, masks, inputs.lang_tokens, inputs.lang_masks, inputs.state))
 
-    def velocity(self, prefix: Any, inputs: ModelInputs, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """One flow step's velocity (B, H, max_action_dim) over a computed prefix."""
+    def velocity(self, prefix: Any, inputs: ModelInputs, x: torch.Tensor, t: torch.Tensor,
+                 model: Any = None) -> torch.Tensor:
+        """One flow step's velocity (B, H, max_action_dim) over a computed prefix, of the policy's
+        model or of ``model`` (a student's copy of its flow-step modules)."""
+        model = self.model if model is None else model
         if self.config.type == "smolvla":
-            return self.model.velocity(prefix, x, t)  # type: ignore[no-any-return]
-        return self.model.velocity(prefix, inputs.state, x, t)  # type: ignore[no-any-return]
+            return model.velocity(prefix, x, t)  # type: ignore[no-any-return]
+        return model.velocity(prefix, inputs.state, x, t)  # type: ignore[no-any-return]
 
     def integrate(self, prefix: Any, inputs: ModelInputs, noise: torch.Tensor, steps: int) -> torch.Tensor:
         """``steps`` Euler steps from the noise at t = 1, every step over the same prefix."""
@@ -197,11 +210,17 @@ class LeRobotPolicy:
         return self.config.chunk_size, self.config.max_action_dim
 
     def incremental_vision(self, settings: Any = None) -> Any:
-        """SmolVLA's incremental prefix over a stream of frames under ``settings`` (a
+        """The incremental prefix over a stream of frames under ``settings`` (a
         :class:`~vla_accel_ros.models.configuration.VisionReuseConfig`; :mod:`.incremental`)."""
         from vla_accel_ros.models.lerobot.incremental import IncrementalPrefix
 
         return IncrementalPrefix(self, settings)
+
+    def incremental_prefill(self, settings: Any) -> Any:
+        """The runtime's incremental prefill (``vision_reuse*``) over :meth:`incremental_vision`."""
+        from vla_accel_ros.models.lerobot.incremental import RuntimePrefill
+
+        return RuntimePrefill(self, self.incremental_vision(settings))
 
     def sample(self, inputs: ModelInputs, noise: Any = None, steps: int | None = None,
                generator: torch.Generator | None = None, incremental: Any = None) -> torch.Tensor:
@@ -279,7 +298,8 @@ def build_model(config: LeRobotConfig, tensors: dict[str, torch.Tensor], tokeniz
 def load_lerobot(directory: Path | str, *, unnorm_key: str | None = None, device: str | None = None,
                  dtype: str | None = None, tokenizer_dir: Path | str | None = None) -> LeRobotPolicy:
     """The LeRobot policy in ``directory`` (``dtype``: float32 or bfloat16, None = as saved;
-    ``tokenizer_dir``: the tokenizer, and SmolVLA's VLM config, when not in the hub cache);
+    ``tokenizer_dir``: the tokenizer, and SmolVLA's VLM config, when not in the hub cache; a tokenizer
+    name that is a folder of ``directory`` is read from there);
     ValueError naming the file or key at fault."""
     from vla_accel_ros.models.load import read_config
 
@@ -297,6 +317,9 @@ def load_lerobot(directory: Path | str, *, unnorm_key: str | None = None, device
     statistics = Statistics.load(directory, config)
     settings = tokenizer_settings(directory, config)
     tok_dir = None if tokenizer_dir is None else Path(tokenizer_dir)
+    name = str(settings["tokenizer_name"])
+    if tok_dir is None and name and (directory / name).is_dir():  # the VLM's config and tokenizer kept beside it
+        tok_dir = directory / name
     tokenizer = load_tokenizer(str(settings["tokenizer_name"]), tok_dir)
     tensors = read_tensors(directory, config.type)
     model = build_model(config, tensors, tok_dir)
@@ -304,7 +327,7 @@ def load_lerobot(directory: Path | str, *, unnorm_key: str | None = None, device
     assign(model, tensors, directory, None if dtype is None else DTYPES[dtype], keep)
     if config.type == "pi0":
         model.round_rope_like_lerobot()
-    return LeRobotPolicy(config, model, statistics, tokenizer, settings)
+    return LeRobotPolicy(config, model, statistics, tokenizer, settings, load_student(directory, model))
 
 
 def load_policy_directory(directory: Path, unnorm_key: str = "") -> LeRobotPolicy:

@@ -84,12 +84,13 @@ def intermediate_size(hidden: int, multiplier: int = 4, multiple_of: int = 256) 
 class PrefixKV:
     """A prefix computed once per chunk: every VLM layer's post-RoPE keys and values (B, P, Hkv, D),
     the prefix's validity mask (B, P) and the number of valid tokens (B, 1): the first action's
-    position."""
+    position; and the last layer's output (a trainer's auxiliary probe reads it)."""
 
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
     pad_masks: torch.Tensor
     n_valid: torch.Tensor
+    last_hidden: torch.Tensor | None = None  # the last VLM layer's output (B, P, width); no flow step reads it
 
     @property
     def length(self) -> int:
@@ -209,6 +210,19 @@ class SmolVLAModel(nn.Module):
             pad, att = F.pad(pad, (0, extra)), F.pad(att, (0, extra))
         return emb, pad, att
 
+    def embed_inputs(self, image_tokens: list[torch.Tensor], image_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                     lang_masks: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The prefix's embeddings and masks, :meth:`run_prefix`'s arguments."""
+        return self.embed_prefix(image_tokens, image_masks, lang_tokens, lang_masks, state)
+
+    @property
+    def image_token_width(self) -> int:
+        return int(self.vlm.text_model.config.hidden_size)
+
+    @property
+    def image_token_dtype(self) -> torch.dtype:
+        return next(self.vlm.connector.parameters()).dtype
+
     def run_prefix(self, emb: torch.Tensor, pad: torch.Tensor, att: torch.Tensor) -> PrefixKV:
         """The VLM over the prefix: each layer's post-RoPE keys and values."""
         mask = make_att_2d_masks(pad, att)
@@ -221,7 +235,7 @@ class SmolVLAModel(nn.Module):
             keys.append(k)
             values.append(v)
             hidden = _layer_block(layer, hidden, attention(mask, q, k, v))
-        return PrefixKV(tuple(keys), tuple(values), pad, pad.sum(dim=-1, keepdim=True))
+        return PrefixKV(tuple(keys), tuple(values), pad, pad.sum(dim=-1, keepdim=True), hidden)
 
     # --- flow step ------------------------------------------------------------------------
     def embed_suffix(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

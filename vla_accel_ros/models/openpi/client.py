@@ -166,8 +166,10 @@ class OpenPIPolicy:
         return Prefix(cache=ServerReply(chunk), action_hidden=torch.zeros(1, 1, 0),
                       tokens=torch.zeros(1, 0, dtype=torch.long), pooled=torch.zeros(1, 0), prefix_len=0)
 
-    def sample_chunk(self, prefix: Prefix, noise: torch.Tensor, steps: int) -> np.ndarray:
-        """The chunk the prefill received (the noise and the step count do not apply)."""
+    def sample_chunk(self, prefix: Prefix, noise: torch.Tensor, steps: int, guide: Any = None,
+                     student: bool = False) -> np.ndarray:
+        """The chunk the prefill received (the noise, the step count, a guide and the student do
+        not apply: the server sampled it)."""
         reply: ServerReply = prefix.cache
         return np.array(reply.actions, dtype=float)
 

@@ -1,0 +1,192 @@
+"""``vla-accel train-smolvla`` and ``vla-accel train-flow`` for a LeRobot policy, on tiny demos with
+a wrist camera: the trained directory is LeRobot's layout, loads from its own ``vlm/`` folder with no
+Hugging Face cache, keeps the VLA's vision tower, and learns; the fitted 2-step samplers start as 2
+Euler steps, move towards the 10-step sampler when trained, survive a save and load, and are what
+``flow2`` samples."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vla_accel_ros.cli import main
+from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.decoding.flow import Flow2Decoder, FlowDecoder
+from vla_accel_ros.models.lerobot.policy import load_lerobot
+from vla_accel_ros.models.lerobot.student import STUDENT_META, FlowStudent
+from vla_accel_ros.training.data import load_demos
+from vla_accel_ros.training.hf_draft import episode_instructions
+from vla_accel_ros.training.lerobot_flow import DemoInputs, student_gap
+
+torch.set_num_threads(1)
+SIZE, STEPS = 32, 6
+TINY_HF = ["--vision-hidden", "32", "--vision-layers", "1", "--vision-heads", "2", "--hidden-size", "32",
+           "--layers", "2", "--heads", "2", "--kv-heads", "1", "--intermediate-size", "64"]
+
+
+def write_demos(directory: Path) -> Path:
+    """Four episodes of random frames from two cameras; each episode's actions a constant of its own."""
+    rng = np.random.default_rng(0)
+    directory.mkdir(parents=True)
+    for i in range(4):
+        actions = np.tile(np.r_[rng.uniform(-0.02, 0.02, 3), np.zeros(3), float(i % 2)], (STEPS, 1))
+        np.savez_compressed(
+            directory / f"episode_{i:05d}.npz",
+            images=rng.integers(0, 256, (STEPS, SIZE, SIZE, 3), dtype=np.uint8),
+            wrist_images=rng.integers(0, 256, (STEPS, SIZE, SIZE, 3), dtype=np.uint8),
+            joint_pos=rng.normal(0, 0.5, (STEPS, 7)).astype(np.float32), gripper=np.full(STEPS, 0.04, np.float32),
+            actions=actions.astype(np.float32), near_contact=np.zeros(STEPS, bool),
+            instruction=np.array(["pick up the red cube", "pick up the blue cube"][i % 2]), success=np.array(True))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    root = tmp_path_factory.mktemp("train_smolvla")
+    demos = write_demos(root / "demos")
+    vlm = root / "hf"
+    assert main(["train-hf", "--data", str(demos), "--out", str(vlm), "--epochs", "1", "--batch-size", "8",
+                 "--threads", "1", "--no-progress", *TINY_HF]) == 0
+    out = root / "smolvla"
+    assert main(["train-smolvla", "--data", str(demos), "--out", str(out), "--vlm-from", str(vlm), "--vlm-layers",
+                 "2", "--chunk-size", "4", "--epochs", "12", "--batch-size", "8", "--val-fraction", "0.25",
+                 "--threads", "1", "--no-progress"]) == 0
+    return demos, vlm, out
+
+
+def test_the_trained_directory_is_lerobots_layout_and_loads_by_itself(
+        trained: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    demos, vlm, out = trained
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty_cache"))  # nothing from a hub cache
+    config = json.loads((out / "config.json").read_text())
+    assert config["type"] == "smolvla" and config["vlm_model_name"] == "vlm"
+    assert list(config["input_features"]) == ["observation.state", "observation.images.front",
+                                              "observation.images.wrist"]
+    for name in ("model.safetensors", "policy_preprocessor.json", "policy_postprocessor.json", "vla_spec.json",
+                 "loss_curves.png", "training.json", "vlm/config.json", "vlm/tokenizer.json"):
+        assert (out / name).is_file(), name
+    policy = load_lerobot(out)
+    episode = np.load(demos / "episode_00000.npz")
+    chunk = policy.predict_chunk([episode["images"][0], episode["wrist_images"][0]],
+                                 np.r_[episode["joint_pos"][0], episode["gripper"][0]], "pick up the red cube",
+                                 noise=np.zeros((4, 32), np.float32))
+    assert chunk.actions.shape == (4, 7) and np.all(np.isfinite(chunk.actions))
+    # the vision tower is the VLA's, frozen: the same weights
+    from safetensors import safe_open
+
+    with safe_open(str(vlm / "model.safetensors"), framework="pt") as handle:
+        name = next(k for k in handle.keys() if k.endswith("embeddings.patch_embedding.weight"))
+        tower = handle.get_tensor(name).to(torch.float32)
+    assert torch.equal(policy.model.vlm.vision_model.embeddings.patch_embedding.weight.to(torch.float32), tower)
+
+
+def test_training_lowers_the_held_out_flow_loss(trained: tuple[Path, Path, Path]) -> None:
+    record = json.loads((trained[2] / "training.json").read_text())
+    losses = [epoch["val_flow_loss"] for epoch in record["epochs"]]
+    assert len(losses) == 12 and losses[-1] < 0.8 * losses[0]
+
+
+@pytest.fixture(scope="module")
+def batch(trained: tuple[Path, Path, Path]):  # type: ignore[no-untyped-def]
+    demos, _, out = trained
+    policy = load_lerobot(out)
+    data = load_demos(demos, 64, progress=False)
+    return policy, DemoInputs(policy, data, episode_instructions(demos, data)), torch.arange(len(data))
+
+
+@pytest.mark.parametrize("method", ["distilled", "two_anchor"])
+def test_a_fresh_student_is_two_euler_steps_and_fitting_moves_it_to_the_teacher(batch, method: str) -> None:  # type: ignore[no-untyped-def]
+    policy, demos, idx = batch
+    student = FlowStudent.fresh(method, policy.model)
+    sample, teacher, euler2 = student_gap(policy, student, demos, idx, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(sample, euler2, rtol=0, atol=1e-6)
+    params = student.parameters()
+    for p in params:
+        p.requires_grad_(True)
+    optimizer = torch.optim.Adam(params, lr=3e-3)
+    gaps = []
+    for _ in range(30):
+        sample, teacher, _ = student_gap(policy, student, demos, idx, torch.Generator().manual_seed(0))
+        loss = torch.nn.functional.mse_loss(sample, teacher)
+        gaps.append(float(loss.detach()))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert gaps[-1] < 0.5 * gaps[0]
+
+
+def test_train_flow_writes_a_student_that_flow2_samples(trained: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    demos, _, out = trained
+    fitted = tmp_path / "fitted"
+    assert main(["train-flow", "--checkpoint", str(out), "--data", str(demos), "--out", str(fitted),
+                 "--method", "two_anchor", "--distill-epochs", "3", "--batch-size", "8", "--lr", "3e-3",
+                 "--threads", "1", "--no-progress"]) == 0
+    meta = json.loads((fitted / STUDENT_META).read_text())
+    assert meta["method"] == "two_anchor" and meta["steps"] == 2
+    assert set(meta["metrics"]) >= {"student_vs_teacher", "euler2_vs_teacher", "student_vs_demo"}
+    policy, plain = load_lerobot(fitted), load_lerobot(out)
+    assert policy.student is not None and plain.student is None
+    episode = np.load(demos / "episode_00001.npz")
+    obs = Observation(image=episode["images"][0], joint_pos=episode["joint_pos"][0], gripper=0.04,
+                      instruction="pick up the blue cube", extra_images=(episode["wrist_images"][0],))
+    noise = torch.randn(policy.noise_shape(), generator=torch.Generator().manual_seed(1))
+    prefix = policy.prefill(obs)
+    with torch.inference_mode():
+        expected = policy.student.sample(
+            lambda x, t, m: policy.velocity(prefix.cache.kv, prefix.cache.inputs, x, t, m), noise[None])[0]
+    chunk = policy.sample_chunk(prefix, noise, 2, student=True)
+    np.testing.assert_allclose(chunk, policy.statistics.action.unnormalise(expected[:, :7]).numpy(), atol=1e-6)
+    euler = policy.sample_chunk(prefix, noise, 2)
+    assert not np.allclose(chunk, euler)  # the adapter moved away from plain Euler
+    assert Flow2Decoder.student and not FlowDecoder.student  # flow2 asks for it, flow10 does not
+
+
+def test_the_runner_reuses_unchanged_image_tokens_of_a_smolvla(trained: tuple[Path, Path, Path]) -> None:
+    """``vision_reuse`` on a SmolVLA: the first frame is a full prefix; the same frame again
+    recomputes no image token, and its chunk is the full prefix's (same noise)."""
+    from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.resources import default_urdf
+    from vla_accel_ros.decoding import make_decoder
+    from vla_accel_ros.models.configuration import VisionReuseConfig
+    from vla_accel_ros.runtime.runner import PolicyRunner
+
+    demos, _, out = trained
+    policy = load_lerobot(out)
+    assert policy.capabilities().incremental_prefill
+    episode = np.load(demos / "episode_00000.npz")
+    kin = ArmKinematics(default_urdf())
+
+    def chunks(vision: VisionReuseConfig | None) -> tuple[list[np.ndarray], PolicyRunner]:
+        runner = PolicyRunner(policy, make_decoder("flow10", seed=5), kin, action_dt_s=0.05, period_s=1.0,
+                              vision=vision)
+        obs = Observation(image=episode["images"][0], joint_pos=episode["joint_pos"][0], gripper=0.04,
+                          instruction="pick up the red cube", extra_images=(episode["wrist_images"][0],))
+        return [runner(obs).chunk for _ in range(2)], runner
+
+    full, _ = chunks(None)
+    reused, runner = chunks(VisionReuseConfig(threshold=8.0))
+    assert runner.vision is not None and runner.vision.last is not None
+    assert runner.vision.last.recomputed == 0 and not runner.vision.last.refreshed
+    for a, b in zip(full, reused, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_eval_and_bench_run_the_policy_with_both_cameras(trained: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """The tools take the two-camera policy: eval and bench render the wrist camera for its second
+    slot, and bench measures against its own 10-step sampler (no action tokens, so no ar)."""
+    from vla_accel_ros.decoding.specs import spec_of
+
+    out = trained[2]
+    assert main(["eval", "--checkpoint", str(out), "--decoder", "flow2", "--episodes", "1", "--max-steps", "3",
+                 "--out", str(tmp_path / "eval")]) == 0
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["episodes"] == 1
+    assert main(["bench", "--checkpoint", str(out), "--decoders", "flow2", "--no-sweep", "--episodes", "1",
+                 "--max-steps", "3", "--out", str(tmp_path / "bench")]) == 0
+    rows = json.loads((tmp_path / "bench" / "summary.json").read_text())
+    assert list(rows) == ["flow10", "flow2"] and rows["flow10"]["speedup_vs_ar"] == 1.0
+    why = spec_of("ar").refusal(load_lerobot(out).capabilities())
+    assert "no action tokens" in why and "flow10" in why

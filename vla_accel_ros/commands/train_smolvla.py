@@ -28,8 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vlm-lr-scale", type=float, default=d.vlm_lr_scale,
                         help="the text layers' learning rate as a share of --lr")
     parser.add_argument("--aux-weight", type=float, default=d.aux_weight,
-                        help="weight of the auxiliary regression of where the named cube is (from the state token's "
-                             "last hidden state; a training aid, not saved)")
+                        help="weight of the auxiliary regression of where the named cube and the gripper are (from "
+                             "the state token's last hidden state; a training aid, not saved)")
+    parser.add_argument("--state-dropout", type=float, default=d.state_dropout,
+                        help="share of training samples whose state is zeroed, so that the policy reads the scene "
+                             "rather than continuing the arm's motion (a training aid)")
     add_run_arguments(parser, d)
 
 

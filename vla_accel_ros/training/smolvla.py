@@ -13,10 +13,13 @@ so its features are computed once per demo image; the connector, the text layers
 t ~ Beta(1.5, 1) on [0.001, 1], x_t = t noise + (1 - t) a, the loss |v(x_t, t) - (noise - a)|^2 over
 every padded action dimension; ``--noise-samples`` (noise, t) draws share one prefix pass, whose
 keys and values the expert reads as at inference. With ``--aux-weight``, a linear probe on the
-state token's last hidden state regresses where the named cube is from the gripper and where the
-gripper is (the built-in policy's auxiliary targets): the token sees the images and the
-instruction, so the probe makes the prefix ground the instruction's colour in the image (a
-training aid; the probe is not saved). State and action are mean/std normalised with
+state token's last hidden state regresses where the named cube is and where the gripper is: the
+token sees the images and the instruction, and the cube's place is a fact of the scene that only
+the images give, so the probe makes the prefix ground the instruction's colour in the image (a
+training aid; the probe is not saved). ``--state-dropout`` zeroes the state of that share of the
+samples: along a demonstration the arm's joints reveal where it is heading, and a policy that
+learns to continue that motion instead of looking at the scene never finds the cube from the
+start pose (a training aid; the state is always given at inference). State and action are mean/std normalised with
 the training episodes' statistics; targets are chunks of ``--chunk-size`` consecutive actions (the
 episode's last repeated past its end). AdamW, linear warm-up then cosine to 10%, gradient norm
 clipped at 1. The last episodes are held out: their flow loss after every epoch, and at the end
@@ -181,21 +184,28 @@ class FlowBatches:
         self.lang_masks = torch.cat(masks)[data.episode]
         state = (data.proprio - stats["observation.state"]["mean"]) / stats["observation.state"]["std"]
         self.state = F.pad(state, (0, 32 - state.shape[1]))
-        self.aux = data.aux
+        # the probe's targets: where the named cube is (a fact of the scene, read from the images
+        # alone) and where the gripper is, in AUX_SCALE_M units (data.aux holds cube - gripper, gripper)
+        self.aux = torch.cat([data.aux[:, :3] + data.aux[:, 3:], data.aux[:, 3:]], dim=1)
         actions = (data.actions - stats["action"]["mean"]) / stats["action"]["std"]
         windows = action_windows(actions, data.episode, chunk).reshape(len(actions), chunk, -1)
         self.actions = F.pad(windows, (0, 32 - windows.shape[2]))
 
 
-def prefix_of(model: SmolVLAModel, batches: FlowBatches, idx: torch.Tensor) -> PrefixKV:
-    """The prefix keys and values of demo steps ``idx`` (the connector and text layers with grad)."""
+def prefix_of(model: SmolVLAModel, batches: FlowBatches, idx: torch.Tensor,
+              state_dropout: float = 0.0, generator: torch.Generator | None = None) -> PrefixKV:
+    """The prefix keys and values of demo steps ``idx`` (the connector and text layers with grad),
+    the state of a ``state_dropout`` share of them zeroed."""
+    state = batches.state[idx]
+    if state_dropout > 0:
+        keep = torch.rand(len(idx), generator=generator) >= state_dropout
+        state = state * keep[:, None]
     tokens = []
     for features in batches.features:
         embedded = model.vlm.connector(features[idx])
         tokens.append(embedded * math.sqrt(embedded.shape[-1]))
     masks = [torch.ones(len(idx), dtype=torch.bool) for _ in tokens]
-    return model.run_prefix(*model.embed_prefix(tokens, masks, batches.lang_ids[idx], batches.lang_masks[idx],
-                                                batches.state[idx]))
+    return model.run_prefix(*model.embed_prefix(tokens, masks, batches.lang_ids[idx], batches.lang_masks[idx], state))
 
 
 def repeat_prefix(prefix: PrefixKV, n: int) -> PrefixKV:
@@ -215,11 +225,11 @@ def probe_loss(prefix: PrefixKV, want: torch.Tensor, probe: torch.nn.Module) -> 
 
 
 def flow_loss(model: SmolVLAModel, batches: FlowBatches, idx: torch.Tensor, n_noise: int,
-              generator: torch.Generator, probe: torch.nn.Module | None = None, aux_weight: float = 0.0
-              ) -> torch.Tensor:
+              generator: torch.Generator, probe: torch.nn.Module | None = None, aux_weight: float = 0.0,
+              state_dropout: float = 0.0) -> torch.Tensor:
     """LeRobot's flow-matching loss over ``n_noise`` (noise, t) draws per prefix (module docstring),
     plus ``aux_weight`` times the auxiliary regression's by ``probe``."""
-    prefix = prefix_of(model, batches, idx)
+    prefix = prefix_of(model, batches, idx, state_dropout, generator)
     aux = probe_loss(prefix, batches.aux[idx], probe) if probe is not None and aux_weight > 0 else torch.zeros(())
     prefix = repeat_prefix(prefix, n_noise)
     actions = batches.actions[idx].repeat_interleave(n_noise, dim=0)
@@ -314,7 +324,8 @@ def train_smolvla(cfg: SmolVLATrainConfig) -> dict[str, Any]:
                 scale = cosine_schedule(step, total, WARMUP_STEPS)
                 for group, lr in zip(optimizer.param_groups, base, strict=True):
                     group["lr"] = lr * scale
-                loss = flow_loss(model, batches, batch, cfg.noise_samples, generator, probe, cfg.aux_weight)
+                loss = flow_loss(model, batches, batch, cfg.noise_samples, generator, probe, cfg.aux_weight,
+                                 cfg.state_dropout)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(trainable, 1.0)

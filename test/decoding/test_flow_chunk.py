@@ -13,7 +13,7 @@ from vla_accel_ros.decoding.history import EpisodeHistory
 from vla_accel_ros.models.own.flow import FlowHeadConfig, FlowHeads
 from vla_accel_ros.runtime.runner import run_policy_step
 from vla_accel_ros.runtime.thread_worker import StepReport
-from vla_accel_ros.training.flow import action_windows
+from vla_accel_ros.training.data import action_windows
 
 
 @pytest.mark.parametrize("name, horizon", [("flow10", 1), ("flow10", 4), ("flow2", 3)])

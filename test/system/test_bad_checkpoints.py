@@ -56,6 +56,7 @@ ARGV: dict[str, tuple[str, str]] = {
     "train-world": (OWN, "train-world --checkpoint {X} --data {D} --out {O} --no-progress"),
     "build-store": (OWN, "build-store --checkpoint {X} --data {D} --out {O} --no-progress"),
     "train-hf": (HF, "train-hf --data {D} --out {O} --init {X} --epochs 0 --no-progress"),
+    "train-smolvla": (HF, "train-smolvla --data {D} --out {O} --vlm-from {X} --epochs 1 --no-progress"),
     "train-draft": (TOKEN, "train-draft --checkpoint {X} --data {D} --epochs 1 --no-progress"),
     "convert": (OFT, "convert {X}"),
 }

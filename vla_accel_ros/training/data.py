@@ -169,3 +169,15 @@ def load_demos(
         wrist_images=wrist,
     )
 
+
+def action_windows(actions: torch.Tensor, episode: torch.Tensor, horizon: int) -> torch.Tensor:
+    """(N, 7 * horizon): each step's action and the next ``horizon - 1`` of its episode, the
+    episode's last action repeated past its end (a chunked head's training targets)."""
+    n = len(actions)
+    steps = torch.arange(n)[:, None] + torch.arange(horizon)[None, :]  # (N, H)
+    last = torch.zeros(n, dtype=torch.long)  # the index of each step's episode's last step
+    for e in torch.unique(episode):
+        members = torch.nonzero(episode == e).flatten()
+        last[members] = int(members.max())
+    steps = torch.minimum(steps, last[:, None])
+    return actions[steps].reshape(n, -1)

@@ -45,7 +45,7 @@ from vla_accel_ros.models.own.policy import Policy
 from vla_accel_ros.models.tokenizer import N_BINS
 from vla_accel_ros.training.common import optimise_epochs, plot_loss_panels
 from vla_accel_ros.training.configs import FlowTrainConfig
-from vla_accel_ros.training.data import load_demos
+from vla_accel_ros.training.data import action_windows, load_demos
 
 BIN = 2.0 / (N_BINS - 1)  # one tokenizer bin in normalised action units
 
@@ -111,19 +111,6 @@ def train_heads(cfg: FlowTrainConfig, cond: torch.Tensor, actions: torch.Tensor,
     history["student"] = _optimise(heads.student, distillation_loss, len(x), cfg, cfg.distill_epochs,
                                    cfg.lr / 2 if same_width else cfg.lr, generator, "flow student (distil)")
     return heads.eval(), history
-
-
-def action_windows(actions: torch.Tensor, episode: torch.Tensor, horizon: int) -> torch.Tensor:
-    """(N, 7 * horizon): each step's action and the next ``horizon - 1`` of its episode, the
-    episode's last action repeated past its end (a chunked head's training targets)."""
-    n = len(actions)
-    steps = torch.arange(n)[:, None] + torch.arange(horizon)[None, :]  # (N, H)
-    last = torch.zeros(n, dtype=torch.long)  # the index of each step's episode's last step
-    for e in torch.unique(episode):
-        members = torch.nonzero(episode == e).flatten()
-        last[members] = int(members.max())
-    steps = torch.minimum(steps, last[:, None])
-    return actions[steps].reshape(n, -1)
 
 
 def evaluate_heads(heads: FlowHeads, cond: torch.Tensor, actions: torch.Tensor, seed: int) -> dict[str, float]:

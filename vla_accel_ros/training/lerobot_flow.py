@@ -30,8 +30,7 @@ from vla_accel_ros.models.lerobot.policy import LeRobotPolicy, ModelInputs, load
 from vla_accel_ros.models.lerobot.processor import resize_with_pad, tokenize
 from vla_accel_ros.models.lerobot.student import STUDENT_META, STUDENT_WEIGHTS, FlowStudent
 from vla_accel_ros.training.configs import FlowTrainConfig
-from vla_accel_ros.training.data import DemoDataset, load_demos
-from vla_accel_ros.training.flow import action_windows
+from vla_accel_ros.training.data import DemoDataset, action_windows, load_demos
 from vla_accel_ros.training.hf_draft import episode_instructions
 
 

@@ -48,14 +48,15 @@ import torch
 import torch.nn.functional as F
 
 from vla_accel_ros.core.progress import progress_bar
+from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.models.lerobot.config import parse_config
 from vla_accel_ros.models.lerobot.layout import write_policy_directory
 from vla_accel_ros.models.lerobot.processor import tokenize
 from vla_accel_ros.models.lerobot.smolvla import PrefixKV, SmolVLAModel
+from vla_accel_ros.models.load import check_checkpoint, require_family
 from vla_accel_ros.training.common import cosine_schedule, demo_robot, plot_loss_panels, seed_everything
 from vla_accel_ros.training.configs import SmolVLATrainConfig
-from vla_accel_ros.training.data import DemoDataset, load_demos
-from vla_accel_ros.training.flow import action_windows
+from vla_accel_ros.training.data import DemoDataset, action_windows, load_demos
 from vla_accel_ros.training.hf_draft import episode_instructions
 
 VLM_DIR = "vlm"
@@ -120,10 +121,10 @@ def build_model(cfg: SmolVLATrainConfig, out: Path, config: dict[str, Any]) -> t
     """The model with the VLM's trained parts loaded, and the tokenizer; writes ``out/vlm``."""
     from transformers import AutoTokenizer
 
-    source = Path(cfg.vlm_from.removeprefix("hf:"))
+    require_family(cfg.vlm_from, "hf", "--vlm-from")
+    check_checkpoint(cfg.vlm_from)  # its files complete, its statistics present: a VLA trained with train-hf
+    source = CheckpointRef.parse(cfg.vlm_from).directory
     llava_path = source / "config.json"
-    if not llava_path.is_file():
-        raise ValueError(f"{llava_path}: missing (--vlm-from names a Hugging Face VLA directory)")
     llava = json.loads(llava_path.read_text())
     if llava.get("model_type") != "llava":
         raise ValueError(f"{llava_path}: model_type {llava.get('model_type')!r}, where --vlm-from needs a Llava VLA")

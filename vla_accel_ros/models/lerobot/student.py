@@ -146,7 +146,8 @@ def load_student(directory: Path, policy_model: nn.Module) -> FlowStudent | None
         values = {n[len("adapter."):]: t for n, t in tensors.items() if n.startswith("adapter.")}
     else:
         assert student.model is not None
-        own = {n: p for n, p in student.model.named_parameters() if n in set(flow_step_names(student.model))}
+        names = set(flow_step_names(student.model))
+        own = {n: p for n, p in student.model.named_parameters() if n in names}
         values = tensors
     for name, target in own.items():
         value = values.get(name)

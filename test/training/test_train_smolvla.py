@@ -7,6 +7,7 @@ Euler steps, move towards the 10-step sampler when trained, survive a save and l
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +191,77 @@ def test_eval_and_bench_run_the_policy_with_both_cameras(trained: tuple[Path, Pa
     assert list(rows) == ["flow10", "flow2"] and rows["flow10"]["speedup_vs_ar"] == 1.0
     why = spec_of("ar").refusal(load_lerobot(out).capabilities())
     assert "no action tokens" in why and "flow10" in why
+
+
+def test_init_starts_from_a_policy_of_the_same_shape_and_refuses_another(
+        trained: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    demos, vlm, out = trained
+    args = ["train-smolvla", "--data", str(demos), "--vlm-from", str(vlm), "--chunk-size", "4", "--epochs", "1",
+            "--batch-size", "8", "--val-fraction", "0.25", "--threads", "1", "--no-progress", "--init", str(out)]
+    assert main([*args, "--out", str(tmp_path / "other"), "--vlm-layers", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "num_vlm_layers" in err and "config.json" in err and len(err.splitlines()) == 1
+    assert main([*args, "--out", str(tmp_path / "more"), "--vlm-layers", "2", "--lr", "1e-9"]) == 0
+    before, after = load_lerobot(out), load_lerobot(tmp_path / "more")
+    for (name, x), y in zip(before.model.state_dict().items(), after.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(x.float(), y.float(), rtol=0, atol=1e-5, msg=name)  # a vanishing step
+    torch.testing.assert_close(before.statistics.action.stats["mean"], after.statistics.action.stats["mean"])
+
+
+def test_the_training_aids_shape_what_the_expert_reads(trained: tuple[Path, Path, Path]) -> None:
+    """The probe and the keypoint head read the last VLM layer's input, the states behind its keys
+    and values: their gradient reaches the connector, and none reaches the last layer's MLP, whose
+    output no flow step reads."""
+    from vla_accel_ros.training.smolvla import FlowBatches, TrainingAids, moments, prefix_of
+
+    demos, _, out = trained
+    policy = load_lerobot(out, dtype="float32")
+    model = policy.model.requires_grad_(True)
+    data = load_demos(demos, 64, progress=False)
+    stats = {"observation.state": moments(data.proprio), "action": moments(data.actions)}
+    settings = {"max_length": 16, "truncation": True, "padding": "max_length", "padding_side": "right"}
+    batches = FlowBatches(model, data, episode_instructions(demos, data), policy.tokenizer, settings, stats, 4, False)
+    batches.aux = torch.rand(batches.aux.shape)  # these demos record no scene: any finite targets
+    batches.keypoints = torch.rand(batches.keypoints.shape) * 2 - 1
+    width = model.vlm.text_model.config.hidden_size
+    aids = TrainingAids(width, batches.aux.shape[1], 2, math.isqrt(batches.front_tokens), 1.0, 1.0)
+    idx = torch.arange(4)
+    model.zero_grad(set_to_none=True)
+    aids.loss(prefix_of(model, batches, idx), batches, idx).backward()
+    assert model.vlm.connector.modality_projection.proj.weight.grad.abs().sum() > 0
+    assert model.vlm.text_model.layers[-1].mlp.down_proj.weight.grad is None
+
+
+def test_demos_record_the_expert_where_the_smolvla_drives(trained: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """DAgger data for a flow policy: ``demos --policy DIR`` lets the chunk's first action drive and
+    records the expert's labels."""
+    out = trained[2]
+    folder = tmp_path / "dagger"
+    assert main(["demos", "--episodes", "1", "--seed", "5", "--max-steps", "4", "--image-size", str(SIZE), "--wrist",
+                 "--policy", str(out), "--policy-share", "1.0", "--out", str(folder)]) == 0
+    episode = np.load(folder / "episode_00000.npz")
+    assert bool(episode["policy_in_loop"]) and episode["wrist_images"].shape[1:] == (SIZE, SIZE, 3)
+    assert episode["actions"].shape == (4, 7) and np.all(np.isfinite(episode["actions"]))
+
+
+def test_the_prefix_starts_as_the_vla_saw_its_inputs(trained: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """SmolVLA scales language embeddings by sqrt(width): the table is the VLA's divided by it. With
+    scale factor 1 the connector is the least-squares fit of the VLA's projector."""
+    from safetensors import safe_open
+
+    from vla_accel_ros.training.configs import SmolVLATrainConfig
+    from vla_accel_ros.training.smolvla import build_model, fit_connector, policy_config
+
+    demos, vlm, _ = trained
+    cfg = SmolVLATrainConfig(data=str(demos), out=str(tmp_path), vlm_from=str(vlm), vlm_layers=2, scale_factor=1,
+                             chunk_size=4)
+    data = load_demos(demos, 64, progress=False)
+    model, _ = build_model(cfg, tmp_path, policy_config(cfg, data.image_size, 8, 7))
+    with safe_open(str(vlm / "model.safetensors"), framework="pt") as handle:
+        name = next(k for k in handle.keys() if k.endswith("embed_tokens.weight"))
+        table = handle.get_tensor(name).to(torch.float32)
+    width = table.shape[1]
+    torch.testing.assert_close(model.vlm.text_model.get_input_embeddings().weight * math.sqrt(width), table)
+    before = model.vlm.connector.modality_projection.proj.weight.clone()
+    residual = fit_connector(model, vlm, data.images)
+    assert residual < 0.5 and not torch.equal(before, model.vlm.connector.modality_projection.proj.weight)

@@ -22,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--policy", default=None,
-        help="checkpoint directory ('default' = shipped) whose greedy actions drive --policy-share of the steps "
-             "while the expert's actions are recorded (DAgger)",
+        help="checkpoint directory ('default' = shipped) whose greedy actions (a LeRobot flow policy: its chunk's "
+             "first action) drive --policy-share of the steps while the expert's actions are recorded (DAgger)",
     )
     parser.add_argument("--policy-share", type=float, default=0.5, help="share of steps the --policy drives")
 

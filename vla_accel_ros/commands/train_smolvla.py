@@ -33,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dropout", type=float, default=d.state_dropout,
                         help="share of training samples whose state is zeroed, so that the policy reads the scene "
                              "rather than continuing the arm's motion (a training aid)")
+    parser.add_argument("--keypoint-weight", type=float, default=d.keypoint_weight,
+                        help="weight of the keypoint loss: the front camera's image tokens place the named cube and "
+                             "the gripper in that image (a training aid, not saved)")
+    parser.add_argument("--init", default=None,
+                        help="a policy directory written by train-smolvla to start from (its statistics are kept)")
     add_run_arguments(parser, d)
 
 

@@ -101,11 +101,26 @@ def record_demos(
 
 
 def greedy_policy_action(checkpoint: str) -> Callable[[Observation], np.ndarray]:
-    """The checkpoint's greedy (AR) action for one observation, as the DAgger driver."""
+    """The checkpoint's action for one observation, as the DAgger driver: the greedy (AR) action of
+    a token policy; the first action of a LeRobot flow policy's 10-step chunk (seeded noise)."""
     from vla_accel_ros.core.resources import default_checkpoint
-    from vla_accel_ros.models.own.checkpoint import (
-        load_checkpoint,  # torch only when a policy drives
-    )
+    from vla_accel_ros.models.load import recognise
+
+    if checkpoint != "default" and recognise(checkpoint).name == "lerobot":
+        import torch
+
+        from vla_accel_ros.models.lerobot.policy import load_lerobot
+
+        flow = load_lerobot(checkpoint)
+        generator = torch.Generator().manual_seed(0)
+
+        def first_of_chunk(obs: Observation) -> np.ndarray:
+            state = np.r_[obs.joint_pos, obs.gripper]
+            return flow.predict_chunk([obs.image, *obs.extra_images], state, obs.instruction,
+                                      generator=generator).actions[0]
+
+        return first_of_chunk
+    from vla_accel_ros.models.own.checkpoint import load_checkpoint  # torch only when a policy drives
 
     policy = load_checkpoint(default_checkpoint() if checkpoint == "default" else checkpoint)
 

@@ -27,6 +27,35 @@ from vla_accel_ros.training.data import DemoDataset
 KEYPOINT_LOSS_SCALE = 10.0  # keypoints live in [-1, 1]: x10 puts the smooth-L1 knee at ~3 px of 128
 
 
+class KeypointHead(torch.nn.Linear):
+    """A training aid: per image token of a ``grid`` x ``grid`` camera image, each keypoint's log-mass
+    and offset within the token's cell; the softmax-weighted mean over the tokens is where the
+    camera sees the keypoint (x, y in [-1, 1])."""
+
+    def __init__(self, width: int, n_keypoints: int, grid: int) -> None:
+        super().__init__(width, 3 * n_keypoints)
+        centres = (torch.arange(grid, dtype=torch.float32) + 0.5) * (2.0 / grid) - 1.0
+        rows, cols = torch.meshgrid(centres, centres, indexing="ij")
+        self.register_buffer("centres", torch.stack([cols.flatten(), rows.flatten()], dim=-1), persistent=False)
+        self.half_cell = 1.0 / grid
+
+    def positions(self, image_states: torch.Tensor) -> torch.Tensor:
+        """(B, K, 2) keypoint positions from the image tokens' hidden states (B, grid², width)."""
+        b, p, _ = image_states.shape
+        out = self(image_states).view(b, p, -1, 3)
+        weights = out[..., 0].softmax(dim=1).unsqueeze(-1)  # (B, P, K, 1) over the tokens
+        where = self.centres[None, :, None, :] + torch.tanh(out[..., 1:]) * self.half_cell
+        return (weights * where).sum(dim=1)
+
+    def loss(self, image_states: torch.Tensor, keypoints: torch.Tensor) -> torch.Tensor:
+        """Smooth-L1 between the predicted and labelled (finite) keypoints, at KEYPOINT_LOSS_SCALE."""
+        labelled = torch.isfinite(keypoints)
+        if not labelled.any():
+            return torch.zeros((), device=image_states.device)
+        got = self.positions(image_states)[labelled] * KEYPOINT_LOSS_SCALE
+        return F.smooth_l1_loss(got, keypoints[labelled] * KEYPOINT_LOSS_SCALE)
+
+
 def component_recipe(cfg: Any, data: DemoDataset, n_train: int, n_val: int, *,
                      drop: Sequence[str] = ("progress", "out"), unit: str = "samples") -> dict[str, Any]:
     """The recipe of a component trained on a checkpoint (``cfg`` has ``checkpoint`` and ``data``):

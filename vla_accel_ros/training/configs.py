@@ -388,6 +388,8 @@ class SmolVLATrainConfig:
     vlm_lr_scale: float = 0.3  # the text layers start trained: a smaller step for them
     aux_weight: float = 1.0  # where the named cube is, read from the state token's last hidden state (a training aid)
     state_dropout: float = 0.3  # share of samples whose state is zeroed: the scene, not the arm's motion, must lead
+    keypoint_weight: float = 1.0  # the front camera's tokens place the named cube and the gripper (a training aid)
+    init: str | None = None  # a policy written by train-smolvla to start from
     tokenizer_max_length: int = 16
     seed: int = 0
     val_fraction: float = 0.1
@@ -402,6 +404,6 @@ class SmolVLATrainConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0.0 <= self.state_dropout < 1.0:
             raise ValueError(f"state_dropout must be in [0, 1), got {self.state_dropout}")
-        if self.lr <= 0 or self.vlm_lr_scale < 0 or self.aux_weight < 0:
-            raise ValueError(f"lr must be positive, vlm_lr_scale and aux_weight >= 0, got {self.lr}, "
-                             f"{self.vlm_lr_scale}, {self.aux_weight}")
+        if self.lr <= 0 or min(self.vlm_lr_scale, self.aux_weight, self.keypoint_weight) < 0:
+            raise ValueError(f"lr must be positive, vlm_lr_scale, aux_weight and keypoint_weight >= 0, got {self.lr}, "
+                             f"{self.vlm_lr_scale}, {self.aux_weight}, {self.keypoint_weight}")

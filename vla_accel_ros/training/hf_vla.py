@@ -64,7 +64,7 @@ from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
 from vla_accel_ros.sim.env import INSTRUCTION_TEMPLATE, SimConfig
 from vla_accel_ros.sim.scene import CUBE_COLORS
 from vla_accel_ros.training.common import (
-    KEYPOINT_LOSS_SCALE,
+    KeypointHead,
     cosine_schedule,
     demo_robot,
     plot_loss_curve,
@@ -230,14 +230,8 @@ class HFTrainer:
         # training aid only (not saved): where the named cube and the TCP are, from the state that
         # predicts the first action token
         self.aux_head = torch.nn.Linear(d, data.aux.shape[1])
-        # training aid only: per image token, each keypoint's (named cube, TCP) log-mass and offset
-        # within the patch; their softmax-weighted mean is where the camera sees it
-        self.keypoint_head = torch.nn.Linear(d, 3 * data.keypoint_targets.shape[1])
-        grid = math.isqrt(policy.config.n_image_tokens)
-        centres = (torch.arange(grid, dtype=torch.float32) + 0.5) * (2.0 / grid) - 1.0
-        rows, cols = torch.meshgrid(centres, centres, indexing="ij")
-        self.patch_centres = torch.stack([cols.flatten(), rows.flatten()], dim=-1)  # (P, 2): x, y
-        self.half_patch = 1.0 / grid
+        # training aid only: where the camera sees the named cube and the TCP, from the image tokens
+        self.keypoint_head = KeypointHead(d, data.keypoint_targets.shape[1], math.isqrt(policy.config.n_image_tokens))
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.history: dict[str, list[float]] = {"loss": [], "ce": [], "val_loss": [], "val_step": []}
 
@@ -272,12 +266,9 @@ class HFTrainer:
             known = torch.isfinite(aux)
             if self.cfg.aux_weight > 0 and known.any():
                 total = total + self.cfg.aux_weight * F.smooth_l1_loss(self.aux_head(hidden[:, 0])[known], aux[known])
-            labelled = torch.isfinite(keypoints)
-            if self.cfg.keypoint_weight > 0 and labelled.any():
+            if self.cfg.keypoint_weight > 0:
                 image_states = states[:, :length][:, prompt[0] == self.policy.image_token_id]
-                got = self.keypoint_positions(image_states)[labelled] * KEYPOINT_LOSS_SCALE
-                want = keypoints[labelled] * KEYPOINT_LOSS_SCALE
-                total = total + self.cfg.keypoint_weight * F.smooth_l1_loss(got, want)
+                total = total + self.cfg.keypoint_weight * self.keypoint_head.loss(image_states, keypoints)
             weight = len(members) / len(idx)
             losses.append(total * weight)
             ces.append(ce * weight)
@@ -289,11 +280,7 @@ class HFTrainer:
     def keypoint_positions(self, image_states: torch.Tensor) -> torch.Tensor:
         """(B, K, 2) image positions (x, y in [-1, 1]) of the K keypoints from the final hidden
         states (B, P, d) of the image tokens."""
-        b, p, _ = image_states.shape
-        out = self.keypoint_head(image_states).view(b, p, -1, 3)
-        weights = out[..., 0].softmax(dim=1).unsqueeze(-1)  # (B, P, K, 1) over the patches
-        where = self.patch_centres[None, :, None, :] + torch.tanh(out[..., 1:]) * self.half_patch
-        return (weights * where).sum(dim=1)
+        return self.keypoint_head.positions(image_states)
 
     def fit(self, epochs: int, lr: float, label: str = "target") -> None:
         """``epochs`` shuffled passes over the training steps with AdamW and the cosine schedule."""

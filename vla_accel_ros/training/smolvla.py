@@ -7,23 +7,30 @@ size: the VLM is a Hugging Face VLA trained here in Llava's layout (``--vlm-from
 model and whose first ``--vlm-layers`` Llama layers its text model; the connector (pixel shuffle
 by ``--scale-factor``, one linear map), the state projection and the action expert are new.
 
-Recipe (LeRobot's SmolVLA where it applies): the vision tower frozen (``freeze_vision_encoder``),
-so its features are computed once per demo image; the connector, the text layers (at
-``--vlm-lr-scale`` of the learning rate), the state projection and the expert trained; flow time
-t ~ Beta(1.5, 1) on [0.001, 1], x_t = t noise + (1 - t) a, the loss |v(x_t, t) - (noise - a)|^2 over
-every padded action dimension; ``--noise-samples`` (noise, t) draws share one prefix pass, whose
-keys and values the expert reads as at inference. With ``--aux-weight``, a linear probe on the
-state token's last hidden state regresses where the named cube is and where the gripper is: the
-token sees the images and the instruction, and the cube's place is a fact of the scene that only
-the images give, so the probe makes the prefix ground the instruction's colour in the image (a
-training aid; the probe is not saved). ``--state-dropout`` zeroes the state of that share of the
-samples: along a demonstration the arm's joints reveal where it is heading, and a policy that
-learns to continue that motion instead of looking at the scene never finds the cube from the
-start pose (a training aid; the state is always given at inference). State and action are mean/std normalised with
-the training episodes' statistics; targets are chunks of ``--chunk-size`` consecutive actions (the
-episode's last repeated past its end). AdamW, linear warm-up then cosine to 10%, gradient norm
-clipped at 1. The last episodes are held out: their flow loss after every epoch, and at the end
-the 10-step chunk's error against the expert's actions.
+Recipe (LeRobot's SmolVLA where it applies): the vision tower frozen (``freeze_vision_encoder``), so
+its features are computed once per demo image; the connector, the text layers (at ``--vlm-lr-scale``
+of the learning rate), the state projection and the expert trained; flow time t ~ Beta(1.5, 1) on
+[0.001, 1], x_t = t noise + (1 - t) a, the loss |v(x_t, t) - (noise - a)|^2 over every padded action
+dimension; ``--noise-samples`` (noise, t) draws share one prefix pass, whose keys and values the
+expert reads as at inference. With ``--aux-weight``, a linear probe on the state token's hidden
+state at the last VLM layer's input (the deepest states whose keys and values the expert reads; the
+last layer's output feeds nothing) regresses where the named cube is and where the gripper is: the
+token sees the images and the instruction, and the cube's place is a fact of the scene that only the
+images give, so the probe makes the prefix ground the instruction's colour in the image (a training
+aid; the probe is not saved). ``--state-dropout`` zeroes the state of that share of the samples:
+along a demonstration the arm's joints reveal where it is heading, and a policy that learns to
+continue that motion instead of looking at the scene never finds the cube from the start pose (a
+training aid; the state is always given at inference). With ``--keypoint-weight``, a head on the
+front camera's image tokens' states there places the named cube and the gripper in that image (as
+``train-hf`` does; a training aid, not saved): a dense signal for where the instruction's cube is.
+The language embeddings are the VLA's divided by sqrt(width) (SmolVLA multiplies them back); with
+``--scale-factor 1`` the connector starts as the least-squares fit of the VLA's projector, so that
+the prefix begins as the VLA saw its inputs. ``--init DIR`` starts from a policy this command wrote
+(same VLM layers, pixel shuffle and chunk) and keeps its statistics. State and action are mean/std
+normalised with the training episodes' statistics; targets are chunks of ``--chunk-size``
+consecutive actions (the episode's last repeated past its end). AdamW, linear warm-up then cosine to
+10%, gradient norm clipped at 1. The last episodes are held out: their flow loss after every epoch,
+and at the end the 10-step chunk's error against the expert's actions.
 
 Output, in LeRobot's published layout (:mod:`vla_accel_ros.models.lerobot.layout`): ``config.json``
 (``type: smolvla``, the front and wrist cameras, state 8 = joints + gripper, action 7),
@@ -54,7 +61,7 @@ from vla_accel_ros.models.lerobot.layout import write_policy_directory
 from vla_accel_ros.models.lerobot.processor import tokenize
 from vla_accel_ros.models.lerobot.smolvla import PrefixKV, SmolVLAModel
 from vla_accel_ros.models.load import check_checkpoint, require_family
-from vla_accel_ros.training.common import cosine_schedule, demo_robot, plot_loss_panels, seed_everything
+from vla_accel_ros.training.common import KeypointHead, cosine_schedule, demo_robot, plot_loss_panels, seed_everything
 from vla_accel_ros.training.configs import SmolVLATrainConfig
 from vla_accel_ros.training.data import DemoDataset, action_windows, load_demos
 from vla_accel_ros.training.hf_draft import episode_instructions
@@ -148,19 +155,66 @@ def build_model(cfg: SmolVLATrainConfig, out: Path, config: dict[str, Any]) -> t
         raise ValueError(f"{source / 'model.safetensors'}: no tensor for {missing[0]} "
                          f"(and {len(missing) - 1} more) of the VLM")
     model.vlm.load_state_dict(loaded, strict=False)
+    with torch.no_grad():  # SmolVLA scales language embeddings by sqrt(width); the VLA fed them unscaled
+        embeddings = model.vlm.text_model.get_input_embeddings().weight
+        embeddings /= math.sqrt(embeddings.shape[1])
     return model.to(torch.float32), tokenizer
+
+
+def fit_connector(model: SmolVLAModel, source: Path, images: torch.Tensor, n_images: int = 256) -> float:
+    """Start the connector (one linear map, scale factor 1) as the least-squares fit of the VLA's
+    projector on ``n_images`` demo images, so that SmolVLA's image embeddings (connector output
+    times sqrt(width)) begin as the VLA's; returns the fit's relative residual."""
+    from safetensors import safe_open
+
+    with safe_open(str(source / "model.safetensors"), framework="pt") as handle:
+        names = [n for n in handle.keys() if ".multi_modal_projector." in f".{n}"]
+        projector = {n.split("multi_modal_projector.")[1]: handle.get_tensor(n).to(torch.float32) for n in names}
+    if set(projector) != {"linear_1.weight", "linear_1.bias", "linear_2.weight", "linear_2.bias"}:
+        raise ValueError(f"{source / 'model.safetensors'}: no two-layer multi_modal_projector to fit the connector to")
+    pick = torch.linspace(0, len(images) - 1, min(n_images, len(images))).long()
+    pixels = images[pick].permute(0, 3, 1, 2).to(torch.float32) / 127.5 - 1.0
+    with torch.inference_mode():
+        out = model.vlm.vision_model(pixel_values=pixels, patch_attention_mask=None, output_hidden_states=True)
+        tower, llava_input = out.last_hidden_state.flatten(0, 1), out.hidden_states[-1].flatten(0, 1)
+        hidden = F.gelu(F.linear(llava_input, projector["linear_1.weight"], projector["linear_1.bias"]))
+        want = F.linear(hidden, projector["linear_2.weight"], projector["linear_2.bias"]) / math.sqrt(hidden.shape[1])
+        weight = torch.linalg.lstsq(tower, want).solution.T
+        model.vlm.connector.modality_projection.proj.weight.copy_(weight)
+        return float((tower @ weight.T - want).norm() / want.norm())
+
+
+def start_from(model: SmolVLAModel, stats: dict[str, dict[str, torch.Tensor]], cfg: SmolVLATrainConfig,
+               config: dict[str, Any]) -> None:
+    """Load ``cfg.init``'s weights into ``model`` and its mean/std into ``stats`` (``--init``)."""
+    from vla_accel_ros.models.lerobot.policy import load_lerobot
+
+    path = Path(cfg.init) / "config.json"
+    require_family(cfg.init, "lerobot", "--init")
+    given = json.loads(path.read_text())
+    for key in ("type", "num_vlm_layers", "chunk_size", "input_features", "output_features"):
+        if given.get(key) != config[key]:
+            raise ValueError(f"{path}: {key} {given.get(key)!r}, where this run builds {config[key]!r}")
+    policy = load_lerobot(cfg.init, dtype="float32")
+    if policy.model.vlm.config.scale_factor != cfg.scale_factor:
+        raise ValueError(f"{path}: its VLM's pixel shuffle is {policy.model.vlm.config.scale_factor}, "
+                         f"where --scale-factor is {cfg.scale_factor}")
+    model.load_state_dict(policy.model.state_dict())
+    for feature, normaliser in (("observation.state", policy.statistics.state), ("action", policy.statistics.action)):
+        stats[feature].update({k: normaliser.stats[k] for k in ("mean", "std")})
 
 
 # --- data --------------------------------------------------------------------------------------
 def vision_features(model: SmolVLAModel, images: torch.Tensor, batch_size: int = 128,
                     progress: bool = True, desc: str = "vision features") -> torch.Tensor:
     """The frozen tower's features (N, patches, width) of (N, H, W, 3) uint8 images, in [-1, 1] as
-    SmolVLA feeds them."""
+    SmolVLA feeds them; kept in bfloat16 (half the memory of a large demo set), read in float32."""
     out = []
     with torch.inference_mode():
         for start in progress_bar(range(0, len(images), batch_size), desc=desc, unit="batch", disable=not progress):
             pixels = images[start:start + batch_size].permute(0, 3, 1, 2).to(torch.float32) / 127.5 - 1.0
-            out.append(model.vlm.vision_model(pixel_values=pixels, patch_attention_mask=None).last_hidden_state)
+            out.append(model.vlm.vision_model(pixel_values=pixels, patch_attention_mask=None).last_hidden_state
+                       .to(torch.bfloat16))
     return torch.cat(out)
 
 
@@ -188,6 +242,8 @@ class FlowBatches:
         # the probe's targets: where the named cube is (a fact of the scene, read from the images
         # alone) and where the gripper is, in AUX_SCALE_M units (data.aux holds cube - gripper, gripper)
         self.aux = torch.cat([data.aux[:, :3] + data.aux[:, 3:], data.aux[:, 3:]], dim=1)
+        self.keypoints = data.keypoint_targets  # (N, 2, 2): the named cube and the TCP in the front image
+        self.front_tokens = model.vlm.connector(self.features[0][:1].float()).shape[1]
         actions = (data.actions - stats["action"]["mean"]) / stats["action"]["std"]
         windows = action_windows(actions, data.episode, chunk).reshape(len(actions), chunk, -1)
         self.actions = F.pad(windows, (0, 32 - windows.shape[2]))
@@ -203,7 +259,7 @@ def prefix_of(model: SmolVLAModel, batches: FlowBatches, idx: torch.Tensor,
         state = state * keep[:, None]
     tokens = []
     for features in batches.features:
-        embedded = model.vlm.connector(features[idx])
+        embedded = model.vlm.connector(features[idx].float())
         tokens.append(embedded * math.sqrt(embedded.shape[-1]))
     masks = [torch.ones(len(idx), dtype=torch.bool) for _ in tokens]
     return model.run_prefix(*model.embed_prefix(tokens, masks, batches.lang_ids[idx], batches.lang_masks[idx], state))
@@ -217,28 +273,56 @@ def repeat_prefix(prefix: PrefixKV, n: int) -> PrefixKV:
                     rep(prefix.n_valid))
 
 
+class TrainingAids(torch.nn.Module):
+    """What trains beside the policy and is not saved: the probe on the state token (where the named
+    cube and the gripper are) and the keypoint head on the front camera's tokens."""
+
+    def __init__(self, width: int, aux_dim: int, n_keypoints: int, grid: int, aux_weight: float,
+                 keypoint_weight: float) -> None:
+        super().__init__()
+        self.probe = torch.nn.Linear(width, aux_dim)
+        self.keypoints = KeypointHead(width, n_keypoints, grid)
+        self.aux_weight, self.keypoint_weight = aux_weight, keypoint_weight
+
+    def loss(self, prefix: PrefixKV, batches: FlowBatches, idx: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros(())
+        if self.aux_weight > 0:
+            total = total + self.aux_weight * probe_loss(prefix, batches.aux[idx], self.probe)
+        if self.keypoint_weight > 0:
+            total = total + self.keypoint_weight * keypoint_loss(prefix, batches, idx, self.keypoints)
+        return total
+
+
 def probe_loss(prefix: PrefixKV, want: torch.Tensor, probe: torch.nn.Module) -> torch.Tensor:
     """The auxiliary probe's squared error on the state token's last hidden state (rows with targets)."""
     known = torch.isfinite(want).all(dim=1)
-    if prefix.last_hidden is None or not known.any():
+    if prefix.last_input is None or not known.any():
         return torch.zeros(())
-    return F.mse_loss(probe(prefix.last_hidden[:, -1].to(torch.float32))[known], want[known])
+    return F.mse_loss(probe(prefix.last_input[:, -1].to(torch.float32))[known], want[known])
+
+
+def keypoint_loss(prefix: PrefixKV, batches: FlowBatches, idx: torch.Tensor, head: KeypointHead) -> torch.Tensor:
+    """The keypoint head's loss on the front camera's image tokens (the prefix's first ones)."""
+    if prefix.last_input is None:
+        return torch.zeros(())
+    states = prefix.last_input[:, :batches.front_tokens].to(torch.float32)
+    return head.loss(states, batches.keypoints[idx])
 
 
 def flow_loss(model: SmolVLAModel, batches: FlowBatches, idx: torch.Tensor, n_noise: int,
-              generator: torch.Generator, probe: torch.nn.Module | None = None, aux_weight: float = 0.0,
+              generator: torch.Generator, aids: TrainingAids | None = None,
               state_dropout: float = 0.0) -> torch.Tensor:
     """LeRobot's flow-matching loss over ``n_noise`` (noise, t) draws per prefix (module docstring),
-    plus ``aux_weight`` times the auxiliary regression's by ``probe``."""
+    plus the training aids' weighted losses."""
     prefix = prefix_of(model, batches, idx, state_dropout, generator)
-    aux = probe_loss(prefix, batches.aux[idx], probe) if probe is not None and aux_weight > 0 else torch.zeros(())
+    aux = aids.loss(prefix, batches, idx) if aids is not None else torch.zeros(())
     prefix = repeat_prefix(prefix, n_noise)
     actions = batches.actions[idx].repeat_interleave(n_noise, dim=0)
     noise = torch.randn(actions.shape, generator=generator)
     beta = torch.distributions.Beta(torch.tensor(1.5), torch.tensor(1.0))
     t = beta.sample((len(actions),)) * 0.999 + 0.001
     x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * actions
-    return F.mse_loss(model.velocity(prefix, x_t, t), noise - actions) + aux_weight * aux
+    return F.mse_loss(model.velocity(prefix, x_t, t), noise - actions) + aux
 
 
 def sample_chunks(model: SmolVLAModel, batches: FlowBatches, idx: torch.Tensor, steps: int,
@@ -254,16 +338,18 @@ def sample_chunks(model: SmolVLAModel, batches: FlowBatches, idx: torch.Tensor, 
 
 
 def evaluate(model: SmolVLAModel, batches: FlowBatches, val_idx: torch.Tensor, action_dim: int, seed: int,
-             batch_size: int, probe: torch.nn.Module) -> dict[str, float]:
+             batch_size: int, aids: TrainingAids) -> dict[str, float]:
     """Held-out flow loss, the 10- and 2-step chunks' mean |error| against the expert (normalised
-    units), and the auxiliary probe's squared error."""
+    units), the auxiliary probe's squared error and the keypoint head's loss."""
     generator = torch.Generator().manual_seed(seed + 1)
     model.eval()
-    losses, errors10, errors2, aux = [], [], [], []
+    losses, errors10, errors2, aux, keypoints = [], [], [], [], []
     with torch.inference_mode():
         for idx in val_idx.split(batch_size):
             losses.append(float(flow_loss(model, batches, idx, 1, generator)) * len(idx))
-            aux.append(float(probe_loss(prefix_of(model, batches, idx), batches.aux[idx], probe)) * len(idx))
+            prefix = prefix_of(model, batches, idx)
+            aux.append(float(probe_loss(prefix, batches.aux[idx], aids.probe)) * len(idx))
+            keypoints.append(float(keypoint_loss(prefix, batches, idx, aids.keypoints)) * len(idx))
             want = batches.actions[idx][..., :action_dim]
             errors10.append(float((sample_chunks(model, batches, idx, 10, generator)[..., :action_dim] - want)
                                   .abs().mean()) * len(idx))
@@ -272,7 +358,8 @@ def evaluate(model: SmolVLAModel, batches: FlowBatches, val_idx: torch.Tensor, a
     model.train()
     n = max(1, len(val_idx))
     return {"val_flow_loss": sum(losses) / n, "val_abs_error_10_steps": sum(errors10) / n,
-            "val_abs_error_2_steps": sum(errors2) / n, "val_aux_loss": sum(aux) / n}
+            "val_abs_error_2_steps": sum(errors2) / n, "val_aux_loss": sum(aux) / n,
+            "val_keypoint_loss": sum(keypoints) / n}
 
 
 def plot_losses(history: dict[str, list[float]], path: Path) -> None:
@@ -299,15 +386,22 @@ def train_smolvla(cfg: SmolVLATrainConfig) -> dict[str, Any]:
     (out / "config.json").write_text(json.dumps(config, indent=1))
     model, tokenizer = build_model(cfg, out, config)
     stats = {"observation.state": moments(data.proprio[train_idx]), "action": moments(data.actions[train_idx])}
+    if cfg.init:
+        start_from(model, stats, cfg, config)
     settings = {"max_length": cfg.tokenizer_max_length, "truncation": True, "padding": "max_length",
                 "padding_side": "right"}
+    if cfg.scale_factor == 1 and not cfg.init:
+        residual = fit_connector(model, CheckpointRef.parse(cfg.vlm_from).directory, data.images)
+        print(f"connector fitted to {cfg.vlm_from}'s projector (relative residual {residual:.3f})", flush=True)
     batches = FlowBatches(model, data, instructions, tokenizer, settings, stats, cfg.chunk_size, cfg.progress)
 
     model.vlm.vision_model.requires_grad_(False)
-    probe = torch.nn.Linear(model.vlm.text_model.config.hidden_size, batches.aux.shape[1])
+    grid = math.isqrt(batches.front_tokens)
+    aids = TrainingAids(model.vlm.text_model.config.hidden_size, batches.aux.shape[1], batches.keypoints.shape[1],
+                        grid, cfg.aux_weight, cfg.keypoint_weight)
     text_params = list(model.vlm.text_model.parameters())
     text_ids = {id(p) for p in text_params}
-    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in text_ids] + list(probe.parameters())
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in text_ids] + list(aids.parameters())
     optimizer = torch.optim.AdamW([{"params": rest, "lr": cfg.lr},
                                    {"params": text_params, "lr": cfg.lr * cfg.vlm_lr_scale}], weight_decay=1e-4)
     base = [group["lr"] for group in optimizer.param_groups]
@@ -316,7 +410,7 @@ def train_smolvla(cfg: SmolVLATrainConfig) -> dict[str, Any]:
     total = cfg.epochs * steps_per_epoch
     history: dict[str, list[float]] = {"train": [], "val": []}
     epochs: list[dict[str, float]] = []
-    trainable = [p for p in model.parameters() if p.requires_grad] + list(probe.parameters())
+    trainable = [p for p in model.parameters() if p.requires_grad] + list(aids.parameters())
     model.train()
     step = 0
     with progress_bar(total=total, desc="smolvla flow matching", disable=not cfg.progress) as bar:
@@ -325,8 +419,7 @@ def train_smolvla(cfg: SmolVLATrainConfig) -> dict[str, Any]:
                 scale = cosine_schedule(step, total, WARMUP_STEPS)
                 for group, lr in zip(optimizer.param_groups, base, strict=True):
                     group["lr"] = lr * scale
-                loss = flow_loss(model, batches, batch, cfg.noise_samples, generator, probe, cfg.aux_weight,
-                                 cfg.state_dropout)
+                loss = flow_loss(model, batches, batch, cfg.noise_samples, generator, aids, cfg.state_dropout)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -336,7 +429,7 @@ def train_smolvla(cfg: SmolVLATrainConfig) -> dict[str, Any]:
                 bar.set_postfix(loss=f"{history['train'][-1]:.4f}")
                 step += 1
             if len(val_idx):
-                metrics = evaluate(model, batches, val_idx, action_dim, cfg.seed, 256, probe)
+                metrics = evaluate(model, batches, val_idx, action_dim, cfg.seed, 256, aids)
                 history["val"].append(metrics["val_flow_loss"])
                 epochs.append({"epoch": epoch + 1, **metrics})
                 print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)

@@ -90,7 +90,7 @@ class PrefixKV:
     values: tuple[torch.Tensor, ...]
     pad_masks: torch.Tensor
     n_valid: torch.Tensor
-    last_hidden: torch.Tensor | None = None  # the last VLM layer's output (B, P, width); no flow step reads it
+    last_input: torch.Tensor | None = None  # the last VLM layer's input (B, P, width): behind its keys and values
 
     @property
     def length(self) -> int:
@@ -234,8 +234,10 @@ class SmolVLAModel(nn.Module):
             q, k = apply_rope(q, positions), apply_rope(k, positions)
             keys.append(k)
             values.append(v)
+            last_input = hidden
             hidden = _layer_block(layer, hidden, attention(mask, q, k, v))
-        return PrefixKV(tuple(keys), tuple(values), pad, pad.sum(dim=-1, keepdim=True), hidden)
+        # the last layer's output feeds nothing the expert reads: a training aid reads its input
+        return PrefixKV(tuple(keys), tuple(values), pad, pad.sum(dim=-1, keepdim=True), last_input)
 
     # --- flow step ------------------------------------------------------------------------
     def embed_suffix(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -386,7 +386,7 @@ class SmolVLATrainConfig:
     noise_samples: int = 4  # flow (noise, time) draws per prefix: the expert is cheap beside the prefix
     lr: float = 1e-3
     vlm_lr_scale: float = 0.3  # the text layers start trained: a smaller step for them
-    aux_weight: float = 1.0  # where the named cube is, read from the state token's last hidden state (a training aid)
+    aux_weight: float = 1.0  # where the named cube is, from the state token at the last layer's input (training aid)
     state_dropout: float = 0.3  # share of samples whose state is zeroed: the scene, not the arm's motion, must lead
     keypoint_weight: float = 1.0  # the front camera's tokens place the named cube and the gripper (a training aid)
     init: str | None = None  # a policy written by train-smolvla to start from

@@ -243,7 +243,7 @@ class FlowBatches:
         # alone) and where the gripper is, in AUX_SCALE_M units (data.aux holds cube - gripper, gripper)
         self.aux = torch.cat([data.aux[:, :3] + data.aux[:, 3:], data.aux[:, 3:]], dim=1)
         self.keypoints = data.keypoint_targets  # (N, 2, 2): the named cube and the TCP in the front image
-        self.front_tokens = model.vlm.connector(self.features[0][:1].float()).shape[1]
+        self.front_tokens = self.features[0].shape[1] // model.vlm.config.scale_factor ** 2  # after the pixel shuffle
         actions = (data.actions - stats["action"]["mean"]) / stats["action"]["std"]
         windows = action_windows(actions, data.episode, chunk).reshape(len(actions), chunk, -1)
         self.actions = F.pad(windows, (0, 32 - windows.shape[2]))
@@ -294,7 +294,7 @@ class TrainingAids(torch.nn.Module):
 
 
 def probe_loss(prefix: PrefixKV, want: torch.Tensor, probe: torch.nn.Module) -> torch.Tensor:
-    """The auxiliary probe's squared error on the state token's last hidden state (rows with targets)."""
+    """The auxiliary probe's squared error on the state token's state at the last layer's input (rows with targets)."""
     known = torch.isfinite(want).all(dim=1)
     if prefix.last_input is None or not known.any():
         return torch.zeros(())

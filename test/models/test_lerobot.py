@@ -317,6 +317,41 @@ def test_the_flow_decoders_sample_the_policys_field_in_their_step_count(tmp_path
     np.testing.assert_allclose(chunk, want.actions, rtol=0, atol=1e-6)
 
 
+def test_the_controller_gets_the_chunks_first_n_action_steps(tmp_path: Path) -> None:
+    """As LeRobot's ``select_action``: a policy whose ``n_action_steps`` is below its
+    ``chunk_size`` has only that many of each chunk executed; more than the chunk is refused."""
+    import importlib.util
+
+    from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.observation import Observation
+    from vla_accel_ros.core.resources import default_urdf
+    from vla_accel_ros.decoding import make_decoder
+    from vla_accel_ros.runtime.runner import PolicyRunner
+
+    spec = importlib.util.spec_from_file_location("lerobot_layout", FIXTURES / "layout.py")
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    directory = layout.write_smolvla_dir(tmp_path / "arm")
+    config = json.loads((directory / "config.json").read_text())
+    config["n_action_steps"] = 4
+    (directory / "config.json").write_text(json.dumps(config))
+    arm = load_lerobot(directory, tokenizer_dir=TOKENIZERS["smolvla"])
+    assert arm.config.chunk_size == 10
+    runner = PolicyRunner(arm, make_decoder("flow10", seed=3), ArmKinematics(default_urdf()), action_dt_s=0.05,
+                          period_s=1.0)
+    image = np.random.default_rng(0).integers(0, 255, (96, 96, 3), dtype=np.uint8)
+    q, opening = np.linspace(-0.5, 0.5, 7), 0.02
+    chunk = runner(Observation(image, "pick up the red cube", q, opening, 0.0)).chunk
+    noise = torch.randn(arm.noise_shape(), generator=torch.Generator().manual_seed(3))
+    want = arm.predict_chunk([image], np.r_[q, opening], "pick up the red cube", noise=noise.numpy())
+    assert len(want.actions) == 10
+    np.testing.assert_allclose(chunk, want.actions[:4], rtol=0, atol=1e-6)
+    config["n_action_steps"] = 11
+    (directory / "config.json").write_text(json.dumps(config))
+    assert "n_action_steps must be in 1..chunk_size (10), got 11" in error_of(directory,
+                                                                              tokenizer_dir=TOKENIZERS["smolvla"])
+
+
 @pytest.mark.parametrize("method", ["distilled", "two_anchor"])
 def test_a_fresh_2_step_student_of_either_family_is_two_euler_steps(policy, method: str) -> None:  # type: ignore[no-untyped-def]
     """``vla-accel train-flow`` starts either student as 2 Euler steps of the policy's own field

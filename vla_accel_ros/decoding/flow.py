@@ -121,7 +121,8 @@ class FlowDecoder(Decoder):
     def _sampled_chunk(self, policy: Any, context: DecodeContext, prefix: Prefix, ledger: PassLedger) -> DecodeResult:
         """A flow VLA's chunk (``flow_chunks``): fresh noise of the policy's shape, the policy's own
         step count (``flow10``) or 2 steps (``flow2``): its fitted 2-step sampler when it has one
-        (``vla-accel train-flow``), else 2 Euler steps of the same field."""
+        (``vla-accel train-flow``), else 2 Euler steps of the same field. The controller gets the
+        chunk's first ``n_action_steps``; real-time chunking's guide keeps all of it."""
         noise = torch.randn(policy.noise_shape(), generator=self.generator)
         steps = 2 if self.student else int(policy.config.num_steps)
         head_start = context.clock()
@@ -137,7 +138,8 @@ class FlowDecoder(Decoder):
             self.remember(context, policy.sample_space(chunk), ledger.started)
         tokens = np.zeros(N_ACTION_TOKENS, dtype=np.int64)  # no action tokens: bookkeeping only
         result = model_free_result(self.name, chunk[0], tokens, {"head": head_ms, "decode": ledger.decode_ms()})
-        return replace(result, chunk=chunk)
+        # LeRobot's select_action executes the chunk's first n_action_steps, then samples anew
+        return replace(result, chunk=chunk[: policy.config.n_action_steps])
 
 
 class Flow2Decoder(FlowDecoder):

@@ -11,7 +11,9 @@ newer release loads as long as the fields below keep their meaning.
   ``action_expert_variant``; ``num_inference_steps`` Euler steps.
 
 Cameras are the VISUAL input features in the order the file lists them (the order the model
-stacks them); the state is the STATE feature, the action the ACTION output feature.
+stacks them); the state is the STATE feature, the action the ACTION output feature. Of each
+``chunk_size`` chunk the first ``n_action_steps`` are executed before the next is sampled, as
+LeRobot's ``select_action`` does.
 """
 
 from __future__ import annotations
@@ -137,9 +139,10 @@ def parse_config(path: Path, raw: dict[str, Any]) -> LeRobotConfig:
         return value
 
     steps_key = "num_steps" if kind == "smolvla" else "num_inference_steps"
+    chunk_size = int(number("chunk_size", 50))
     common: dict[str, Any] = dict(
-        path=path, type=kind, chunk_size=int(number("chunk_size", 50)),
-        n_action_steps=int(number("n_action_steps", 50)), num_steps=int(number(steps_key, 10)),
+        path=path, type=kind, chunk_size=chunk_size,
+        n_action_steps=int(number("n_action_steps", chunk_size)), num_steps=int(number(steps_key, 10)),
         max_state_dim=int(number("max_state_dim", 32)), max_action_dim=int(number("max_action_dim", 32)),
         camera_names=cameras, state_dim=state_dim, action_dim=action_dim, normalization=normalization,
         tokenizer_max_length=int(number("tokenizer_max_length", 48)),
@@ -148,6 +151,9 @@ def parse_config(path: Path, raw: dict[str, Any]) -> LeRobotConfig:
     for key in ("chunk_size", "num_steps", "max_state_dim", "max_action_dim"):
         if common[key] <= 0:
             raise ValueError(f"{path}: {steps_key if key == 'num_steps' else key} must be positive")
+    if not 0 < common["n_action_steps"] <= common["chunk_size"]:
+        raise ValueError(f"{path}: n_action_steps must be in 1..chunk_size ({common['chunk_size']}), "
+                         f"got {common['n_action_steps']}")
     if state_dim > common["max_state_dim"] or action_dim > common["max_action_dim"]:
         raise ValueError(f"{path}: state ({state_dim}) or action ({action_dim}) wider than max_state_dim "
                          f"({common['max_state_dim']}) or max_action_dim ({common['max_action_dim']})")

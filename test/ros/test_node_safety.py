@@ -110,9 +110,20 @@ class SafetyRig:
         with self._lock:
             return -1.0 if self.t0 is None else self.sim_t - self.t0
 
+    def _node_behind(self) -> bool:
+        """Whether the node has published no command for two control periods of sim time."""
+        with self._lock:
+            return bool(self.commands) and self.sim_t - self.t0 - self.commands[-1][0] >= 2 * PERIOD
+
     def _feed(self) -> None:
         k = 0
         while not self.dds.stop.is_set():
+            # Sim time waits (a bounded while) for a node that fell behind, so that a loaded CPU
+            # slows the scenario down instead of compressing it into fewer ticks.
+            waited = 0
+            while self._node_behind() and waited < 100 and not self.dds.stop.is_set():
+                self.dds.stop.wait(0.002)
+                waited += 1
             with self._lock:
                 self.sim_t += 0.01
                 now = self.stamp(self.sim_t)

@@ -248,17 +248,41 @@ def test_incremental_vision_every_token_changed_equals_the_full_prefix(kind: str
     assert np.isfinite(chunk.actions).all()
 
 
-def test_the_runner_refuses_a_policy_whose_widths_are_not_the_arms(tmp_path: Path) -> None:
+def layout_module():  # type: ignore[no-untyped-def]
+    """``test/fixtures/lerobot/layout.py``, which writes random-weight policy directories."""
     import importlib.util
 
+    spec = importlib.util.spec_from_file_location("lerobot_layout", FIXTURES / "layout.py")
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    return layout
+
+
+def first_runner_chunk(arm, decoder: str):  # type: ignore[no-untyped-def]
+    """The chunk the runtime hands the controller for one observation (``decoder`` seeded with 3),
+    and that observation's image, state and the decoder's noise, for ``predict_chunk``."""
+    from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.observation import Observation
+    from vla_accel_ros.core.resources import default_urdf
+    from vla_accel_ros.decoding import make_decoder
+    from vla_accel_ros.runtime.runner import PolicyRunner
+
+    runner = PolicyRunner(arm, make_decoder(decoder, seed=3), ArmKinematics(default_urdf()), action_dt_s=0.05,
+                          period_s=1.0)
+    image = np.random.default_rng(0).integers(0, 255, (96, 96, 3), dtype=np.uint8)
+    q, opening = np.linspace(-0.5, 0.5, 7), 0.02
+    chunk = runner(Observation(image, "pick up the red cube", q, opening, 0.0)).chunk
+    noise = torch.randn(arm.noise_shape(), generator=torch.Generator().manual_seed(3))
+    return chunk, (image, np.r_[q, opening], noise.numpy())
+
+
+def test_the_runner_refuses_a_policy_whose_widths_are_not_the_arms(tmp_path: Path) -> None:
     from vla_accel_ros.core.kinematics import ArmKinematics
     from vla_accel_ros.core.resources import default_urdf
     from vla_accel_ros.decoding import make_decoder
     from vla_accel_ros.runtime.runner import PolicyRunner
 
-    spec = importlib.util.spec_from_file_location("lerobot_layout", FIXTURES / "layout.py")
-    layout = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(layout)
+    layout = layout_module()
     kin = ArmKinematics(default_urdf())
     policy = load_lerobot(FIXTURES / "smolvla", tokenizer_dir=TOKENIZERS["smolvla"])  # an SO-100's 6 and 6
     with pytest.raises(ValueError, match="state of 6 and gives actions of 6; the robot has 8 and 7"):
@@ -295,55 +319,23 @@ def test_the_flow_decoders_sample_the_policys_field_in_their_step_count(tmp_path
                                                                        steps: int | None) -> None:
     """``flow2``: two Euler steps of the policy's own velocity field, from the decoder's seeded
     noise (``flow10``: the policy's own step count), exactly what ``predict_chunk`` computes."""
-    import importlib.util
-
-    from vla_accel_ros.core.kinematics import ArmKinematics
-    from vla_accel_ros.core.observation import Observation
-    from vla_accel_ros.core.resources import default_urdf
-    from vla_accel_ros.decoding import make_decoder
-    from vla_accel_ros.runtime.runner import PolicyRunner
-
-    spec = importlib.util.spec_from_file_location("lerobot_layout", FIXTURES / "layout.py")
-    layout = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(layout)
-    arm = load_lerobot(layout.write_smolvla_dir(tmp_path / "arm"), tokenizer_dir=TOKENIZERS["smolvla"])
-    runner = PolicyRunner(arm, make_decoder(decoder, seed=3), ArmKinematics(default_urdf()), action_dt_s=0.05,
-                          period_s=1.0)
-    image = np.random.default_rng(0).integers(0, 255, (96, 96, 3), dtype=np.uint8)
-    q, opening = np.linspace(-0.5, 0.5, 7), 0.02
-    chunk = runner(Observation(image, "pick up the red cube", q, opening, 0.0)).chunk
-    noise = torch.randn(arm.noise_shape(), generator=torch.Generator().manual_seed(3))
-    want = arm.predict_chunk([image], np.r_[q, opening], "pick up the red cube", noise=noise.numpy(), steps=steps)
+    arm = load_lerobot(layout_module().write_smolvla_dir(tmp_path / "arm"), tokenizer_dir=TOKENIZERS["smolvla"])
+    chunk, (image, state, noise) = first_runner_chunk(arm, decoder)
+    want = arm.predict_chunk([image], state, "pick up the red cube", noise=noise, steps=steps)
     np.testing.assert_allclose(chunk, want.actions, rtol=0, atol=1e-6)
 
 
 def test_the_controller_gets_the_chunks_first_n_action_steps(tmp_path: Path) -> None:
     """As LeRobot's ``select_action``: a policy whose ``n_action_steps`` is below its
     ``chunk_size`` has only that many of each chunk executed; more than the chunk is refused."""
-    import importlib.util
-
-    from vla_accel_ros.core.kinematics import ArmKinematics
-    from vla_accel_ros.core.observation import Observation
-    from vla_accel_ros.core.resources import default_urdf
-    from vla_accel_ros.decoding import make_decoder
-    from vla_accel_ros.runtime.runner import PolicyRunner
-
-    spec = importlib.util.spec_from_file_location("lerobot_layout", FIXTURES / "layout.py")
-    layout = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(layout)
-    directory = layout.write_smolvla_dir(tmp_path / "arm")
+    directory = layout_module().write_smolvla_dir(tmp_path / "arm")
     config = json.loads((directory / "config.json").read_text())
     config["n_action_steps"] = 4
     (directory / "config.json").write_text(json.dumps(config))
     arm = load_lerobot(directory, tokenizer_dir=TOKENIZERS["smolvla"])
     assert arm.config.chunk_size == 10
-    runner = PolicyRunner(arm, make_decoder("flow10", seed=3), ArmKinematics(default_urdf()), action_dt_s=0.05,
-                          period_s=1.0)
-    image = np.random.default_rng(0).integers(0, 255, (96, 96, 3), dtype=np.uint8)
-    q, opening = np.linspace(-0.5, 0.5, 7), 0.02
-    chunk = runner(Observation(image, "pick up the red cube", q, opening, 0.0)).chunk
-    noise = torch.randn(arm.noise_shape(), generator=torch.Generator().manual_seed(3))
-    want = arm.predict_chunk([image], np.r_[q, opening], "pick up the red cube", noise=noise.numpy())
+    chunk, (image, state, noise) = first_runner_chunk(arm, "flow10")
+    want = arm.predict_chunk([image], state, "pick up the red cube", noise=noise)
     assert len(want.actions) == 10
     np.testing.assert_allclose(chunk, want.actions[:4], rtol=0, atol=1e-6)
     config["n_action_steps"] = 11

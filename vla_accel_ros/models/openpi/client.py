@@ -60,14 +60,14 @@ class ServerError(RuntimeError):
 class RemoteConfig:
     """What the runtime reads of the policy's shape: the node resizes frames to ``image_size``;
     ``num_steps``: the flow decoders' step count, which a served chunk does not use;
-    ``n_action_steps``: the steps of a served chunk that are executed (all of them)."""
+    ``n_action_steps``: the steps of a served chunk that are executed (None: all of them)."""
 
     image_size: int
     d_model: int = 7
     n_action_tokens: int = 7
     n_bins: int = 255
     num_steps: int = 1
-    n_action_steps: int = 1 << 30
+    n_action_steps: int | None = None
 
 
 class ServerReply:

@@ -28,7 +28,7 @@ from vla_accel_ros.ros.node import VlaAccelNode
 torch.set_num_threads(1)
 KIN = ArmKinematics(default_urdf())
 Q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
-_domains = iter(range(220, 226))
+_domains = iter(range(110, 116))
 TOPICS = ["camera/image_raw", "wrist_camera/image_raw"]
 
 

@@ -17,7 +17,7 @@ _spec = importlib.util.spec_from_file_location("lerobot_layout", FIXTURES / "lay
 layout = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(layout)
 
-_domains = iter(range(231, 234))
+_domains = iter(range(130, 133))
 
 
 @pytest.fixture(scope="module")

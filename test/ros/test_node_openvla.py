@@ -27,7 +27,7 @@ _spec.loader.exec_module(layout)
 
 KIN = ArmKinematics(default_urdf())
 Q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
-_domains = iter(range(205, 215))
+_domains = iter(range(90, 100))
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.ros.node import VlaAccelNode
 
-_domains = iter(range(215, 222))
+_domains = iter(range(100, 107))
 
 
 def node_log_until(arguments: list[str], marker: str, timeout_s: float = 90.0) -> str:

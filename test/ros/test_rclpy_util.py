@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("rclpy")
 
-DOMAIN_ID = "61"
+DOMAIN_ID = "76"
 
 
 @pytest.mark.parametrize("gap_s", [0.0, 0.05, 0.3])

@@ -28,7 +28,7 @@ KIN = ArmKinematics(default_urdf())
 Q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
 BEST_EFFORT = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST)
 RELIABLE = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
-_domains = iter(range(200, 210))
+_domains = iter(range(80, 90))
 
 
 def test_the_wire_format_round_trips_and_refuses_what_is_not_an_action():

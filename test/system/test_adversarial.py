@@ -50,7 +50,7 @@ BOUND = 3 * PERIOD  # the stall bound (stall_after_periods: 3) and the issue's
 STEP = KIN.limits.velocity * PERIOD
 FINGER_STEP = KIN.gripper_limits.velocity * PERIOD
 ROSOUT = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-_domains = iter(range(220, 230))
+_domains = iter(range(120, 130))
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""Asynchronous chunk execution as properties: the refill schedule, the alignment of a chunk to its
-observation's time, every blend, the re-anchoring of deltas, and the v*T bound across chunk
-boundaries whatever the chunks, latencies and blends (hypothesis)."""
+"""Chunk execution as properties: the refill schedule, the alignment of a chunk to its observation's
+time (or, in ``wait``, its start at arrival), every blend, the re-anchoring of deltas, and the v*T
+bound across chunk boundaries whatever the chunks, latencies and blends (hypothesis)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def test_async_refills_at_the_threshold_and_sync_when_used_up(horizon, threshold
     plan.next = horizon - remaining
     async_ = ChunkSettings(chunk_execution="async", chunk_refill_threshold=threshold)
     assert plan.wants_refill(async_) == (remaining <= threshold * horizon)
-    assert plan.wants_refill(ChunkSettings(chunk_execution="sync")) == (remaining == 0)
+    for waiting in ("sync", "wait"):
+        assert plan.wants_refill(ChunkSettings(chunk_execution=waiting)) == (remaining == 0)
     plan.replan_requested = True  # the kinematic verification asks whatever the queue holds
     assert plan.wants_refill(async_) and plan.wants_refill(ChunkSettings(chunk_execution="sync"))
 
@@ -75,6 +76,16 @@ def test_a_chunk_is_aligned_to_its_observation_and_drops_the_steps_that_ran(hori
     assert plan.gripper[0] == pytest.approx(actions[first, 6])
     # at the tick it arrived, the due step is the plan's first
     assert plan.step_at(obs_stamp + delay, DT) == min(max(0, math.floor(delay / DT + 1e-6) - first), len(plan.q) - 1)
+
+
+@given(horizon=st.integers(1, 25), delay=st.floats(0.0, 2.0), obs_stamp=st.floats(-100.0, 100.0))
+def test_an_unaligned_chunk_runs_from_its_first_action_at_the_tick_it_arrived(horizon, delay, obs_stamp):
+    actions = np.tile(np.arange(horizon, dtype=float)[:, None] * 1e-3, (1, 7))
+    now = obs_stamp + delay
+    plan = plan_chunk(actions, obs_stamp, now, DT, np.zeros(7), additive, aligned=False)
+    assert plan.first_slot == 0 and len(plan.q) == horizon and plan.start == now
+    assert plan.step_at(now, DT) == 0 and plan.gripper[0] == actions[0, 6]
+    np.testing.assert_allclose(plan.q[:, 0], np.cumsum(actions[:, 0]), atol=1e-12)
 
 
 @given(horizon=st.integers(2, 16), delay=st.floats(0.0, 1.0), anchor=st.lists(st.floats(-2, 2), min_size=7,
@@ -168,7 +179,7 @@ def drive(kin: ArmKinematics, ctrl: Controller, ticks: int, horizon: int, latenc
 
 
 @settings(max_examples=25, deadline=None)
-@given(execution=st.sampled_from(("sync", "async")), blend=st.sampled_from(CHUNK_BLENDS),
+@given(execution=st.sampled_from(("sync", "wait", "async")), blend=st.sampled_from(CHUNK_BLENDS),
        horizon=st.integers(2, 12), latency=st.integers(0, 6), threshold=st.floats(0.0, 1.0),
        follow=st.floats(0.2, 1.0), seed=st.integers(0, 10_000))
 def test_commands_stay_within_v_t_and_the_limits_across_chunk_boundaries(kin, execution, blend, horizon, latency,
@@ -195,6 +206,25 @@ def test_async_never_waits_between_chunks_and_sync_waits_at_every_boundary(kin, 
         if execution == "sync":  # each boundary: the latency, plus the tick the plan's last step used
             assert waits["sync"] >= (boundaries - 1) * latency
     assert waits["async"] == 0  # the next chunk arrives before the queue runs out
+
+
+@pytest.mark.parametrize("latency", [1, 3, 5])
+def test_wait_holds_the_last_command_during_inference_and_runs_every_action(kin, latency):
+    horizon = 8
+    ctrl = controller(kin, chunk_execution="wait")
+    results = drive(kin, ctrl, 100, horizon, latency, np.random.default_rng(1))
+    first_policy = next(i for i, r in enumerate(results) if r.source == "policy")
+    after = results[first_policy:]
+    assert results[-1].stats.chunk_steps_dropped == 0  # nothing was due before its chunk arrived
+    boundaries = [i for i, r in enumerate(after) if r.chunk_start]
+    assert len(boundaries) >= 3
+    for start, end in zip(boundaries, boundaries[1:]):
+        sources = [r.source for r in after[start:end]]
+        # the whole chunk, then the ticks of the next inference (its latency and the tick that asked)
+        assert sources[:horizon] == ["policy"] * horizon and len(sources) >= horizon + latency
+        waiting = [r.q_command for r in after[start + horizon - 1:end]]
+        for command in waiting[1:]:
+            np.testing.assert_array_equal(command, waiting[0])  # held: nothing extrapolated
 
 
 def test_a_late_chunk_is_re_anchored_where_the_arm_is(kin):
@@ -252,7 +282,7 @@ def test_a_bad_chunk_is_one_line_and_the_arm_holds_safely(kin, bad, why):
 
 # --- absolute joint positions (the robot record's joint_position+gripper) ------------------------
 @settings(max_examples=25, deadline=None)
-@given(execution=st.sampled_from(("sync", "async")), blend=st.sampled_from(CHUNK_BLENDS),
+@given(execution=st.sampled_from(("sync", "wait", "async")), blend=st.sampled_from(CHUNK_BLENDS),
        horizon=st.integers(1, 10), latency=st.integers(0, 4), spread=st.floats(0.0, 4.0), seed=st.integers(0, 10_000))
 def test_joint_position_chunks_pass_the_same_clamps(kin, execution, blend, horizon, latency, spread, seed):
     """Targets anywhere, beyond the limits too: every command within the limits and within v*T of

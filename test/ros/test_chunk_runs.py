@@ -50,3 +50,19 @@ def test_every_decoder_runs_in_every_mode_with_its_settings(tmp_path: Path, monk
     assert [r["chunk_throughput_vs_first"] for r in rows[::2]] == [1.0, 2.5, 4.0]
     assert rows[-1]["vision_recomputed_mean"] == 0.4
     assert json.loads((tmp_path / "chunk_modes.json").read_text())["modes"] == rows
+
+
+@pytest.mark.parametrize(("mode", "execution", "blend"), [
+    ("sync", "sync", None), ("wait", "wait", None), ("async:crossfade", "async", "crossfade"),
+    ("rtc", "async", "latest_only")])
+def test_each_mode_names_its_execution_and_blend(mode: str, execution: str, blend: str | None) -> None:
+    base = SimRunOptions().chunks
+    settings = chunk_runs.mode_settings(mode, base)
+    assert settings.chunk_execution == execution
+    assert settings.chunk_blend == (blend or base.chunk_blend)
+
+
+@pytest.mark.parametrize("mode", ["wait:crossfade", "async", "async:blend", "later"])
+def test_an_unknown_mode_is_refused_naming_the_modes(mode: str) -> None:
+    with pytest.raises(ValueError, match="sync, wait, async:latest_only"):
+        chunk_runs.mode_settings(mode, SimRunOptions().chunks)

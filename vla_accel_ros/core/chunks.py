@@ -4,19 +4,23 @@ follows, and the schedule that asks for the next chunk. ROS-free; the controller
 - **Alignment.** Action k of a chunk is for the action step that starts k action steps after its
   observation (``obs_stamp + k * action_dt_s``). When the chunk reaches the tick, the steps whose
   time has passed (they ran, from the previous chunk or the fallback, during inference) are
-  dropped; the last action is never dropped, so a single action is always executed once.
+  dropped; the last action is never dropped, so a single action is always executed once. With
+  ``chunk_execution`` ``wait`` nothing is dropped: the arm held still during inference, so the
+  chunk runs from its first action at the tick it arrives (LeRobot's synchronous loop, and what a
+  policy trained without latency saw).
 - **Re-anchoring.** The kept end-effector deltas are integrated through differential IK from the
   Kalman filter's estimate of the arm at the chunk's first executed step, not from the observed
   position: a late chunk continues from where the arm is, it does not pull it back to where it was.
-  A single action (H = 1) is anchored at the measured position at its tick, as it always was.
+  A single action (H = 1), and a chunk in ``wait``, is anchored at the measured position at its tick.
 - **Blending.** Steps the previous plan still holds for the same times are blended with the new
   plan's (``chunk_blend``): ``latest_only`` (the new plan), ``weighted_average`` (0.3 old, 0.7
   new, LeRobot's aggregation) or ``crossfade`` (the new plan's weight rises linearly over the
   overlap, from 1/(n+1) to n/(n+1)). Blending is in joint space, so it blends positions that were
   each anchored, and the gripper command alike.
-- **Schedule.** ``sync``: the next inference starts when the plan is used up. ``async``: when at
-  most ``chunk_refill_threshold`` of a chunk is left, so the next chunk arrives while this one
-  still runs.
+- **Schedule.** ``sync`` and ``wait``: the next inference starts when the plan is used up (in
+  ``sync`` the Kalman fallback carries the arm on meanwhile, in ``wait`` it holds the last command).
+  ``async``: when at most ``chunk_refill_threshold`` of a chunk is left, so the next chunk arrives
+  while this one still runs.
 - **Kinematic verification.** While a plan runs, the Kalman filter's estimate of the arm is
   compared with where the plan put it one step earlier; beyond ``chunk_verify_threshold_rad`` on
   any joint the plan asks for an early re-plan (once per plan, counted).
@@ -36,10 +40,11 @@ import numpy as np
 
 from vla_accel_ros.core.settings import check_fields, setting
 
-CHUNK_EXECUTIONS = ("sync", "async")
+CHUNK_EXECUTIONS = ("sync", "wait", "async")
+WAITING_EXECUTIONS = ("sync", "wait")  # the next inference starts when the plan is used up
 CHUNK_BLENDS = ("latest_only", "weighted_average", "crossfade")
 # execution[:blend] as runs compare them; "rtc": async, the new chunk alone, sampled by real-time chunking
-CHUNK_MODES = ("sync", *(f"async:{blend}" for blend in CHUNK_BLENDS), "rtc")
+CHUNK_MODES = ("sync", "wait", *(f"async:{blend}" for blend in CHUNK_BLENDS), "rtc")
 WEIGHTED_AVERAGE_NEW = 0.7  # LeRobot's weighted_average: 0.3 of the old chunk, 0.7 of the new one
 SLOT_EPS = 1e-6  # round-off slack when a tick falls exactly on a step boundary
 
@@ -52,8 +57,11 @@ class ChunkSettings:
     """How a chunked policy's chunks are executed (flat node parameters ``chunk_*``)."""
 
     chunk_execution: str = setting("async", "sync: the next inference starts when a chunk is used up (the arm "
-                                   "waits on the Kalman fallback meanwhile); async: when at most "
-                                   "chunk_refill_threshold of a chunk is left", choices=CHUNK_EXECUTIONS)
+                                   "goes on on the Kalman fallback meanwhile, and the actions due during "
+                                   "inference are dropped); wait: likewise, but the arm holds its last command "
+                                   "meanwhile and the chunk runs from its first action; async: the next "
+                                   "inference starts when at most chunk_refill_threshold of a chunk is left",
+                                   choices=CHUNK_EXECUTIONS)
     chunk_refill_threshold: float = setting(0.5, "async: start the next inference when the queue holds at most this "
                                             "fraction of a chunk", range=(0.0, 1.0))
     chunk_blend: str = setting("weighted_average", "How the steps two chunks both plan are combined: latest_only "
@@ -105,7 +113,7 @@ class ChunkPlan:
         there is an observation)."""
         if self.horizon <= 1 or self.replan_requested:
             return True
-        if settings.chunk_execution == "sync":
+        if settings.chunk_execution in WAITING_EXECUTIONS:
             return self.remaining <= 0
         return self.remaining <= settings.chunk_refill_threshold * self.horizon
 
@@ -116,18 +124,21 @@ def first_kept_slot(obs_stamp: float, now: float, horizon: int, dt: float) -> in
 
 
 def plan_chunk(actions: np.ndarray, obs_stamp: float, now: float, dt: float, anchor_q: np.ndarray,
-               step: ActionStep, previous: ChunkPlan | None = None, blend: str = "latest_only") -> ChunkPlan:
-    """The plan of a chunk (H, 7) reaching the tick at ``now``: aligned, its deltas integrated from
-    ``anchor_q`` with ``step``, and blended with the steps ``previous`` still holds for the same times."""
+               step: ActionStep, previous: ChunkPlan | None = None, blend: str = "latest_only",
+               aligned: bool = True) -> ChunkPlan:
+    """The plan of a chunk (H, 7) reaching the tick at ``now``: aligned (else from its first action,
+    starting now), its deltas integrated from ``anchor_q`` with ``step``, and blended with the steps
+    ``previous`` still holds for the same times."""
     horizon = len(actions)
-    first = first_kept_slot(obs_stamp, now, horizon, dt)
+    first = first_kept_slot(obs_stamp, now, horizon, dt) if aligned else 0
     targets, grippers = [], []
     q = np.asarray(anchor_q, dtype=float)
     for action in actions[first:]:
         q, gripper = step(q, action)
         targets.append(q)
         grippers.append(gripper)
-    plan = ChunkPlan(np.array(targets), np.array(grippers), obs_stamp + first * dt, obs_stamp, first, horizon)
+    start = obs_stamp + first * dt if aligned else now
+    plan = ChunkPlan(np.array(targets), np.array(grippers), start, obs_stamp, first, horizon)
     if previous is not None and horizon > 1:
         plan.blended = blend_into(plan, previous, blend, dt)
     return plan
@@ -201,7 +212,7 @@ class ChunkQueue:
         self.pending = None
         previous = self.plan if self.plan is not None and self.plan.remaining else None
         self.plan = plan_chunk(actions, obs_stamp, now, self.dt, anchor(len(actions)), step, previous,
-                               self.settings.chunk_blend)
+                               self.settings.chunk_blend, aligned=self.settings.chunk_execution != "wait")
         self.latency_s.append(now - obs_stamp)
         self.started = True
         return self.plan

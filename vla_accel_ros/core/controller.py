@@ -14,8 +14,9 @@ inference worker when to start the next one (``wait_observation``). At every tic
 - ``fallback``: no fresh action, so the joint-space Kalman filter extrapolates the motion over one
   action step, i.e. it stands in for the late action. Its velocity decays linearly to 0 over
   ``fallback_max_s`` after the last fresh action (or after the hold before it), then the core holds
-  and reports how long no action came (``action_starved_s``). Without a policy
-  (``expect_actions`` false) nothing is extrapolated: the command tracks the measured position;
+  and reports how long no action came (``action_starved_s``). Between chunks in ``chunk_execution``
+  ``wait`` the last command is held instead (the next chunk runs from its first action). Without a
+  policy (``expect_actions`` false) nothing is extrapolated: the command tracks the measured position;
 - ``hold``: disabled, no instruction, an input stale past its watchdog, or the fallback used up: the
   measured position at the moment the hold began (latched, so a sagging arm does not drift the hold
   target).
@@ -454,6 +455,9 @@ class Controller:
             self._starved_s = elapsed
             reason = f"no fresh policy action for {elapsed:.3f} s (fallback_max_s = {cfg.fallback_max_s:g} s)"
             return self._hold_locked(reason), "hold", reason
+        if cfg.chunks.chunk_execution == "wait" and self._chunks.started and self._guard.last_arm is not None:
+            # The chunk will run from its first action, planned for the arm where the policy saw it.
+            return self._guard.last_arm.copy(), "fallback", why + "; chunk_execution wait: holding the last command"
         # Extrapolate from the last measurement to one action step past the tick: the filter stands
         # in for the action the policy would have sent, with the same lead on the servo, its velocity
         # decaying to 0 over the window so that the motion ends when the window does.
@@ -474,8 +478,10 @@ class Controller:
         assert self._q is not None
         q, dt, space = self._q, self.config.action_dt_s, self.config.action_space
 
+        waits = self.config.chunks.chunk_execution == "wait"  # the arm held still: from where it is
+
         def anchor(horizon: int) -> np.ndarray:
-            if horizon > 1 and self._kf.initialized and self._kf.stamp is not None:
+            if horizon > 1 and not waits and self._kf.initialized and self._kf.stamp is not None:
                 return np.clip(self._kf.predict_q(max(now - self._kf.stamp, 0.0)), self.kin.limits.lower,
                                self.kin.limits.upper)
             return q

@@ -3,7 +3,7 @@ in turn on the same seeded episodes (``OUT/MODE``), their figures side by side
 (``OUT/chunk_modes.json``) and their commanded joint positions with the chunk boundaries marked
 (``OUT/chunk_execution.png``).
 
-A mode is ``sync`` or ``async:BLEND`` (``async:crossfade``, ...): the node's ``chunk_execution`` and,
+A mode is ``sync``, ``wait`` or ``async:BLEND`` (``async:crossfade``, ...): the node's ``chunk_execution`` and,
 for ``async``, its ``chunk_blend``; the other ``chunk_*`` parameters are the run's. ``rtc`` is ``async``
 with ``latest_only`` and real-time chunking (the run's ``rtc_horizon``, else ``DEFAULT_RTC_HORIZON``);
 the other modes run without it.
@@ -44,8 +44,8 @@ def mode_settings(mode: str, base: ChunkSettings) -> ChunkSettings:
     if mode == "rtc":  # the sampler continues the previous chunk: nothing left to blend
         return replace(base, chunk_execution="async", chunk_blend="latest_only")
     execution, _, blend = mode.partition(":")
-    if execution == "sync" and not blend:
-        return replace(base, chunk_execution="sync")
+    if execution in ("sync", "wait") and not blend:
+        return replace(base, chunk_execution=execution)
     if execution == "async" and blend in CHUNK_BLENDS:
         return replace(base, chunk_execution="async", chunk_blend=blend)
     raise ValueError(f"chunk mode {mode!r} is not one of {', '.join(CHUNK_MODES)}")

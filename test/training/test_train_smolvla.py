@@ -18,8 +18,10 @@ from vla_accel_ros.cli import main
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding.flow import Flow2Decoder, FlowDecoder
 from vla_accel_ros.models.lerobot.policy import load_lerobot
-from vla_accel_ros.models.lerobot.student import STUDENT_META, FlowStudent
+from vla_accel_ros.models.lerobot.student import STUDENT_META, FlowStudent, load_student
+from vla_accel_ros.training.configs import FlowTrainConfig
 from vla_accel_ros.training.data import load_demos
+from vla_accel_ros.training.flow import train_flow
 from vla_accel_ros.training.hf_draft import episode_instructions
 from vla_accel_ros.training.lerobot_flow import DemoInputs, student_gap
 
@@ -144,6 +146,29 @@ def test_train_flow_writes_a_student_that_flow2_samples(trained: tuple[Path, Pat
     euler = policy.sample_chunk(prefix, noise, 2)
     assert not np.allclose(chunk, euler)  # the adapter moved away from plain Euler
     assert Flow2Decoder.student and not FlowDecoder.student  # flow2 asks for it, flow10 does not
+
+
+def test_train_flow_continues_a_kept_student_and_refuses_another_method(
+        trained: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    demos, _, out = trained
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["--checkpoint", str(out), "--data", str(demos), "--method", "two_anchor", "--distill-epochs", "2",
+              "--batch-size", "8", "--lr", "3e-3", "--threads", "1", "--no-progress"]
+    assert main(["train-flow", *common, "--out", str(first)]) == 0
+    assert main(["train-flow", *common, "--out", str(second), "--student-from", str(first)]) == 0
+    policy = load_lerobot(out)
+    kept, continued = load_student(first, policy.model), load_student(second, policy.model)
+    assert kept is not None and continued is not None
+    # Same seed, data and schedule: a second run from 2 Euler steps would write the first student again.
+    moved = max(float((t - kept.state_dict()[n]).abs().max()) for n, t in continued.state_dict().items())
+    assert moved > 0
+    assert json.loads((second / STUDENT_META).read_text())["recipe"]["student_from"] == str(first)
+    with pytest.raises(ValueError, match="its student is two_anchor, not --method distilled"):
+        train_flow(FlowTrainConfig(checkpoint=str(out), data=str(demos), out=str(tmp_path / "x"), method="distilled",
+                                   student_from=str(first), distill_epochs=1, threads=1, progress=False))
+    with pytest.raises(ValueError, match="no flow_student.json there"):
+        train_flow(FlowTrainConfig(checkpoint=str(out), data=str(demos), out=str(tmp_path / "y"), method="two_anchor",
+                                   student_from=str(out), distill_epochs=1, threads=1, progress=False))
 
 
 def test_the_runner_reuses_unchanged_image_tokens_of_a_smolvla(trained: tuple[Path, Path, Path]) -> None:

@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default=d.method, choices=("distilled", "two_anchor"),
                         help="a LeRobot policy (SmolVLA, pi0): fit its 2-step sampler as a distilled copy of its "
                              "flow-step modules, or as a small adapter over its own field at two anchors")
+    parser.add_argument("--student-from", default=None,
+                        help="a LeRobot policy: continue the 2-step sampler kept in this directory (same policy and "
+                             "--method) instead of starting from 2 Euler steps")
     parser.add_argument("--cameras", type=int, default=d.cameras, choices=(1, 2),
                         help="image slots: 2 conditions the head on the demos' wrist images too "
                              "(vla-accel demos --wrist)")

@@ -133,6 +133,7 @@ class FlowTrainConfig:
     cameras: int = 1  # image slots: 2 reads the demos' wrist images as well as the front camera's
     teacher_from: str | None = None  # a checkpoint whose flow head's teacher is reused (no teacher training)
     method: str = "distilled"  # a LeRobot policy's 2-step sampler: distilled, or two_anchor (the adapter)
+    student_from: str | None = None  # a LeRobot policy: continue the 2-step sampler kept in this directory
     seed: int = 0
     val_fraction: float = 0.1
     max_episodes: int | None = None

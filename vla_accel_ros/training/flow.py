@@ -150,6 +150,8 @@ def train_flow(cfg: FlowTrainConfig) -> dict[str, Any]:
         return distil_lerobot(cfg)
     if cfg.method != "distilled":
         raise ValueError(f"--method {cfg.method} applies to LeRobot flow policies; the own head's student is distilled")
+    if cfg.student_from is not None:
+        raise ValueError("--student-from applies to LeRobot flow policies; the own head's student is trained afresh")
     start = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     policy = load_checkpoint(cfg.checkpoint)

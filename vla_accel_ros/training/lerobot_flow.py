@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.models.lerobot.policy import LeRobotPolicy, ModelInputs, load_lerobot
 from vla_accel_ros.models.lerobot.processor import resize_with_pad, tokenize
-from vla_accel_ros.models.lerobot.student import STUDENT_META, STUDENT_WEIGHTS, FlowStudent
+from vla_accel_ros.models.lerobot.student import STUDENT_META, STUDENT_WEIGHTS, FlowStudent, load_student
 from vla_accel_ros.training.configs import FlowTrainConfig
 from vla_accel_ros.training.data import DemoDataset, action_windows, load_demos
 from vla_accel_ros.training.hf_draft import episode_instructions
@@ -87,7 +87,7 @@ def distil_lerobot(cfg: FlowTrainConfig) -> dict[str, Any]:
     data = load_demos(cfg.data, 64, cfg.max_episodes, progress=cfg.progress)
     demos = DemoInputs(policy, data, episode_instructions(cfg.data, data))
     train_idx, val_idx = data.split(cfg.val_fraction)
-    student = FlowStudent.fresh(cfg.method, policy.model)
+    student = continued_student(cfg, policy) if cfg.student_from else FlowStudent.fresh(cfg.method, policy.model)
     params = student.parameters()
     for p in params:
         p.requires_grad_(True)
@@ -118,7 +118,7 @@ def distil_lerobot(cfg: FlowTrainConfig) -> dict[str, Any]:
         shutil.copytree(cfg.checkpoint, out, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns(STUDENT_WEIGHTS, STUDENT_META))
     recipe = {k: v for k, v in asdict(cfg).items() if k in ("method", "distill_epochs", "batch_size", "lr", "seed",
-                                                             "val_fraction", "max_episodes")}
+                                                             "val_fraction", "max_episodes", "student_from")}
     recipe["data"] = str(Path(cfg.data).resolve())
     student.save(out, {"recipe": recipe, "metrics": metrics, "final_train_loss": float(np.mean(losses[-20:]))})
     print("held-out 2-step sampler metrics (normalised action units):")
@@ -126,6 +126,19 @@ def distil_lerobot(cfg: FlowTrainConfig) -> dict[str, Any]:
         print(f"  {key}: {value}")
     print(f"flow student written to {out / STUDENT_WEIGHTS}")
     return metrics
+
+
+def continued_student(cfg: FlowTrainConfig, policy: LeRobotPolicy) -> FlowStudent:
+    """The student kept in ``cfg.student_from``, to be trained on; ValueError when there is none there,
+    or it fits another method."""
+    assert cfg.student_from is not None
+    where = f"--student-from {cfg.student_from}"
+    student = load_student(Path(cfg.student_from), policy.model)
+    if student is None:
+        raise ValueError(f"{where}: no {STUDENT_META} there (vla-accel train-flow writes one)")
+    if student.method != cfg.method:
+        raise ValueError(f"{where}: its student is {student.method}, not --method {cfg.method}")
+    return student
 
 
 def held_out(policy: LeRobotPolicy, student: FlowStudent, demos: DemoInputs, val_idx: torch.Tensor,

@@ -127,7 +127,7 @@ def plan_chunk(actions: np.ndarray, obs_stamp: float, now: float, dt: float, anc
                step: ActionStep, previous: ChunkPlan | None = None, blend: str = "latest_only",
                aligned: bool = True) -> ChunkPlan:
     """The plan of a chunk (H, 7) reaching the tick at ``now``: aligned (else from its first action,
-    starting now), its deltas integrated from ``anchor_q`` with ``step``, and blended with the steps
+    due at this tick), its deltas integrated from ``anchor_q`` with ``step``, and blended with the steps
     ``previous`` still holds for the same times."""
     horizon = len(actions)
     first = first_kept_slot(obs_stamp, now, horizon, dt) if aligned else 0
@@ -137,7 +137,9 @@ def plan_chunk(actions: np.ndarray, obs_stamp: float, now: float, dt: float, anc
         q, gripper = step(q, action)
         targets.append(q)
         grippers.append(gripper)
-    start = obs_stamp + first * dt if aligned else now
+    # Unaligned, the tick it arrived at falls mid-way through the first step's window, so that a
+    # tick a little early or late neither waits a period for a step nor skips one.
+    start = obs_stamp + first * dt if aligned else now - 0.5 * dt
     plan = ChunkPlan(np.array(targets), np.array(grippers), start, obs_stamp, first, horizon)
     if previous is not None and horizon > 1:
         plan.blended = blend_into(plan, previous, blend, dt)

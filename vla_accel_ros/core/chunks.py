@@ -74,6 +74,11 @@ class ChunkSettings:
     def __post_init__(self) -> None:
         check_fields(self)
 
+    @property
+    def holds_between_chunks(self) -> bool:
+        """``wait``: the arm holds still while a chunk is computed, which then runs from its first action."""
+        return self.chunk_execution == "wait"
+
 
 def blend_weights(blend: str, n_overlap: int) -> np.ndarray:
     """The new plan's weight at each of ``n_overlap`` steps both plans hold (the old one's: 1 - w)."""
@@ -214,7 +219,7 @@ class ChunkQueue:
         self.pending = None
         previous = self.plan if self.plan is not None and self.plan.remaining else None
         self.plan = plan_chunk(actions, obs_stamp, now, self.dt, anchor(len(actions)), step, previous,
-                               self.settings.chunk_blend, aligned=self.settings.chunk_execution != "wait")
+                               self.settings.chunk_blend, aligned=not self.settings.holds_between_chunks)
         self.latency_s.append(now - obs_stamp)
         self.started = True
         return self.plan

@@ -455,7 +455,7 @@ class Controller:
             self._starved_s = elapsed
             reason = f"no fresh policy action for {elapsed:.3f} s (fallback_max_s = {cfg.fallback_max_s:g} s)"
             return self._hold_locked(reason), "hold", reason
-        if cfg.chunks.chunk_execution == "wait" and self._chunks.started and self._guard.last_arm is not None:
+        if cfg.chunks.holds_between_chunks and self._chunks.started and self._guard.last_arm is not None:
             # The chunk will run from its first action, planned for the arm where the policy saw it.
             return self._guard.last_arm.copy(), "fallback", why + "; chunk_execution wait: holding the last command"
         # Extrapolate from the last measurement to one action step past the tick: the filter stands
@@ -478,10 +478,10 @@ class Controller:
         assert self._q is not None
         q, dt, space = self._q, self.config.action_dt_s, self.config.action_space
 
-        waits = self.config.chunks.chunk_execution == "wait"  # the arm held still: from where it is
+        held = self.config.chunks.holds_between_chunks  # the arm held still: from where it is
 
         def anchor(horizon: int) -> np.ndarray:
-            if horizon > 1 and not waits and self._kf.initialized and self._kf.stamp is not None:
+            if horizon > 1 and not held and self._kf.initialized and self._kf.stamp is not None:
                 return np.clip(self._kf.predict_q(max(now - self._kf.stamp, 0.0)), self.kin.limits.lower,
                                self.kin.limits.upper)
             return q

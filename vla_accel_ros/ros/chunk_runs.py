@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from vla_accel_ros.core.chunks import CHUNK_BLENDS, CHUNK_MODES, ChunkSettings
+from vla_accel_ros.core.chunks import CHUNK_BLENDS, CHUNK_MODES, WAITING_EXECUTIONS, ChunkSettings
 from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.ros.launcher import SimRunOptions, run_sim
 from vla_accel_ros.ros.run_summary import motion_segments
@@ -44,7 +44,7 @@ def mode_settings(mode: str, base: ChunkSettings) -> ChunkSettings:
     if mode == "rtc":  # the sampler continues the previous chunk: nothing left to blend
         return replace(base, chunk_execution="async", chunk_blend="latest_only")
     execution, _, blend = mode.partition(":")
-    if execution in ("sync", "wait") and not blend:
+    if execution in WAITING_EXECUTIONS and not blend:
         return replace(base, chunk_execution=execution)
     if execution == "async" and blend in CHUNK_BLENDS:
         return replace(base, chunk_execution="async", chunk_blend=blend)

@@ -84,10 +84,11 @@ def distil_lerobot(cfg: FlowTrainConfig) -> dict[str, Any]:
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     policy = load_lerobot(cfg.checkpoint)
+    # before the demos load: a student that cannot be continued is refused at once
+    student = continued_student(cfg, policy) if cfg.student_from else FlowStudent.fresh(cfg.method, policy.model)
     data = load_demos(cfg.data, 64, cfg.max_episodes, progress=cfg.progress)
     demos = DemoInputs(policy, data, episode_instructions(cfg.data, data))
     train_idx, val_idx = data.split(cfg.val_fraction)
-    student = continued_student(cfg, policy) if cfg.student_from else FlowStudent.fresh(cfg.method, policy.model)
     params = student.parameters()
     for p in params:
         p.requires_grad_(True)

@@ -362,3 +362,78 @@ def test_a_fresh_2_step_student_of_either_family_is_two_euler_steps(policy, meth
         euler = policy.integrate(prefix, inputs, noise, 2)
         sample = student.sample(lambda x, t, model: policy.velocity(prefix, inputs, x, t, model), noise)
     torch.testing.assert_close(sample, euler, rtol=0, atol=1e-6)
+
+
+def test_a_device_this_torch_cannot_use_is_refused_in_one_line() -> None:
+    assert "cpu, cuda or cuda:N" in error_of(FIXTURES / "smolvla", device="tpu")
+    if not torch.cuda.is_available():
+        assert "sees no CUDA device" in error_of(FIXTURES / "smolvla", device="cuda")
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="needs a CUDA device"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_on_either_device_the_chunks_agree_with_lerobot(family: str, device: str) -> None:
+    # float32 on a GPU sums in other orders than on the CPU: allowed a tenth of what the original's
+    # own bfloat16 run moves its chunk
+    calibration = json.loads((FIXTURES / f"{family}_calibration.json").read_text())
+    tol = tolerance(family) if device == "cpu" else calibration["bf16_vs_fp32_normalized"] / 10
+    policy = load_lerobot(FIXTURES / family, tokenizer_dir=TOKENIZERS[family], device=device)
+    assert next(policy.model.parameters()).device.type == device
+    ref = reference(family)
+    for i in range(len(ref["tasks"])):
+        images, state, task = [ref["front"][i], ref["wrist"][i]], ref["state"][i], str(ref["tasks"][i])
+        chunk = policy.predict_chunk(images, state, task, noise=ref["noise"][i])
+        assert np.abs(chunk.normalized - ref["actions_normalized"][i]).max() <= tol
+        two = policy.predict_chunk(images, state, task, noise=ref["noise"][i], steps=2)
+        assert np.abs(two.normalized - ref["actions_normalized_2steps"][i]).max() <= tol
+    # the runtime's path: a prefill, the sampler (unguided and guided), incremental vision
+    from vla_accel_ros.core.observation import Observation
+    from vla_accel_ros.models.configuration import VisionReuseConfig
+    from vla_accel_ros.models.realtime_chunking import ChunkGuide
+
+    state = np.asarray(ref["state"][0], dtype=float)
+    obs = Observation(ref["front"][0], task, state[:5], float(state[5]), extra_images=(ref["wrist"][0],))
+    noise = torch.as_tensor(ref["noise"][0])
+    prefix = policy.prefill(obs)
+    plain = policy.sample_chunk(prefix, noise, 10)
+    direct = policy.predict_chunk(obs.images, state, task, noise=ref["noise"][0])
+    np.testing.assert_allclose(plain, direct.actions, atol=tol)
+    incremental = policy.incremental_vision(VisionReuseConfig(threshold=8.0, refresh_steps=100, max_drift=2.0,
+                                                              reuse_kv=True))
+    policy.prefill(obs, incremental)
+    again = policy.sample_chunk(policy.prefill(obs, incremental), noise, 10)
+    assert incremental.last.recomputed == 0  # nothing changed: every image token reused
+    np.testing.assert_allclose(again, plain, atol=max(tol, 1e-4))
+    target = policy.sample_space(plain)[None]
+    guide = ChunkGuide(target, torch.ones_like(target), frozen=3, max_guidance=5.0)
+    guided = policy.sample_chunk(prefix, noise, 10, guide=guide)
+    np.testing.assert_allclose(guided[:3], plain[:3], atol=1e-4)  # the frozen steps are the target's
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_runner_places_a_lerobot_policy_on_its_device_and_no_other_family(tmp_path: Path, device: str) -> None:
+    from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.observation import Observation
+    from vla_accel_ros.core.resources import default_checkpoint, default_urdf
+    from vla_accel_ros.runtime.runner import PolicyRunner
+
+    kin = ArmKinematics(default_urdf())
+    with pytest.raises(ValueError, match="only a LeRobot policy .* runs on a GPU here"):
+        PolicyRunner.load(default_checkpoint(), "ar", kin, device="cuda")
+    directory = layout_module().write_smolvla_dir(tmp_path / "arm")
+    shutil.copytree(TOKENIZERS["smolvla"], directory / "HuggingFaceTB" / "SmolVLM2-500M-Video-Instruct")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sees no CUDA device"):
+            PolicyRunner.load(directory, "flow2", kin, device="cuda", action_dt_s=0.05, period_s=1.0)
+    obs = Observation(image=np.full((128, 128, 3), 90, np.uint8), instruction="pick up the red cube",
+                      joint_pos=np.zeros(7), gripper=0.04)
+    chunks = []
+    for place in dict.fromkeys(["cpu", device]):
+        runner = PolicyRunner.load(directory, "flow2", kin, device=place, action_dt_s=0.05, period_s=1.0)
+        assert runner.policy.device.type == place
+        chunks.append(runner(obs).chunk)
+    assert chunks[0].shape == (10, 7) and np.isfinite(chunks[-1]).all()
+    np.testing.assert_allclose(chunks[-1], chunks[0], atol=1e-5)

@@ -26,7 +26,7 @@ from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig, PolicySettings, SimBridgeConfig
 
 POLICY_PARAMETERS = ["checkpoint", "unnorm_key", "decoder", "temperature", "kf_fill_check", "kinematic_r_min",
-                     "kinematic_r_max", "rtc_horizon", "rtc_guidance"]
+                     "kinematic_r_max", "rtc_horizon", "rtc_guidance", "device"]
 VISION_PARAMETERS = ["vision_reuse", "vision_threshold", "vision_refresh_steps", "vision_max_drift", "vision_reuse_kv",
                      "vision_feature_threshold", "vision_reuse_tower", "vision_tower_threshold",
                      "vision_tower_refresh_steps"]
@@ -325,3 +325,11 @@ def test_chunk_and_camera_parameters_reach_the_controller_and_bad_ones_are_named
                           ({"image_transports": ["h264"]}, "image_transports")]:
         with pytest.raises(ConfigError, match=words):
             from_params(NodeConfig, params)
+
+
+def test_device_is_passed_to_the_runner_and_checked():
+    config = from_params(PolicySettings, {"device": "cuda:1"}).runner_config()
+    assert config.device == "cuda:1"
+    assert from_params(PolicySettings, {}).runner_config().device == ""
+    with pytest.raises(ConfigError, match="'device' must be empty, cpu, cuda or cuda:N, got 'gpu'"):
+        from_params(PolicySettings, {"device": "gpu"})

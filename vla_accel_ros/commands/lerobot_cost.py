@@ -1,10 +1,12 @@
 """``vla-accel lerobot-cost``: SmolVLA's or π0's prefix, one flow step and a whole chunk at the real
-shape, in CPU time here, with and without the accelerators (2 steps, incremental vision)."""
+shape, in CPU time (or GPU wall time with ``--device cuda``), with and without the accelerators
+(2 steps, incremental vision)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per pass (median)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (CPU time counts them all)")
     parser.add_argument("--out", default="outputs/lerobot_cost", help="output directory (summary.json)")
+    parser.add_argument("--device", default="cpu", help="where the passes run: cpu, cuda, cuda:1, ... (on a GPU, "
+                        "times are wall times until the GPU finished)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,8 +27,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.layers < 0 or args.repeats < 1:
         raise ValueError("--layers must be >= 0 and --repeats >= 1")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     opts = LeRobotCostOptions(type=args.type, layers=args.layers, dtype=args.dtype, repeats=args.repeats,
-                              threads=args.threads, out=args.out)
+                              threads=args.threads, out=args.out, device=args.device)
     summary = lerobot_cost(opts)
     print(json.dumps(summary["table"], indent=1))
     return 0

@@ -7,10 +7,11 @@ Random weights at the published sizes: SmolVLA = SmolVLM2-500M's vision tower (7
 512 px, patch 16, pixel shuffle 4: 64 tokens per camera) and its first 16 text layers (960 wide, 15
 heads, 5 kv heads, head_dim 64), an expert 0.75 x as wide; π0 = SigLIP so400m/14 at 224 px, Gemma
 2B and a Gemma-300M expert (18 layers each). Both take 3 cameras, 48 language tokens and a chunk of
-50. Times are CPU seconds of this process (with one torch thread, the cost of the pass on one core,
-whatever else the machine runs). The text stacks can be built with fewer layers (``layers``): their
-time is then scaled by the real depth over the layers built (each layer costs the same), the
-towers' time is measured whole.
+50. On the CPU, times are CPU seconds of this process (with one torch thread, the cost of the
+pass on one core, whatever else the machine runs); on a GPU (``device`` cuda), wall seconds from
+the pass's start to the GPU's finishing it, after warm-up passes. The text stacks can be built
+with fewer layers (``layers``): their time is then scaled by the real depth over the layers built
+(each layer costs the same), the towers' time is measured whole.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class LeRobotCostOptions:
     repeats: int = 3
     threads: int = 1
     out: str = "outputs/lerobot_cost"
+    device: str = "cpu"
 
 
 def _config(kind: str, layers: int) -> dict[str, Any]:
@@ -92,14 +94,23 @@ def build(kind: str, layers: int, dtype: torch.dtype) -> tuple[Any, Any, int]:
     return model, config, depth
 
 
-def _median_s(run: Callable[[], Any], repeats: int) -> float:
-    """The median CPU time of ``run`` (the process's, all its threads): what the pass costs, not
-    what the machine's other load makes it wait."""
+def _median_s(run: Callable[[], Any], repeats: int, device: torch.device) -> float:
+    """The median cost of ``run``: on the CPU its CPU time (the process's, all its threads), what the
+    pass costs, not what the machine's other load makes it wait; on a GPU the wall time until the
+    GPU finished it, after two warm-up runs (kernel selection, allocator)."""
+    if device.type == "cpu":
+        clock, sync = time.process_time, (lambda: None)
+    else:
+        clock, sync = time.perf_counter, (lambda: torch.cuda.synchronize(device))
+        for _ in range(2):
+            run()
     times = []
     for _ in range(repeats):
-        start = time.process_time()
+        sync()
+        start = clock()
         run()
-        times.append(time.process_time() - start)
+        sync()
+        times.append(clock() - start)
     return statistics.median(times)
 
 
@@ -107,32 +118,40 @@ def lerobot_cost(opts: LeRobotCostOptions) -> dict[str, Any]:
     """The cost table (module docstring) as a dict, also written to ``out``/summary.json."""
     if opts.threads > 0:
         torch.set_num_threads(opts.threads)
+    device = torch.device(opts.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {opts.device!r}: this torch sees no CUDA device")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[opts.dtype]
     model, config, depth = build(opts.type, opts.layers, dtype)
+    model.to(device)
     built = opts.layers or depth
     scale = depth / built
     height, width = config.image_hw
-    images = [torch.rand(1, 3, height, width) * 2 - 1 for _ in range(N_CAMERAS)]
-    masks = [torch.ones(1, dtype=torch.bool)] * N_CAMERAS
-    lang = torch.randint(0, 1000, (1, LANGUAGE))
-    lang_mask = torch.ones(1, LANGUAGE, dtype=torch.bool)
-    state = torch.zeros(1, config.max_state_dim)
-    noise = torch.randn(1, config.chunk_size, config.max_action_dim)
-    t = torch.ones(1)
+    images = [torch.rand(1, 3, height, width, device=device) * 2 - 1 for _ in range(N_CAMERAS)]
+    masks = [torch.ones(1, dtype=torch.bool, device=device)] * N_CAMERAS
+    lang = torch.randint(0, 1000, (1, LANGUAGE), device=device)
+    lang_mask = torch.ones(1, LANGUAGE, dtype=torch.bool, device=device)
+    state = torch.zeros(1, config.max_state_dim, device=device)
+    noise = torch.randn(1, config.chunk_size, config.max_action_dim, device=device)
+    t = torch.ones(1, device=device)
+
+    def median_s(run: Callable[[], Any]) -> float:
+        return _median_s(run, opts.repeats, device)
+
     with torch.inference_mode():
         tokens = model.embed_images(images)
         embedded = model.embed_inputs(tokens, masks, lang, lang_mask, state)
         emb, rest = embedded[0], embedded[1:]
         prefix = model.run_prefix(*embedded)
         # an unchanged frame: the image rows reused, the language (and SmolVLA's state) recomputed
-        text_rows = torch.arange(N_CAMERAS * tokens[0].shape[1], emb.shape[1])
-        vlm = _median_s(lambda: model.run_prefix(*embedded), opts.repeats)
+        text_rows = torch.arange(N_CAMERAS * tokens[0].shape[1], emb.shape[1], device=device)
+        vlm = median_s(lambda: model.run_prefix(*embedded))
         if opts.type == "smolvla":
-            step = _median_s(lambda: model.velocity(prefix, noise, t), opts.repeats)
+            step = median_s(lambda: model.velocity(prefix, noise, t))
         else:
-            step = _median_s(lambda: model.velocity(prefix, state, noise, t), opts.repeats)
-        rows = _median_s(lambda: model.run_prefix_rows(text_rows, emb[:, text_rows], *rest, prefix), opts.repeats)
-        towers = _median_s(lambda: model.embed_images(images), opts.repeats)
+            step = median_s(lambda: model.velocity(prefix, state, noise, t))
+        rows = median_s(lambda: model.run_prefix_rows(text_rows, emb[:, text_rows], *rest, prefix))
+        towers = median_s(lambda: model.embed_images(images))
     prefix_s = towers + vlm * scale
     step_s = step * scale
     table = {"prefix_s": prefix_s, "towers_s": towers, "vlm_s": vlm * scale, "flow_step_s": step_s,
@@ -141,6 +160,7 @@ def lerobot_cost(opts: LeRobotCostOptions) -> dict[str, Any]:
     table["chunk_2_steps_incremental_unchanged_s"] = rows * scale + 2 * step_s
     summary = {"options": asdict(opts), "prefix_tokens": int(emb.shape[1]), "text_layers_built": built,
                "text_layers_real": depth, "threads": torch.get_num_threads(),
+               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "parameters_built": int(sum(p.numel() for p in model.parameters())),
                "table": {k: round(float(v), 4) for k, v in table.items() if np.isfinite(v)}}
     out = Path(opts.out)

@@ -14,6 +14,7 @@ in the sim, record and replay options) and the incremental-vision parameters (``
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -72,9 +73,13 @@ class PolicySettings:
                                "guided towards what the previous chunk plans for the same times (its first steps, "
                                "those the inference takes, frozen); 0 = off", range=(0, 1000))
     rtc_guidance: float = setting(5.0, "Real-time chunking: the guidance's largest gain", range=(0.0, 100.0))
+    device: str = setting("", "Where a LeRobot policy (SmolVLA, pi0) runs: cuda or cuda:N = that GPU; empty = the "
+                          "CPU (every other family runs on the CPU)")
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.device and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"parameter 'device' must be empty, cpu, cuda or cuda:N, got {self.device!r}")
         if not self.decoder.strip():
             raise ConfigError("parameter 'decoder' must name a decoder")
         try:
@@ -105,7 +110,7 @@ class PolicySettings:
         return RunnerConfig(checkpoint=self.checkpoint, unnorm_key=self.unnorm_key, decoder=self.decoder,
                             temperature=self.temperature, kf_fill_check=self.kf_fill_check,
                             kinematic_r_bounds=self.kinematic_r_bounds, rtc_horizon=self.rtc_horizon,
-                            rtc_guidance=self.rtc_guidance, **runtime)
+                            rtc_guidance=self.rtc_guidance, device=self.device, **runtime)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ class RunnerConfig:
     kinematic_r_bounds: (r_min, r_max), the bounds in token bins of the kinematic acceptance threshold
         of ``kerv`` and ``world_aware`` (their ``r_min``, ``r_max``); None = the decoder's own.
     rtc_horizon, rtc_guidance: real-time chunking of the flow decoders (0 = off).
+    device: where a LeRobot policy runs (cuda, cuda:N); empty = the CPU.
     """
 
     checkpoint: str = ""
@@ -74,6 +75,7 @@ class RunnerConfig:
     kinematic_r_bounds: tuple[int, int] | None = None
     rtc_horizon: int = 0
     rtc_guidance: float = 5.0
+    device: str = ""
 
     def __post_init__(self) -> None:
         spec_of(self.decoder)  # ValueError naming the registered decoders
@@ -133,7 +135,7 @@ def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | N
         if decoder is not None:
             raise ValueError("build_runner: a decoder object needs its policy (pass policy= too)")
         return PolicyRunner.load(config.checkpoint_ref, config.decoder, kin, unnorm_key=config.unnorm_key,
-                                 decoder_settings=decoder_settings(config), **options)
+                                 decoder_settings=decoder_settings(config), device=config.device, **options)
     if decoder is None:
         decoder = make_decoder(config.decoder, **decoder_settings(config))
     elif decoder.name != config.decoder:

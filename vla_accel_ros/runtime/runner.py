@@ -66,24 +66,30 @@ class PolicyRunner:
 
     @classmethod
     def load(cls, checkpoint: str | Path | CheckpointRef, decoder_name: str, kin: ArmKinematics, *,
-             unnorm_key: str = "", decoder_settings: dict[str, Any] | None = None, **kwargs: Any) -> PolicyRunner:
+             unnorm_key: str = "", decoder_settings: dict[str, Any] | None = None, device: str = "",
+             **kwargs: Any) -> PolicyRunner:
         """Load the checkpoint a directory (or ``hf:DIR``) holds, whatever its family
         (:mod:`vla_accel_ros.models.load`; ValueError naming the file at fault).
         A decoder that needs a file beside the checkpoint (heisd: CHECKPOINT/retrieval_store) gets it
         here, so that a missing one is reported at start-up, not at every step. ``decoder_settings``
-        go to the decoder's config."""
+        go to the decoder's config; ``device``: where a LeRobot policy runs (empty = the CPU)."""
         from vla_accel_ros.decoding import make_decoder
         from vla_accel_ros.decoding.specs import names_with
         from vla_accel_ros.models.load import declared_action_space, load_policy, recognise
 
         ref = CheckpointRef.parse(checkpoint)
-        served_by = names_with(lambda spec: spec.flow_head) if recognise(ref).answers_with_chunks else ()
+        family = recognise(ref)
+        if device and device != "cpu" and family.name != "lerobot":
+            raise ValueError(f"{ref}: device {device!r}: only a LeRobot policy (SmolVLA, pi0) runs on a GPU here; "
+                             f"a checkpoint of the {family.name} family runs on the CPU")
+        served_by = names_with(lambda spec: spec.flow_head) if family.answers_with_chunks else ()
         swapped = ""
         if served_by and decoder_name not in served_by:  # a policy server's chunks come through a flow decoder
             swapped = f"decoder '{decoder_name}' needs the model's passes; {ref} answers with chunks: {served_by[0]}"
             decoder_name, decoder_settings = served_by[0], None
         decoder = make_decoder(decoder_name, **(decoder_settings or {}))
-        runner = cls(load_policy(ref, unnorm_key=unnorm_key, arm=kin), decoder, kin,
+        placed = {"device": device} if device and device != "cpu" else {}
+        runner = cls(load_policy(ref, unnorm_key=unnorm_key, arm=kin, **placed), decoder, kin,
                      action_space=declared_action_space(ref), **kwargs)
         if swapped:
             runner.warnings = [swapped, *runner.warnings]

@@ -58,7 +58,8 @@ class IncrementalPrefix:
             static = change_all <= self.config.threshold
             if static.any() and float(change_all[static].mean()) > self.config.max_drift:
                 reason = "drift"
-        masks = [torch.ones(1, dtype=torch.bool) for _ in pixels]
+        device = inputs.state.device
+        masks = [torch.ones(1, dtype=torch.bool, device=device) for _ in pixels]
         if reason:
             tokens = model.embed_images(inputs.images)
             self._prefix = model.run_prefix(*model.embed_inputs(tokens, masks, inputs.lang_tokens, inputs.lang_masks,
@@ -79,9 +80,10 @@ class IncrementalPrefix:
                 self._reference[camera] = self._reference[camera].clone()
                 self._patch_reference(camera, dynamic, pixels[camera], side, cell)
             else:  # no token of this camera moved: its embeddings never reach the recomputed rows
-                tokens.append(torch.zeros(1, per_camera, model.image_token_width, dtype=model.image_token_dtype))
+                tokens.append(torch.zeros(1, per_camera, model.image_token_width, dtype=model.image_token_dtype,
+                                          device=device))
         emb, *masks_of_prefix = model.embed_inputs(tokens, masks, inputs.lang_tokens, inputs.lang_masks, inputs.state)
-        rest = torch.arange(n_tokens, emb.shape[1])  # the language (and the state): always recomputed
+        rest = torch.arange(n_tokens, emb.shape[1], device=device)  # the language (and the state): always recomputed
         rows = torch.cat([*dynamic_rows, rest])
         self._prefix = model.run_prefix_rows(rows, emb[:, rows], *masks_of_prefix, self._prefix)
         self._since_refresh += 1

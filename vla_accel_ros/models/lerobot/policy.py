@@ -85,13 +85,15 @@ class LeRobotPolicy:
     family = "lerobot"
 
     def __init__(self, config: LeRobotConfig, model: Any, statistics: Statistics, tokenizer: Any,
-                 token_settings: dict[str, Any], student: FlowStudent | None = None) -> None:
+                 token_settings: dict[str, Any], student: FlowStudent | None = None,
+                 device: torch.device | None = None) -> None:
         self.config = config
         self.model = model
-        self.statistics = statistics
+        self.statistics = statistics  # applied on the CPU, to the state going in and the chunk coming out
         self.tokenizer = tokenizer
         self.token_settings = token_settings
         self.student = student  # the fitted 2-step sampler (vla-accel train-flow), when there is one
+        self.device = torch.device("cpu") if device is None else device  # where the model and its inputs are
 
     @property
     def dtype(self) -> torch.dtype:
@@ -129,6 +131,7 @@ class LeRobotPolicy:
         noise = noise.reshape(1, *self.noise_shape())
         fitted = self.student if student else None
         if guide is None:
+            noise = noise.to(self.device)
             with torch.inference_mode():
                 if fitted is not None:
                     sample = fitted.sample(lambda x, t, model: self.velocity(cache.kv, cache.inputs, x, t, model),
@@ -140,12 +143,13 @@ class LeRobotPolicy:
             steps = fitted.steps if fitted is not None else steps
 
             def velocity(x: torch.Tensor, tau: float) -> torch.Tensor:  # LeRobot's time runs from 1 (noise) to 0
-                t = torch.tensor(1.0 - tau, dtype=torch.float32).expand(x.shape[0])
-                return -self.velocity(cache.kv, cache.inputs, x, t, field)
+                t = torch.tensor(1.0 - tau, dtype=torch.float32, device=self.device).expand(x.shape[0])
+                return -self.velocity(cache.kv, cache.inputs, x.to(self.device), t, field).to(x.device)
 
-            # the cached prefix was made in inference mode: no backward pass through it
+            # the guide lives on the CPU with the chunk; the cached prefix was made in inference
+            # mode: no backward pass through it
             sample = guided_euler(velocity, noise, steps, guide, differentiable=False)[0]
-        actions = self.statistics.action.unnormalise(sample[:, : self.config.action_dim])
+        actions = self.statistics.action.unnormalise(sample[:, : self.config.action_dim].cpu())
         return np.asarray(actions.detach().numpy(), dtype=np.float64)
 
     def sample_space(self, actions: np.ndarray) -> torch.Tensor:
@@ -178,13 +182,14 @@ class LeRobotPolicy:
         pixels = [resize_with_pad(image_tensor(image), height, width, centred=config.type == "pi0") * 2.0 - 1.0
                   for image in images]
         ids, mask = tokenize(self.tokenizer, instruction, self.token_settings)
-        return ModelInputs(pixels, padded, ids, mask)
+        device = self.device
+        return ModelInputs([p.to(device) for p in pixels], padded.to(device), ids.to(device), mask.to(device))
 
     # --- the flow ---------------------------------------------------------------------------
     def prefix(self, inputs: ModelInputs) -> Any:
         """The prefix's keys and values, computed once per chunk (for a batch of observations too)."""
         model = self.model
-        masks = [torch.ones(inputs.state.shape[0], dtype=torch.bool) for _ in inputs.images]
+        masks = [torch.ones(inputs.state.shape[0], dtype=torch.bool, device=self.device) for _ in inputs.images]
         tokens = model.embed_images(inputs.images)
         return model.run_prefix(*model.embed_inputs(tokens, masks, inputs.lang_tokens, inputs.lang_masks, inputs.state))
 
@@ -202,7 +207,7 @@ class LeRobotPolicy:
         dt = -1.0 / steps
         x = noise
         for step in range(steps):
-            t = torch.tensor(1.0 + step * dt, dtype=torch.float32).expand(x.shape[0])
+            t = torch.tensor(1.0 + step * dt, dtype=torch.float32, device=x.device).expand(x.shape[0])
             x = x + dt * self.velocity(prefix, inputs, x, t)
         return x
 
@@ -224,7 +229,7 @@ class LeRobotPolicy:
 
     def sample(self, inputs: ModelInputs, noise: Any = None, steps: int | None = None,
                generator: torch.Generator | None = None, incremental: Any = None) -> torch.Tensor:
-        """The normalised chunk (H, max_action_dim) float32 before cutting (module docstring);
+        """The normalised chunk (H, max_action_dim) float32 on the CPU, before cutting (module docstring);
         ``incremental``: an :meth:`incremental_vision` that makes the prefix."""
         steps = self.config.num_steps if steps is None else int(steps)
         if steps <= 0:
@@ -239,7 +244,7 @@ class LeRobotPolicy:
                                  f"{' x '.join(map(str, noise_tensor.shape))}")
         with torch.inference_mode():
             prefix = self.prefix(inputs) if incremental is None else incremental.prefix(inputs)
-            return self.integrate(prefix, inputs, noise_tensor[None], steps)[0]
+            return self.integrate(prefix, inputs, noise_tensor[None].to(self.device), steps)[0].cpu()
 
     def predict_chunk(self, images: Sequence[Any], state: Any, instruction: str, noise: Any = None,
                       steps: int | None = None, generator: torch.Generator | None = None,
@@ -297,17 +302,23 @@ def build_model(config: LeRobotConfig, tensors: dict[str, torch.Tensor], tokeniz
 
 def load_lerobot(directory: Path | str, *, unnorm_key: str | None = None, device: str | None = None,
                  dtype: str | None = None, tokenizer_dir: Path | str | None = None) -> LeRobotPolicy:
-    """The LeRobot policy in ``directory`` (``dtype``: float32 or bfloat16, None = as saved;
-    ``tokenizer_dir``: the tokenizer, and SmolVLA's VLM config, when not in the hub cache; a tokenizer
-    name that is a folder of ``directory`` is read from there);
+    """The LeRobot policy in ``directory`` (``device``: cpu (default), cuda, cuda:1, ...; ``dtype``:
+    float32 or bfloat16, None = as saved; ``tokenizer_dir``: the tokenizer, and SmolVLA's VLM config,
+    when not in the hub cache; a tokenizer name that is a folder of ``directory`` is read from there);
     ValueError naming the file or key at fault."""
     from vla_accel_ros.models.load import read_config
 
     directory = Path(directory)
     if unnorm_key:
         raise ValueError(f"{directory}: a LeRobot policy has one set of statistics; --unnorm-key does not apply")
-    if device not in (None, "cpu"):
-        raise ValueError(f"{directory}: a LeRobot policy runs on the CPU here (device {device!r})")
+    try:
+        place = torch.device(device or "cpu")
+    except RuntimeError:
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}") from None
+    if place.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: this torch sees no CUDA device")
+    if place.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     raw = read_config(directory)
@@ -327,7 +338,12 @@ def load_lerobot(directory: Path | str, *, unnorm_key: str | None = None, device
     assign(model, tensors, directory, None if dtype is None else DTYPES[dtype], keep)
     if config.type == "pi0":
         model.round_rope_like_lerobot()
-    return LeRobotPolicy(config, model, statistics, tokenizer, settings, load_student(directory, model))
+    student = load_student(directory, model)
+    if place.type != "cpu":
+        model.to(place)
+        if student is not None:
+            student.to(place)
+    return LeRobotPolicy(config, model, statistics, tokenizer, settings, student, place)
 
 
 def load_policy_directory(directory: Path, unnorm_key: str = "") -> LeRobotPolicy:

@@ -97,7 +97,7 @@ class FlowStudent:
 
     def sample(self, velocity: Any, noise: torch.Tensor) -> torch.Tensor:
         """The normalised sample (B, H, max_action_dim) from ``noise`` at t = 1."""
-        t1 = torch.ones(noise.shape[0])
+        t1 = torch.ones(noise.shape[0], device=noise.device)
         if self.method == "distilled":
             x = noise - 0.5 * velocity(noise, t1, self.model)
             return x - 0.5 * velocity(x, t1 * 0.5, self.model)
@@ -105,6 +105,12 @@ class FlowStudent:
         v1 = velocity(noise, t1, None)
         v2 = velocity(noise - 0.5 * v1, t1 * 0.5, None)
         return self.adapter(noise, v1, v2)  # type: ignore[no-any-return]
+
+    def to(self, device: torch.device) -> None:
+        """Moves the student's own modules (a distilled copy shares the policy's VLM, moved with it)."""
+        for module in (self.model, self.adapter):
+            if module is not None:
+                module.to(device)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         if self.method == "distilled":

@@ -9,7 +9,9 @@ heads, 5 kv heads, head_dim 64), an expert 0.75 x as wide; π0 = SigLIP so400m/1
 2B and a Gemma-300M expert (18 layers each). Both take 3 cameras, 48 language tokens and a chunk of
 50. On the CPU, times are CPU seconds of this process (with one torch thread, the cost of the
 pass on one core, whatever else the machine runs); on a GPU (``device`` cuda), wall seconds from
-the pass's start to the GPU's finishing it, after warm-up passes. The text stacks can be built
+the pass's start to the GPU's finishing it, after warm-up passes, and the sampler (10 and 2 steps)
+is also timed as one CUDA graph replay (``*_graph_s``: :mod:`vla_accel_ros.models.lerobot.cuda_graph`,
+as the policy runs it there). The text stacks can be built
 with fewer layers (``layers``): their time is then scaled by the real depth over the layers built
 (each layer costs the same), the towers' time is measured whole.
 """
@@ -21,6 +23,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,8 @@ import numpy as np
 import torch
 
 from vla_accel_ros.models.lerobot.config import GEMMA_VARIANTS, parse_config
+from vla_accel_ros.models.lerobot.cuda_graph import GraphedSampler
+from vla_accel_ros.models.lerobot.policy import euler
 
 SMOLVLA_LAYERS = 16
 N_CAMERAS = 3
@@ -152,12 +157,21 @@ def lerobot_cost(opts: LeRobotCostOptions) -> dict[str, Any]:
             step = median_s(lambda: model.velocity(prefix, state, noise, t))
         rows = median_s(lambda: model.run_prefix_rows(text_rows, emb[:, text_rows], *rest, prefix))
         towers = median_s(lambda: model.embed_images(images))
+        graphed = {}  # on a GPU: the whole sampler as one CUDA graph replay (copies of its inputs included)
+        if device.type == "cuda":
+            for steps in (10, 2):
+                sampler = GraphedSampler(partial(euler, model, steps=steps))
+                graphed[steps] = median_s(lambda sampler=sampler: sampler(prefix, state, noise)) * scale
     prefix_s = towers + vlm * scale
     step_s = step * scale
     table = {"prefix_s": prefix_s, "towers_s": towers, "vlm_s": vlm * scale, "flow_step_s": step_s,
              "chunk_10_steps_s": prefix_s + 10 * step_s, "chunk_2_steps_s": prefix_s + 2 * step_s}
     table["prefix_incremental_unchanged_s"] = rows * scale  # no tower: the text rows only
     table["chunk_2_steps_incremental_unchanged_s"] = rows * scale + 2 * step_s
+    if graphed:
+        table.update({"flow_10_steps_graph_s": graphed[10], "flow_2_steps_graph_s": graphed[2],
+                      "chunk_10_steps_graph_s": prefix_s + graphed[10], "chunk_2_steps_graph_s": prefix_s + graphed[2],
+                      "chunk_2_steps_incremental_unchanged_graph_s": rows * scale + graphed[2]})
     summary = {"options": asdict(opts), "prefix_tokens": int(emb.shape[1]), "text_layers_built": built,
                "text_layers_real": depth, "threads": torch.get_num_threads(),
                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -27,6 +27,7 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.api import PolicyCapabilities, Prefix
 from vla_accel_ros.models.lerobot.config import LeRobotConfig, parse_config
+from vla_accel_ros.models.lerobot.cuda_graph import GraphedSampler
 from vla_accel_ros.models.lerobot.processor import (
     Statistics,
     image_tensor,
@@ -94,6 +95,9 @@ class LeRobotPolicy:
         self.token_settings = token_settings
         self.student = student  # the fitted 2-step sampler (vla-accel train-flow), when there is one
         self.device = torch.device("cpu") if device is None else device  # where the model and its inputs are
+        # on a GPU the unguided sampler replays as a CUDA graph (:mod:`.cuda_graph`), one per (steps, student)
+        self.cuda_graphs = self.device.type == "cuda"
+        self._graphs: dict[tuple[int, bool], GraphedSampler] = {}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -131,13 +135,8 @@ class LeRobotPolicy:
         noise = noise.reshape(1, *self.noise_shape())
         fitted = self.student if student else None
         if guide is None:
-            noise = noise.to(self.device)
             with torch.inference_mode():
-                if fitted is not None:
-                    sample = fitted.sample(lambda x, t, model: self.velocity(cache.kv, cache.inputs, x, t, model),
-                                           noise)[0]
-                else:
-                    sample = self.integrate(cache.kv, cache.inputs, noise, steps)[0]
+                sample = self.flow(cache.kv, cache.inputs.state, noise.to(self.device), steps, fitted)[0]
         else:
             field = fitted.velocity_model() if fitted is not None else None
             steps = fitted.steps if fitted is not None else steps
@@ -197,19 +196,32 @@ class LeRobotPolicy:
                  model: Any = None) -> torch.Tensor:
         """One flow step's velocity (B, H, max_action_dim) over a computed prefix, of the policy's
         model or of ``model`` (a student's copy of its flow-step modules)."""
-        model = self.model if model is None else model
-        if self.config.type == "smolvla":
-            return model.velocity(prefix, x, t)  # type: ignore[no-any-return]
-        return model.velocity(prefix, inputs.state, x, t)  # type: ignore[no-any-return]
+        return model_velocity(self.model if model is None else model, prefix, inputs.state, x, t)
 
     def integrate(self, prefix: Any, inputs: ModelInputs, noise: torch.Tensor, steps: int) -> torch.Tensor:
         """``steps`` Euler steps from the noise at t = 1, every step over the same prefix."""
-        dt = -1.0 / steps
-        x = noise
-        for step in range(steps):
-            t = torch.tensor(1.0 + step * dt, dtype=torch.float32, device=x.device).expand(x.shape[0])
-            x = x + dt * self.velocity(prefix, inputs, x, t)
-        return x
+        return euler(self.model, prefix, inputs.state, noise, steps)
+
+    @property
+    def graph_shapes(self) -> int:
+        """How many CUDA graphs of the sampler were captured (one per steps, student and input shape)."""
+        return sum(len(graphed) for graphed in self._graphs.values())
+
+    def flow(self, prefix: Any, state: torch.Tensor, noise: torch.Tensor, steps: int,
+             fitted: FlowStudent | None = None) -> torch.Tensor:
+        """The unguided sample from ``noise``: ``steps`` Euler steps, or the fitted student's
+        sampler; on a GPU replayed as a CUDA graph (a flow step reads the prefix and the state only)."""
+        def sample(prefix: Any, state: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+            if fitted is None:
+                return euler(self.model, prefix, state, noise, steps)
+            return fitted.sample(lambda x, t, model: model_velocity(model or self.model, prefix, state, x, t), noise)
+
+        if not self.cuda_graphs:
+            return sample(prefix, state, noise)
+        key = (steps, fitted is not None)
+        if key not in self._graphs:
+            self._graphs[key] = GraphedSampler(sample)
+        return self._graphs[key](prefix, state, noise)
 
     def noise_shape(self) -> tuple[int, int]:
         return self.config.chunk_size, self.config.max_action_dim
@@ -244,7 +256,7 @@ class LeRobotPolicy:
                                  f"{' x '.join(map(str, noise_tensor.shape))}")
         with torch.inference_mode():
             prefix = self.prefix(inputs) if incremental is None else incremental.prefix(inputs)
-            return self.integrate(prefix, inputs, noise_tensor[None].to(self.device), steps)[0].cpu()
+            return self.flow(prefix, inputs.state, noise_tensor[None].to(self.device), steps)[0].cpu()
 
     def predict_chunk(self, images: Sequence[Any], state: Any, instruction: str, noise: Any = None,
                       steps: int | None = None, generator: torch.Generator | None = None,
@@ -257,6 +269,24 @@ class LeRobotPolicy:
 
     def n_parameters(self) -> dict[str, int]:
         return {"total": sum(p.numel() for p in self.model.parameters())}
+
+
+def model_velocity(model: Any, prefix: Any, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """A SmolVLA or π0 model's velocity over a computed prefix (π0 reads the state in the suffix)."""
+    if model.config.type == "smolvla":
+        return model.velocity(prefix, x, t)  # type: ignore[no-any-return]
+    return model.velocity(prefix, state, x, t)  # type: ignore[no-any-return]
+
+
+def euler(model: Any, prefix: Any, state: torch.Tensor, noise: torch.Tensor, steps: int) -> torch.Tensor:
+    """``steps`` Euler steps of ``model``'s field from the noise at t = 1 over one prefix; the flow
+    times are device fills, so that a CUDA graph can record the loop."""
+    dt = -1.0 / steps
+    x = noise
+    for step in range(steps):
+        t = torch.full((x.shape[0],), 1.0 + step * dt, dtype=torch.float32, device=x.device)
+        x = x + dt * model_velocity(model, prefix, state, x, t)
+    return x
 
 
 # --- loading ----------------------------------------------------------------------------------

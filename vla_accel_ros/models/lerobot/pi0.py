@@ -109,8 +109,10 @@ class Pi0Model(nn.Module):
         return self.paligemma.language_model
 
     def embed_images(self, images: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each camera's (B, 3, S, S) pixels in [-1, 1] -> its image tokens (B, N, width)."""
-        return [self.paligemma.get_image_features(image.to(torch.float32)).pooler_output for image in images]
+        """Each camera's (B, 3, S, S) pixels in [-1, 1] -> its image tokens (B, N, width). The
+        cameras go through the tower as one batch (one pass instead of one per camera)."""
+        features = self.paligemma.get_image_features(torch.cat(images).to(torch.float32)).pooler_output
+        return list(features.split(images[0].shape[0]))
 
     def embed_prefix(self, image_tokens: list[torch.Tensor], image_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                      lang_masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -178,14 +178,13 @@ class SmolVLAModel(nn.Module):
 
     # --- prefix ---------------------------------------------------------------------------
     def embed_images(self, images: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each camera's (B, 3, S, S) pixels in [-1, 1] -> its image tokens (B, N, width), scaled."""
-        tokens = []
-        for image in images:
-            hidden = self.vlm.vision_model(pixel_values=image.to(self.vlm.vision_model.dtype),
-                                           patch_attention_mask=None).last_hidden_state
-            embedded = self.vlm.connector(hidden)
-            tokens.append(embedded * torch.tensor(embedded.shape[-1] ** 0.5, dtype=embedded.dtype))
-        return tokens
+        """Each camera's (B, 3, S, S) pixels in [-1, 1] -> its image tokens (B, N, width), scaled.
+        The cameras go through the tower as one batch (one pass instead of one per camera)."""
+        hidden = self.vlm.vision_model(pixel_values=torch.cat(images).to(self.vlm.vision_model.dtype),
+                                       patch_attention_mask=None).last_hidden_state
+        embedded = self.vlm.connector(hidden)
+        embedded = embedded * torch.tensor(embedded.shape[-1] ** 0.5, dtype=embedded.dtype)
+        return list(embedded.split(images[0].shape[0]))
 
     def embed_prefix(self, image_tokens: list[torch.Tensor], image_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                      lang_masks: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -389,8 +389,9 @@ def test_on_either_device_the_chunks_agree_with_lerobot(family: str, device: str
         assert np.abs(chunk.normalized - ref["actions_normalized"][i]).max() <= tol
         two = policy.predict_chunk(images, state, task, noise=ref["noise"][i], steps=2)
         assert np.abs(two.normalized - ref["actions_normalized_2steps"][i]).max() <= tol
-    # on a GPU the sampler replays as a CUDA graph (10 and 2 steps), with the eager sampler's numbers
-    assert policy.graph_shapes == (2 if device == "cuda" else 0)
+    # on a GPU the prefix and the sampler (10 and 2 steps) replay as CUDA graphs, with the eager passes' numbers
+    assert policy.graph_errors == []
+    assert policy.graph_shapes == (3 if device == "cuda" else 0)
     policy.cuda_graphs = False
     eager = policy.predict_chunk(images, state, task, noise=ref["noise"][i])
     np.testing.assert_allclose(eager.normalized, chunk.normalized, rtol=0, atol=1e-6)

@@ -1,28 +1,31 @@
-"""A LeRobot policy's flow sampler on a GPU, replayed as one CUDA graph.
+"""A LeRobot policy's prefix and flow sampler on a GPU, each replayed as one CUDA graph.
 
 On a GPU a flow step is bound by kernel launches, not arithmetic: the expert runs a few hundred
-small kernels over 50 action tokens (SmolVLA's eager step took 26.5 ms on an H200, π0's 13.8 ms:
+small kernels over 50 action tokens (an eager step of SmolVLA or π0 took 14-27 ms on an H200,
 ``vla-accel lerobot-cost --device cuda``). A CUDA graph records the kernels of a whole sampler
 (every Euler step, or a fitted student's two) once per input shape and replays them with one
 launch. Each call copies its prefix's keys and values, the state and the noise into the graph's
-static inputs, replays, and returns a copy of the graph's output.
+static inputs, replays, and returns a copy of the graph's output. The full prefix (towers and VLM
+over a new frame) is recorded the same way, from the pixels, the state and the tokens; incremental
+vision's passes over the changed rows differ in shape from frame to frame and run eagerly.
 
-The sampler must launch the same kernels whatever the values: it creates no tensor from host
-data while it runs (the flow times are device fills) and reads no value back. π0's key/value
-cache appends a step's keys and values and crops them again, so after warm-up its layers point
-elsewhere than before: the graph's inputs are the tensors the cache holds when capture begins.
+A recorded pass must launch the same kernels whatever the values: it creates no tensor from host
+data while it runs (the flow times and the block marks are device fills) and reads no value back.
+Its inputs are flat tensors: the sampler rebuilds its prefix from them on every run, since π0's
+key/value cache appends a step's keys and values and crops them again.
+A pass that cannot be recorded (a library op that reads a value back) runs eagerly from then on,
+and ``error`` says why.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-Sampler = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]  # (prefix, state, noise) -> sample
 WARMUP_RUNS = 2  # before capture, on a side stream: kernel selection and the allocator settle
 
 
@@ -36,60 +39,74 @@ def prefix_tensors(prefix: Any) -> list[torch.Tensor]:
     return [*layers, prefix.pad_masks, prefix.n_valid]
 
 
-def clone_prefix(prefix: Any) -> Any:
-    """A SmolVLA or π0 prefix whose tensors are copies (a graph's static inputs)."""
+def with_tensors(prefix: Any, tensors: Sequence[torch.Tensor]) -> Any:
+    """A prefix shaped like ``prefix`` holding ``tensors`` (in :func:`prefix_tensors`' order)."""
+    *layers, pad_masks, n_valid = tensors
     if hasattr(prefix, "keys"):
-        return replace(prefix, keys=tuple(k.clone() for k in prefix.keys),
-                       values=tuple(v.clone() for v in prefix.values), pad_masks=prefix.pad_masks.clone(),
-                       n_valid=prefix.n_valid.clone(), last_input=None)
+        half = len(layers) // 2
+        return replace(prefix, keys=tuple(layers[:half]), values=tuple(layers[half:]), pad_masks=pad_masks,
+                       n_valid=n_valid, last_input=None)
     cache = copy.copy(prefix.cache)
     cache.layers = []
-    for layer in prefix.cache.layers:
+    for index, layer in enumerate(prefix.cache.layers):
         twin = copy.copy(layer)
-        twin.keys, twin.values = layer.keys.clone(), layer.values.clone()
+        twin.keys, twin.values = layers[2 * index], layers[2 * index + 1]
         cache.layers.append(twin)
-    return replace(prefix, cache=cache, pad_masks=prefix.pad_masks.clone(), n_valid=prefix.n_valid.clone())
+    return replace(prefix, cache=cache, pad_masks=pad_masks, n_valid=n_valid)
+
+
+def clone_prefix(prefix: Any) -> Any:
+    """A SmolVLA or π0 prefix whose tensors are copies."""
+    return with_tensors(prefix, [t.clone() for t in prefix_tensors(prefix)])
 
 
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    inputs: list[torch.Tensor]  # prefix tensors, then the state and the noise
-    output: torch.Tensor
+    inputs: list[torch.Tensor]  # the static tensors each call copies its inputs into
+    output: Any
 
 
-class GraphedSampler:
-    """``sampler(prefix, state, noise)`` replayed as a CUDA graph, one per input shape."""
+class CudaGraphs:
+    """``run(*tensors)`` replayed as a CUDA graph, one per input shape; ``copy_out`` copies the
+    output, which the next replay overwrites. The first pass that cannot be recorded runs eagerly,
+    and so does every later call; ``error`` says why."""
 
-    def __init__(self, sampler: Sampler) -> None:
-        self._sampler = sampler
+    def __init__(self, run: Callable[..., Any], copy_out: Callable[[Any], Any]) -> None:
+        self._run = run
+        self._copy_out = copy_out
         self._graphs: dict[tuple[Any, ...], _Graph] = {}
+        self.error = ""  # why the pass runs eagerly ('' = it replays)
 
     def __len__(self) -> int:
         return len(self._graphs)
 
-    def __call__(self, prefix: Any, state: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        inputs = [*prefix_tensors(prefix), state, noise]
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        if self.error:
+            return self._run(*inputs)
         key = tuple((tuple(t.shape), t.dtype, t.device) for t in inputs)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._graphs[key] = self._capture(prefix, state, noise)
+            try:
+                graph = self._graphs[key] = self._record([t.clone() for t in inputs])
+            except RuntimeError as error:
+                self.error = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                return self._run(*inputs)
         for static, tensor in zip(graph.inputs, inputs, strict=True):
             static.copy_(tensor)
         graph.graph.replay()
-        return graph.output.clone()
+        return self._copy_out(graph.output)
 
-    def _capture(self, prefix: Any, state: torch.Tensor, noise: torch.Tensor) -> _Graph:
-        device = noise.device
-        static_prefix, static_state, static_noise = clone_prefix(prefix), state.clone(), noise.clone()
+    def _record(self, inputs: list[torch.Tensor]) -> _Graph:
+        """The pass over ``inputs`` (static copies) recorded after warm-up runs on a side stream."""
+        device = inputs[-1].device
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(WARMUP_RUNS):
-                self._sampler(static_prefix, static_state, static_noise)
+                self._run(*inputs)
         torch.cuda.current_stream(device).wait_stream(side)
-        inputs = [*prefix_tensors(static_prefix), static_state, static_noise]  # what the capture reads
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            output = self._sampler(static_prefix, static_state, static_noise)
+            output = self._run(*inputs)
         return _Graph(graph, inputs, output)

@@ -27,7 +27,7 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.api import PolicyCapabilities, Prefix
 from vla_accel_ros.models.lerobot.config import LeRobotConfig, parse_config
-from vla_accel_ros.models.lerobot.cuda_graph import GraphedSampler
+from vla_accel_ros.models.lerobot.cuda_graph import CudaGraphs, clone_prefix, prefix_tensors, with_tensors
 from vla_accel_ros.models.lerobot.processor import (
     Statistics,
     image_tensor,
@@ -95,9 +95,10 @@ class LeRobotPolicy:
         self.token_settings = token_settings
         self.student = student  # the fitted 2-step sampler (vla-accel train-flow), when there is one
         self.device = torch.device("cpu") if device is None else device  # where the model and its inputs are
-        # on a GPU the unguided sampler replays as a CUDA graph (:mod:`.cuda_graph`), one per (steps, student)
+        # on a GPU the full prefix and the unguided sampler replay as CUDA graphs (:mod:`.cuda_graph`)
         self.cuda_graphs = self.device.type == "cuda"
-        self._graphs: dict[tuple[int, bool], GraphedSampler] = {}
+        self._sampler_graphs: dict[tuple[int, bool], CudaGraphs] = {}  # per (steps, student)
+        self._prefix_graphs = CudaGraphs(self._prefix_pass, clone_prefix)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -187,10 +188,16 @@ class LeRobotPolicy:
     # --- the flow ---------------------------------------------------------------------------
     def prefix(self, inputs: ModelInputs) -> Any:
         """The prefix's keys and values, computed once per chunk (for a batch of observations too)."""
+        if self.cuda_graphs:
+            return self._prefix_graphs(*inputs.images, inputs.state, inputs.lang_tokens, inputs.lang_masks)
+        return self._prefix_pass(*inputs.images, inputs.state, inputs.lang_tokens, inputs.lang_masks)
+
+    def _prefix_pass(self, *tensors: torch.Tensor) -> Any:
+        """The prefix of every camera's pixels, then the state, the tokens and their mask."""
+        *images, state, lang_tokens, lang_masks = tensors
         model = self.model
-        masks = [torch.ones(inputs.state.shape[0], dtype=torch.bool, device=self.device) for _ in inputs.images]
-        tokens = model.embed_images(inputs.images)
-        return model.run_prefix(*model.embed_inputs(tokens, masks, inputs.lang_tokens, inputs.lang_masks, inputs.state))
+        masks = [torch.ones(state.shape[0], dtype=torch.bool, device=state.device) for _ in images]
+        return model.run_prefix(*model.embed_inputs(model.embed_images(images), masks, lang_tokens, lang_masks, state))
 
     def velocity(self, prefix: Any, inputs: ModelInputs, x: torch.Tensor, t: torch.Tensor,
                  model: Any = None) -> torch.Tensor:
@@ -204,8 +211,16 @@ class LeRobotPolicy:
 
     @property
     def graph_shapes(self) -> int:
-        """How many CUDA graphs of the sampler were captured (one per steps, student and input shape)."""
-        return sum(len(graphed) for graphed in self._graphs.values())
+        """How many CUDA graphs were recorded: the prefix's, one per input shape, and the sampler's,
+        one per steps, student and input shape."""
+        return len(self._prefix_graphs) + sum(len(graphs) for graphs in self._sampler_graphs.values())
+
+    @property
+    def graph_errors(self) -> list[str]:
+        """Why a pass runs eagerly on the GPU although graphs were asked for (empty: none does)."""
+        every = [("prefix", self._prefix_graphs),
+                 *((f"{steps}-step sampler", graphs) for (steps, _), graphs in self._sampler_graphs.items())]
+        return [f"{name}: {graphs.error}" for name, graphs in every if graphs.error]
 
     def flow(self, prefix: Any, state: torch.Tensor, noise: torch.Tensor, steps: int,
              fitted: FlowStudent | None = None) -> torch.Tensor:
@@ -219,9 +234,10 @@ class LeRobotPolicy:
         if not self.cuda_graphs:
             return sample(prefix, state, noise)
         key = (steps, fitted is not None)
-        if key not in self._graphs:
-            self._graphs[key] = GraphedSampler(sample)
-        return self._graphs[key](prefix, state, noise)
+        if key not in self._sampler_graphs:  # the first prefix gives the structure every run rebuilds
+            self._sampler_graphs[key] = CudaGraphs(
+                lambda *t, shape=prefix: sample(with_tensors(shape, t[:-2]), t[-2], t[-1]), torch.Tensor.clone)
+        return self._sampler_graphs[key](*prefix_tensors(prefix), state, noise)
 
     def noise_shape(self) -> tuple[int, int]:
         return self.config.chunk_size, self.config.max_action_dim

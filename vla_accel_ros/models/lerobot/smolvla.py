@@ -180,29 +180,34 @@ class SmolVLAModel(nn.Module):
     def embed_images(self, images: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each camera's (B, 3, S, S) pixels in [-1, 1] -> its image tokens (B, N, width), scaled.
         The cameras go through the tower as one batch (one pass instead of one per camera)."""
-        hidden = self.vlm.vision_model(pixel_values=torch.cat(images).to(self.vlm.vision_model.dtype),
-                                       patch_attention_mask=None).last_hidden_state
+        pixels = torch.cat(images)
+        patch = self.vlm.config.vision_config.patch_size
+        # every patch is real; made on the device (the tower's own default is made on the host)
+        patches = torch.ones(pixels.shape[0], pixels.shape[-2] // patch, pixels.shape[-1] // patch, dtype=torch.bool,
+                             device=pixels.device)
+        hidden = self.vlm.vision_model(pixel_values=pixels.to(self.vlm.vision_model.dtype),
+                                       patch_attention_mask=patches).last_hidden_state
         embedded = self.vlm.connector(hidden)
-        embedded = embedded * torch.tensor(embedded.shape[-1] ** 0.5, dtype=embedded.dtype)
+        # LeRobot scales by sqrt(width) held in the tokens' dtype; a host number, so that a CUDA graph records it
+        embedded = embedded * float(torch.tensor(embedded.shape[-1] ** 0.5, dtype=embedded.dtype))
         return list(embedded.split(images[0].shape[0]))
 
     def embed_prefix(self, image_tokens: list[torch.Tensor], image_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                      lang_masks: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(embeddings, pad masks, block marks) of [images, language, state]."""
-        embs, pads, marks = [], [], []
+        """(embeddings, pad masks, block marks) of [images, language, state]: the state token alone
+        starts a block (marked on the device, so that a CUDA graph can record it)."""
+        embs, pads = [], []
         for tokens, mask in zip(image_tokens, image_masks, strict=True):
             embs.append(tokens)
             pads.append(mask[:, None].expand(tokens.shape[0], tokens.shape[1]))
-            marks += [0] * tokens.shape[1]
         lang = self.vlm.text_model.get_input_embeddings()(lang_tokens)
         embs.append(lang * math.sqrt(lang.shape[-1]))
         pads.append(lang_masks)
-        marks += [0] * lang.shape[1]
         embs.append(self.state_proj(state)[:, None, :])
         pads.append(torch.ones(state.shape[0], 1, dtype=torch.bool, device=state.device))
-        marks += [1]
         emb, pad = torch.cat(embs, dim=1), torch.cat(pads, dim=1)
-        att = torch.tensor(marks, dtype=torch.bool, device=pad.device)[None].expand(pad.shape[0], -1)
+        att = torch.zeros_like(pad)
+        att[:, -1] = True
         if pad.shape[1] < self.config.prefix_length:  # a fixed prefix length: zero tokens, masked
             extra = self.config.prefix_length - pad.shape[1]
             emb = F.pad(emb, (0, 0, 0, extra))

@@ -9,11 +9,11 @@ heads, 5 kv heads, head_dim 64), an expert 0.75 x as wide; π0 = SigLIP so400m/1
 2B and a Gemma-300M expert (18 layers each). Both take 3 cameras, 48 language tokens and a chunk of
 50. On the CPU, times are CPU seconds of this process (with one torch thread, the cost of the
 pass on one core, whatever else the machine runs); on a GPU (``device`` cuda), wall seconds from
-the pass's start to the GPU's finishing it, after warm-up passes, and the sampler (10 and 2 steps)
-is also timed as one CUDA graph replay (``*_graph_s``: :mod:`vla_accel_ros.models.lerobot.cuda_graph`,
-as the policy runs it there). The text stacks can be built
-with fewer layers (``layers``): their time is then scaled by the real depth over the layers built
-(each layer costs the same), the towers' time is measured whole.
+the pass's start to the GPU's finishing it, after warm-up passes, and the full prefix and the
+sampler (10 and 2 steps) are also timed as CUDA graph replays (``*_graph_s``, as the policy runs
+them there: :mod:`vla_accel_ros.models.lerobot.cuda_graph`). The text stacks can be built with
+fewer layers (``layers``): their time is then scaled by the real depth over the layers built (each
+layer costs the same), the towers' time is measured whole (a graphed prefix only at the real depth).
 """
 
 from __future__ import annotations

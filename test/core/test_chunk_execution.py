@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vla_accel_ros.core.actions import JOINT_POSITION
+from vla_accel_ros.core.actions import JOINT_POSITION, action_to_joint_targets
 from vla_accel_ros.core.chunks import (
+    CHUNK_ANCHORS,
     CHUNK_BLENDS,
     WEIGHTED_AVERAGE_NEW,
     ChunkPlan,
@@ -44,7 +45,9 @@ def additive(q: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def plan_of(q: np.ndarray, start: float = 0.0, horizon: int | None = None) -> ChunkPlan:
-    return ChunkPlan(np.array(q, dtype=float), np.linspace(0, 1, len(q)), start, start, 0, horizon or len(q))
+    q = np.array(q, dtype=float)
+    return ChunkPlan(q, np.linspace(0, 1, len(q)), np.linspace(-1, 1, 7 * len(q)).reshape(len(q), 7), start, start, 0,
+                     horizon or len(q))
 
 
 @given(horizon=st.integers(2, 32), threshold=st.floats(0.0, 1.0), remaining=st.integers(0, 32))
@@ -127,6 +130,7 @@ def test_every_blend_combines_exactly_the_overlap(blend, n_old, n_new, offset, s
     for k in range(n):
         np.testing.assert_allclose(blended.q[k], w[k] * alone.q[k] + (1 - w[k]) * old.q[old.next + k])
         assert blended.gripper[k] == pytest.approx(w[k] * alone.gripper[k] + (1 - w[k]) * old.gripper[old.next + k])
+        np.testing.assert_allclose(blended.actions[k], w[k] * alone.actions[k] + (1 - w[k]) * old.actions[old.next + k])
     np.testing.assert_array_equal(blended.q[n:], alone.q[n:])  # past the overlap: the new plan alone
 
 
@@ -184,10 +188,11 @@ def drive(kin: ArmKinematics, ctrl: Controller, ticks: int, horizon: int, latenc
 @settings(max_examples=25, deadline=None)
 @given(execution=st.sampled_from(("sync", "wait", "async")), blend=st.sampled_from(CHUNK_BLENDS),
        horizon=st.integers(2, 12), latency=st.integers(0, 6), threshold=st.floats(0.0, 1.0),
-       follow=st.floats(0.2, 1.0), seed=st.integers(0, 10_000))
+       follow=st.floats(0.2, 1.0), seed=st.integers(0, 10_000), anchor=st.sampled_from(CHUNK_ANCHORS))
 def test_commands_stay_within_v_t_and_the_limits_across_chunk_boundaries(kin, execution, blend, horizon, latency,
-                                                                         threshold, follow, seed):
-    ctrl = controller(kin, chunk_execution=execution, chunk_blend=blend, chunk_refill_threshold=threshold)
+                                                                         threshold, follow, seed, anchor):
+    ctrl = controller(kin, chunk_execution=execution, chunk_blend=blend, chunk_refill_threshold=threshold,
+                      chunk_anchor=anchor)
     results = drive(kin, ctrl, 60, horizon, latency, np.random.default_rng(seed), follow)
     commands = np.array([r.q_command for r in results])
     assert np.all(np.isfinite(commands))
@@ -228,6 +233,25 @@ def test_wait_holds_the_last_command_during_inference_and_runs_every_action(kin,
         waiting = [r.q_command for r in after[start + horizon - 1:end]]
         for command in waiting[1:]:
             np.testing.assert_array_equal(command, waiting[0])  # held: nothing extrapolated
+
+
+@pytest.mark.parametrize("execution", ["wait", "sync"])
+def test_step_anchoring_applies_each_delta_from_the_measured_position(kin, execution):
+    # a servo that covers half of each command: integrated open loop, the plan runs ahead of the arm
+    forward = np.array([0.01, 0.0, -0.005, 0.0, 0.0, 0.0, 1.0])
+    ahead = {}
+    for anchor in CHUNK_ANCHORS:
+        ctrl = controller(kin, chunk_execution=execution, chunk_anchor=anchor)
+        results = drive(kin, ctrl, 60, 8, 2, np.random.default_rng(0), follow=0.5,
+                        chunk_of=lambda rng, horizon: np.tile(forward, (horizon, 1)))
+        policy = [r for r in results if r.source == "policy"]
+        assert len(policy) >= 16
+        from_arm = [action_to_joint_targets(kin, r.q_measured, forward, DT)[0] for r in policy]
+        if anchor == "step":  # every command is the delta from where the arm was measured at its tick
+            for r, expected in zip(policy, from_arm, strict=True):
+                np.testing.assert_allclose(r.q_command, expected, atol=1e-9)
+        ahead[anchor] = max(float(np.abs(r.q_command - q).max()) for r, q in zip(policy, from_arm, strict=True))
+    assert ahead["plan"] > 5 * ahead["step"] + 1e-3  # open loop, the plan ran away from the lagging arm
 
 
 def test_a_late_chunk_is_re_anchored_where_the_arm_is(kin):

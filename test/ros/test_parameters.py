@@ -32,7 +32,8 @@ VISION_PARAMETERS = ["vision_reuse", "vision_threshold", "vision_refresh_steps",
                      "vision_tower_refresh_steps"]
 
 
-CHUNK_PARAMETERS = ["chunk_execution", "chunk_refill_threshold", "chunk_blend", "chunk_verify_threshold_rad"]
+CHUNK_PARAMETERS = ["chunk_execution", "chunk_refill_threshold", "chunk_blend", "chunk_verify_threshold_rad",
+                    "chunk_anchor"]
 
 
 @pytest.mark.parametrize("cls", [NodeConfig, InferenceNodeConfig, SimBridgeConfig, ControllerConfig])

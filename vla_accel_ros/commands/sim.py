@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vla_accel_ros.commands.vision_options import add_vision_arguments, vision_config
-from vla_accel_ros.core.chunks import CHUNK_BLENDS, CHUNK_EXECUTIONS, CHUNK_MODES, ChunkSettings
+from vla_accel_ros.core.chunks import CHUNK_ANCHORS, CHUNK_BLENDS, CHUNK_EXECUTIONS, CHUNK_MODES, ChunkSettings
 from vla_accel_ros.core.settings import parse_r_bounds
 from vla_accel_ros.decoding.specs import DEFAULT, KINEMATIC_R_BOUNDS
 from vla_accel_ros.models.api import REMOTE_PREFIXES
@@ -70,6 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the node's chunk_refill_threshold (fraction of a chunk)")
     parser.add_argument("--chunk-verify-threshold", type=float, default=chunks.chunk_verify_threshold_rad,
                         help="the node's chunk_verify_threshold_rad (0 = no kinematic chunk verification)")
+    parser.add_argument("--chunk-anchor", default=chunks.chunk_anchor, choices=CHUNK_ANCHORS,
+                        help="the node's chunk_anchor (step: each delta from the measured position at its tick)")
     parser.add_argument("--rtc-horizon", type=int, default=0, help="flow10, flow2: real-time chunking, the steps of "
                         "each chunk guided towards the previous chunk's plan (the node's rtc_horizon; 0 = off)")
     parser.add_argument("--rtc-guidance", type=float, default=5.0, help="real-time chunking's largest guidance gain "
@@ -162,4 +164,5 @@ def sim_options(args: argparse.Namespace) -> SimRunOptions:
                          allow_unmatched_robot=args.allow_unmatched_robot, cameras=args.cameras,
                          chunks=ChunkSettings(chunk_execution=args.chunk_execution, chunk_blend=args.chunk_blend,
                                               chunk_refill_threshold=args.chunk_refill_threshold,
-                                              chunk_verify_threshold_rad=args.chunk_verify_threshold))
+                                              chunk_verify_threshold_rad=args.chunk_verify_threshold,
+                                              chunk_anchor=args.chunk_anchor))

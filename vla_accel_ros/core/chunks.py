@@ -12,11 +12,16 @@ follows, and the schedule that asks for the next chunk. ROS-free; the controller
   Kalman filter's estimate of the arm at the chunk's first executed step, not from the observed
   position: a late chunk continues from where the arm is, it does not pull it back to where it was.
   A single action (H = 1), and a chunk in ``wait``, is anchored at the measured position at its tick.
+  With ``chunk_anchor`` ``step`` the plan is only the reference of the verification: each step's
+  delta is applied from the arm's measured position at the tick it runs, as the sim and ``eval``
+  apply a policy's actions (a servo that lags shortens every step instead of the plan running ahead
+  of the arm). Absolute joint actions need no anchor.
 - **Blending.** Steps the previous plan still holds for the same times are blended with the new
   plan's (``chunk_blend``): ``latest_only`` (the new plan), ``weighted_average`` (0.3 old, 0.7
   new, LeRobot's aggregation) or ``crossfade`` (the new plan's weight rises linearly over the
   overlap, from 1/(n+1) to n/(n+1)). Blending is in joint space, so it blends positions that were
-  each anchored, and the gripper command alike.
+  each anchored, and the gripper command alike; the actions themselves are blended with the same
+  weights, for ``chunk_anchor`` ``step``.
 - **Schedule.** ``sync`` and ``wait``: the next inference starts when the plan is used up (in
   ``sync`` the Kalman fallback carries the arm on meanwhile, in ``wait`` it holds the last command).
   ``async``: when at most ``chunk_refill_threshold`` of a chunk is left, so the next chunk arrives
@@ -43,6 +48,7 @@ from vla_accel_ros.core.settings import check_fields, setting
 CHUNK_EXECUTIONS = ("sync", "wait", "async")
 WAITING_EXECUTIONS = ("sync", "wait")  # the next inference starts when the plan is used up
 CHUNK_BLENDS = ("latest_only", "weighted_average", "crossfade")
+CHUNK_ANCHORS = ("plan", "step")
 # execution[:blend] as runs compare them; "rtc": async, the new chunk alone, sampled by real-time chunking
 CHUNK_MODES = ("sync", "wait", *(f"async:{blend}" for blend in CHUNK_BLENDS), "rtc")
 WEIGHTED_AVERAGE_NEW = 0.7  # LeRobot's weighted_average: 0.3 of the old chunk, 0.7 of the new one
@@ -70,6 +76,10 @@ class ChunkSettings:
     chunk_verify_threshold_rad: float = setting(0.15, "Kinematic chunk verification: request an early re-plan when the "
                                                 "Kalman filter's estimate of a joint parts from the chunk's plan by "
                                                 "more than this (rad); 0 = off", range=(0.0, 10.0))
+    chunk_anchor: str = setting("plan", "End-effector delta chunks: plan = a chunk's deltas integrated from one anchor "
+                                "(the arm's estimate at its first step); step = each step's delta applied from the "
+                                "measured position at its tick, as the sim and eval apply actions",
+                                choices=CHUNK_ANCHORS)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -97,6 +107,7 @@ class ChunkPlan:
 
     q: np.ndarray  # (S, n) joint targets
     gripper: np.ndarray  # (S,) gripper commands
+    actions: np.ndarray  # (S, width) the actions behind them (blended as they are)
     start: float  # time of step 0
     obs_stamp: float  # the observation the chunk was computed from
     first_slot: int  # index of step 0 in its chunk (the steps before it were dropped)
@@ -145,7 +156,8 @@ def plan_chunk(actions: np.ndarray, obs_stamp: float, now: float, dt: float, anc
     # Unaligned, the tick it arrived at falls mid-way through the first step's window, so that a
     # tick a little early or late neither waits a period for a step nor skips one.
     start = obs_stamp + first * dt if aligned else now - 0.5 * dt
-    plan = ChunkPlan(np.array(targets), np.array(grippers), start, obs_stamp, first, horizon)
+    plan = ChunkPlan(np.array(targets), np.array(grippers), np.array(actions[first:], dtype=float), start, obs_stamp,
+                     first, horizon)
     if previous is not None and horizon > 1:
         plan.blended = blend_into(plan, previous, blend, dt)
     return plan
@@ -167,6 +179,7 @@ def blend_into(plan: ChunkPlan, previous: ChunkPlan, blend: str, dt: float) -> i
     for (k, j), w in zip(pairs, blend_weights(blend, len(pairs)), strict=True):
         plan.q[k] = w * plan.q[k] + (1.0 - w) * previous.q[j]
         plan.gripper[k] = w * plan.gripper[k] + (1.0 - w) * previous.gripper[j]
+        plan.actions[k] = w * plan.actions[k] + (1.0 - w) * previous.actions[j]
     return len(pairs)
 
 

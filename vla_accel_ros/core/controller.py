@@ -441,6 +441,11 @@ class Controller:
                 self._verify_plan_locked(plan, due)
                 self._gripper_cmd = float(plan.gripper[due])
                 step = f", step {slot + 1} of {plan.horizon}" if plan.horizon > 1 else ""
+                if plan.horizon > 1 and cfg.chunks.chunk_anchor == "step" and cfg.action_space == EE_DELTA:
+                    # the step's delta from where the arm is now, as the policy's actions are applied in training
+                    q_step, _ = action_to_joint_targets(self.kin, self._q, plan.actions[due], cfg.action_dt_s,
+                                                        cfg.action_space)
+                    return q_step, "policy", f"action from observation {age * 1e3:.1f} ms old{step}, from the arm"
                 return plan.q[due].copy(), "policy", f"action from observation {age * 1e3:.1f} ms old{step}"
             self._counters.add("actions_expired")
             why = f"newest action expired ({age:.3f} s > {cfg.action_timeout_s} s)"

@@ -161,7 +161,7 @@ class NodeConfig:
     # vision_reuse (the on/off switch), vision_threshold, vision_refresh_steps, vision_max_drift, vision_reuse_kv
     vision: VisionReuseConfig = nested(VisionReuseConfig(enabled=False), prefix="vision_",
                                        names={"enabled": "vision_reuse"})
-    # chunk_execution, chunk_refill_threshold, chunk_blend, chunk_verify_threshold_rad
+    # chunk_execution, chunk_refill_threshold, chunk_blend, chunk_verify_threshold_rad, chunk_anchor
     chunks: ChunkSettings = nested(ChunkSettings())
     inference: bool = setting(True, "Run the policy; false = bring-up mode that only tracks and holds")
     image_size: int = setting(0, "Model input size in pixels; 0 = from the checkpoint", range=(0, 2048))

@@ -244,6 +244,17 @@ def check_checkpoint(source: str | Path | CheckpointRef, *, unnorm_key: str = ""
     return family
 
 
+def check_device(source: str | Path | CheckpointRef, device: str) -> Family:
+    """The family of the checkpoint ``source`` names, once it can run on ``device`` (empty or cpu:
+    any; a GPU: a LeRobot policy only); ValueError in one line otherwise. Imports no torch."""
+    ref = CheckpointRef.parse(source)
+    family = recognise(ref)
+    if device and device != "cpu" and family.name != "lerobot":
+        raise ValueError(f"{ref}: device {device!r}: only a LeRobot policy (SmolVLA, pi0) runs on a GPU here; "
+                         f"a checkpoint of the {family.name} family runs on the CPU")
+    return family
+
+
 def declared_action_space(source: str | Path | CheckpointRef) -> str:
     """What the actions of the checkpoint ``source`` names are, as declared
     (:mod:`vla_accel_ros.core.actions`): its robot record's ``action_space`` (end-effector deltas

@@ -65,7 +65,7 @@ from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.core.robot_record import check_checkpoint_robot
 from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.core.stamp_order import StampOrder
-from vla_accel_ros.models.load import declared_action_space
+from vla_accel_ros.models.load import check_device, declared_action_space
 from vla_accel_ros.ros.command_publishers import CommandPublisher, command_publishers
 from vla_accel_ros.ros.inference_workers import Worker, start_inference
 from vla_accel_ros.ros.node_cameras import NodeCameras, check_image_slots
@@ -274,6 +274,8 @@ class VlaAccelNode(LifecycleNode):
         checkpoint = cfg.runner_config().checkpoint_path
         if cfg.inference and cfg.inference_mode != "remote" and (problem := checkpoint_problem(checkpoint)):
             raise ConfigError(f"{checkpoint}: {problem}")  # before any URDF wait: the example's placeholder
+        if cfg.inference and cfg.inference_mode != "remote":
+            check_device(cfg.runner_config().checkpoint_ref, cfg.runner_config().device)  # a GPU: LeRobot only
         # Spawned first: its imports run while the URDF and the policy load.
         self._camera = NodeCameras(cfg, lambda: self.controller, self._now, self._stamp_in_order, self._reject,
                                    self._on_camera_output, self._stalls.timed)

@@ -75,13 +75,10 @@ class PolicyRunner:
         go to the decoder's config; ``device``: where a LeRobot policy runs (empty = the CPU)."""
         from vla_accel_ros.decoding import make_decoder
         from vla_accel_ros.decoding.specs import names_with
-        from vla_accel_ros.models.load import declared_action_space, load_policy, recognise
+        from vla_accel_ros.models.load import check_device, declared_action_space, load_policy
 
         ref = CheckpointRef.parse(checkpoint)
-        family = recognise(ref)
-        if device and device != "cpu" and family.name != "lerobot":
-            raise ValueError(f"{ref}: device {device!r}: only a LeRobot policy (SmolVLA, pi0) runs on a GPU here; "
-                             f"a checkpoint of the {family.name} family runs on the CPU")
+        family = check_device(ref, device)
         served_by = names_with(lambda spec: spec.flow_head) if family.answers_with_chunks else ()
         swapped = ""
         if served_by and decoder_name not in served_by:  # a policy server's chunks come through a flow decoder

@@ -33,7 +33,7 @@ torch.set_num_threads(1)
 KIN = ArmKinematics(default_urdf())
 Q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])  # distinct values: ordering errors show
 SHUFFLED = ["joint4", "joint1", "joint7", "joint2", "joint6", "joint3", "joint5"]
-_domains = iter(range(20, 40))
+_domains = iter([*range(1, 31), *range(33, 39)])  # 31, 32: test_sim_node; 39: the refusal of main below
 
 
 class Rig:

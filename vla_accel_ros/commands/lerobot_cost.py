@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,10 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vla_accel_ros.evaluation.lerobot_cost import LeRobotCostOptions, lerobot_cost
+    from vla_accel_ros.models.load import is_device_name
 
     if args.layers < 0 or args.repeats < 1:
         raise ValueError("--layers must be >= 0 and --repeats >= 1")
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+    if not is_device_name(args.device):
         raise ValueError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     opts = LeRobotCostOptions(type=args.type, layers=args.layers, dtype=args.dtype, repeats=args.repeats,
                               threads=args.threads, out=args.out, device=args.device)

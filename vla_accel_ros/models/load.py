@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,6 +243,11 @@ def check_checkpoint(source: str | Path | CheckpointRef, *, unnorm_key: str = ""
     family = recognise(ref)
     family.check(ref.directory, unnorm_key)
     return family
+
+
+def is_device_name(device: str) -> bool:
+    """Whether ``device`` names where a policy can run: cpu, cuda or cuda:N."""
+    return re.fullmatch(r"cpu|cuda(:\d+)?", device) is not None
 
 
 def check_device(source: str | Path | CheckpointRef, device: str) -> Family:

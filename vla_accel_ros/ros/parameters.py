@@ -14,7 +14,6 @@ in the sim, record and replay options) and the incremental-vision parameters (``
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +34,7 @@ from vla_accel_ros.models.configuration import (
     MAX_TEMPERATURE,
     VisionReuseConfig,
 )
+from vla_accel_ros.models.load import is_device_name
 from vla_accel_ros.runtime.builder import RunnerConfig
 
 OUTPUT_FORMATS = ("forward_position", "joint_trajectory", "joint_state")
@@ -78,7 +78,7 @@ class PolicySettings:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.device and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+        if self.device and not is_device_name(self.device):
             raise ConfigError(f"parameter 'device' must be empty, cpu, cuda or cuda:N, got {self.device!r}")
         if not self.decoder.strip():
             raise ConfigError("parameter 'decoder' must name a decoder")

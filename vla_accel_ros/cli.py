@@ -57,7 +57,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hf-cost": ("vla_accel_ros.commands.hf_cost",
                 "time a Hugging Face VLA's passes at OpenVLA's size and the implied speed-ups"),
     "lerobot-cost": ("vla_accel_ros.commands.lerobot_cost",
-                     "SmolVLA's or pi0's prefix, flow step and chunk at the real shape, in CPU time"),
+                     "SmolVLA's, pi0's or pi05's prefix, flow step and chunk at the real shape, in CPU time"),
     "soak": ("vla_accel_ros.commands.soak", "the node for a long run at a control rate: is its memory flat?"),
     "sim-speed": ("vla_accel_ros.commands.sim_speed", "measure sim steps/s with and without rendering"),
 }

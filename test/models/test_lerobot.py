@@ -1,4 +1,4 @@
-"""LeRobot's flow VLAs read natively: the chunks of LeRobot 0.6.1's own SmolVLA and π0 on the
+"""LeRobot's flow VLAs read natively: the chunks of LeRobot 0.6.1's own SmolVLA, π0 and π0.5 on the
 fixture's policies (``test/fixtures/lerobot/README.md``), the processor statistics, the prefix's
 reuse over the flow steps, ``vla-accel predict`` and the one-line refusals."""
 
@@ -21,13 +21,14 @@ from vla_accel_ros.models.lerobot.processor import Statistics  # noqa: E402
 from vla_accel_ros.models.load import recognise  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
-TOKENIZERS = {"smolvla": FIXTURES / "tokenizers" / "smolvlm2", "pi0": FIXTURES / "tokenizers" / "paligemma"}
+TOKENIZERS = {"smolvla": FIXTURES / "tokenizers" / "smolvlm2", "pi0": FIXTURES / "tokenizers" / "paligemma",
+              "pi05": FIXTURES / "tokenizers" / "paligemma"}
 # fp32 agreement: this many times the original's own fp32 noise (its chunks for a batch of two
 # against one at a time); the original's bfloat16 run differs from its fp32 one 1e4 times more
 NOISE_FACTOR = 20.0
 
 
-@pytest.fixture(scope="module", params=["smolvla", "pi0"])
+@pytest.fixture(scope="module", params=["smolvla", "pi0", "pi05"])
 def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -93,14 +94,21 @@ def test_statistics_from_the_processor_files(family: str, policy) -> None:  # ty
     state_file = next(s["state_file"] for s in pre["steps"] if s.get("registry_name") == "normalizer_processor")
     stored = load_file(str(FIXTURES / family / state_file))
     state = torch.tensor([[0.3, -1.0, 2.0, 0.0, 5.0, -0.5]])
-    expected = (state - stored["observation.state.mean"]) / (stored["observation.state.std"] + 1e-8)
+    if family == "pi05":  # QUANTILES: q01..q99 to [-1, 1], both ways
+        low, high = stored["observation.state.q01"], stored["observation.state.q99"]
+        expected = 2.0 * (state - low) / (high - low) - 1.0
+    else:
+        expected = (state - stored["observation.state.mean"]) / (stored["observation.state.std"] + 1e-8)
     torch.testing.assert_close(policy.statistics.state.normalise(state), expected)
     action = torch.tensor([[0.1, 0.2, -0.3, 1.0, -1.0, 0.0]])
     post = json.loads((FIXTURES / family / "policy_postprocessor.json").read_text())
     post_file = next(s["state_file"] for s in post["steps"] if s.get("registry_name") == "unnormalizer_processor")
     stats = load_file(str(FIXTURES / family / post_file))
-    torch.testing.assert_close(policy.statistics.action.unnormalise(action),
-                               action * stats["action.std"] + stats["action.mean"])
+    if family == "pi05":
+        expected = (action + 1.0) * (stats["action.q99"] - stats["action.q01"]) / 2.0 + stats["action.q01"]
+    else:
+        expected = action * stats["action.std"] + stats["action.mean"]
+    torch.testing.assert_close(policy.statistics.action.unnormalise(action), expected)
     torch.testing.assert_close(policy.statistics.action.normalise(policy.statistics.action.unnormalise(action)),
                                action, atol=1e-6, rtol=0)
 
@@ -158,7 +166,7 @@ def test_refusals_name_the_file_or_key(tmp_path: Path, monkeypatch: pytest.Monke
     (directory / "config.json").write_text(json.dumps({**config, "type": "act"}))
     assert recognise(directory).name == "lerobot"
     message = error_of(directory, tokenizer_dir=TOKENIZERS["smolvla"])
-    assert "'act'" in message and "smolvla, pi0" in message
+    assert "'act'" in message and "supported: smolvla, pi0, pi05" in message
 
 
 def test_state_and_action_widths_must_match_the_robot(policy) -> None:  # type: ignore[no-untyped-def]
@@ -172,26 +180,27 @@ def test_state_and_action_widths_must_match_the_robot(policy) -> None:  # type: 
         policy.check_robot(7, 7)
 
 
-def test_predict_json_with_noise_and_images(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("kind", ["pi0", "pi05"])
+def test_predict_json_with_noise_and_images(tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
     from PIL import Image
 
-    ref = reference("pi0")
+    ref = reference(kind)
     Image.fromarray(ref["front"][0]).save(tmp_path / "front.png")
     np.save(tmp_path / "wrist.npy", ref["wrist"][0])
     np.save(tmp_path / "noise.npy", ref["noise"][0])
     state = ",".join(repr(float(v)) for v in ref["state"][0])
-    args = ["predict", "--checkpoint", str(FIXTURES / "pi0"), "--image", str(tmp_path / "front.png"), "--image",
+    args = ["predict", "--checkpoint", str(FIXTURES / kind), "--image", str(tmp_path / "front.png"), "--image",
             str(tmp_path / "wrist.npy"), f"--state={state}", "--instruction", str(ref["tasks"][0]),
-            "--tokenizer-dir", str(TOKENIZERS["pi0"])]
+            "--tokenizer-dir", str(TOKENIZERS[kind])]
     assert main([*args, "--noise", str(tmp_path / "noise.npy"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["family"] == "lerobot" and out["type"] == "pi0" and out["steps"] == 10
-    assert np.abs(np.array(out["actions"]) - ref["actions"][0]).max() <= tolerance("pi0")
-    assert np.abs(np.array(out["actions_normalized"]) - ref["actions_normalized"][0]).max() <= tolerance("pi0")
+    assert out["family"] == "lerobot" and out["type"] == kind and out["steps"] == 10
+    assert np.abs(np.array(out["actions"]) - ref["actions"][0]).max() <= tolerance(kind)
+    assert np.abs(np.array(out["actions_normalized"]) - ref["actions_normalized"][0]).max() <= tolerance(kind)
     assert main([*args, "--noise", str(tmp_path / "noise.npy"), "--steps", "2", "--json"]) == 0
     two = json.loads(capsys.readouterr().out)
     assert two["steps"] == 2
-    assert np.abs(np.array(two["actions_normalized"]) - ref["actions_normalized_2steps"][0]).max() <= tolerance("pi0")
+    assert np.abs(np.array(two["actions_normalized"]) - ref["actions_normalized_2steps"][0]).max() <= tolerance(kind)
     np.save(tmp_path / "bad_noise.npy", np.zeros((50, 6), dtype=np.float32))
     assert main([*args, "--noise", str(tmp_path / "bad_noise.npy")]) == 2
     err = capsys.readouterr().err
@@ -199,13 +208,13 @@ def test_predict_json_with_noise_and_images(tmp_path: Path, capsys: pytest.Captu
 
 
 def prefix_tensors(prefix) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
-    """Every layer's keys and values of a SmolVLA or π0 prefix."""
+    """Every layer's keys and values of a SmolVLA, π0 or π0.5 prefix."""
     if hasattr(prefix, "keys"):
         return [*prefix.keys, *prefix.values]
     return [t for layer in prefix.cache.layers for t in (layer.keys, layer.values)]
 
 
-@pytest.mark.parametrize("kind", ["smolvla", "pi0"])
+@pytest.mark.parametrize("kind", ["smolvla", "pi0", "pi05"])
 def test_incremental_vision_every_token_changed_equals_the_full_prefix(kind: str) -> None:
     from vla_accel_ros.models.configuration import VisionReuseConfig
 
@@ -232,8 +241,9 @@ def test_incremental_vision_every_token_changed_equals_the_full_prefix(kind: str
         full = policy.prefix(second)
         for a, b in zip(prefix_tensors(reused), prefix_tensors(full), strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
-        # the same frame again with a new state: no image token recomputed, the prefix still the full one
-        third = policy.inputs(moved, ref["state"][0], task)
+        # the same frame again: no image token recomputed, the prefix still the full one; with a new
+        # state (π0.5's is in the language, which its image tokens attend to: the same state there)
+        third = policy.inputs(moved, ref["state"][1 if kind == "pi05" else 0], task)
         again = incremental.prefix(third)
         assert incremental.last.recomputed == 0
         full = policy.prefix(third)
@@ -314,12 +324,15 @@ def test_the_runtime_prefill_takes_every_camera_in_slot_order(policy) -> None:  
     np.testing.assert_allclose(chunk, want, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["smolvla", "pi05"])
 @pytest.mark.parametrize("decoder, steps", [("flow2", 2), ("flow10", None)])
 def test_the_flow_decoders_sample_the_policys_field_in_their_step_count(tmp_path: Path, decoder: str,
-                                                                       steps: int | None) -> None:
+                                                                       steps: int | None, kind: str) -> None:
     """``flow2``: two Euler steps of the policy's own velocity field, from the decoder's seeded
-    noise (``flow10``: the policy's own step count), exactly what ``predict_chunk`` computes."""
-    arm = load_lerobot(layout_module().write_smolvla_dir(tmp_path / "arm"), tokenizer_dir=TOKENIZERS["smolvla"])
+    noise (``flow10``: the policy's own step count), exactly what ``predict_chunk`` computes; for a
+    SmolVLA and a π0.5 (whose prompt carries the arm's state) of the package arm's widths."""
+    writer = getattr(layout_module(), f"write_{kind}_dir")
+    arm = load_lerobot(writer(tmp_path / "arm"), tokenizer_dir=TOKENIZERS[kind])
     chunk, (image, state, noise) = first_runner_chunk(arm, decoder)
     want = arm.predict_chunk([image], state, "pick up the red cube", noise=noise, steps=steps)
     np.testing.assert_allclose(chunk, want.actions, rtol=0, atol=1e-6)
@@ -347,7 +360,8 @@ def test_the_controller_gets_the_chunks_first_n_action_steps(tmp_path: Path) -> 
 @pytest.mark.parametrize("method", ["distilled", "two_anchor"])
 def test_a_fresh_2_step_student_of_either_family_is_two_euler_steps(policy, method: str) -> None:  # type: ignore[no-untyped-def]
     """``vla-accel train-flow`` starts either student as 2 Euler steps of the policy's own field
-    (π0's distilled copy holds its state projection too: its suffix reads the state)."""
+    (π0's distilled copy holds its state projection too: its suffix reads the state; π0.5's its
+    time MLP, which conditions the expert's norms)."""
     from vla_accel_ros.models.lerobot.student import FlowStudent, flow_step_names
 
     ref = reference(policy.config.type)
@@ -355,7 +369,10 @@ def test_a_fresh_2_step_student_of_either_family_is_two_euler_steps(policy, meth
     noise = torch.as_tensor(ref["noise"][0])[None]
     student = FlowStudent.fresh(method, policy.model)
     if method == "distilled":
-        assert ("state_proj.weight" in flow_step_names(policy.model)) == (policy.config.type == "pi0")
+        names = flow_step_names(policy.model)
+        assert ("state_proj.weight" in names) == (policy.config.type == "pi0")
+        assert ("time_mlp_in.weight" in names) == (policy.config.type == "pi05")
+        assert ("action_time_mlp_in.weight" in names) == (policy.config.type != "pi05")
         assert student.model is not None and student.model.expert is not policy.model.expert
     with torch.inference_mode():
         prefix = policy.prefix(inputs)

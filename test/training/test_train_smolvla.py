@@ -290,3 +290,44 @@ def test_the_prefix_starts_as_the_vla_saw_its_inputs(trained: tuple[Path, Path, 
     before = model.vlm.connector.modality_projection.proj.weight.clone()
     residual = fit_connector(model, vlm, data.images)
     assert residual < 0.5 and not torch.equal(before, model.vlm.connector.modality_projection.proj.weight)
+
+
+def test_a_pi05s_prompts_carry_each_steps_state_and_its_student_trains_the_time_mlp(tmp_path: Path) -> None:
+    """π0.5 (a random-weight directory of the package arm's widths, its tokenizer in the folder its
+    preprocessor names): every demo step gets its own prompt, the one the policy makes for that
+    observation; the distilled copy trains the time MLP and no state projection, starts as 2 Euler
+    steps, and ``train-flow`` keeps it where ``flow2`` finds it; ``eval`` runs the directory."""
+    import runpy
+    import shutil
+
+    from vla_accel_ros.models.lerobot.student import flow_step_names
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
+    directory = runpy.run_path(str(fixtures / "layout.py"))["write_pi05_dir"](tmp_path / "pi05")
+    shutil.copytree(fixtures / "tokenizers" / "paligemma", directory / "google" / "paligemma-3b-pt-224")
+    demos = write_demos(tmp_path / "demos")
+    policy = load_lerobot(directory)
+    data = load_demos(demos, 64, progress=False)
+    instructions = episode_instructions(demos, data)
+    inputs = DemoInputs(policy, data, instructions)
+    first = torch.nonzero(data.episode == 0).squeeze(1)
+    assert len(torch.unique(inputs.lang_ids[first], dim=0)) > 1  # one episode, prompts of several states
+    step = int(first[3])
+    own = policy.inputs([data.images[step].numpy()], data.proprio[step].numpy(), instructions[0])
+    assert torch.equal(own.lang_tokens[0], inputs.lang_ids[step])
+    assert torch.equal(own.lang_masks[0], inputs.lang_masks[step])
+    student = FlowStudent.fresh("distilled", policy.model)
+    names = flow_step_names(student.model)
+    assert "time_mlp_in.weight" in names and "expert.norm.dense.weight" in names
+    assert not any(n.startswith(("state_proj.", "action_time_mlp_")) for n in names)
+    sample, _, euler2 = student_gap(policy, student, inputs, torch.arange(8), torch.Generator().manual_seed(0))
+    torch.testing.assert_close(sample, euler2, rtol=0, atol=1e-6)
+    fitted = tmp_path / "fitted"
+    assert main(["train-flow", "--checkpoint", str(directory), "--data", str(demos), "--out", str(fitted),
+                 "--method", "distilled", "--distill-epochs", "1", "--batch-size", "8", "--lr", "3e-3",
+                 "--threads", "1", "--no-progress"]) == 0
+    kept = load_lerobot(fitted).student
+    assert kept is not None and kept.method == "distilled" and "time_mlp_out.weight" in kept.state_dict()
+    assert main(["eval", "--checkpoint", str(fitted), "--decoder", "flow2", "--episodes", "1", "--max-steps", "3",
+                 "--out", str(tmp_path / "eval")]) == 0
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["episodes"] == 1

@@ -1,4 +1,4 @@
-"""``vla-accel lerobot-cost``: SmolVLA's or π0's prefix, one flow step and a whole chunk at the real
+"""``vla-accel lerobot-cost``: SmolVLA's, π0's or π0.5's prefix, one flow step and a whole chunk at the real
 shape, in CPU time (or GPU wall time with ``--device cuda``), with and without the accelerators
 (2 steps, incremental vision)."""
 
@@ -9,7 +9,7 @@ import json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--type", choices=("smolvla", "pi0"), default="smolvla", help="the policy type")
+    parser.add_argument("--type", choices=("smolvla", "pi0", "pi05"), default="smolvla", help="the policy type")
     parser.add_argument("--layers", type=int, default=0,
                         help="text layers to build (VLM and expert); their time is scaled to the real depth "
                              "(0: the real depth)")

@@ -14,7 +14,7 @@ default), as the node runs it. ``--json`` prints one JSON object, a contract tha
 - ``timing_ms`` (load, prefill, decode, total), and what ran: ``family``, ``checkpoint``,
   ``decoder``, ``dtype``, ``unnorm_key``, ``target_passes``.
 
-A LeRobot flow policy (SmolVLA, π0) predicts a chunk instead: one ``--image`` per camera in the
+A LeRobot flow policy (SmolVLA, π0, π0.5) predicts a chunk instead: one ``--image`` per camera in the
 config's order (PNG/JPEG, or a ``.npy`` of H x W x 3 uint8 or 3 x H x W float in [0, 1]),
 ``--state`` (a comma list or a ``.npy``), ``--noise`` (a ``.npy`` of chunk_size x max_action_dim,
 the sampler's initial noise as LeRobot draws it; default: drawn from ``--seed``) and ``--steps``

@@ -1,6 +1,6 @@
 """``vla-accel train-flow``: the continuous action head (10-step teacher, 2-step student), one
-action per sample or, with ``--horizon H``, a chunk of H. For a LeRobot flow policy (SmolVLA, π0)
-the policy is the teacher: only its 2-step sampler is fitted (``--method``, ``--distill-epochs``).
+action per sample or, with ``--horizon H``, a chunk of H. For a LeRobot flow policy (SmolVLA, π0,
+π0.5) the policy is the teacher: only its 2-step sampler is fitted (``--method``, ``--distill-epochs``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--horizon", type=int, default=d.horizon,
                         help="actions per sample: H > 1 trains a chunked policy whose H actions feed the node's queue")
     parser.add_argument("--method", default=d.method, choices=("distilled", "two_anchor"),
-                        help="a LeRobot policy (SmolVLA, pi0): fit its 2-step sampler as a distilled copy of its "
+                        help="a LeRobot policy (SmolVLA, pi0, pi05): fit its 2-step sampler as a distilled copy of its "
                              "flow-step modules, or as a small adapter over its own field at two anchors")
     parser.add_argument("--student-from", default=None,
                         help="a LeRobot policy: continue the 2-step sampler kept in this directory (same policy and "

@@ -1,14 +1,15 @@
-"""What SmolVLA and π0 cost at their real shapes on this machine: the prefix (vision towers and the
-VLM), one flow step (the expert over the chunk's action tokens), and a whole chunk, with and
-without the accelerators (2 flow steps; incremental vision on an unchanged frame, where only the
-language rows, and SmolVLA's state row, run).
+"""What SmolVLA, π0 and π0.5 cost at their real shapes on this machine: the prefix (vision towers
+and the VLM), one flow step (the expert over the chunk's action tokens), and a whole chunk, with
+and without the accelerators (2 flow steps; incremental vision on an unchanged frame, where only
+the language rows, and SmolVLA's state row, run).
 
 Random weights at the published sizes: SmolVLA = SmolVLM2-500M's vision tower (768 wide, 12 layers,
 512 px, patch 16, pixel shuffle 4: 64 tokens per camera) and its first 16 text layers (960 wide, 15
 heads, 5 kv heads, head_dim 64), an expert 0.75 x as wide; π0 = SigLIP so400m/14 at 224 px, Gemma
-2B and a Gemma-300M expert (18 layers each). Both take 3 cameras, 48 language tokens and a chunk of
-50. On the CPU, times are CPU seconds of this process (with one torch thread, the cost of the
-pass on one core, whatever else the machine runs); on a GPU (``device`` cuda), wall seconds from
+2B and a Gemma-300M expert (18 layers each), π0.5 the same with its adaptive expert norms. All
+take 3 cameras and a chunk of 50; SmolVLA and π0 48 language tokens, π0.5 200 (its default, the
+prompt carrying the state). On the CPU, times are CPU seconds of this process (with one torch
+thread, the cost of the pass on one core, whatever else the machine runs); on a GPU (``device`` cuda), wall seconds from
 the pass's start to the GPU's finishing it, after warm-up passes, and the full prefix and the
 sampler (10 and 2 steps) are also timed as CUDA graph replays (``*_graph_s``, as the policy runs
 them there: :mod:`vla_accel_ros.models.lerobot.cuda_graph`). The text stacks can be built with
@@ -36,7 +37,7 @@ from vla_accel_ros.models.lerobot.policy import euler
 
 SMOLVLA_LAYERS = 16
 N_CAMERAS = 3
-LANGUAGE = 48
+LANGUAGE = {"smolvla": 48, "pi0": 48, "pi05": 200}
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def _config(kind: str, layers: int) -> dict[str, Any]:
     raw: dict[str, Any] = {"type": kind, "input_features": {"observation.state": {"type": "STATE", "shape": [6]},
                                                             **cameras},
                            "output_features": {"action": {"type": "ACTION", "shape": [6]}},
-                           "tokenizer_max_length": LANGUAGE}
+                           "tokenizer_max_length": LANGUAGE[kind]}
     if kind == "smolvla":
         raw.update(num_vlm_layers=layers or SMOLVLA_LAYERS, num_expert_layers=0, pad_language_to="max_length",
                    prefix_length=0)
@@ -87,13 +88,15 @@ def build(kind: str, layers: int, dtype: torch.dtype) -> tuple[Any, Any, int]:
         depth = SMOLVLA_LAYERS
     else:
         from vla_accel_ros.models.lerobot.pi0 import Pi0Model, VisionShape, build_configs
+        from vla_accel_ros.models.lerobot.pi05 import Pi05Model
 
         vision = VisionShape(1152, 27, 4304, 14, 224, GEMMA_VARIANTS["gemma_2b"].width)
-        model = Pi0Model(config, *build_configs(config, vision, 257_152, depth=layers))
+        model_class = Pi05Model if kind == "pi05" else Pi0Model
+        model = model_class(config, *build_configs(config, vision, 257_152, depth=layers))
         depth = GEMMA_VARIANTS["gemma_2b"].depth
     for name, parameter in model.named_parameters():
         if name.startswith(("vlm.", "expert.", "paligemma.")) and not (
-                kind == "pi0" and any(p in name for p in ("vision_tower", "multi_modal_projector", "norm"))):
+                config.paligemma and any(p in name for p in ("vision_tower", "multi_modal_projector", "norm"))):
             parameter.data = parameter.data.to(dtype)
     model.eval().requires_grad_(False)
     return model, config, depth
@@ -134,8 +137,8 @@ def lerobot_cost(opts: LeRobotCostOptions) -> dict[str, Any]:
     height, width = config.image_hw
     images = [torch.rand(1, 3, height, width, device=device) * 2 - 1 for _ in range(N_CAMERAS)]
     masks = [torch.ones(1, dtype=torch.bool, device=device)] * N_CAMERAS
-    lang = torch.randint(0, 1000, (1, LANGUAGE), device=device)
-    lang_mask = torch.ones(1, LANGUAGE, dtype=torch.bool, device=device)
+    lang = torch.randint(0, 1000, (1, config.tokenizer_max_length), device=device)
+    lang_mask = torch.ones(1, config.tokenizer_max_length, dtype=torch.bool, device=device)
     state = torch.zeros(1, config.max_state_dim, device=device)
     noise = torch.randn(1, config.chunk_size, config.max_action_dim, device=device)
     t = torch.ones(1, device=device)

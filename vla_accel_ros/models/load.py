@@ -12,7 +12,7 @@ when a directory of that family is loaded (torch, transformers):
 - ``openvla``: ``config.json`` with ``model_type: "openvla"``, openvla-7b and its fine-tunes as
   published (:mod:`vla_accel_ros.models.openvla.checkpoint`);
 - ``lerobot``: a LeRobot policy directory, ``config.json`` with a policy ``type`` beside
-  ``policy_preprocessor.json`` (SmolVLA and π0, :mod:`vla_accel_ros.models.lerobot.policy`); its
+  ``policy_preprocessor.json`` (SmolVLA, π0 and π0.5, :mod:`vla_accel_ros.models.lerobot.policy`); its
   loaders also take ``tokenizer_dir``.
 - ``openpi``: no directory but a server's address, ``openpi://HOST:PORT`` or ``ws://`` (a policy served
   over openpi's protocol, :mod:`vla_accel_ros.models.openpi.client`); its chunks come through the flow
@@ -174,7 +174,8 @@ FAMILIES: tuple[Family, ...] = (
            "vla_accel_ros.models.openvla.checkpoint:load_policy_directory",
            "vla_accel_ros.models.openvla.checkpoint:load_openvla",
            checker="vla_accel_ros.models.load:check_token_vla_files"),
-    Family("lerobot", "config.json with a policy type beside policy_preprocessor.json (SmolVLA, pi0)", _is_lerobot,
+    Family("lerobot", "config.json with a policy type beside policy_preprocessor.json (SmolVLA, pi0, pi05)",
+           _is_lerobot,
            "vla_accel_ros.models.lerobot.policy:load_policy_directory",
            "vla_accel_ros.models.lerobot.policy:load_lerobot", checker="vla_accel_ros.models.load:check_lerobot_files",
            takes_tokenizer_dir=True),
@@ -256,7 +257,7 @@ def check_device(source: str | Path | CheckpointRef, device: str) -> Family:
     ref = CheckpointRef.parse(source)
     family = recognise(ref)
     if device and device != "cpu" and family.name != "lerobot":
-        raise ValueError(f"{ref}: device {device!r}: only a LeRobot policy (SmolVLA, pi0) runs on a GPU here; "
+        raise ValueError(f"{ref}: device {device!r}: only a LeRobot policy (SmolVLA, pi0, pi05) runs on a GPU here; "
                          f"a checkpoint of the {family.name} family runs on the CPU")
     return family
 

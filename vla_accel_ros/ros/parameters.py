@@ -73,8 +73,8 @@ class PolicySettings:
                                "guided towards what the previous chunk plans for the same times (its first steps, "
                                "those the inference takes, frozen); 0 = off", range=(0, 1000))
     rtc_guidance: float = setting(5.0, "Real-time chunking: the guidance's largest gain", range=(0.0, 100.0))
-    device: str = setting("", "Where a LeRobot policy (SmolVLA, pi0) runs: cuda or cuda:N = that GPU; empty = the "
-                          "CPU (every other family runs on the CPU)")
+    device: str = setting("", "Where a LeRobot policy (SmolVLA, pi0, pi05) runs: cuda or cuda:N = that GPU; "
+                          "empty = the CPU (every other family runs on the CPU)")
 
     def __post_init__(self) -> None:
         check_fields(self)

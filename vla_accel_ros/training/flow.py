@@ -1,5 +1,5 @@
 """Training of the continuous action head: the teacher, then the distilled 2-step student (``vla-accel train-flow``).
-A LeRobot flow policy (SmolVLA, π0) is its own teacher: only its 2-step sampler is fitted
+A LeRobot flow policy (SmolVLA, π0, π0.5) is its own teacher: only its 2-step sampler is fitted
 (:mod:`vla_accel_ros.training.lerobot_flow`).
 
 Both heads read the frozen target's prefix features, so those are computed once for every demo

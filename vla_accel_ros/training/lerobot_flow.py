@@ -1,4 +1,4 @@
-"""``vla-accel train-flow`` for a LeRobot flow policy (SmolVLA, π0): its 2-step sampler fitted to
+"""``vla-accel train-flow`` for a LeRobot flow policy (SmolVLA, π0, π0.5): its 2-step sampler fitted to
 its own 10-step sampler on the user's demonstrations (:mod:`vla_accel_ros.models.lerobot.student`).
 
 Every batch of demo steps runs the policy's prefix once (frozen), the policy's own sampler in its
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.models.lerobot.policy import LeRobotPolicy, ModelInputs, load_lerobot
-from vla_accel_ros.models.lerobot.processor import resize_with_pad, tokenize
+from vla_accel_ros.models.lerobot.processor import resize_with_pad
 from vla_accel_ros.models.lerobot.student import STUDENT_META, STUDENT_WEIGHTS, FlowStudent, load_student
 from vla_accel_ros.training.configs import FlowTrainConfig
 from vla_accel_ros.training.data import DemoDataset, action_windows, load_demos
@@ -49,17 +49,21 @@ class DemoInputs:
             raise ValueError(f"{config.path}: the policy takes a state of {config.state_dim} and gives actions of "
                              f"{config.action_dim}; the demos hold {data.proprio.shape[1]} and {data.actions.shape[1]}")
         settings = {**policy.token_settings, "padding": "max_length"}  # one length for a batch; pads are masked
-        ids, masks = zip(*(tokenize(policy.tokenizer, text, settings) for text in instructions), strict=True)
-        self.lang_ids, self.lang_masks = torch.cat(ids)[data.episode], torch.cat(masks)[data.episode]
-        self.state = F.pad(policy.statistics.state.normalise(data.proprio.to(torch.float32)),
-                           (0, config.max_state_dim - config.state_dim))
+        state = policy.statistics.state.normalise(data.proprio.to(torch.float32))
+        if config.type == "pi05":  # the prompt carries the state: one per demo step
+            steps = [instructions[e] for e in data.episode.tolist()]
+            self.lang_ids, self.lang_masks = policy.prompt_tokens(steps, state, settings)
+        else:  # one per episode
+            ids, masks = policy.prompt_tokens(instructions, None, settings)
+            self.lang_ids, self.lang_masks = ids[data.episode], masks[data.episode]
+        self.state = F.pad(state, (0, config.max_state_dim - config.state_dim))
         actions = policy.statistics.action.normalise(data.actions.to(torch.float32))
         self.actions = action_windows(actions, data.episode, config.chunk_size).reshape(len(actions),
                                                                                          config.chunk_size, -1)
 
     def inputs(self, idx: torch.Tensor) -> ModelInputs:
         height, width = self.policy.config.image_hw
-        centred = self.policy.config.type == "pi0"
+        centred = self.policy.config.paligemma
         pixels = [resize_with_pad(images[idx].permute(0, 3, 1, 2).to(torch.float32) / 255.0, height, width,
                                   centred=centred) * 2.0 - 1.0 for images in self.cameras]
         return ModelInputs(pixels, self.state[idx], self.lang_ids[idx], self.lang_masks[idx])

@@ -9,6 +9,8 @@ newer release loads as long as the fields below keep their meaning.
   joint self-attention every ``self_attn_every_n_layers`` layers; ``num_steps`` Euler steps.
 - ``pi0``: PaliGemma plus a Gemma action expert, sizes named by ``paligemma_variant`` and
   ``action_expert_variant``; ``num_inference_steps`` Euler steps.
+- ``pi05``: π0.5, π0's fields and networks except that the state reaches the model as text in
+  the prompt and the flow time conditions the expert's norms; 200 language tokens by default.
 
 Cameras are the VISUAL input features in the order the file lists them (the order the model
 stacks them); the state is the STATE feature, the action the ACTION output feature. Of each
@@ -22,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_TYPES = ("smolvla", "pi0")
+SUPPORTED_TYPES = ("smolvla", "pi0", "pi05")
+PALIGEMMA_TYPES = ("pi0", "pi05")  # PaliGemma plus a Gemma expert
 STATE_FEATURE = "observation.state"
 ACTION_FEATURE = "action"
-# The PaliGemma tokenizer pi0's preprocessor names (LeRobot hard-codes it; the file repeats it).
+# The PaliGemma tokenizer π0's and π0.5's preprocessors name (LeRobot hard-codes it; the file repeats it).
 PI0_TOKENIZER = "google/paligemma-3b-pt-224"
 
 
@@ -79,7 +82,7 @@ class LeRobotConfig:
     prefix_length: int = -1
     add_image_special_tokens: bool = False
     load_vlm_weights: bool = False
-    # pi0
+    # pi0, pi05
     paligemma_variant: str = "gemma_2b"
     action_expert_variant: str = "gemma_300m"
     dtype: str = "float32"
@@ -90,6 +93,11 @@ class LeRobotConfig:
     def tokenizer_name(self) -> str:
         """The hub name the tokenizer is published under (LeRobot's preprocessor loads it by name)."""
         return self.vlm_model_name if self.type == "smolvla" else PI0_TOKENIZER
+
+    @property
+    def paligemma(self) -> bool:
+        """π0 or π0.5: PaliGemma plus a Gemma expert (images resized with centred padding)."""
+        return self.type in PALIGEMMA_TYPES
 
     @property
     def image_size(self) -> int:
@@ -145,7 +153,7 @@ def parse_config(path: Path, raw: dict[str, Any]) -> LeRobotConfig:
         n_action_steps=int(number("n_action_steps", chunk_size)), num_steps=int(number(steps_key, 10)),
         max_state_dim=int(number("max_state_dim", 32)), max_action_dim=int(number("max_action_dim", 32)),
         camera_names=cameras, state_dim=state_dim, action_dim=action_dim, normalization=normalization,
-        tokenizer_max_length=int(number("tokenizer_max_length", 48)),
+        tokenizer_max_length=int(number("tokenizer_max_length", 200 if kind == "pi05" else 48)),
         min_period=float(number("min_period", 4e-3)), max_period=float(number("max_period", 4.0)),
         empty_cameras=int(number("empty_cameras", 0)), raw=raw)
     for key in ("chunk_size", "num_steps", "max_state_dim", "max_action_dim"):

@@ -30,11 +30,11 @@ WARMUP_RUNS = 2  # before capture, on a side stream: kernel selection and the al
 
 
 def prefix_tensors(prefix: Any) -> list[torch.Tensor]:
-    """What a flow step reads of a SmolVLA or π0 prefix: every layer's keys and values, the
+    """What a flow step reads of a SmolVLA, π0 or π0.5 prefix: every layer's keys and values, the
     validity mask and the count of valid tokens."""
     if hasattr(prefix, "keys"):  # SmolVLA's PrefixKV
         layers = [*prefix.keys, *prefix.values]
-    else:  # π0's PrefixCache (a transformers DynamicCache)
+    else:  # π0's and π0.5's PrefixCache (a transformers DynamicCache)
         layers = [t for layer in prefix.cache.layers for t in (layer.keys, layer.values)]
     return [*layers, prefix.pad_masks, prefix.n_valid]
 
@@ -56,7 +56,7 @@ def with_tensors(prefix: Any, tensors: Sequence[torch.Tensor]) -> Any:
 
 
 def clone_prefix(prefix: Any) -> Any:
-    """A SmolVLA or π0 prefix whose tensors are copies."""
+    """A SmolVLA, π0 or π0.5 prefix whose tensors are copies."""
     return with_tensors(prefix, [t.clone() for t in prefix_tensors(prefix)])
 
 

@@ -1,7 +1,9 @@
-"""Incremental vision for SmolVLA and π0: the prefix's keys and values of image tokens whose pixels
-did not change are reused from the frame that computed them; the changed (dynamic) image tokens,
-the language (and SmolVLA's state token) are recomputed, attending to the cached keys and values
-of the rest.
+"""Incremental vision for SmolVLA, π0 and π0.5: the prefix's keys and values of image tokens whose
+pixels did not change are reused from the frame that computed them; the changed (dynamic) image
+tokens, the language (and SmolVLA's state token) are recomputed, attending to the cached keys and
+values of the rest. π0.5's language carries the binned state and so changes with it: the language
+rows are recomputed every frame anyway, and only a new instruction, not a new state, refreshes
+the whole prefix.
 
 The rules are the package's incremental prefill's (:class:`~vla_accel_ros.models.configuration.VisionReuseConfig`,
 the node's ``vision_reuse*`` parameters): an image token is dynamic when the mean |change| (0..255)
@@ -10,8 +12,9 @@ of the pixels it covers, against the pixels behind its cached keys and values, e
 ``refresh_steps`` frames, and when the mean sub-threshold change of the cached tokens exceeds
 ``max_drift``. A camera with a dynamic token runs its vision tower (which attends over the whole
 image) again; one without keeps its tokens. Reusing a static token's keys and values is an
-approximation (they would move a little with what they attend to); the refresh rules bound how
-long that error lives. With every token dynamic the pass is the full prefix, exactly.
+approximation (they would move a little with what they attend to, π0.5's state among it); the
+refresh rules bound how long that error lives. With every token dynamic the pass is the full
+prefix, exactly.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from vla_accel_ros.models.configuration import VisionReuseConfig
 
 
 class IncrementalPrefix:
-    """A SmolVLA or π0 policy's prefixes over a stream of frames (batch 1), reusing unchanged image
-    tokens (the module docstring); ``last`` says what the latest frame recomputed."""
+    """A SmolVLA, π0 or π0.5 policy's prefixes over a stream of frames (batch 1), reusing
+    unchanged image tokens (the module docstring); ``last`` says what the latest frame recomputed."""
 
     def __init__(self, policy: Any, config: VisionReuseConfig | None = None) -> None:
         self.policy = policy
@@ -36,8 +39,8 @@ class IncrementalPrefix:
     def reset(self) -> None:
         """Forget the cache: the next frame is a full prefix."""
         self._reference: list[torch.Tensor] | None = None  # per camera, pixels (0..255) behind the cache
-        self._lang: torch.Tensor | None = None
-        self._prefix: Any = None  # SmolVLA's PrefixKV, π0's PrefixCache
+        self._instruction: str | None = None
+        self._prefix: Any = None  # SmolVLA's PrefixKV, π0's and π0.5's PrefixCache
         self._since_refresh = 0
         self.last: ReuseStats | None = None
 
@@ -47,7 +50,7 @@ class IncrementalPrefix:
         pixels = [(image[0] + 1.0) * 127.5 for image in inputs.images]  # (3, S, S) on 0..255
         side, cell = model.token_grid()
         n_tokens = side * side * len(pixels)
-        reason = self._refresh_reason(inputs.lang_tokens)
+        reason = self._refresh_reason(inputs.instruction)
         changes: list[torch.Tensor] = []
         if not reason:
             assert self._reference is not None
@@ -65,7 +68,7 @@ class IncrementalPrefix:
             self._prefix = model.run_prefix(*model.embed_inputs(tokens, masks, inputs.lang_tokens, inputs.lang_masks,
                                                                 inputs.state))
             self._reference = pixels
-            self._lang = inputs.lang_tokens.clone()
+            self._instruction = inputs.instruction
             self._since_refresh = 1
             self.last = ReuseStats(n_tokens, n_tokens, True, reason)
             return self._prefix
@@ -100,10 +103,10 @@ class IncrementalPrefix:
             block = (slice(None), slice(r * cell, (r + 1) * cell), slice(c * cell, (c + 1) * cell))
             reference[camera][block] = now[block]
 
-    def _refresh_reason(self, lang_tokens: torch.Tensor) -> str:
+    def _refresh_reason(self, instruction: str) -> str:
         if self._prefix is None:
             return "first frame"
-        if self._lang is None or not torch.equal(lang_tokens, self._lang):
+        if instruction != self._instruction:
             return "instruction changed"
         if self._since_refresh >= self.config.refresh_steps:
             return "timer"

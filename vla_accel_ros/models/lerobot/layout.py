@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from vla_accel_ros.models.lerobot.processor import POSTPROCESSOR, PREPROCESSOR
-from vla_accel_ros.models.lerobot.weights import PREFIXES, WEIGHTS_FILE
+from vla_accel_ros.models.lerobot.weights import PREFIXES, SIGLIP_TOWER, WEIGHTS_FILE
 
 NORMALIZER_FILE = "policy_preprocessor_step_5_normalizer_processor.safetensors"
 UNNORMALIZER_FILE = "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
@@ -26,6 +26,8 @@ def published_state_dict(model: torch.nn.Module, kind: str = "smolvla") -> dict[
     """``model``'s tensors under the names LeRobot saves (the inverse of :func:`.weights.read_tensors`)."""
     out = {}
     for name, tensor in model.state_dict().items():
+        if name.startswith(SIGLIP_TOWER) and not name.startswith(SIGLIP_TOWER + "vision_model."):
+            name = SIGLIP_TOWER + "vision_model." + name[len(SIGLIP_TOWER):]  # the SigLIP wrapper LeRobot's names keep
         for published, ours in PREFIXES[kind]:
             if name.startswith(ours):
                 name = published + name[len(ours):]

@@ -89,12 +89,16 @@ class Pi0Model(nn.Module):
         self.expert = GemmaModel(expert_config)
         self.expert.embed_tokens = None
         width = expert_config.hidden_size
-        self.state_proj = nn.Linear(config.max_state_dim, width)
         self.action_in_proj = nn.Linear(config.max_action_dim, width)
         self.action_out_proj = nn.Linear(width, config.max_action_dim)
+        self.expert_width = width
+        self.add_suffix_modules(width)
+
+    def add_suffix_modules(self, width: int) -> None:
+        """π0's state projection and the MLP that joins each action token with the flow time."""
+        self.state_proj = nn.Linear(self.config.max_state_dim, width)
         self.action_time_mlp_in = nn.Linear(2 * width, width)
         self.action_time_mlp_out = nn.Linear(width, width)
-        self.expert_width = width
 
     def round_rope_like_lerobot(self) -> None:
         """A bfloat16 π0 in LeRobot casts the whole model, RoPE's inverse frequencies included, to
@@ -144,15 +148,17 @@ class Pi0Model(nn.Module):
         return vision.image_size // vision.patch_size, vision.patch_size
 
     def _run(self, model: Any, hidden: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-             cache: Any) -> torch.Tensor:
-        """A Gemma stack's layers and final norm over ``hidden``, appending to ``cache``."""
+             cache: Any, cond: torch.Tensor | None = None) -> torch.Tensor:
+        """A Gemma stack's layers and final norm over ``hidden``, appending to ``cache``; ``cond``:
+        the condition of an adaptive stack's norms (π0.5's expert)."""
         if model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16:
             hidden = hidden.to(torch.bfloat16)
         rotary = model.rotary_emb(hidden, position_ids=positions)
+        adaptive = {} if cond is None else {"cond": cond}
         for layer in model.layers:
             hidden = layer(hidden, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                           position_embeddings=rotary)
-        return model.norm(hidden)  # type: ignore[no-any-return]
+                           position_embeddings=rotary, **adaptive)
+        return model.norm(hidden, **adaptive)  # type: ignore[no-any-return]
 
     def run_prefix(self, emb: torch.Tensor, pad: torch.Tensor) -> PrefixCache:
         from transformers import DynamicCache
@@ -178,27 +184,30 @@ class Pi0Model(nn.Module):
             cache.update(keys, values, index)
         return PrefixCache(cache, pad, pad.sum(dim=-1, keepdim=True))
 
-    def embed_suffix(self, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """[state token, the chunk's action tokens] (B, 1 + H, expert width) at flow time t."""
+    def embed_suffix(self, state: torch.Tensor, x_t: torch.Tensor,
+                     t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[state token, the chunk's action tokens] (B, 1 + H, expert width) at flow time t, and the
+        expert's norm condition (π0: none)."""
         state_token = self.state_proj(state.to(torch.float32))[:, None, :]
         time = sinusoidal_time(t, self.expert_width, self.config.min_period, self.config.max_period).to(t.dtype)
         action = self.action_in_proj(x_t)
         joined = torch.cat([action, time[:, None, :].expand_as(action)], dim=2)
         actions = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(joined)))
-        return torch.cat([state_token, actions], dim=1)
+        return torch.cat([state_token, actions], dim=1), None
 
     def velocity(self, prefix: PrefixCache, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """v(x_t, t) (B, H, max_action_dim) float32: the expert alone, over the cached prefix."""
-        suffix = self.embed_suffix(state, x_t, t)
+        suffix, cond = self.embed_suffix(state, x_t, t)
         batch, length = suffix.shape[:2]
         valid = torch.ones(batch, length, dtype=torch.bool, device=suffix.device)
         blocks = torch.zeros(batch, length, dtype=torch.bool, device=suffix.device)
-        blocks[:, :2] = True  # the state its own block, the actions one block after it
+        # every token before the actions (π0's state) its own block, the actions one block after them
+        blocks[:, : length - self.config.chunk_size + 1] = True
         allowed = torch.cat([prefix.pad_masks[:, None, :].expand(batch, length, prefix.length),
                              make_att_2d_masks(valid, blocks)], dim=2)
         positions = prefix.n_valid + torch.cumsum(valid, dim=1) - 1
         try:
-            out = self._run(self.expert, suffix, additive_mask(allowed), positions, prefix.cache)
+            out = self._run(self.expert, suffix, additive_mask(allowed), positions, prefix.cache, cond)
         finally:
             added = prefix.cache.get_seq_length() - prefix.length
             if added > 0:  # the prefix's keys and values serve the next step

@@ -1,10 +1,11 @@
-"""A LeRobot flow policy (SmolVLA, π0) as this package runs it: one observation in, a chunk out.
+"""A LeRobot flow policy (SmolVLA, π0, π0.5) as this package runs it: one observation in, a chunk out.
 
 ``predict_chunk(images, state, instruction, noise, steps)`` does what LeRobot's preprocessor,
 ``predict_action_chunk`` and postprocessor do together:
 
 1. the state normalised with the preprocessor's statistics and zero-padded to ``max_state_dim``;
-   the images in the config's camera order; the instruction with a newline, tokenized;
+   the images in the config's camera order; the instruction with a newline (π0.5: the prompt of
+   the task and the binned normalised state), tokenized;
 2. the prefix computed once (:meth:`prefix`), its keys and values reused by every flow step;
 3. ``steps`` Euler steps from the noise at t = 1 towards t = 0, x <- x - (1/steps) v(x, t), with
    t = 1, 1 - 1/steps, ..., 1/steps (10 steps: 1.0 ... 0.1);
@@ -34,7 +35,9 @@ from vla_accel_ros.models.lerobot.processor import (
     load_tokenizer,
     pretrained_source,
     resize_with_pad,
+    state_prompt,
     tokenize,
+    tokenize_text,
     tokenizer_settings,
 )
 from vla_accel_ros.models.lerobot.student import FlowStudent, load_student
@@ -47,12 +50,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 @dataclass(frozen=True)
 class ModelInputs:
     """One observation as the model takes it (batch 1): pixels per camera in [-1, 1], the
-    normalised, padded state, and the tokenized instruction."""
+    normalised, padded state, the tokenized prompt, and the instruction it was made of (π0.5's
+    prompt also carries the state)."""
 
     images: list[torch.Tensor]
     state: torch.Tensor
     lang_tokens: torch.Tensor
     lang_masks: torch.Tensor
+    instruction: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,7 +86,7 @@ class Chunk:
 
 
 class LeRobotPolicy:
-    """A SmolVLA or π0 checkpoint directory, loaded natively (the module docstring)."""
+    """A SmolVLA, π0 or π0.5 checkpoint directory, loaded natively (the module docstring)."""
 
     family = "lerobot"
 
@@ -179,11 +184,25 @@ class LeRobotPolicy:
         normalised = self.statistics.state.normalise(state_tensor)
         padded = torch.nn.functional.pad(normalised, (0, config.max_state_dim - config.state_dim))
         height, width = config.image_hw
-        pixels = [resize_with_pad(image_tensor(image), height, width, centred=config.type == "pi0") * 2.0 - 1.0
+        pixels = [resize_with_pad(image_tensor(image), height, width, centred=config.paligemma) * 2.0 - 1.0
                   for image in images]
-        ids, mask = tokenize(self.tokenizer, instruction, self.token_settings)
+        ids, mask = self.prompt_tokens([instruction], normalised, self.token_settings)
         device = self.device
-        return ModelInputs([p.to(device) for p in pixels], padded.to(device), ids.to(device), mask.to(device))
+        return ModelInputs([p.to(device) for p in pixels], padded.to(device), ids.to(device), mask.to(device),
+                           instruction)
+
+    def prompt_tokens(self, instructions: Sequence[str], states: torch.Tensor | None,
+                      settings: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, masks) (N, L) of the prompts LeRobot's preprocessor tokenizes for N instructions
+        and their normalised states (N, state width), which only π0.5's prompt reads (the others
+        take None)."""
+        if self.config.type == "pi05":
+            if states is None:
+                raise ValueError(f"{self.config.path}: a π0.5 prompt carries the state; none given")
+            return tokenize_text(self.tokenizer, [state_prompt(text, state) for text, state
+                                                  in zip(instructions, states, strict=True)], settings)
+        ids, masks = zip(*(tokenize(self.tokenizer, text, settings) for text in instructions), strict=True)
+        return torch.cat(ids), torch.cat(masks)
 
     # --- the flow ---------------------------------------------------------------------------
     def prefix(self, inputs: ModelInputs) -> Any:
@@ -288,7 +307,7 @@ class LeRobotPolicy:
 
 
 def model_velocity(model: Any, prefix: Any, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """A SmolVLA or π0 model's velocity over a computed prefix (π0 reads the state in the suffix)."""
+    """A SmolVLA, π0 or π0.5 model's velocity over a computed prefix (π0 reads the state in the suffix)."""
     if model.config.type == "smolvla":
         return model.velocity(prefix, x, t)  # type: ignore[no-any-return]
     return model.velocity(prefix, state, x, t)  # type: ignore[no-any-return]
@@ -319,12 +338,14 @@ def vlm_config(config: LeRobotConfig, tokenizer_dir: Path | None) -> Any:
 
 
 def build_model(config: LeRobotConfig, tensors: dict[str, torch.Tensor], tokenizer_dir: Path | None) -> Any:
-    """The family's model with random weights, its sizes from the config (and for π0 the weights)."""
+    """The family's model with random weights, its sizes from the config (and for π0 and π0.5 the
+    weights)."""
     if config.type == "smolvla":
         from vla_accel_ros.models.lerobot.smolvla import SmolVLAModel
 
         return SmolVLAModel(config, vlm_config(config, tokenizer_dir))
     from vla_accel_ros.models.lerobot.pi0 import Pi0Model, VisionShape, build_configs
+    from vla_accel_ros.models.lerobot.pi05 import Pi05Model
 
     path = config.path.parent / "model.safetensors"
     tower = "paligemma.vision_tower.vision_model."
@@ -343,7 +364,8 @@ def build_model(config: LeRobotConfig, tensors: dict[str, torch.Tensor], tokeniz
                          f"{config.image_resolution[0]}")
     vision = VisionShape(int(patch.shape[0]), layers, int(fc1.shape[0]), int(patch.shape[2]), side,
                          int(projector.shape[0]))
-    return Pi0Model(config, *build_configs(config, vision, int(vocab)))
+    model_class = Pi05Model if config.type == "pi05" else Pi0Model
+    return model_class(config, *build_configs(config, vision, int(vocab)))
 
 
 def load_lerobot(directory: Path | str, *, unnorm_key: str | None = None, device: str | None = None,
@@ -382,7 +404,7 @@ def load_lerobot(directory: Path | str, *, unnorm_key: str | None = None, device
     model = build_model(config, tensors, tok_dir)
     keep = model.float32_names() if config.type == "smolvla" else pi0_float32_names(model)
     assign(model, tensors, directory, None if dtype is None else DTYPES[dtype], keep)
-    if config.type == "pi0":
+    if config.paligemma:
         model.round_rope_like_lerobot()
     student = load_student(directory, model)
     if place.type != "cpu":

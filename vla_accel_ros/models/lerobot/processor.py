@@ -11,6 +11,11 @@ tokenizer the prompt goes through, and the images as the model takes them.
   (LeRobot would pass it through unnormalised, silently).
 - The tokenizer is not in the directory: it is the one published under the name the preprocessor
   names, read offline from ``tokenizer_dir`` or the Hugging Face cache (``HF_HOME``).
+- The prompt: SmolVLA's and π0's is the instruction with a newline. π0.5's carries the state: the
+  normalised state (its own width, unpadded) cut into 256 equal bins over [-1, 1], bin ``i``
+  holding ``-1 + 2i/256 <= x < -1 + 2(i+1)/256`` (below -1: -1; from the last edge up: 255), in
+  ``"Task: {task}, State: {bins};\nAction: "``, the task stripped, its underscores and newlines
+  made spaces; no newline is appended.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -191,12 +197,35 @@ def load_tokenizer(name: str, tokenizer_dir: Path | None) -> Any:
 
 
 def tokenize(tokenizer: Any, instruction: str, settings: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids (1, L) int64, mask (1, L) bool) of the task as LeRobot's preprocessor makes them: a
-    newline appended, then the tokenizer step's settings."""
-    text = instruction if instruction.endswith("\n") else instruction + "\n"
+    """(ids (1, L) int64, mask (1, L) bool) of the task as SmolVLA's and π0's preprocessors make
+    them: a newline appended, then the tokenizer step's settings."""
+    return tokenize_text(tokenizer, instruction if instruction.endswith("\n") else instruction + "\n", settings)
+
+
+def tokenize_text(tokenizer: Any, text: str | list[str], settings: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids (N, L) int64, mask (N, L) bool) of ``text`` (one prompt or N) as it is, under the
+    tokenizer step's settings."""
     encoded = tokenizer(text, max_length=int(settings["max_length"]), truncation=bool(settings["truncation"]),
                         padding=settings["padding"], padding_side=settings["padding_side"], return_tensors="pt")
     return encoded["input_ids"].to(torch.long), encoded["attention_mask"].to(torch.bool)
+
+
+STATE_BINS = 256
+# the bins' lower edges, in float64 (a float32 state is compared with them in float64)
+_STATE_EDGES = np.linspace(-1.0, 1.0, STATE_BINS + 1)[:STATE_BINS]
+
+
+def state_bins(state: torch.Tensor) -> np.ndarray:
+    """π0.5's bin of each value of a normalised state (module docstring): how many lower edges
+    lie at or below it, minus one."""
+    values = np.asarray(state.detach().cpu().to(torch.float32).numpy(), dtype=np.float64)
+    return np.searchsorted(_STATE_EDGES, values, side="right") - 1
+
+
+def state_prompt(task: str, state: torch.Tensor) -> str:
+    """π0.5's prompt of a task and its normalised state (S,) (module docstring)."""
+    words = task.strip().replace("_", " ").replace("\n", " ")
+    return f"Task: {words}, State: {' '.join(str(int(b)) for b in state_bins(state))};\nAction: "
 
 
 def image_tensor(image: Any) -> torch.Tensor:

@@ -3,7 +3,8 @@ demonstrations (``vla-accel train-flow --checkpoint DIR --data DIR``), kept besi
 ``flow_student.safetensors`` + ``flow_student.json``. Two methods:
 
 - ``distilled``: a copy of the modules a flow step runs (the expert, the action and time
-  projections; π0's state projection too), trained so that 2 Euler steps of its field land where
+  projections; π0's state projection too; π0.5's time MLP, which conditions the expert's norms,
+  in place of the action-time MLP), trained so that 2 Euler steps of its field land where
   10 steps of the policy's land from the same noise. The prefix is the policy's, unchanged.
 - ``two_anchor``: the policy's own field read at two anchors, v1 = v(x1, t=1) and
   v2 = v(x1 - v1/2, t=1/2), combined by a small learned adapter into the sample,
@@ -26,12 +27,17 @@ from torch import nn
 STUDENT_WEIGHTS = "flow_student.safetensors"
 STUDENT_META = "flow_student.json"
 METHODS = ("distilled", "two_anchor")
-FLOW_STEP_MODULES = ("expert.", "action_in_proj.", "action_out_proj.", "action_time_mlp_in.", "action_time_mlp_out.")
+FLOW_STEP_MODULES = ("expert.", "action_in_proj.", "action_out_proj.")
+# what else a flow step reads, by policy type (π0 projects its state in the suffix, SmolVLA in the
+# prefix; π0.5's state is in the prompt and its time MLP conditions the expert)
+SUFFIX_MODULES = {"smolvla": ("action_time_mlp_in.", "action_time_mlp_out."),
+                  "pi0": ("action_time_mlp_in.", "action_time_mlp_out.", "state_proj."),
+                  "pi05": ("time_mlp_in.", "time_mlp_out.")}
 
 
 def flow_step_names(model: nn.Module) -> list[str]:
-    """The parameters a flow step reads (π0 projects its state in the suffix, SmolVLA in the prefix)."""
-    modules = FLOW_STEP_MODULES + (("state_proj.",) if model.config.type == "pi0" else ())
+    """The parameters a flow step reads."""
+    modules = FLOW_STEP_MODULES + SUFFIX_MODULES[str(model.config.type)]
     return [name for name, _ in model.named_parameters() if name.startswith(modules)]
 
 

@@ -5,7 +5,7 @@ LeRobot saves the policy's state dict under ``model.``; ours drops the wrappers:
 - SmolVLA: ``model.vlm_with_expert.vlm.model.*`` (SmolVLM's vision tower, connector, text layers)
   -> ``vlm.*``; ``model.vlm_with_expert.lm_expert.*`` -> ``expert.*``; the projections
   (``model.state_proj`` ...) keep their names; the VLM's ``lm_head`` is never read.
-- π0: ``model.paligemma_with_expert.paligemma.model.*`` -> ``paligemma.*``;
+- π0 and π0.5: ``model.paligemma_with_expert.paligemma.model.*`` -> ``paligemma.*``;
   ``model.paligemma_with_expert.gemma_expert.model.*`` -> ``expert.*``; both ``lm_head``\\ s are never
   read, except that PaliGemma's stands in for the tied embedding when the file kept only it.
   Files converted from openpi without the ``model.`` prefix are read the same way.
@@ -23,10 +23,12 @@ import torch
 from torch import nn
 
 WEIGHTS_FILE = "model.safetensors"
+_PALIGEMMA_PREFIXES = (("paligemma_with_expert.paligemma.model.", "paligemma."),
+                       ("paligemma_with_expert.gemma_expert.model.", "expert."))
 PREFIXES = {
     "smolvla": (("vlm_with_expert.vlm.model.", "vlm."), ("vlm_with_expert.lm_expert.", "expert.")),
-    "pi0": (("paligemma_with_expert.paligemma.model.", "paligemma."),
-            ("paligemma_with_expert.gemma_expert.model.", "expert.")),
+    "pi0": _PALIGEMMA_PREFIXES,
+    "pi05": _PALIGEMMA_PREFIXES,
 }
 PI0_TIED = ("paligemma_with_expert.paligemma.lm_head.weight", "paligemma.language_model.embed_tokens.weight")
 SIGLIP_TOWER = "paligemma.vision_tower."
@@ -46,7 +48,7 @@ def read_tensors(directory: Path, kind: str) -> dict[str, torch.Tensor]:
         with safe_open(str(path), framework="pt") as handle:
             for stored in handle.keys():
                 name = stored.removeprefix("model.")
-                if name == PI0_TIED[0] and kind == "pi0":
+                if name == PI0_TIED[0] and kind in ("pi0", "pi05"):
                     tensors.setdefault(PI0_TIED[1], handle.get_tensor(stored))
                     continue
                 for published, ours in PREFIXES[kind]:
@@ -70,7 +72,8 @@ def target_dtype(name: str, stored: torch.dtype, dtype: torch.dtype | None, keep
 
 
 def pi0_float32_names(model: nn.Module) -> set[str]:
-    """π0's parameters LeRobot keeps in float32 in a bfloat16 model: the tower, the projector, the norms."""
+    """π0's and π0.5's parameters LeRobot keeps in float32 in a bfloat16 model: the tower, the
+    projector, the norms (π0.5's adaptive ones with their projections)."""
     return {name for name, _ in model.named_parameters() if any(part in name for part in PI0_FLOAT32_PARTS)}
 
 

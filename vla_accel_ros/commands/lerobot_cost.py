@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from vla_accel_ros.models.lerobot.config import SUPPORTED_TYPES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--type", choices=("smolvla", "pi0", "pi05"), default="smolvla", help="the policy type")
+    parser.add_argument("--type", choices=SUPPORTED_TYPES, default="smolvla", help="the policy type")
     parser.add_argument("--layers", type=int, default=0,
                         help="text layers to build (VLM and expert); their time is scaled to the real depth "
                              "(0: the real depth)")

@@ -37,7 +37,6 @@ from vla_accel_ros.models.lerobot.policy import euler
 
 SMOLVLA_LAYERS = 16
 N_CAMERAS = 3
-LANGUAGE = {"smolvla": 48, "pi0": 48, "pi05": 200}
 
 
 @dataclass(frozen=True)
@@ -56,8 +55,7 @@ def _config(kind: str, layers: int) -> dict[str, Any]:
                for i in range(N_CAMERAS)}
     raw: dict[str, Any] = {"type": kind, "input_features": {"observation.state": {"type": "STATE", "shape": [6]},
                                                             **cameras},
-                           "output_features": {"action": {"type": "ACTION", "shape": [6]}},
-                           "tokenizer_max_length": LANGUAGE[kind]}
+                           "output_features": {"action": {"type": "ACTION", "shape": [6]}}}  # the type's prompt length
     if kind == "smolvla":
         raw.update(num_vlm_layers=layers or SMOLVLA_LAYERS, num_expert_layers=0, pad_language_to="max_length",
                    prefix_length=0)
@@ -87,12 +85,11 @@ def build(kind: str, layers: int, dtype: torch.dtype) -> tuple[Any, Any, int]:
         model: Any = SmolVLAModel(config, smolvlm2_500m_config(config.num_vlm_layers))
         depth = SMOLVLA_LAYERS
     else:
-        from vla_accel_ros.models.lerobot.pi0 import Pi0Model, VisionShape, build_configs
-        from vla_accel_ros.models.lerobot.pi05 import Pi05Model
+        from vla_accel_ros.models.lerobot.pi0 import VisionShape, build_configs
+        from vla_accel_ros.models.lerobot.pi05 import paligemma_family_model
 
         vision = VisionShape(1152, 27, 4304, 14, 224, GEMMA_VARIANTS["gemma_2b"].width)
-        model_class = Pi05Model if kind == "pi05" else Pi0Model
-        model = model_class(config, *build_configs(config, vision, 257_152, depth=layers))
+        model = paligemma_family_model(config, *build_configs(config, vision, 257_152, depth=layers))
         depth = GEMMA_VARIANTS["gemma_2b"].depth
     for name, parameter in model.named_parameters():
         if name.startswith(("vlm.", "expert.", "paligemma.")) and not (

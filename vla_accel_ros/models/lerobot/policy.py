@@ -344,8 +344,8 @@ def build_model(config: LeRobotConfig, tensors: dict[str, torch.Tensor], tokeniz
         from vla_accel_ros.models.lerobot.smolvla import SmolVLAModel
 
         return SmolVLAModel(config, vlm_config(config, tokenizer_dir))
-    from vla_accel_ros.models.lerobot.pi0 import Pi0Model, VisionShape, build_configs
-    from vla_accel_ros.models.lerobot.pi05 import Pi05Model
+    from vla_accel_ros.models.lerobot.pi0 import VisionShape, build_configs
+    from vla_accel_ros.models.lerobot.pi05 import paligemma_family_model
 
     path = config.path.parent / "model.safetensors"
     tower = "paligemma.vision_tower.vision_model."
@@ -364,8 +364,7 @@ def build_model(config: LeRobotConfig, tensors: dict[str, torch.Tensor], tokeniz
                          f"{config.image_resolution[0]}")
     vision = VisionShape(int(patch.shape[0]), layers, int(fc1.shape[0]), int(patch.shape[2]), side,
                          int(projector.shape[0]))
-    model_class = Pi05Model if config.type == "pi05" else Pi0Model
-    return model_class(config, *build_configs(config, vision, int(vocab)))
+    return paligemma_family_model(config, *build_configs(config, vision, int(vocab)))
 
 
 def load_lerobot(directory: Path | str, *, unnorm_key: str | None = None, device: str | None = None,

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vla_accel_ros.models.lerobot.config import PALIGEMMA_TYPES
+
 WEIGHTS_FILE = "model.safetensors"
 _PALIGEMMA_PREFIXES = (("paligemma_with_expert.paligemma.model.", "paligemma."),
                        ("paligemma_with_expert.gemma_expert.model.", "expert."))
@@ -48,7 +50,7 @@ def read_tensors(directory: Path, kind: str) -> dict[str, torch.Tensor]:
         with safe_open(str(path), framework="pt") as handle:
             for stored in handle.keys():
                 name = stored.removeprefix("model.")
-                if name == PI0_TIED[0] and kind in ("pi0", "pi05"):
+                if name == PI0_TIED[0] and kind in PALIGEMMA_TYPES:
                     tensors.setdefault(PI0_TIED[1], handle.get_tensor(stored))
                     continue
                 for published, ours in PREFIXES[kind]:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-import vla_accel_ros.core.controller as controller_module
+import vla_accel_ros.core.chunk_executor as chunk_executor
 from vla_accel_ros.core.controller import (
     Controller,
     ControllerConfig,
@@ -143,7 +143,7 @@ def case_disable_enable(arm: Arm) -> None:
 
 def case_guard_trip(arm: Arm, monkeypatch: pytest.MonkeyPatch) -> None:
     arm.run(4, action=MOVE)
-    monkeypatch.setattr(controller_module, "action_to_joint_targets", lambda *a: (np.full(KIN.n, np.nan), 1.0))
+    monkeypatch.setattr(chunk_executor, "action_to_joint_targets", lambda *a: (np.full(KIN.n, np.nan), 1.0))
     arm.run(3, action=MOVE)
     monkeypatch.undo()
     arm.run(6, action=-MOVE)

@@ -51,7 +51,7 @@ class TablePolicy:
 
     @staticmethod
     def capabilities() -> PolicyCapabilities:
-        return PolicyCapabilities(draft_head=True, contact_head=True)
+        return PolicyCapabilities(token_scoring=True, draft_head=True, contact_head=True)
 
     @staticmethod
     def next_token(seq: tuple[int, ...]) -> int:

@@ -31,7 +31,7 @@ class HeadlessPolicy:
 
     @staticmethod
     def capabilities() -> PolicyCapabilities:
-        return PolicyCapabilities()
+        return PolicyCapabilities(token_scoring=True)
 
     def score(self, prefix: Any, tokens: torch.Tensor) -> Any:
         self.scores += 1
@@ -101,3 +101,29 @@ def test_kerv_at_r0_without_a_draft_head_keeps_the_targets_tokens(policy, kin, o
             histories[name].record(results[name])
         kept = min(results["kerv"].accepted_len + 1, 7)
         np.testing.assert_array_equal(results["kerv"].tokens[:kept], results["ar"].tokens[:kept])
+
+
+class TokenlessPolicy(HeadlessPolicy):
+    """The tiny VLA declaring no action tokens either: only a chunk decoder could serve it."""
+
+    @staticmethod
+    def capabilities() -> PolicyCapabilities:
+        return PolicyCapabilities()
+
+
+@pytest.mark.parametrize("name", names())
+def test_a_policy_without_action_tokens_is_refused_by_every_token_decoder(policy, name):
+    decoder = make_decoder(name)
+    expected = REFUSED[name] if name in ("flow10", "flow2", "chunk") else "action tokens"
+    with pytest.raises(ValueError, match=expected):
+        decoder.check_policy(TokenlessPolicy(policy))
+
+
+def test_a_pass_of_a_policy_without_a_contact_head_reads_none(policy, observations):
+    """The contact reading asks the declaration, never the policy's method (the headless one's raises)."""
+    from vla_accel_ros.decoding.protocol import PassResult
+
+    headless = HeadlessPolicy(policy)
+    reading = PassResult.alone(headless, policy.prefill(observations(1)[0]), None, 0.0)
+    with pytest.raises(ValueError, match="no contact head"):
+        reading.contact_probability()

@@ -26,7 +26,7 @@ from vla_accel_ros.decoding.kerv import (
 from vla_accel_ros.decoding.protocol import PREFILL_VERIFIED, DecodeResult, PassResult, TargetPass, advance
 from vla_accel_ros.models import ParallelDraftHead, Policy
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
+from vla_accel_ros.models.own.incremental import IncrementalVisionEncoder
 from vla_accel_ros.models.sampling import pick_tokens
 from vla_accel_ros.runtime.runner import run_policy_step
 

@@ -15,12 +15,12 @@ from vla_accel_ros.decoding.retrieval import (
     TENSORS_FILE,
     RetrievalStore,
     RetrievalStoreConfig,
+    StoreError,
     choose_index,
     resolve_store,
     store_mismatch,
     trajectory_values,
 )
-from vla_accel_ros.models.own.checkpoint import CheckpointError
 
 pytest.importorskip("faiss")
 
@@ -103,50 +103,50 @@ def saved(tmp_path: Path) -> Path:
 def test_missing_store_directory_says_how_to_build_one(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="vla-accel build-store"):
         resolve_store(None, tmp_path / "ckpt")
-    with pytest.raises(CheckpointError, match="not found"):
+    with pytest.raises(StoreError, match="not found"):
         RetrievalStore.load(tmp_path / "nowhere")
 
 
 def test_missing_json(saved: Path) -> None:
     (saved / META_FILE).unlink()
-    with pytest.raises(CheckpointError, match=f"{META_FILE}: file not found"):
+    with pytest.raises(ValueError, match=f"{META_FILE}: missing"):
         RetrievalStore.load(saved)
 
 
 def test_corrupt_json(saved: Path) -> None:
     (saved / META_FILE).write_text("{not json")
-    with pytest.raises(CheckpointError, match=f"{META_FILE}: invalid JSON"):
+    with pytest.raises(ValueError, match=f"{META_FILE}: cannot read it as JSON"):
         RetrievalStore.load(saved)
     (saved / META_FILE).write_text(json.dumps({"kind": "something else", "format_version": 1, "config": {},
                                                "entries": 1, "key_dim": 1, "horizon": 4}))
-    with pytest.raises(CheckpointError, match="not a retrieval store"):
+    with pytest.raises(StoreError, match="not a retrieval store"):
         RetrievalStore.load(saved)
 
 
 def test_missing_or_corrupt_tensors(saved: Path) -> None:
     keys = torch.ones(50, 16)
     save_file({"keys": keys}, str(saved / TENSORS_FILE))
-    with pytest.raises(CheckpointError, match=f"{TENSORS_FILE}: missing tensor 'values'"):
+    with pytest.raises(StoreError, match=f"{TENSORS_FILE}: missing tensor 'values'"):
         RetrievalStore.load(saved)
     (saved / TENSORS_FILE).write_bytes(b"\x00garbage")
-    with pytest.raises(CheckpointError, match=f"{TENSORS_FILE}: cannot read safetensors"):
+    with pytest.raises(StoreError, match=f"{TENSORS_FILE}: cannot read safetensors"):
         RetrievalStore.load(saved)
     (saved / TENSORS_FILE).unlink()
-    with pytest.raises(CheckpointError, match=f"{TENSORS_FILE}: file not found"):
+    with pytest.raises(StoreError, match=f"{TENSORS_FILE}: file not found"):
         RetrievalStore.load(saved)
 
 
 def test_wrong_dimensions(saved: Path) -> None:
-    with pytest.raises(CheckpointError, match="keys have dim 16, the policy's embeddings 32"):
+    with pytest.raises(StoreError, match="keys have dim 16, the policy's embeddings 32"):
         RetrievalStore.load(saved, expect_dim=32)
     meta = json.loads((saved / META_FILE).read_text())
     (saved / META_FILE).write_text(json.dumps(meta | {"entries": 49}))
-    with pytest.raises(CheckpointError, match="tensor 'keys' must be"):
+    with pytest.raises(StoreError, match="tensor 'keys' must be"):
         RetrievalStore.load(saved)
     (saved / META_FILE).write_text(json.dumps(meta))
     save_file({"keys": torch.ones(50, 16), "values": torch.zeros(50, 4, 6, dtype=torch.int16)},
               str(saved / TENSORS_FILE))
-    with pytest.raises(CheckpointError, match="tensor 'values' must be"):
+    with pytest.raises(StoreError, match="tensor 'values' must be"):
         RetrievalStore.load(saved)
 
 

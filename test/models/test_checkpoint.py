@@ -124,7 +124,7 @@ def test_garbage_safetensors(saved) -> None:
 def test_bad_json(saved) -> None:
     _, path = saved
     (path / "model.json").write_text('{"format_version": 1, "config": ')
-    expect_error(path, "model.json", "invalid JSON")
+    expect_error(path, "model.json", "cannot read it as JSON")
 
 
 def rewrite_json(path: Path, change: Callable[[dict], object]) -> None:
@@ -234,7 +234,7 @@ def test_bad_parallel_draft_files_name_the_file(saved) -> None:
     meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "config"}))
     expect_error(path, PARALLEL_DRAFT_META_FILE, "missing key 'config'")
     meta_path.write_text("{")
-    expect_error(path, PARALLEL_DRAFT_META_FILE, "invalid JSON")
+    expect_error(path, PARALLEL_DRAFT_META_FILE, "cannot read it as JSON")
     meta_path.unlink()
     expect_error(path, PARALLEL_DRAFT_META_FILE, "file not found")
 

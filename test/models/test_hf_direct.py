@@ -15,8 +15,9 @@ import torch
 
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.models.hf.hf_direct import DirectLlavaForward, unsupported_reason
-from vla_accel_ros.models.hf.hf_vla import HFTokenVLA, load_hf_vla
+from vla_accel_ros.models.hf.checkpoint import load_hf_vla
+from vla_accel_ros.models.hf.direct import DirectLlavaForward, unsupported_reason
+from vla_accel_ros.models.token_vla.policy import HFTokenVLA
 
 torch.set_num_threads(1)
 TOKENS = torch.tensor([[3, 100, 200, 254, 0, 17, 128]])

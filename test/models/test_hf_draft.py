@@ -16,16 +16,17 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.decoding.protocol import DecodeContext
-from vla_accel_ros.models.api import PolicyLike
-from vla_accel_ros.models.hf.hf_draft import (
+from vla_accel_ros.models.api import as_sequential_drafting
+from vla_accel_ros.models.hf.checkpoint import load_hf_vla
+from vla_accel_ros.models.sampling import SamplingConfig, pick_tokens
+from vla_accel_ros.models.token_vla.draft import (
     DRAFT_META_FILE,
     DRAFT_WEIGHTS_FILE,
     HFDraftConfig,
     HFDraftHead,
     save_hf_draft,
 )
-from vla_accel_ros.models.hf.hf_vla import HFTokenVLA, load_hf_vla
-from vla_accel_ros.models.sampling import SamplingConfig, pick_tokens
+from vla_accel_ros.models.token_vla.policy import HFTokenVLA
 from vla_accel_ros.models.tokenizer import BOS
 from vla_accel_ros.runtime.runner import run_policy_step
 
@@ -78,7 +79,7 @@ def copy_of(directory: Path, tmp_path: Path) -> Path:
 # --- files and loading ------------------------------------------------------------------------
 def test_loading_attaches_the_head_saved_beside_the_model(policy: HFTokenVLA, with_head: Path,
                                                           plain_dir: Path) -> None:
-    assert isinstance(policy, PolicyLike)
+    assert as_sequential_drafting(policy) is policy
     assert policy.capabilities().draft_head and not policy.capabilities().parallel_draft_head
     assert policy.draft is not None and not policy.draft.training
     assert policy.n_parameters()["draft"] == sum(p.numel() for p in policy.draft.parameters())

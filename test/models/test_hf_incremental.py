@@ -19,8 +19,9 @@ from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.models.api import Prefix
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.models.hf.hf_incremental import HFIncrementalPrefill
-from vla_accel_ros.models.hf.hf_vla import HFTokenVLA, load_hf_vla
+from vla_accel_ros.models.hf.checkpoint import load_hf_vla
+from vla_accel_ros.models.token_vla.incremental import HFIncrementalPrefill
+from vla_accel_ros.models.token_vla.policy import HFTokenVLA
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 
 torch.set_num_threads(1)

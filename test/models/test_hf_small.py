@@ -13,7 +13,7 @@ import torch
 from vla_accel_ros.core.resources import share_dir
 from vla_accel_ros.core.robot_record import read_robot_record
 from vla_accel_ros.models.api import PolicyCapabilities
-from vla_accel_ros.models.hf.hf_vla import load_hf_vla
+from vla_accel_ros.models.hf.checkpoint import load_hf_vla
 from vla_accel_ros.training.hf_draft import greedy_rollout
 
 HF_SMALL = share_dir() / "checkpoints" / "hf_small"
@@ -29,7 +29,8 @@ def test_the_shipped_model_is_small_and_in_openvla_layout(policy) -> None:
     assert sum(p.stat().st_size for p in HF_SMALL.iterdir()) <= 15 * 2**20
     assert 5e6 <= sum(p.numel() for p in policy.model.parameters()) <= 30e6
     assert type(policy.model).__name__ == "LlavaForConditionalGeneration"
-    assert policy.capabilities() == PolicyCapabilities(draft_head=True, incremental_prefill=True)
+    assert policy.capabilities() == PolicyCapabilities(token_scoring=True, draft_head=True, incremental_prefill=True,
+                                                       resizes_images=True)
     assert policy.spec.reads_proprio
     statistics = json.loads((HF_SMALL / "dataset_statistics.json").read_text())
     assert set(statistics["sim_pick_cube"]) >= {"action", "proprio", "num_transitions"}

@@ -18,8 +18,9 @@ from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding.ar import ARDecoder
 from vla_accel_ros.decoding.kerv import KervDecoder
 from vla_accel_ros.decoding.protocol import PREFILL_VERIFIED, DecodeContext
-from vla_accel_ros.models.api import PolicyCapabilities, PolicyLike
-from vla_accel_ros.models.hf.hf_vla import HFTokenVLA, load_hf_vla
+from vla_accel_ros.models.api import PolicyCapabilities, as_contact_sensing, as_token_scoring
+from vla_accel_ros.models.hf.checkpoint import load_hf_vla
+from vla_accel_ros.models.token_vla.policy import HFTokenVLA
 from vla_accel_ros.runtime.runner import run_policy_step
 
 torch.set_num_threads(1)
@@ -67,8 +68,9 @@ def single_steps(policy: HFTokenVLA, prefix: Any, tokens: torch.Tensor) -> torch
 
 # --- what the policy is -----------------------------------------------------------------------
 def test_a_policy_without_heads(policy: HFTokenVLA) -> None:
-    assert isinstance(policy, PolicyLike)
-    assert policy.capabilities() == PolicyCapabilities(incremental_prefill=True)
+    assert as_token_scoring(policy) is policy
+    assert policy.capabilities() == PolicyCapabilities(token_scoring=True, incremental_prefill=True,
+                                                       resizes_images=True)
     assert (policy.config.d_model, policy.config.image_size, policy.image_size) == (32, 32, 32)
     assert (policy.n_action_tokens, policy.config.n_action_tokens, policy.config.n_image_tokens) == (7, 7, 16)
     assert policy.flow is None and policy.parallel_draft is None
@@ -76,8 +78,8 @@ def test_a_policy_without_heads(policy: HFTokenVLA) -> None:
     prefix = policy.prefill(observation())
     with pytest.raises(ValueError, match="no draft head"):
         policy.draft_tokens(prefix, 3)
-    with pytest.raises(ValueError, match="no contact head"):
-        policy.contact_probability(prefix)
+    with pytest.raises(ValueError, match="does not declare a contact head"):
+        as_contact_sensing(policy)
 
 
 def test_prompt_is_bos_image_tokens_then_the_openvla_prompt(policy: HFTokenVLA) -> None:

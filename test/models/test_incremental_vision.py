@@ -6,7 +6,7 @@ import torch
 
 from vla_accel_ros.models import Policy, VLAConfig
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
+from vla_accel_ros.models.own.incremental import IncrementalVisionEncoder
 from vla_accel_ros.models.tokenizer import ActionTokenizer
 
 torch.set_num_threads(1)

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from vla_accel_ros.cli import main  # noqa: E402
+from vla_accel_ros.models.lerobot.checkpoint import load_lerobot  # noqa: E402
 from vla_accel_ros.models.lerobot.config import parse_config  # noqa: E402
-from vla_accel_ros.models.lerobot.policy import load_lerobot  # noqa: E402
 from vla_accel_ros.models.lerobot.processor import Statistics  # noqa: E402
 from vla_accel_ros.models.load import recognise  # noqa: E402
 
@@ -445,7 +445,7 @@ def test_the_runner_places_a_lerobot_policy_on_its_device_and_no_other_family(tm
     from vla_accel_ros.runtime.runner import PolicyRunner
 
     kin = ArmKinematics(default_urdf())
-    with pytest.raises(ValueError, match="only a LeRobot policy .* runs on a GPU here"):
+    with pytest.raises(ValueError, match="runs on cpu only .families that run on cuda: lerobot"):
         PolicyRunner.load(default_checkpoint(), "ar", kin, device="cuda")
     directory = layout_module().write_smolvla_dir(tmp_path / "arm")
     shutil.copytree(TOKENIZERS["smolvla"], directory / "HuggingFaceTB" / "SmolVLM2-500M-Video-Instruct")

@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from vla_accel_ros.models.lerobot.checkpoint import load_lerobot  # noqa: E402
 from vla_accel_ros.models.lerobot.config import parse_config  # noqa: E402
-from vla_accel_ros.models.lerobot.policy import load_lerobot  # noqa: E402
 from vla_accel_ros.models.lerobot.processor import state_bins, state_prompt  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"

@@ -17,9 +17,9 @@ from vla_accel_ros.cli import main
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.load import load_policy, recognise
 from vla_accel_ros.models.oft.checkpoint import load_oft
-from vla_accel_ros.models.oft.components import convert_directory, read_pickled_state_dict
-from vla_accel_ros.models.oft.heads import HeadShape, L1ActionHead
+from vla_accel_ros.models.oft.modules import HeadShape, L1ActionHead
 from vla_accel_ros.models.oft.policy import bidirectional_mask
+from vla_accel_ros.models.oft.weights import convert_directory, read_pickled_state_dict
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "oft"
 _spec = importlib.util.spec_from_file_location("oft_layout", FIXTURES / "layout.py")

@@ -15,7 +15,7 @@ import torch
 
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.load import load_policy
-from vla_accel_ros.models.oft.components import convert_directory
+from vla_accel_ros.models.oft.weights import convert_directory
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "oft"
 _spec = importlib.util.spec_from_file_location("oft_layout", FIXTURES / "layout.py")

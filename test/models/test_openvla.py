@@ -19,8 +19,9 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.models.load import load_policy, recognise
-from vla_accel_ros.models.openvla.checkpoint import OpenVLAPolicy, load_openvla
+from vla_accel_ros.models.openvla.checkpoint import load_openvla
 from vla_accel_ros.models.openvla.config import read_image_processing
+from vla_accel_ros.models.openvla.policy import OpenVLAPolicy
 from vla_accel_ros.models.openvla.weights import our_name
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "openvla"

@@ -89,7 +89,8 @@ def test_the_decoder_aligns_the_previous_chunk_to_the_new_observation() -> None:
 def test_lerobot_flow_vlas_take_the_guide() -> None:
     pytest.importorskip("transformers")
     from vla_accel_ros.models.api import Prefix
-    from vla_accel_ros.models.lerobot.policy import FlowPrefix, load_lerobot
+    from vla_accel_ros.models.lerobot.checkpoint import load_lerobot
+    from vla_accel_ros.models.lerobot.policy import FlowPrefix
 
     fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
     policy = load_lerobot(fixtures / "smolvla", tokenizer_dir=fixtures / "tokenizers" / "smolvlm2")

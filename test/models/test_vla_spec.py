@@ -10,16 +10,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from vla_accel_ros.models.hf.vla_spec import (
+from vla_accel_ros.models.token_vla.spec import (
     CLIP_MEAN,
     CLIP_STD,
     GRIPPER_CONVENTIONS,
     OPENVLA_PROMPT,
-    OpenVLAActionTokenizer,
     VLASpec,
-    load_action_statistics,
     load_spec,
 )
+from vla_accel_ros.models.token_vla.statistics import OpenVLAActionTokenizer, load_action_statistics
 
 Q01 = [-0.02, -0.01, -0.03, -0.1, -0.1, -0.2, 0.0]
 Q99 = [0.02, 0.03, 0.01, 0.1, 0.2, 0.2, 1.0]
@@ -122,7 +121,7 @@ def test_vla_spec_json_overrides(tmp_path: Path, overrides: dict[str, Any], expe
 @pytest.mark.parametrize(("content", "message"), [
     ({"promt": "typo {instruction}"}, "unknown key 'promt'"),
     ({"gripper": "sideways"}, "gripper must be one of"),
-    (["not", "an", "object"], "expected a JSON object"),
+    (["not", "an", "object"], "not a JSON object"),
 ])
 def test_bad_vla_spec_json_is_refused_naming_the_file(tmp_path: Path, content: Any, message: str) -> None:
     write(tmp_path, "vla_spec.json", content)
@@ -133,7 +132,7 @@ def test_bad_vla_spec_json_is_refused_naming_the_file(tmp_path: Path, content: A
 
 def test_unreadable_vla_spec_json_is_refused(tmp_path: Path) -> None:
     (tmp_path / "vla_spec.json").write_text("{not json")
-    with pytest.raises(ValueError, match="vla_spec.json: cannot be read as JSON"):
+    with pytest.raises(ValueError, match="vla_spec.json: cannot read it as JSON"):
         load_spec(tmp_path)
 
 
@@ -242,7 +241,7 @@ def test_a_robot_entry_is_the_robot_record_and_not_a_spec_setting(tmp_path, tiny
     import json
 
     from vla_accel_ros.core.robot_record import read_robot_record
-    from vla_accel_ros.models.hf.vla_spec import load_spec
+    from vla_accel_ros.models.token_vla.spec import load_spec
 
     directory = tiny_hf_vla(tmp_path / "vla")
     assert read_robot_record(directory) is None  # nothing recorded: the node says so and runs
@@ -290,13 +289,12 @@ def test_proprio_bins_are_the_action_binning_on_the_proprio_quantiles(tmp_path: 
     write(tmp_path, "dataset_statistics.json", table)
     stats = load_action_statistics(tmp_path, VLASpec())
     np.testing.assert_array_equal(stats.proprio_q99, [1.0, 0.04, 2.0])
-    spec = VLASpec(prompt=PROPRIO_PROMPT)
-    np.testing.assert_array_equal(spec.proprio_bins(np.array([-5.0, 0.02, 7.0]), stats), [0, 127, 127])
-    np.testing.assert_array_equal(spec.proprio_bins(np.array([1.0, 0.04, 2.0]), stats), [254, 254, 127])
+    np.testing.assert_array_equal(stats.proprio_bins(np.array([-5.0, 0.02, 7.0])), [0, 127, 127])
+    np.testing.assert_array_equal(stats.proprio_bins(np.array([1.0, 0.04, 2.0])), [254, 254, 127])
     with pytest.raises(ValueError, match="reads 3 proprioception values.*got 2"):
-        spec.proprio_bins(np.zeros(2), stats)
+        stats.proprio_bins(np.zeros(2))
     with pytest.raises(ValueError, match="NaN or inf"):
-        spec.proprio_bins(np.array([0.0, np.nan, 0.0]), stats)
+        stats.proprio_bins(np.array([0.0, np.nan, 0.0]))
 
 
 @pytest.mark.parametrize(("proprio", "message"), [
@@ -316,4 +314,4 @@ def test_statistics_without_proprio_quantiles_cannot_bin_it(tmp_path: Path) -> N
     stats = load_action_statistics(tmp_path, VLASpec())
     assert stats.proprio_q01 is None
     with pytest.raises(ValueError, match="no proprio q01/q99"):
-        VLASpec(prompt=PROPRIO_PROMPT).proprio_bins(np.zeros(8), stats)
+        stats.proprio_bins(np.zeros(8))

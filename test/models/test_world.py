@@ -248,7 +248,7 @@ def test_bad_world_files_name_the_file(saved) -> None:
     meta_path.unlink()
     expect_error(path, WORLD_META_FILE, "not found")
     meta_path.write_text("{ truncated")
-    expect_error(path, WORLD_META_FILE, "invalid JSON")
+    expect_error(path, WORLD_META_FILE, "cannot read it as JSON")
     meta = json.loads(good_meta)
     meta["bias"]["d_model"] = 64  # a bias for another target
     meta_path.write_text(json.dumps(meta))

@@ -18,7 +18,7 @@ from std_msgs.msg import Float64MultiArray
 
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
-from vla_accel_ros.models.openpi.spec import PolicySpec
+from vla_accel_ros.models.openpi.config import PolicySpec
 from vla_accel_ros.ros.node import VlaAccelNode
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.runtime.openpi_server import OpenPIServer

@@ -77,6 +77,21 @@ def test_build_runner_loads_the_checkpoint_with_the_settings(checkpoint):
     assert off.vision is None
 
 
+def test_build_runner_loads_a_resolved_checkpoint_without_recognising_it_again(checkpoint, monkeypatch):
+    from vla_accel_ros.models import load
+
+    resolved = load.resolve_checkpoint(str(checkpoint))
+
+    def recognised_again(directory: Path) -> None:
+        raise AssertionError(f"{directory} was recognised again")
+
+    monkeypatch.setattr(load, "read_config", recognised_again)
+    runner = build_runner(RunnerConfig(str(checkpoint), "ar", resolved=resolved), KIN)
+    assert runner.decoder_name == "ar" and runner.image_size == 64 and runner.policy_stats() == {}
+    with pytest.raises(AssertionError, match="recognised again"):  # unresolved, it is resolved here
+        build_runner(RunnerConfig(str(checkpoint), "ar"), KIN)
+
+
 def test_build_runner_with_a_loaded_policy_and_a_configured_decoder(checkpoint):
     from vla_accel_ros.decoding import make_decoder
     from vla_accel_ros.models import load_checkpoint

@@ -23,14 +23,14 @@ from websockets.sync.server import serve
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.resources import default_urdf
-from vla_accel_ros.models.openpi.client import (
+from vla_accel_ros.models.openpi.config import LIBERO, PolicySpec
+from vla_accel_ros.models.openpi.policy import (
     RECONNECT_INTERVAL_S,
     OpenPIPolicy,
     ServerAddress,
     ServerError,
     connect_policy,
 )
-from vla_accel_ros.models.openpi.spec import LIBERO, PolicySpec
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.runtime.openpi_server import OpenPIServer, observation_from_request
 

@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vla_accel_ros.core.actions import JOINT_POSITION
 from vla_accel_ros.core.controller import Controller, ControllerConfig
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
+from vla_accel_ros.models.api import CheckpointRef, ResolvedCheckpoint
 from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.runtime.builder import RunnerConfig
 from vla_accel_ros.runtime.process_worker import (
@@ -212,6 +214,16 @@ def test_child_spec_travels_as_json_with_its_vision_settings():
     assert ChildSpec.from_message(json.loads(json.dumps(plain.to_message()))).runner.vision is None
     with pytest.raises(ValueError, match="urdf_xml"):
         ChildSpec(RunnerConfig(), " ", "tcp")
+
+
+@pytest.mark.parametrize("checkpoint, family, config", [("/ckpt", "own", {"d_model": 32}),
+                                                        ("hf:/ckpt", "hf", {"model_type": "llava"}),
+                                                        ("openpi://127.0.0.1:8000", "openpi", None)])
+def test_child_spec_carries_the_resolved_checkpoint_as_its_record(checkpoint, family, config):
+    """The child loads what the parent resolved: its family, action space and config.json as read."""
+    resolved = ResolvedCheckpoint(CheckpointRef.parse(checkpoint), family, JOINT_POSITION, config)
+    spec = ChildSpec(RunnerConfig(checkpoint, "sd", resolved=resolved), KIN.urdf_xml, KIN.tcp_frame)
+    assert ChildSpec.from_message(json.loads(json.dumps(spec.to_message()))).runner.resolved == resolved
 
 
 def test_describe_exit_names_signals_and_codes():

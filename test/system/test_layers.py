@@ -34,7 +34,7 @@ SHARED_COMMAND_MODULES = {"vla_accel_ros.commands.closed_loop_options", "vla_acc
 # commands that start ROS processes included (sim, record, replay), imports rclpy only when it runs.
 RCLPY_ADAPTERS = {"vla_accel_ros.ros.node", "vla_accel_ros.ros.rclpy_util", "vla_accel_ros.ros.sim_node",
                   "vla_accel_ros.ros.inference_node", "vla_accel_ros.ros.robot_description",
-                  "vla_accel_ros.ros.remote_link"}
+                  "vla_accel_ros.ros.remote_link", "vla_accel_ros.ros.node_inputs"}
 # The launch files' actions: the only module that imports launch and launch_ros (a ROS 2
 # distribution's, imported by ``ros2 launch`` alone); its argument handling lives in launch_args.
 LAUNCH_ADAPTERS = {"vla_accel_ros.ros.launch_actions"}

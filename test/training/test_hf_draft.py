@@ -16,8 +16,8 @@ import torch
 from vla_accel_ros.cli import main
 from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.decoding.protocol import DecodeContext
-from vla_accel_ros.models.hf.hf_draft import DRAFT_META_FILE, DRAFT_WEIGHTS_FILE
-from vla_accel_ros.models.hf.hf_vla import load_hf_vla
+from vla_accel_ros.models.hf.checkpoint import load_hf_vla
+from vla_accel_ros.models.token_vla.draft import DRAFT_META_FILE, DRAFT_WEIGHTS_FILE
 from vla_accel_ros.runtime.runner import run_policy_step
 from vla_accel_ros.training.data import load_demos
 from vla_accel_ros.training.hf_draft import (

@@ -16,8 +16,8 @@ import torch
 from vla_accel_ros.cli import main
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.robot_record import read_robot_record
-from vla_accel_ros.models.hf.hf_vla import load_hf_vla
-from vla_accel_ros.models.hf.vla_spec import OPENVLA_PROMPT
+from vla_accel_ros.models.hf.checkpoint import load_hf_vla
+from vla_accel_ros.models.token_vla.spec import OPENVLA_PROMPT
 from vla_accel_ros.sim.env import INSTRUCTION_TEMPLATE
 from vla_accel_ros.sim.scene import CUBE_COLORS
 from vla_accel_ros.training.data import load_demos

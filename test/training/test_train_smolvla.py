@@ -17,7 +17,7 @@ import torch
 from vla_accel_ros.cli import main
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding.flow import Flow2Decoder, FlowDecoder
-from vla_accel_ros.models.lerobot.policy import load_lerobot
+from vla_accel_ros.models.lerobot.checkpoint import load_lerobot
 from vla_accel_ros.models.lerobot.student import STUDENT_META, FlowStudent, load_student
 from vla_accel_ros.training.configs import FlowTrainConfig
 from vla_accel_ros.training.data import load_demos

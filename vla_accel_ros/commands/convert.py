@@ -5,7 +5,7 @@ Each file is read with ``torch.load(weights_only=True)``, which unpickles nothin
 plain containers; a file that holds anything but a flat dict of tensors is refused in one line.
 The ``module.`` prefix DDP training leaves on the names is stripped. A component converted before
 is left as it is. Every command and the node read the safetensors only
-(:mod:`vla_accel_ros.models.oft.components`).
+(:mod:`vla_accel_ros.models.oft.weights`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vla_accel_ros.models.load import require_family
-    from vla_accel_ros.models.oft.components import convert_directory
+    from vla_accel_ros.models.oft.weights import convert_directory
 
     require_family(args.directory, "oft", "vla-accel convert")  # bad input: one line (vla_accel_ros.cli)
     written = convert_directory(args.directory)

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     if "actions" in result:
-        what = result["type"] if result["family"] == "lerobot" else result["decoder"]
+        what = result.get("type", result.get("decoder"))
         print(f"{result['family']} {result['checkpoint']} ({result['dtype']}), {what}: a chunk of "
               f"{len(result['actions'])} x {len(result['actions'][0])}")
         print("actions:\n" + "\n".join(str(np.round(row, 6).tolist()) for row in result["actions"]))
@@ -129,12 +129,13 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     ref = CheckpointRef.parse(args.checkpoint)
-    family = recognise(ref).name
-    if family == "lerobot":
-        return predict_chunk(args, ref)
+    registered = recognise(ref)
+    family = registered.name
+    if "flow_chunks" in registered.capabilities:  # a flow VLA: its chunk from the state and the cameras
+        return predict_chunk(args, ref, family)
     images = [read_image(path) for path in args.image]
-    if family == "oft":
-        return predict_oft(args, ref, images)
+    if "action_chunk" in registered.capabilities:  # a chunk in one pass (OpenVLA-OFT)
+        return predict_oft(args, ref, images, family)
     for flag in ("state", "noise", "steps", "tokenizer_dir", "chunk_size", "bounds"):
         if getattr(args, flag) is not None:
             raise ValueError(f"--{flag.replace('_', '-')} does not apply to {ref}, of the {family} family")
@@ -148,7 +149,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     kin = ArmKinematics(default_urdf())
     joints = np.zeros(len(kin.joint_names)) if args.joints is None else np.asarray(args.joints, dtype=float)
     size = int(policy.config.image_size)
-    if not hasattr(policy, "resized_image") and image.shape[:2] != (size, size):
+    if not policy.capabilities().resizes_images and image.shape[:2] != (size, size):
         import cv2  # the package's own model takes its size; the node's camera conversion resizes so
 
         image = cv2.resize(image, (size, size), interpolation=cv2.INTER_AREA)
@@ -186,8 +187,8 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def predict_chunk(args: argparse.Namespace, ref: Any) -> dict[str, Any]:
-    """The JSON object of one LeRobot policy's chunk (module docstring)."""
+def predict_chunk(args: argparse.Namespace, ref: Any, family: str) -> dict[str, Any]:
+    """The JSON object of one flow VLA's chunk (a LeRobot policy; module docstring)."""
     import torch
 
     from vla_accel_ros.core.observation_files import read_array, read_image_file, read_vector
@@ -208,13 +209,13 @@ def predict_chunk(args: argparse.Namespace, ref: Any) -> dict[str, Any]:
                                  generator=torch.Generator().manual_seed(args.seed))
     chunk_ms = (time.perf_counter() - start) * 1e3
     return {"actions": chunk.actions.tolist(), "actions_normalized": chunk.normalized.tolist(),
-            "family": "lerobot", "type": policy.config.type, "checkpoint": str(ref),
+            "family": family, "type": policy.config.type, "checkpoint": str(ref),
             "dtype": str(policy.dtype).removeprefix("torch."), "steps": int(steps),
             "cameras": list(policy.config.camera_names),
             "timing_ms": {"load": round(load_ms, 3), "sample": round(chunk_ms, 3)}}
 
 
-def predict_oft(args: argparse.Namespace, ref: Any, images: list[np.ndarray]) -> dict[str, Any]:
+def predict_oft(args: argparse.Namespace, ref: Any, images: list[np.ndarray], family: str) -> dict[str, Any]:
     """The JSON object of one OpenVLA-OFT prediction (module docstring)."""
     from vla_accel_ros.core.observation import Observation
     from vla_accel_ros.core.observation_files import read_vector
@@ -240,7 +241,7 @@ def predict_oft(args: argparse.Namespace, ref: Any, images: list[np.ndarray]) ->
     return {
         "actions": prediction.actions.tolist(), "actions_normalized": prediction.normalized.tolist(),
         "chunk_size": policy.chunk.chunk_size, "action_dim": policy.chunk.action_dim, "n_images": len(images),
-        "family": "oft", "checkpoint": str(ref), "decoder": CHUNK_DECODER,
+        "family": family, "checkpoint": str(ref), "decoder": CHUNK_DECODER,
         "dtype": str(policy.dtype).removeprefix("torch."), "unnorm_key": policy.statistics.key, "target_passes": 1,
         "timing_ms": {"load": round(load_ms, 3), "forward": round(forward_ms, 3), "total": round(forward_ms, 3)},
     }

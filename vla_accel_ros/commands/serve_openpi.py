@@ -4,7 +4,7 @@ so that clients written for openpi (LIBERO and DROID evaluation scripts, ``openp
 
 It binds to 127.0.0.1 unless ``--host`` says otherwise. The keys are openpi's LIBERO example's
 (``observation/image``, ``observation/wrist_image`` optional, ``observation/state``, ``prompt``)
-unless ``--policy-spec`` maps others (:mod:`vla_accel_ros.models.openpi.spec`).
+unless ``--policy-spec`` maps others (:mod:`vla_accel_ros.models.openpi.config`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from vla_accel_ros.core.kinematics import ArmKinematics
     from vla_accel_ros.core.resources import default_urdf
-    from vla_accel_ros.models.openpi.spec import LIBERO, PolicySpec
+    from vla_accel_ros.models.openpi.config import LIBERO, PolicySpec
     from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
     from vla_accel_ros.runtime.openpi_server import OpenPIServer
 

@@ -11,7 +11,7 @@ from vla_accel_ros.commands.training_options import (
     config_defaults,
     config_from_args,
 )
-from vla_accel_ros.models.hf.vla_spec import DTYPES
+from vla_accel_ros.models.token_vla.spec import DTYPES
 from vla_accel_ros.training.configs import TEACHERS, HFDraftTrainConfig
 
 

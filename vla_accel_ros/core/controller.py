@@ -2,40 +2,29 @@
 
 It keeps the latest stamped inputs (joint state, image, instruction) and the newest verified
 policy actions: one action, or a chunked policy's H actions for H consecutive action steps
-(``on_action_chunk``). At the first tick after it arrives, a chunk becomes a joint-space plan
-(:mod:`vla_accel_ros.core.chunks`: aligned to its observation's time, re-anchored to the Kalman
-filter's estimate, blended with what the previous plan still holds); its schedule tells the
+(``on_action_chunk``), which the next tick turns into a joint-space plan whose schedule tells the
 inference worker when to start the next one (``wait_observation``). At every tick it chooses:
 
-- ``policy``: the plan's due step, not used before, no later for its step than ``action_timeout_s``
-  after its observation, as joint targets (``actions.action_to_joint_targets``, the sim's path too:
-  differential IK for end-effector deltas, absolute joint positions as they are, per ``action_space``);
-  a tick that comes after several steps skips the ones it missed;
-- ``fallback``: no fresh action, so the joint-space Kalman filter extrapolates the motion over one
-  action step, i.e. it stands in for the late action. Its velocity decays linearly to 0 over
-  ``fallback_max_s`` after the last fresh action (or after the hold before it), then the core holds
-  and reports how long no action came (``action_starved_s``). Between chunks in ``chunk_execution``
-  ``wait`` the last command is held instead (the next chunk runs from its first action). Without a
-  policy (``expect_actions`` false) nothing is extrapolated: the command tracks the measured position;
-- ``hold``: disabled, no instruction, an input stale past its watchdog, or the fallback used up: the
-  measured position at the moment the hold began (latched, so a sagging arm does not drift the hold
-  target).
+- ``policy``: the plan's due step (:mod:`vla_accel_ros.core.chunk_executor`), as joint targets
+  (``actions.action_to_joint_targets``, the sim's path too, per ``action_space``);
+- ``fallback``: no fresh action, so the Kalman filter stands in for it, slowing to a stop over
+  ``fallback_max_s`` (:mod:`vla_accel_ros.core.fallback`); then the core holds and reports how long
+  no action came (``action_starved_s``). Between chunks in ``chunk_execution`` ``wait`` the last
+  command is held instead; without a policy (``expect_actions`` false) it tracks the measured position;
+- ``hold`` (:mod:`vla_accel_ros.core.hold`): disabled, no instruction, an input stale past its
+  watchdog, a fault set from outside, or the fallback used up: the measured position at the moment
+  the hold began (latched, so a sagging arm does not drift the hold target).
 
 Every command then passes the same guard (:mod:`vla_accel_ros.core.command_guard`): within reach
 of the measured position, within v*T of the previous command and within the position limits, the
 fingers alike; a hold after a jump ramps to its target at the velocity limits.
 
-Joint states are gated (:mod:`vla_accel_ros.core.joint_gate`): an outlier moves neither the filter,
-nor the hold target, nor the policy's proprioception, and is counted (``TickStats.outliers_rejected``,
-``last_outlier``); a confirmed jump (an episode reset, an arm moved by hand) is accepted, and the
-filter, pending action and hold target restart there, the command ramping to it. A sample beyond the
-URDF position limits by more than ``joint_limit_tolerance`` is never accepted: the core holds the last
-valid position until a sample within the limits comes.
-
-Faults set from outside hold the arm with their reason until cleared: the inference worker down,
-a robot description that contradicts the URDF in use, the node's clock stopped (sim time without
-``/clock``). An image the node refused keeps the camera's freshness where the last usable frame left
-it; the camera's stale reason then names the refusal.
+Joint states are gated (:mod:`vla_accel_ros.core.joint_gate`): an outlier changes nothing and is
+counted (``TickStats.outliers_rejected``, ``last_outlier``); a confirmed jump (an episode reset, an
+arm moved by hand) restarts the filter, pending action and hold target there, the command ramping to
+it. Beyond the URDF limits by more than ``joint_limit_tolerance``, the last valid position is held.
+An image the node refused keeps the camera's freshness where the last usable frame left it; the
+camera's stale reason then names the refusal.
 
 Times are seconds on one clock chosen by the caller (ROS time in the node, so use_sim_time works);
 inputs are stamped with their arrival time on that clock, which keeps the watchdog independent of
@@ -47,22 +36,24 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from vla_accel_ros.core.actions import ACTION_SPACES, EE_DELTA, action_to_joint_targets, action_width, validate_action
+from vla_accel_ros.core.actions import ACTION_SPACES, EE_DELTA, action_width
 from vla_accel_ros.core.cameras import CameraSet
-from vla_accel_ros.core.chunks import ChunkPlan, ChunkQueue, ChunkSettings, plan_deviation
+from vla_accel_ros.core.chunk_executor import ChunkExecutor, PolicyStep, checked_chunk, obs_to_action_report
+from vla_accel_ros.core.chunks import ChunkSettings
 from vla_accel_ros.core.command_guard import CommandGuard
+from vla_accel_ros.core.fallback import FallbackWindow
+from vla_accel_ros.core.hold import Hold
 from vla_accel_ros.core.joint_gate import JUMP, OUTLIER, JointGate
 from vla_accel_ros.core.kalman import JointKalmanFilter
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.settings import check_fields, nested, setting
-from vla_accel_ros.core.ticks import Counters, TickResult, TickStats
+from vla_accel_ros.core.ticks import Counters, TickPeriods, TickResult, TickStats, period_report
 
 SOURCES = ("policy", "fallback", "hold")
 
@@ -111,11 +102,11 @@ class Controller:
 
     def __init__(self, kin: ArmKinematics, config: ControllerConfig | None = None) -> None:
         self.kin = kin
-        self.config = config or ControllerConfig()
-        self._action_width = action_width(self.config.action_space, kin.n)
+        self.config = cfg = config or ControllerConfig()
+        self._action_width = action_width(cfg.action_space, kin.n)
         self._lock = threading.Lock()
         self._new_obs = threading.Condition(self._lock)
-        self._kf = JointKalmanFilter(kin, self.config.period_s)
+        self._kf = JointKalmanFilter(kin, cfg.period_s)
         self._counters = Counters()
         self._enabled = False
         self._instruction = ""
@@ -123,28 +114,23 @@ class Controller:
         self._q: np.ndarray | None = None
         self._gripper_opening: float | None = None  # measured (mean finger position), once known
         self._q_rx = -math.inf
-        self._cameras = CameraSet(self.config.camera_names, self.config.camera_sync_tolerance_s)
+        self._cameras = CameraSet(cfg.camera_names, cfg.camera_sync_tolerance_s)
         self._beyond_limits = ""  # why the newest joint state was beyond the limits ('' = it was not)
         self._obs_seq = 0
-        self._chunks = ChunkQueue(self.config.chunks, self.config.action_dt_s, self.config.jitter_window)
+        self._chunks = ChunkExecutor(kin, self._kf, self._counters, cfg.chunks, action_dt_s=cfg.action_dt_s,
+                                     action_space=cfg.action_space, action_timeout_s=cfg.action_timeout_s,
+                                     window=cfg.jitter_window)
         self._chunk_start = False  # the current tick started a plan
         # outputs
-        self._gripper_cmd = self.config.gripper_initial
-        self._last_tick: float | None = None
-        self._hold_q: np.ndarray | None = None
-        self._hold_reason = ""
-        self._inference_fault = ""  # why the inference worker is down ('' = up): hold meanwhile
-        self._config_fault = ""  # e.g. a robot description that contradicts the URDF in use: hold
-        self._clock_fault = ""  # the node's clock stopped (sim time without /clock): hold
-        self._periods: deque[float] = deque(maxlen=self.config.jitter_window)
+        self._gripper_cmd = cfg.gripper_initial
+        self._hold = Hold(kin, joint_state_timeout_s=cfg.joint_state_timeout_s,
+                          camera_timeout_s=cfg.camera_timeout_s, period_s=cfg.period_s)
+        self._ticks = TickPeriods(cfg.period_s, cfg.deadline_tolerance, cfg.jitter_window)
         self._max_opening = float(kin.gripper_limits.upper.max()) if kin.gripper_joint_names else 0.0
-        self._guard = CommandGuard(kin, period_s=self.config.period_s, action_dt_s=self.config.action_dt_s,
-                                   gripper_velocity=self.config.gripper_velocity)
-        self._gate = JointGate(kin, jump_confirm_s=self.config.jump_confirm_s,
-                               joint_limit_tolerance=self.config.joint_limit_tolerance)
-        # start of the fallback window: the last fresh action, or the first tick after a hold
-        self._window_start: float | None = None
-        self._starved_s = 0.0  # how long no fresh action came, while that holds the arm
+        self._guard = CommandGuard(kin, period_s=cfg.period_s, action_dt_s=cfg.action_dt_s,
+                                   gripper_velocity=cfg.gripper_velocity)
+        self._gate = JointGate(kin, jump_confirm_s=cfg.jump_confirm_s, joint_limit_tolerance=cfg.joint_limit_tolerance)
+        self._fallback = FallbackWindow(kin, self._kf, action_dt_s=cfg.action_dt_s, fallback_max_s=cfg.fallback_max_s)
 
     # --- inputs (any thread) ------------------------------------------------------------------
     def on_joint_state(self, q: np.ndarray, gripper_opening: float | None, now: float) -> str | None:
@@ -221,8 +207,8 @@ class Controller:
         timeline; the other input keeps its old, now future, stamp and counts as stale until it
         arrives again (the watchdog holds meanwhile)."""
         self._kf.reset()
-        self._forget_chunks_locked()
-        self._last_tick = None
+        self._chunks.queue.forget()
+        self._ticks.last = None
         return (f"{what}: time went backwards by {before - now:.3f} s ({now:.6f} < {before:.6f}): clock reset, "
                 f"filter and pending action dropped, holding until every input is current")
 
@@ -240,13 +226,13 @@ class Controller:
                         f"{self.config.max_instruction_chars}")
             if text != self._instruction:
                 self._instruction = text
-                self._forget_chunks_locked()  # an action for the old task must not be executed
+                self._chunks.queue.forget()  # an action for the old task must not be executed
         return None
 
     def set_enabled(self, enabled: bool) -> None:
         with self._lock:
             if enabled and not self._enabled:
-                self._forget_chunks_locked()  # nothing decided while disabled is executed later
+                self._chunks.queue.forget()  # nothing decided while disabled is executed later
             self._enabled = bool(enabled)
 
     def set_inference_fault(self, reason: str) -> None:
@@ -254,30 +240,28 @@ class Controller:
         ``reason`` until it is cleared with ''. Extrapolating with the filter for the seconds a
         restart takes would carry the arm's last motion on."""
         with self._lock:
-            self._inference_fault = reason.strip()
-            if self._inference_fault:
-                self._forget_chunks_locked()
+            self._hold.inference_fault = reason.strip()
+            if self._hold.inference_fault:
+                self._chunks.queue.forget()
 
     def set_config_fault(self, reason: str) -> None:
         """Hold the measured position with ``reason`` until cleared with '' (the node's set-up no
         longer matches the robot, e.g. a late robot description that differs)."""
         with self._lock:
-            self._config_fault = reason.strip()
-            if self._config_fault:
-                self._forget_chunks_locked()
+            self._hold.config_fault = reason.strip()
+            if self._hold.config_fault:
+                self._chunks.queue.forget()
 
     def set_clock_fault(self, reason: str) -> None:
         """Hold the measured position with ``reason`` until cleared with '': the clock the core's
         times come from stopped (sim time without ``/clock``), so its watchdogs cannot judge
         freshness and no action can be timed."""
         with self._lock:
-            self._clock_fault = reason.strip()
-            if self._clock_fault:
-                self._chunk = None
+            self._hold.clock_fault = reason.strip()
 
     @property
     def clock_fault(self) -> str:
-        return self._clock_fault
+        return self._hold.clock_fault
 
     @property
     def enabled(self) -> bool:
@@ -295,7 +279,7 @@ class Controller:
         with self._new_obs:
             ready = self._new_obs.wait_for(
                 lambda: (self._obs_seq > after_seq and self._q is not None and bool(self._instruction)
-                         and self._chunks.wants_inference()), timeout
+                         and self._chunks.queue.wants_inference()), timeout
             )
             images = self._cameras.matched
             if not ready or images is None or self._q is None:
@@ -319,14 +303,7 @@ class Controller:
         value is rejected whole (the message says why): the arm goes on with what it has, then
         the fallback, then holds."""
         try:
-            chunk = np.asarray(actions, dtype=float)
-            if chunk.ndim != 2 or len(chunk) == 0:
-                raise ValueError(f"an action chunk must be (H >= 1, {self._action_width}), got shape {chunk.shape}")
-            for k, action in enumerate(chunk):
-                try:
-                    validate_action(action, self._action_width)
-                except ValueError as err:
-                    raise ValueError(f"step {k} of {len(chunk)}: {err}") from None
+            chunk = checked_chunk(actions, self._action_width)
         except ValueError as err:
             with self._lock:
                 self._counters.add("inputs_rejected")
@@ -335,37 +312,36 @@ class Controller:
             if instruction is not None and instruction != self._instruction:
                 self._counters.add("actions_expired")
                 return "action dropped: the instruction changed while it was computed"
-            self._counters.add("actions_received")
-            if self._chunks.receive(chunk, obs_stamp):
-                self._counters.add("actions_replaced")
+            self._chunks.receive(chunk, obs_stamp)
         return None
 
     # --- the tick -----------------------------------------------------------------------------
     def tick(self, now: float) -> TickResult:
         with self._lock:
-            if self._last_tick is not None and now < self._last_tick - self.config.period_s:
-                self._clock_went_back_locked("tick", now, self._last_tick)  # the watchdog holds below
-            period = math.nan if self._last_tick is None else now - self._last_tick
+            last_tick = self._ticks.last
+            if last_tick is not None and now < last_tick - self.config.period_s:
+                self._clock_went_back_locked("tick", now, last_tick)  # the watchdog holds below
+            period = self._ticks.record(now)
             self._counters.add("ticks")
-            if math.isfinite(period):
-                self._periods.append(period)
-                if period > self.config.period_s * (1.0 + self.config.deadline_tolerance):
-                    self._counters.add("deadline_misses")
-            self._last_tick = now
+            if self._ticks.late(period):
+                self._counters.add("deadline_misses")
 
-            starved_before, self._starved_s = self._starved_s, 0.0
+            starved_before, self._fallback.starved_s = self._fallback.starved_s, 0.0
             self._chunk_start = False
-            hold_reason = self._hold_reason_locked(now)
+            hold_reason = self._hold.why(
+                now, joints_received=None if self._q is None else self._q_rx, beyond_limits=self._beyond_limits,
+                cameras=self._cameras, enabled=self._enabled, instruction=self._instruction)
             if hold_reason:
-                self._window_start = None  # the fallback window counts from the end of this hold
+                self._fallback.start = None  # the fallback window counts from the end of this hold
                 q_cmd, source, reason = self._hold_locked(hold_reason), "hold", hold_reason
             else:
                 q_cmd, source, reason = self._policy_or_fallback_locked(now)
             if source != "hold":
-                self._hold_q, self._hold_reason = None, ""
-            if self._starved_s > 0.0 and starved_before == 0.0:
+                self._hold.release()
+            if self._fallback.starved_s > 0.0 and starved_before == 0.0:
                 self._counters.add("fallback_expired")
-            if self._chunks.started and (source == "fallback" and self.config.expect_actions or self._starved_s > 0.0):
+            waiting = source == "fallback" and self.config.expect_actions or self._fallback.starved_s > 0.0
+            if self._chunks.queue.started and waiting:
                 self._counters.add("chunk_wait_ticks")  # between chunks: the wait for a task's first is not
             q_cmd, tripped = self._guard.arm(q_cmd, self._q)
             if tripped:
@@ -375,153 +351,46 @@ class Controller:
             if q_cmd is not None:
                 self._counters.add("ticks_published")
                 self._guard.returned(q_cmd, fingers)
-            if self._chunks.wants_inference():
+            if self._chunks.queue.wants_inference():
                 self._new_obs.notify_all()  # the schedule may have come due with this tick
             return TickResult(now, None if q_cmd is None else q_cmd.copy(), self._gripper_cmd, fingers, source,
                               reason, self._counters.snapshot(), period,
                               None if self._q is None else self._q.copy(), self._chunk_start)
 
-    def _hold_reason_locked(self, now: float) -> str:
-        cfg = self.config
-        if self._q is None:
-            return "no joint state received"
-        if self._clock_fault:  # the watchdogs below compare times on the stopped clock
-            return self._clock_fault
-        if self._beyond_limits:
-            return f"joint state beyond the URDF limits: {self._beyond_limits}; holding the last valid position"
-        if stale := self._stale_reason("joint states", self._q_rx, cfg.joint_state_timeout_s, now):
-            return stale
-        if stale := self._cameras.hold_reason(now, cfg.camera_timeout_s, cfg.period_s):
-            return stale
-        if not self._enabled:
-            return "disabled"
-        if not self._instruction:
-            return "waiting for an instruction"
-        if self._inference_fault:
-            return f"inference unavailable: {self._inference_fault}"
-        if self._config_fault:
-            return self._config_fault
-        return ""
-
-    def _stale_reason(self, what: str, received: float, timeout_s: float, now: float) -> str:
-        """Why an input received at ``received`` is too old (or stamped ahead of ``now``), else ''."""
-        if now - received > timeout_s:
-            return f"{what} stale ({now - received:.3f} s > {timeout_s} s)"
-        if received - now > self.config.period_s:
-            return f"{what} stale (stamped {received - now:.3f} s ahead: the clock went back)"
-        return ""
-
     def _hold_locked(self, reason: str) -> np.ndarray | None:
-        self._hold_reason = reason
-        if self._q is None:
-            return None
-        if self._hold_q is None:  # latch the measured position when the hold begins
-            self._hold_q = np.clip(self._q, self.kin.limits.lower, self.kin.limits.upper)
-            self._chunks.forget(task_over=False)  # a hold between chunks still waits on them
-        self._hold_reason = reason
-        return self._hold_q
+        if self._q is not None and self._hold.target is None:  # the hold begins
+            self._chunks.queue.forget(task_over=False)  # a hold between chunks still waits on them
+        return self._hold.latch(reason, self._q)
 
     def _policy_or_fallback_locked(self, now: float) -> tuple[np.ndarray | None, str, str]:
         assert self._q is not None
         cfg = self.config
-        if self._window_start is None:
-            self._window_start = now
-        self._plan_chunk_locked(now)
-        plan = self._chunks.plan
-        due = -1 if plan is None else plan.step_at(now, cfg.action_dt_s)  # the step due now, if not used
-        if plan is not None and due >= plan.next:
-            if due > plan.next:  # a slow tick skipped an action's step: it is never executed late
-                self._counters.add("actions_expired", due - plan.next)
-            plan.next = due + 1
-            slot = plan.first_slot + due
-            age = now - plan.obs_stamp - slot * cfg.action_dt_s  # how late the action is for its step
-            if age <= cfg.action_timeout_s:
-                self._counters.add("actions_used")
-                self._window_start = now
-                self._verify_plan_locked(plan, due)
-                self._gripper_cmd = float(plan.gripper[due])
-                step = f", step {slot + 1} of {plan.horizon}" if plan.horizon > 1 else ""
-                if plan.horizon > 1 and cfg.chunks.chunk_anchor == "step" and cfg.action_space == EE_DELTA:
-                    # the step's delta from where the arm is now, as the policy's actions are applied in training
-                    q_step, _ = action_to_joint_targets(self.kin, self._q, plan.actions[due], cfg.action_dt_s,
-                                                        cfg.action_space)
-                    return q_step, "policy", f"action from observation {age * 1e3:.1f} ms old{step}, from the arm"
-                return plan.q[due].copy(), "policy", f"action from observation {age * 1e3:.1f} ms old{step}"
-            self._counters.add("actions_expired")
-            why = f"newest action expired ({age:.3f} s > {cfg.action_timeout_s} s)"
-        else:
-            why = "no fresh action"
+        if self._fallback.start is None:
+            self._fallback.start = now
+        self._chunk_start = self._chunks.start_pending(now, self._q)
+        step = self._chunks.due_step(now, self._q)
+        if isinstance(step, PolicyStep):
+            self._fallback.start = now
+            self._gripper_cmd = step.gripper
+            return step.q, "policy", step.reason
+        why = step  # no step due, or it expired
         if not cfg.expect_actions:  # no late action to stand in for: follow the (gated) measurement
             return self._q, "fallback", why + " (no policy): measured position"
-        elapsed = now - self._window_start
-        if elapsed > cfg.fallback_max_s + 1e-9:  # a tick at the window end, give or take round-off, falls back
-            # Persistent inference failure, or a policy far slower than the window: extrapolating on
-            # would carry the arm's last motion on with nobody deciding it.
-            self._starved_s = elapsed
-            reason = f"no fresh policy action for {elapsed:.3f} s (fallback_max_s = {cfg.fallback_max_s:g} s)"
-            return self._hold_locked(reason), "hold", reason
-        if cfg.chunks.holds_between_chunks and self._chunks.started and self._guard.last_arm is not None:
+        if starved := self._fallback.used_up(now):
+            return self._hold_locked(starved), "hold", starved
+        if cfg.chunks.holds_between_chunks and self._chunks.queue.started and self._guard.last_arm is not None:
             # The chunk will run from its first action, planned for the arm where the policy saw it.
             return self._guard.last_arm.copy(), "fallback", why + "; chunk_execution wait: holding the last command"
-        # Extrapolate from the last measurement to one action step past the tick: the filter stands
-        # in for the action the policy would have sent, with the same lead on the servo, its velocity
-        # decaying to 0 over the window so that the motion ends when the window does.
-        speed = max(1.0 - elapsed / cfg.fallback_max_s, 0.0) if cfg.fallback_max_s > 0.0 else 0.0
-        if self._kf.initialized and self._kf.stamp is not None:
-            horizon = max(now - self._kf.stamp, 0.0) + cfg.action_dt_s
-            q_pred = self._kf.predict_q(horizon)
-            if speed < 1.0:
-                q_filtered = np.clip(self._kf.q, self.kin.limits.lower, self.kin.limits.upper)
-                q_pred = q_filtered + speed * (q_pred - q_filtered)
-            return q_pred, "fallback", f"{why}; Kalman prediction at {speed:.0%} speed"
-        return self._q, "fallback", why + "; filter not initialised, measured position"
-
-    def _plan_chunk_locked(self, now: float) -> None:
-        """A chunk that arrived becomes the plan at this tick, its start (:mod:`vla_accel_ros.core.chunks`):
-        a chunk's deltas from the filter's estimate of the arm now, a single action's from the
-        measured position, as the policy saw it."""
-        assert self._q is not None
-        q, dt, space = self._q, self.config.action_dt_s, self.config.action_space
-
-        held = self.config.chunks.holds_between_chunks  # the arm held still: from where it is
-
-        def anchor(horizon: int) -> np.ndarray:
-            if horizon > 1 and not held and self._kf.initialized and self._kf.stamp is not None:
-                return np.clip(self._kf.predict_q(max(now - self._kf.stamp, 0.0)), self.kin.limits.lower,
-                               self.kin.limits.upper)
-            return q
-
-        def step(q0: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, float]:
-            return action_to_joint_targets(self.kin, q0, action, dt, space)
-
-        plan = self._chunks.start_pending(now, anchor, step)
-        if plan is not None:
-            self._counters.add("chunks_planned")
-            self._counters.add("chunk_steps_dropped", plan.first_slot)
-            self._counters.add("chunk_steps_blended", plan.blended)
-            self._chunk_start = True
-
-    def _verify_plan_locked(self, plan: ChunkPlan, step: int) -> None:
-        """Kinematic chunk verification: the filter's estimate against the plan; an early re-plan
-        (once per plan) when they part by more than ``chunk_verify_threshold_rad``."""
-        threshold = self.config.chunks.chunk_verify_threshold_rad
-        if threshold <= 0.0 or plan.horizon <= 1 or plan.replan_requested or not self._kf.initialized:
-            return
-        if plan_deviation(plan, step, self._kf.q) > threshold:
-            plan.replan_requested = True
-            self._counters.add("chunk_replans")
-
-    def _forget_chunks_locked(self) -> None:
-        """Nothing planned or pending is executed any more (a hold, a new task, a restart)."""
-        self._chunks.forget()
+        q_pred, how = self._fallback.predict(now)
+        return (self._q if q_pred is None else q_pred), "fallback", f"{why}; {how}"
 
     def _restart_locked(self) -> None:
         """The arm was moved from outside (episode reset, by hand) or the clock restarted: forget the
         motion, the pending action, the jump candidates and the hold target (a hold re-latches at the
         new position). The previous command stays: the commands ramp from it at the velocity limits."""
         self._kf.reset()
-        self._forget_chunks_locked()
-        self._hold_q = None
+        self._chunks.queue.forget()
+        self._hold.target = None
         self._gate.forget()
 
     # --- reporting ----------------------------------------------------------------------------
@@ -532,14 +401,14 @@ class Controller:
 
     @property
     def hold_reason(self) -> str:
-        return self._hold_reason
+        return self._hold.reason
 
     @property
     def action_starved_s(self) -> float:
         """Seconds without a fresh policy action at the last tick, when that made it hold (the
         fallback used up, ``fallback_max_s``); 0.0 otherwise. Persistently above 0 while a policy
         runs means inference is failing or stuck."""
-        return self._starved_s
+        return self._fallback.starved_s
 
     @property
     def last_outlier(self) -> str:
@@ -550,25 +419,11 @@ class Controller:
     def chunk_timing(self) -> dict[str, float]:
         """Observation to the first executed step of each plan (ms): p50, p99 over the recent window."""
         with self._lock:
-            latency = np.asarray(self._chunks.latency_s, dtype=float) * 1e3
-        if latency.size == 0:
-            return {"obs_to_action_ms_p50": 0.0, "obs_to_action_ms_p99": 0.0}
-        return {"obs_to_action_ms_p50": float(np.percentile(latency, 50)),
-                "obs_to_action_ms_p99": float(np.percentile(latency, 99))}
+            latency = np.asarray(self._chunks.queue.latency_s, dtype=float) * 1e3
+        return obs_to_action_report(latency)
 
     def timing(self) -> dict[str, Any]:
         """Tick period statistics over the recent window (ms)."""
         with self._lock:
-            periods = np.asarray(self._periods, dtype=float)
-        if periods.size == 0:
-            return {"rate_hz": 0.0, "period_ms_p50": 0.0, "jitter_ms_p50": 0.0, "jitter_ms_p99": 0.0,
-                    "jitter_ms_max": 0.0, "samples": 0}
-        jitter = np.abs(periods - self.config.period_s) * 1e3
-        return {
-            "rate_hz": float(1.0 / periods.mean()) if periods.mean() > 0 else 0.0,
-            "period_ms_p50": float(np.median(periods) * 1e3),
-            "jitter_ms_p50": float(np.percentile(jitter, 50)),
-            "jitter_ms_p99": float(np.percentile(jitter, 99)),
-            "jitter_ms_max": float(jitter.max()),
-            "samples": int(periods.size),
-        }
+            periods = np.asarray(self._ticks.periods, dtype=float)
+        return period_report(periods, self.config.period_s)

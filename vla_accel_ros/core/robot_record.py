@@ -29,7 +29,6 @@ from vla_accel_ros.core.settings import ConfigError
 
 ROBOT_KEY = "robot"  # the record's key in model.json
 META_FILE = "model.json"
-HF_CONFIG_FILE = "config.json"  # a Hugging Face model directory
 HF_SPEC_FILE = "vla_spec.json"  # what a Hugging Face VLA directory adds (models/vla_spec.py)
 ACTION_SPACE = EE_DELTA  # the package's own policies: Δxyz, Δrotation vector, gripper in [0, 1]
 DEFAULT_CAMERA = "front"
@@ -148,15 +147,16 @@ def package_robot(image_size: int = 0) -> RobotRecord:
 
 def read_robot_record(checkpoint: Path | str) -> RobotRecord | None:
     """The record in ``checkpoint/model.json`` (the package arm's for checkpoints without one); for
-    a Hugging Face VLA directory (``config.json``, no ``model.json``) the ``robot`` entry of its
-    ``vla_spec.json``, None when it has none. Raises ValueError naming the file when it is
+    any other directory (a Hugging Face, OpenVLA or LeRobot model, a family registered from outside
+    the package) the ``robot`` entry of its ``vla_spec.json``, None when it has none. Raises
+    ValueError naming the file when it is
     missing, unreadable or its record malformed, and saying so when the directory does not exist
     or is the example parameter files' placeholder."""
     directory = Path(checkpoint)
     problem = checkpoint_problem(directory)
     if problem:
         raise ValueError(f"{directory}: {problem}")
-    if not (directory / META_FILE).is_file() and (directory / HF_CONFIG_FILE).is_file():
+    if not (directory / META_FILE).is_file():
         return _hf_robot_record(directory / HF_SPEC_FILE)
     meta_path = directory / META_FILE
     try:

@@ -1,8 +1,12 @@
-"""What one control tick decided (:class:`TickResult`) and the control core's counters (:class:`TickStats`)."""
+"""What one control tick decided (:class:`TickResult`), the control core's counters (:class:`TickStats`)
+and its tick-period report (:class:`TickPeriods`)."""
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -63,3 +67,41 @@ class Counters:
 
     def snapshot(self) -> TickStats:
         return TickStats(**self.values, last_outlier=self.last_outlier)
+
+
+class TickPeriods:
+    """The time between consecutive ticks, kept over a recent window for the jitter report."""
+
+    def __init__(self, period_s: float, deadline_tolerance: float, window: int) -> None:
+        self.period_s = period_s
+        self.deadline_tolerance = deadline_tolerance
+        self.last: float | None = None  # the previous tick (None: none yet on this clock's timeline)
+        self.periods: deque[float] = deque(maxlen=window)
+
+    def record(self, now: float) -> float:
+        """The tick at ``now``: its period (nan for the first tick of a timeline)."""
+        period = math.nan if self.last is None else now - self.last
+        if math.isfinite(period):
+            self.periods.append(period)
+        self.last = now
+        return period
+
+    def late(self, period: float) -> bool:
+        """A deadline miss: later than ``deadline_tolerance`` of a period past the period."""
+        return math.isfinite(period) and period > self.period_s * (1.0 + self.deadline_tolerance)
+
+
+def period_report(periods: np.ndarray, period_s: float) -> dict[str, Any]:
+    """Rate, period and jitter (|period - ``period_s``|) statistics of ``periods`` (ms)."""
+    if periods.size == 0:
+        return {"rate_hz": 0.0, "period_ms_p50": 0.0, "jitter_ms_p50": 0.0, "jitter_ms_p99": 0.0,
+                "jitter_ms_max": 0.0, "samples": 0}
+    jitter = np.abs(periods - period_s) * 1e3
+    return {
+        "rate_hz": float(1.0 / periods.mean()) if periods.mean() > 0 else 0.0,
+        "period_ms_p50": float(np.median(periods) * 1e3),
+        "jitter_ms_p50": float(np.percentile(jitter, 50)),
+        "jitter_ms_p99": float(np.percentile(jitter, 99)),
+        "jitter_ms_max": float(jitter.max()),
+        "samples": int(periods.size),
+    }

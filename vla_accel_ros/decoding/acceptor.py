@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-N_ACTION_TOKENS = 7
+from vla_accel_ros.models.tokenizer import ACTION_DIM as N_ACTION_TOKENS
 
 
 class Completion(NamedTuple):

@@ -7,7 +7,6 @@ from collections.abc import Generator
 
 from vla_accel_ros.decoding import specs
 from vla_accel_ros.decoding.protocol import (
-    N_ACTION_TOKENS,
     DecodeContext,
     Decoder,
     PassResult,
@@ -22,9 +21,10 @@ def autoregressive(ledger: PassLedger, prefix: Prefix) -> Generator[TargetPass, 
     """The action token by token after ``prefix``: the first pass scores the bare prefix (k=0: the
     prefill's last hidden state, so only the LM head runs), each later one feeds the previous token
     (k=1) on the prefix extended so far."""
+    width = ledger.scoring.n_action_tokens
     picks, _ = yield from ledger.score(prefix, [])
     tokens = [int(picks[0])]
-    while len(tokens) < N_ACTION_TOKENS:
+    while len(tokens) < width:
         picks, prefix = yield from ledger.score(prefix, [tokens[-1]])
         tokens.append(int(picks[1]))
     return tokens

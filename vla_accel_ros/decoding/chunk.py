@@ -14,7 +14,7 @@ from vla_accel_ros.decoding import specs
 from vla_accel_ros.decoding.protocol import N_ACTION_TOKENS, DecodeContext, Decoder, Step, model_free_result
 from vla_accel_ros.decoding.specs import DecoderSpec
 from vla_accel_ros.decoding.speculation import PassLedger
-from vla_accel_ros.models.api import PolicyLike, Prefix
+from vla_accel_ros.models.api import PolicyLike, Prefix, as_chunk_predicting
 
 
 class ChunkDecoder(Decoder):
@@ -31,9 +31,9 @@ class ChunkDecoder(Decoder):
     def step(self, policy: PolicyLike, context: DecodeContext, prefix: Prefix | None = None) -> Step:
         self.check_policy(policy)
         ledger = PassLedger(policy, context)
+        predicting = as_chunk_predicting(policy)
         prefill = yield from ledger.prefill(prefix)
-        chunk_policy = policy  # an action_chunk policy (OFTPolicy) reads the chunk its prefill predicted
-        chunk = chunk_policy.action_chunk(prefill.prefix)  # type: ignore[attr-defined]
-        tokens = chunk_policy.chunk_tokens(prefill.prefix)  # type: ignore[attr-defined]
+        chunk = predicting.action_chunk(prefill.prefix)
+        tokens = predicting.chunk_tokens(prefill.prefix)
         result = model_free_result(self.name, chunk[0], tokens, {"decode": ledger.decode_ms()})
         return replace(result, chunk=chunk) if len(chunk) > 1 else result

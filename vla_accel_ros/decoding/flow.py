@@ -34,8 +34,13 @@ from vla_accel_ros.decoding.protocol import (
 )
 from vla_accel_ros.decoding.specs import DecoderSpec, FlowDecoderConfig
 from vla_accel_ros.decoding.speculation import PassLedger
-from vla_accel_ros.models.api import PolicyLike, Prefix
-from vla_accel_ros.models.own.flow import prefix_condition
+from vla_accel_ros.models.api import (
+    PolicyLike,
+    Prefix,
+    as_chunk_sampling,
+    as_continuous_head,
+    as_guided_sampling,
+)
 from vla_accel_ros.models.realtime_chunking import ChunkGuide, guidance_weights
 
 
@@ -98,44 +103,42 @@ class FlowDecoder(Decoder):
             self.generator.manual_seed(self.config.seed)
         if policy.capabilities().flow_chunks:
             return self._sampled_chunk(policy, context, prefill.prefix, ledger)
-        heads = policy.flow
+        head = as_continuous_head(policy)
+        heads = head.flow
         noise = self.next_noise(context.step, heads.config.action_width)
-        condition = prefix_condition(prefill.prefix.hidden_last, prefill.prefix.pooled)
-        if heads.config.cameras > 1:  # the other cameras' images, after the first's
-            if prefill.prefix.camera_condition is None:
-                raise ValueError(f"the flow head reads {heads.config.cameras} camera images; this prefill gave "
-                                 "one (incremental vision encodes the first camera only)")
-            condition = torch.cat([condition, prefill.prefix.camera_condition], dim=-1)
+        condition = head.flow_condition(prefill.prefix)
         head_start = context.clock()
         guide = self.guide(context, heads.config.horizon) if heads.config.horizon > 1 else None
         sample = heads.sample(condition, noise, student=self.student, guide=guide)
         head_ms = (context.clock() - head_start) * 1e3  # the sampler alone: its Euler steps
         if heads.config.horizon > 1:
             self.remember(context, sample[0].reshape(-1, N_ACTION_TOKENS), ledger.started)
-        chunk = np.asarray(policy.tokenizer.denormalise(sample[0].numpy().reshape(-1, N_ACTION_TOKENS)), dtype=float)
-        tokens = policy.tokenizer.encode(chunk[0])
+        chunk = np.asarray(head.tokenizer.denormalise(sample[0].numpy().reshape(-1, N_ACTION_TOKENS)), dtype=float)
+        tokens = head.tokenizer.encode(chunk[0])
         result = model_free_result(self.name, chunk[0], tokens, {"head": head_ms, "decode": ledger.decode_ms()})
         # A chunked head (horizon > 1) hands the controller every step of its chunk.
         return replace(result, chunk=chunk) if len(chunk) > 1 else result
 
-    def _sampled_chunk(self, policy: Any, context: DecodeContext, prefix: Prefix, ledger: PassLedger) -> DecodeResult:
+    def _sampled_chunk(self, policy: PolicyLike, context: DecodeContext, prefix: Prefix,
+                       ledger: PassLedger) -> DecodeResult:
         """A flow VLA's chunk (``flow_chunks``): fresh noise of the policy's shape, the policy's own
         step count (``flow10``) or 2 steps (``flow2``): its fitted 2-step sampler when it has one
         (``vla-accel train-flow``), else 2 Euler steps of the same field. The controller gets the
         chunk's first ``n_action_steps``; real-time chunking's guide keeps all of it."""
-        noise = torch.randn(policy.noise_shape(), generator=self.generator)
+        sampler = as_chunk_sampling(policy)
+        noise = torch.randn(sampler.noise_shape(), generator=self.generator)
         steps = 2 if self.student else int(policy.config.num_steps)
         head_start = context.clock()
         # a model sampled here takes a guide; a policy server's chunk does not
         guided = self.config.rtc_horizon > 0 and policy.capabilities().chunk_guidance
-        guide = self.guide(context, policy.noise_shape()[0]) if guided else None
+        guide = self.guide(context, sampler.noise_shape()[0]) if guided else None
         if self.student:  # the policy's fitted 2-step sampler, when it has one (vla-accel train-flow)
-            chunk = policy.sample_chunk(prefix, noise, steps, guide, student=True)
+            chunk = sampler.sample_chunk(prefix, noise, steps, guide, student=True)
         else:
-            chunk = policy.sample_chunk(prefix, noise, steps, guide)
+            chunk = sampler.sample_chunk(prefix, noise, steps, guide)
         head_ms = (context.clock() - head_start) * 1e3
         if guided:
-            self.remember(context, policy.sample_space(chunk), ledger.started)
+            self.remember(context, as_guided_sampling(policy).sample_space(chunk), ledger.started)
         tokens = np.zeros(N_ACTION_TOKENS, dtype=np.int64)  # no action tokens: bookkeeping only
         result = model_free_result(self.name, chunk[0], tokens, {"head": head_ms, "decode": ledger.decode_ms()})
         # LeRobot's select_action executes the chunk's first n_action_steps, then samples anew

@@ -177,10 +177,9 @@ class HeiSDDecoder(Decoder):
             yield from speculate_to_end(ledger, state, self.config.r)
             self.counts["drafter"] += 1
             return ledger.state_result(self.name, state, kf_filled=0, threshold=self.config.r, mode="drafter")
-        return (yield from self._retrieve(ledger, policy, prefill.prefix, context, store))
+        return (yield from self._retrieve(ledger, prefill.prefix, context, store))
 
-    def _retrieve(self, ledger: PassLedger, policy: PolicyLike, prefix: Prefix, context: DecodeContext,
-                  store: Any) -> Step:
+    def _retrieve(self, ledger: PassLedger, prefix: Prefix, context: DecodeContext, store: Any) -> Step:
         cfg = self.config
         clock = context.clock
         t0 = clock()
@@ -207,7 +206,7 @@ class HeiSDDecoder(Decoder):
             self.retrieval_accepted += 1
             for row in trajectory[1 : 1 + cfg.skip_steps]:
                 tokens = np.clip(row, 0, MAX_TOKEN_ID).astype(np.int64)
-                self._queue.append((tokens, np.asarray(policy.tokens_to_action(tokens), dtype=float)))
+                self._queue.append((tokens, np.asarray(ledger.scoring.tokens_to_action(tokens), dtype=float)))
         return replace(result, mode="retrieval", timings=dict(result.timings, retrieval_query=query_ms))
 
     # --- accounting ---------------------------------------------------------------------------

@@ -76,7 +76,7 @@ from vla_accel_ros.decoding.thresholds import (
     fit_circle_radius,
     kinematic_threshold,
 )
-from vla_accel_ros.models.api import PolicyLike, Prefix
+from vla_accel_ros.models.api import PolicyLike, Prefix, as_token_scoring
 
 GRIPPER_INDEX = N_ACTION_TOKENS - 1
 
@@ -130,7 +130,7 @@ def kf_completion_tokens(policy: PolicyLike, context: DecodeContext) -> Completi
     action = kf.predict_action(context.control_period_s, context.gripper_history)
     if not np.isfinite(action).all():  # a filter fed absurd (finite but huge) joints: no prediction
         return None
-    tokens = policy.tokenizer.encode_one(action)
+    tokens = as_token_scoring(policy).tokenizer.encode_one(action)
     known = np.ones(N_ACTION_TOKENS, dtype=bool)
     known[GRIPPER_INDEX] = len(context.gripper_history) > 0
     return Completion(tokens, known)
@@ -158,7 +158,7 @@ class KervDecoder(Decoder):
 
     def uses_parallel_draft(self, policy: PolicyLike) -> bool:
         """Whether this decoder drafts with ``policy``'s parallel draft head."""
-        return self.config.parallel_draft and policy.parallel_draft is not None
+        return self.config.parallel_draft and policy.capabilities().parallel_draft_head
 
     def kf_draft_mask(self, completion: Completion | None, parallel: bool = False) -> np.ndarray:
         """(7,) bool: the positions whose proposal is the KF's token, those it knows and has been

@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, ClassVar, TypeAlias
 import numpy as np
 import torch
 
-from vla_accel_ros.models.api import PolicyLike, Prefix
-from vla_accel_ros.models.tokenizer import N_BINS
+from vla_accel_ros.models.api import PolicyLike, Prefix, as_contact_sensing, as_token_scoring
+from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
 
 if TYPE_CHECKING:
     from vla_accel_ros.core.kalman import JointKalmanFilter
     from vla_accel_ros.decoding.specs import DecoderSpec
 
-N_ACTION_TOKENS = 7
+N_ACTION_TOKENS = ACTION_DIM  # the tokens of one action: one per action dimension
 PREFILL_VERIFIED = "prefill_verified"  # DecodeResult.mode of an action whose proposal the prefill verified
 MAX_TOKEN_ID = 254  # 256 bin edges give 255 bins: ids 0..254 (255 is never emitted)
 
@@ -177,13 +177,21 @@ class PassResult:
 
     @classmethod
     def alone(cls, policy: PolicyLike, prefix: Prefix, logits: torch.Tensor | None, seconds: float) -> PassResult:
-        """A pass of this robot's alone: the contact head reads its own prefix."""
-        return cls(prefix, logits, seconds, partial(policy.contact_probability, prefix))
+        """A pass of this robot's alone: the contact head, when the policy declares one, reads its
+        own prefix."""
+        if not policy.capabilities().contact_head:
+            return cls(prefix, logits, seconds, no_contact_head)
+        return cls(prefix, logits, seconds, partial(as_contact_sensing(policy).contact_probability, prefix))
 
     def contact_probability(self) -> float:
         if self._contact is None:
             self._contact = self.read_contact()
         return self._contact
+
+
+def no_contact_head() -> float:
+    """The contact reading of a policy that declares no contact head: there is none to read."""
+    raise ValueError("this policy has no contact head")
 
 
 Step: TypeAlias = Generator[TargetPass, PassResult, DecodeResult]
@@ -202,9 +210,10 @@ def score_alone(policy: PolicyLike, request: TargetPass, clock: Callable[[], flo
     """``request`` (a pass after a prefix) as one pass of its own, timed on ``clock``."""
     if request.prefix is None:
         raise RuntimeError("a step asked for a prefill after its first pass (or after the prefill it was given)")
+    scoring = as_token_scoring(policy)
     feed = torch.tensor([list(request.tokens)], dtype=torch.long)  # (1, k), k = 0 too
     t0 = clock()
-    out = policy.score(request.prefix, feed)
+    out = scoring.score(request.prefix, feed)
     return PassResult.alone(policy, out.prefix, out.logits, clock() - t0)
 
 

@@ -33,7 +33,7 @@ On disk (``DIR/store.safetensors`` with ``keys`` (N, d) float32, or float16 for 
 nearest neighbour stays the same for 98% of them and the retrieved actions move by 0.002 bins on
 average), and ``values`` (N, horizon, 7) int16,
 and ``DIR/store.json`` with the config, the index measurements, the boundary calibration
-and the build provenance), every problem is a :class:`CheckpointError` naming the file.
+and the build provenance), every problem is a ValueError naming the file (:class:`StoreError`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vla_accel_ros.core.json_config import JsonConfig
-from vla_accel_ros.models.own.checkpoint import WEIGHTS_FILE, CheckpointError, read_json
+from vla_accel_ros.decoding.protocol import MAX_TOKEN_ID, N_ACTION_TOKENS
+from vla_accel_ros.models.files import SINGLE_FILE, read_json_object
 
 FORMAT_VERSION = 1
 STORE_KIND = "heisd_retrieval_store"
@@ -59,9 +60,16 @@ TENSORS_FILE = "store.safetensors"
 META_FILE = "store.json"
 DEFAULT_DIR_NAME = "retrieval_store"
 INDEX_KINDS = ("auto", "flat", "hnsw")
-N_ACTION_TOKENS = 7
-MAX_TOKEN_ID = 254
 KEY_DTYPES = {"float32": torch.float32, "float16": torch.float16}  # how keys may be stored on disk
+
+
+class StoreError(ValueError):
+    """A retrieval store that cannot be used; ``file`` is the path at fault, which the message names."""
+
+    def __init__(self, file: Path | str, problem: str) -> None:
+        super().__init__(f"{file}: {problem}")
+        self.file = Path(file)
+        self.problem = problem
 
 
 @dataclass(frozen=True)
@@ -324,52 +332,52 @@ class RetrievalStore:
     @classmethod
     def load(cls, directory: Path | str, expect_dim: int | None = None) -> RetrievalStore:
         """Read a saved store, rebuilding its index. Missing, corrupt or inconsistent files raise
-        :class:`CheckpointError` naming the file; ``expect_dim`` is the policy's d_model."""
+        a ValueError naming the file; ``expect_dim`` is the policy's d_model."""
         directory = Path(directory)
         if not directory.is_dir():
-            raise CheckpointError(directory, "retrieval store directory not found (run `vla-accel build-store`)")
+            raise StoreError(directory, "retrieval store directory not found (run `vla-accel build-store`)")
         meta_path, tensors_path = directory / META_FILE, directory / TENSORS_FILE
-        meta = read_json(meta_path)
+        meta = read_json_object(meta_path)
         for key in ("format_version", "kind", "config", "entries", "key_dim", "horizon"):
             if key not in meta:
-                raise CheckpointError(meta_path, f"missing key '{key}'")
+                raise StoreError(meta_path, f"missing key '{key}'")
         if meta["kind"] != STORE_KIND:
-            raise CheckpointError(meta_path, f"not a retrieval store (kind {meta['kind']!r})")
+            raise StoreError(meta_path, f"not a retrieval store (kind {meta['kind']!r})")
         if meta["format_version"] != FORMAT_VERSION:
-            raise CheckpointError(meta_path, f"unknown format_version {meta['format_version']!r} "
+            raise StoreError(meta_path, f"unknown format_version {meta['format_version']!r} "
                                              f"(this version reads {FORMAT_VERSION})")
         try:
             config = RetrievalStoreConfig.from_dict(meta["config"])
         except (TypeError, ValueError) as exc:
-            raise CheckpointError(meta_path, f"bad config ({exc})") from exc
+            raise StoreError(meta_path, f"bad config ({exc})") from exc
         if not tensors_path.is_file():
-            raise CheckpointError(tensors_path, "file not found")
+            raise StoreError(tensors_path, "file not found")
         try:
             tensors = load_file(str(tensors_path))
         except Exception as exc:  # safetensors raises its own error types for corrupt files
-            raise CheckpointError(tensors_path, f"cannot read safetensors ({type(exc).__name__}: {exc})") from exc
+            raise StoreError(tensors_path, f"cannot read safetensors ({type(exc).__name__}: {exc})") from exc
         for name in ("keys", "values"):
             if name not in tensors:
-                raise CheckpointError(tensors_path, f"missing tensor '{name}'")
+                raise StoreError(tensors_path, f"missing tensor '{name}'")
         keys, values = tensors["keys"], tensors["values"]
         n, d, h = int(meta["entries"]), int(meta["key_dim"]), int(meta["horizon"])
         if tuple(keys.shape) != (n, d) or not keys.is_floating_point() or not bool(torch.isfinite(keys).all()):
-            raise CheckpointError(tensors_path, f"tensor 'keys' must be finite float ({n}, {d}) as {META_FILE} says, "
+            raise StoreError(tensors_path, f"tensor 'keys' must be finite float ({n}, {d}) as {META_FILE} says, "
                                                 f"got {keys.dtype} {tuple(keys.shape)}")
         if tuple(values.shape) != (n, h, N_ACTION_TOKENS) or values.is_floating_point():
-            raise CheckpointError(tensors_path, f"tensor 'values' must be integer ({n}, {h}, {N_ACTION_TOKENS}), "
+            raise StoreError(tensors_path, f"tensor 'values' must be integer ({n}, {h}, {N_ACTION_TOKENS}), "
                                                 f"got {values.dtype} {tuple(values.shape)}")
         if h != config.horizon:
-            raise CheckpointError(meta_path, f"horizon {h} differs from the config's {config.horizon}")
+            raise StoreError(meta_path, f"horizon {h} differs from the config's {config.horizon}")
         if expect_dim is not None and d != expect_dim:
-            raise CheckpointError(meta_path, f"keys have dim {d}, the policy's embeddings {expect_dim}: "
+            raise StoreError(meta_path, f"keys have dim {d}, the policy's embeddings {expect_dim}: "
                                              "the store was built for another model (rerun `vla-accel build-store`)")
         kind = meta.get("index_kind", "flat")
         extra = {k: v for k, v in meta.items() if k not in _RESERVED}
         try:
             store = cls(keys.float().numpy(), values.long().numpy(), config, extra, index_kind=kind)
         except ValueError as exc:
-            raise CheckpointError(tensors_path, str(exc)) from exc
+            raise StoreError(tensors_path, str(exc)) from exc
         store.key_dtype = next((name for name, dtype in KEY_DTYPES.items() if dtype == keys.dtype), "float32")
         return store
 
@@ -427,7 +435,7 @@ def resolve_store(store: Path | str | None, checkpoint: Path | str, expect_dim: 
 def checkpoint_fingerprint(checkpoint: Path | str) -> str | None:
     """sha256 (hex, first 16) of the checkpoint's weights file: the store's keys are only
     meaningful for the target that produced them."""
-    weights = Path(checkpoint) / WEIGHTS_FILE
+    weights = Path(checkpoint) / SINGLE_FILE
     if not weights.is_file():
         return None
     digest = hashlib.sha256()
@@ -454,6 +462,7 @@ __all__ = [
     "RetrievalHit",
     "RetrievalStore",
     "RetrievalStoreConfig",
+    "StoreError",
     "checkpoint_fingerprint",
     "choose_index",
     "default_store_dir",

@@ -7,10 +7,11 @@ so a decoder is defined here once. The implementation is imported only when a de
 process`` validates its parameters without loading a model.
 
 A spec's capabilities are class attributes, declared, never probed: what the decoder needs from the
-policy (``draft_head``, ``flow_head``; ``contact_head`` it reads where the scene gives no clearance,
-with a documented fallback), what it needs beside the checkpoint (``retrieval_store``), what it keeps
-across steps (``episode_state``), and which of the shared settings it takes (``fill_check``: the
-node's ``kf_fill_check``; ``kinematic_threshold``: ``kinematic_r_min``/``kinematic_r_max``).
+policy (action tokens, ``token_scoring``, unless it decodes a chunk; ``draft_head``, ``flow_head``;
+``contact_head`` it reads where the scene gives no clearance, with a documented fallback), what it
+needs beside the checkpoint (``retrieval_store``), what it keeps across steps (``episode_state``),
+and which of the shared settings it takes (``fill_check``: the node's ``kf_fill_check``;
+``kinematic_threshold``: ``kinematic_r_min``/``kinematic_r_max``).
 """
 
 from __future__ import annotations
@@ -229,6 +230,8 @@ class DecoderSpec:
                     "checkpoint)")
         if cls.flow_head and not offered.flow_head:
             return f"decoder '{cls.name}' needs a checkpoint with a continuous action head (vla-accel train-flow)"
+        if not (cls.flow_head or cls.action_chunk or offered.token_scoring):
+            return f"decoder '{cls.name}' needs a policy with action tokens (token_scoring), and this one has none"
         if cls.draft_head and not offered.draft_head:
             offering = ", ".join(names_with(lambda s: not s.draft_head and not s.flow_head and s.name != BASELINE))
             return (f"decoder '{cls.name}' needs a draft head, and the policy has none: train one (vla-accel "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -24,7 +25,16 @@ from vla_accel_ros.decoding.protocol import (
     PassResult,
     TargetPass,
 )
-from vla_accel_ros.models.api import PolicyLike, Prefix
+from vla_accel_ros.models.api import (
+    ParallelDrafting,
+    PolicyLike,
+    Prefix,
+    SequentialDrafting,
+    TokenScoring,
+    as_parallel_drafting,
+    as_sequential_drafting,
+    as_token_scoring,
+)
 from vla_accel_ros.models.sampling import pick_tokens
 
 Passes = Generator[TargetPass, PassResult, PassResult]
@@ -32,7 +42,9 @@ Passes = Generator[TargetPass, PassResult, PassResult]
 
 class PassLedger:
     """One step's passes: asks for them, counts them, and times the step on the context clock from
-    its start (``decode`` excludes the wait for the prefill)."""
+    its start (``decode`` excludes the wait for the prefill). The policy's capabilities a step uses
+    (its action tokens, its draft heads) are asked for once, when the step first uses them: a flow
+    or chunk policy's step, which only prefills, asks for none."""
 
     def __init__(self, policy: PolicyLike, context: DecodeContext) -> None:
         self.policy = policy
@@ -46,6 +58,18 @@ class PassLedger:
         self.verify_s = 0.0
         self.last_draft_s = 0.0
         self.last_verify_s = 0.0
+
+    @cached_property
+    def scoring(self) -> TokenScoring:
+        return as_token_scoring(self.policy)
+
+    @cached_property
+    def sequential_drafting(self) -> SequentialDrafting:
+        return as_sequential_drafting(self.policy)
+
+    @cached_property
+    def parallel_drafting(self) -> ParallelDrafting:
+        return as_parallel_drafting(self.policy)
 
     # --- target passes ------------------------------------------------------------------------
     def prefill(self, given: Prefix | None = None) -> Passes:
@@ -106,7 +130,8 @@ class PassLedger:
         """
         extra = 0 if pending is None else 1
         last = None if last_consumed is None else torch.tensor([int(last_consumed)], dtype=torch.long)
-        propose = self.policy.draft_tokens_parallel if parallel else self.policy.draft_tokens
+        propose = (self.parallel_drafting.draft_tokens_parallel if parallel
+                   else self.sequential_drafting.draft_tokens)
         t0 = self.clock()
         tokens, _ = propose(prefix, n + extra, last, noise=self.noise)
         self.last_draft_s = self.clock() - t0
@@ -131,10 +156,11 @@ class PassLedger:
         threshold: float | None,
         mode: str = "",
     ) -> DecodeResult:
+        scoring = self.scoring
         toks = np.clip(np.asarray(tokens, dtype=np.int64), 0, MAX_TOKEN_ID)
-        if toks.shape != (N_ACTION_TOKENS,):
-            raise RuntimeError(f"decoder {name} produced {toks.shape} tokens, expected ({N_ACTION_TOKENS},)")
-        action = self.policy.tokenizer.decode_checked(toks)
+        if toks.shape != (scoring.n_action_tokens,):
+            raise RuntimeError(f"decoder {name} produced {toks.shape} tokens, expected ({scoring.n_action_tokens},)")
+        action = scoring.tokenizer.decode_checked(toks)
         timings = {"draft": self.draft_s * 1e3, "verify": self.verify_s * 1e3, "decode": self.decode_ms()}
         return DecodeResult(
             action=action,

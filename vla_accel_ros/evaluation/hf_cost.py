@@ -81,7 +81,7 @@ def _median_ms(run: Callable[[], Any], repeats: int) -> float:
 
 def build_model(opts: CostOptions, directory: Path) -> Any:
     """The random-weight VLA at ``opts``'s shape, saved and loaded as ``hf:directory``."""
-    from vla_accel_ros.models.hf.hf_vla import load_hf_vla
+    from vla_accel_ros.models.hf.checkpoint import load_hf_vla
     from vla_accel_ros.training.hf_vla import (
         HFTrainConfig,
         build_hf_vla,

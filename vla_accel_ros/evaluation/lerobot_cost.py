@@ -85,8 +85,8 @@ def build(kind: str, layers: int, dtype: torch.dtype) -> tuple[Any, Any, int]:
         model: Any = SmolVLAModel(config, smolvlm2_500m_config(config.num_vlm_layers))
         depth = SMOLVLA_LAYERS
     else:
+        from vla_accel_ros.models.lerobot.modules import paligemma_family_model
         from vla_accel_ros.models.lerobot.pi0 import VisionShape, build_configs
-        from vla_accel_ros.models.lerobot.pi05 import paligemma_family_model
 
         vision = VisionShape(1152, 27, 4304, 14, 224, GEMMA_VARIANTS["gemma_2b"].width)
         model = paligemma_family_model(config, *build_configs(config, vision, 257_152, depth=layers))

@@ -1,6 +1,9 @@
-"""Policy models: the contract every family meets (:mod:`.api`), the loader that recognises a
-checkpoint's family (:mod:`.load`), one folder per family (:mod:`.own`, :mod:`.hf`), and what the
-families share (layers, kernels, the action tokenizer, sampling, settings).
+"""Policy models: the contract every family meets (:mod:`.api`), the registry and loader that
+recognise a checkpoint's family (:mod:`.load`), the one reader of a checkpoint's JSON and checks of
+its weight files (:mod:`.files`), one folder per family (:mod:`.own`, :mod:`.hf`, :mod:`.openvla`,
+:mod:`.oft`, :mod:`.lerobot`, :mod:`.openpi`; each registers itself in its ``family.py``), what the
+token VLAs share (:mod:`.token_vla`), and what every family may use (layers, kernels, the action
+tokenizer, sampling, real-time chunking, settings).
 
 The names below load on first use (PEP 562), so that the torch-free modules of this package
 (``api``, ``configuration``, ``sampling``, ``tokenizer``) import without torch.
@@ -27,9 +30,10 @@ if TYPE_CHECKING:
         load_checkpoint,
         save_checkpoint,
     )
+    from vla_accel_ros.models.own.config import VLAConfig
     from vla_accel_ros.models.own.draft import ContactHead, DraftHead, ParallelDraftHead
+    from vla_accel_ros.models.own.modules import VLATarget
     from vla_accel_ros.models.own.policy import Policy
-    from vla_accel_ros.models.own.vla import VLAConfig, VLATarget
     from vla_accel_ros.models.own.world import (
         FrameAutoencoder,
         FrameAutoencoderConfig,
@@ -55,8 +59,8 @@ _MODULE_OF = {
     "Prefix": "api",
     "ReuseStats": "api",
     "ScoreOutput": "api",
-    "VLAConfig": "own.vla",
-    "VLATarget": "own.vla",
+    "VLAConfig": "own.config",
+    "VLATarget": "own.modules",
     "WorldBias": "own.world",
     "WorldBiasConfig": "own.world",
     "WorldPrefill": "own.world",

@@ -75,3 +75,16 @@ class VisionReuseConfig:
             raise ValueError(f"VisionReuseConfig.tower_refresh_steps must be >= 1, got {self.tower_refresh_steps}")
         if not (math.isfinite(self.feature_threshold) and self.feature_threshold >= 0):
             raise ValueError(f"VisionReuseConfig.feature_threshold must be >= 0, got {self.feature_threshold}")
+
+    def refresh_reason(self, *, cached: bool, instruction_changed: bool, since_refresh: int) -> str:
+        """Why an incremental prefill must recompute a frame in full ('' when its cache may serve
+        it): nothing ``cached`` yet, an ``instruction_changed`` since the cache was made, or
+        ``refresh_steps`` frames ``since_refresh`` (the last full one). Every family's incremental
+        prefill asks this; its own drift rules come after."""
+        if not cached:
+            return "first frame"
+        if instruction_changed:
+            return "instruction changed"
+        if since_refresh >= self.refresh_steps:
+            return "timer"
+        return ""

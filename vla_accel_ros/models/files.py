@@ -112,3 +112,26 @@ def check_weights(directory: Path) -> None:
         raise ValueError(f"{directory}: holds only pickle weights ({', '.join(pickles)}), which are never "
                          "loaded (unpickling runs code); convert them to safetensors")
     raise ValueError(f"{directory}: no weights (*.safetensors)")
+
+
+CONFIG_FILE = "config.json"
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; ValueError naming the file when it is missing, unreadable or
+    not a JSON object. Every JSON file of a checkpoint is read through this."""
+    if not path.is_file():
+        raise ValueError(f"{path}: missing")
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: cannot read it as JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return value
+
+
+def read_config(directory: Path) -> dict[str, Any] | None:
+    """The directory's ``config.json`` as a dict; None when there is none."""
+    path = directory / CONFIG_FILE
+    return read_json_object(path) if path.is_file() else None

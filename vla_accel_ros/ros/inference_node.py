@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.core.robot_record import check_checkpoint_robot
 from vla_accel_ros.core.settings import ConfigError
-from vla_accel_ros.models.load import declared_action_space
+from vla_accel_ros.models.load import resolve_checkpoint
 from vla_accel_ros.ros import remote_protocol
 from vla_accel_ros.ros.parameters import InferenceNodeConfig
 from vla_accel_ros.ros.rclpy_util import LATCHED_QOS, declare_config, run_node
@@ -93,7 +93,10 @@ class VlaInferenceNode(Node):
                                                     allow_unmatched=cfg.allow_unmatched_robot)
         if self.robot_warning:
             self.get_logger().warn(self.robot_warning)
-        space = declared_action_space(runner_config.checkpoint_ref)
+        resolved = resolve_checkpoint(runner_config.checkpoint_ref, unnorm_key=runner_config.unnorm_key,
+                                      device=runner_config.device)
+        runner_config = replace(runner_config, resolved=resolved)  # every robot's runner loads it as resolved here
+        space = resolved.action_space
         if space != EE_DELTA:
             raise ConfigError(f"checkpoint '{runner_config.checkpoint_source}' acts in {space}; remote inference "
                               f"carries end-effector deltas ({EE_DELTA}): run it in the node (inference_mode "

@@ -20,7 +20,7 @@ from vla_accel_ros.core.controller import Controller
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.ros.parameters import NodeConfig
-from vla_accel_ros.runtime.builder import build_runner
+from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.runtime.process_worker import ChildSpec, ProcessInferenceWorker
 from vla_accel_ros.runtime.remote_worker import RemoteInferenceWorker
 from vla_accel_ros.runtime.thread_worker import InferenceWorker
@@ -39,12 +39,12 @@ class Inference:
     warnings: list[str]  # the decoder's fallbacks for what the policy lacks
 
 
-def start_inference(cfg: NodeConfig, controller: Controller, kin: ArmKinematics, clock: Callable[[], float],
-                    link: RemoteLink | None = None) -> Inference:
-    """The worker of ``cfg.inference_mode`` for ``controller``, started; ``clock`` is the node's,
-    ``link`` the node's to the inference node (remote mode). ConfigError naming the checkpoint and
-    the decoder when the policy cannot be loaded."""
-    runner_config = cfg.runner_config()
+def start_inference(cfg: NodeConfig, runner_config: RunnerConfig, controller: Controller, kin: ArmKinematics,
+                    clock: Callable[[], float], link: RemoteLink | None = None) -> Inference:
+    """The worker of ``cfg.inference_mode`` for ``controller`` and the policy of ``runner_config``
+    (its checkpoint resolved by the node), started; ``clock`` is the node's, ``link`` the node's to
+    the inference node (remote mode). ConfigError naming the checkpoint and the decoder when the
+    policy cannot be loaded."""
     try:
         if cfg.inference_mode == "remote":
             assert link is not None, "remote inference needs the node's RemoteLink"

@@ -76,7 +76,7 @@ class LockstepCore:
         from vla_accel_ros.core.convert import controller_joint_order
         from vla_accel_ros.core.kinematics import ArmKinematics
         from vla_accel_ros.core.robot_record import check_checkpoint_robot
-        from vla_accel_ros.models.load import declared_action_space
+        from vla_accel_ros.models.load import resolve_checkpoint
         from vla_accel_ros.runtime.builder import build_controller, build_runner
 
         self.cfg = cfg
@@ -92,11 +92,12 @@ class LockstepCore:
         self.robot_warning = check_checkpoint_robot(checkpoint, self.kin.joint_names, self.kin.tcp_frame,
                                                     action_dt_s=cfg.action_dt_s, image_size=cfg.image_size,
                                                     allow_unmatched=cfg.allow_unmatched_robot)
-        self.controller = build_controller(
-            replace(cfg.controller_config(), action_space=declared_action_space(runner_config.checkpoint_ref)),
-            self.kin, enabled=True, instruction=cfg.instruction)
         try:
-            self.runner = build_runner(runner_config, self.kin, clock=frozen_clock)
+            resolved = resolve_checkpoint(runner_config.checkpoint_ref, unnorm_key=runner_config.unnorm_key,
+                                          device=runner_config.device)
+            self.controller = build_controller(replace(cfg.controller_config(), action_space=resolved.action_space),
+                                               self.kin, enabled=True, instruction=cfg.instruction)
+            self.runner = build_runner(replace(runner_config, resolved=resolved), self.kin, clock=frozen_clock)
         except (OSError, ValueError, KeyError) as err:
             raise ValueError(f"cannot load policy checkpoint '{checkpoint}' with decoder '{cfg.policy.decoder}': "
                              f"{err}") from err

@@ -17,7 +17,7 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.decoding.specs import DEFAULT, shared_settings, spec_of
-from vla_accel_ros.models.api import CheckpointRef
+from vla_accel_ros.models.api import CheckpointRef, PolicyLike, ResolvedCheckpoint
 from vla_accel_ros.models.configuration import (
     DEFAULT_TEMPERATURE,
     MAX_TEMPERATURE,
@@ -35,7 +35,6 @@ from vla_accel_ros.models.configuration import (
 
 if TYPE_CHECKING:
     from vla_accel_ros.decoding.protocol import Decoder
-    from vla_accel_ros.models.own.policy import Policy
     from vla_accel_ros.runtime.runner import PolicyRunner
 
 
@@ -59,7 +58,10 @@ class RunnerConfig:
     kinematic_r_bounds: (r_min, r_max), the bounds in token bins of the kinematic acceptance threshold
         of ``kerv`` and ``world_aware`` (their ``r_min``, ``r_max``); None = the decoder's own.
     rtc_horizon, rtc_guidance: real-time chunking of the flow decoders (0 = off).
-    device: where a LeRobot policy runs (cuda, cuda:N); empty = the CPU.
+    device: where the policy runs (cuda, cuda:N); empty = the CPU.
+    resolved: the checkpoint resolved already (:func:`vla_accel_ros.models.load.resolve_checkpoint`,
+        the node's, which the inference child receives with these settings): the runner loads it
+        without reading or recognising it again; None: resolved when the runner is built.
     """
 
     checkpoint: str = ""
@@ -76,6 +78,7 @@ class RunnerConfig:
     rtc_horizon: int = 0
     rtc_guidance: float = 5.0
     device: str = ""
+    resolved: ResolvedCheckpoint | None = None
 
     def __post_init__(self) -> None:
         spec_of(self.decoder)  # ValueError naming the registered decoders
@@ -96,6 +99,22 @@ class RunnerConfig:
         if self.torch_threads < 1:
             raise ValueError(f"RunnerConfig.torch_threads must be >= 1, got {self.torch_threads}")
 
+    def to_json(self) -> dict[str, Any]:
+        """The settings as JSON-ready values (what the inference child receives), the resolved
+        checkpoint as its record (:meth:`ResolvedCheckpoint.to_json`)."""
+        values = {field.name: getattr(self, field.name) for field in fields(self)}
+        values.update(vision=None if self.vision is None else asdict(self.vision),
+                      resolved=None if self.resolved is None else self.resolved.to_json())
+        return values
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> RunnerConfig:
+        """The settings :meth:`to_json` gave (after a JSON round trip)."""
+        values = dict(values)
+        vision, resolved = values.pop("vision"), values.pop("resolved")
+        return cls(**values, vision=None if vision is None else VisionReuseConfig(**vision),
+                   resolved=None if resolved is None else ResolvedCheckpoint.from_json(resolved))
+
     @functools.cached_property
     def checkpoint_ref(self) -> CheckpointRef:
         """The checkpoint this config names, parsed (the package's default when empty)."""
@@ -113,14 +132,15 @@ class RunnerConfig:
         return self.checkpoint_ref.directory
 
 
-def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | None = None,
+def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: PolicyLike | None = None,
                  decoder: Decoder | None = None, clock: Callable[[], float] = time.perf_counter) -> PolicyRunner:
     """The runner of ``config`` for the arm ``kin``, its decoders timing themselves on ``clock``.
 
-    Without ``policy`` the checkpoint is loaded (safetensors + JSON; CheckpointError names the problem)
-    together with what the decoder needs beside it (heisd: CHECKPOINT/retrieval_store). A caller that
-    holds the policy already (eval and bench share one between runners) passes it, and may pass a
-    decoder configured beyond its name (thresholds, a retrieval store), named ``config.decoder``.
+    Without ``policy`` the checkpoint is loaded (``config.resolved`` when given, else resolved once;
+    ValueError names the file at fault) together with what the decoder needs beside it (heisd:
+    CHECKPOINT/retrieval_store). A caller that holds the policy already (eval and bench share one
+    between runners) passes it, and may pass a decoder configured beyond its name (thresholds, a
+    retrieval store), named ``config.decoder``.
     Raises ValueError naming an unknown decoder, or a policy that cannot serve it.
     """
     import torch
@@ -129,12 +149,14 @@ def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: Policy | N
     from vla_accel_ros.runtime.runner import PolicyRunner
 
     torch.set_num_threads(config.torch_threads)
-    options = {"action_dt_s": config.action_dt_s, "period_s": config.period_s, "max_steps": config.max_steps,
-               "clock": clock, "vision": config.vision, "sampling": SamplingConfig(config.temperature)}
+    options: dict[str, Any] = {"action_dt_s": config.action_dt_s, "period_s": config.period_s,
+                               "max_steps": config.max_steps, "clock": clock, "vision": config.vision,
+                               "sampling": SamplingConfig(config.temperature)}
     if policy is None:
         if decoder is not None:
             raise ValueError("build_runner: a decoder object needs its policy (pass policy= too)")
-        return PolicyRunner.load(config.checkpoint_ref, config.decoder, kin, unnorm_key=config.unnorm_key,
+        return PolicyRunner.load(config.resolved or config.checkpoint_ref, config.decoder, kin,
+                                 unnorm_key=config.unnorm_key,
                                  decoder_settings=decoder_settings(config), device=config.device, **options)
     if decoder is None:
         decoder = make_decoder(config.decoder, **decoder_settings(config))

@@ -29,7 +29,7 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.models.openpi.spec import PART_WIDTH, PolicySpec, gripper_from_ours, gripper_to_ours
+from vla_accel_ros.models.openpi.config import PART_WIDTH, PolicySpec, gripper_from_ours, gripper_to_ours
 
 if TYPE_CHECKING:
     from vla_accel_ros.runtime.runner import PolicyRunner
@@ -105,7 +105,7 @@ class OpenPIServer:
         self.n_joints = n_joints
         self.max_opening = max_opening
         policy = runner.policy
-        self.image_size = None if hasattr(policy, "resized_image") else int(policy.config.image_size)
+        self.image_size = None if policy.capabilities().resizes_images else int(policy.config.image_size)
         self.metadata = {**metadata, "action_space": "ee_delta", "action_dim": 7,
                          "observation_keys": expected_keys(spec), "image_keys": list(spec.images)}
         self._lock = threading.Lock()  # one decode at a time, whatever the connections

@@ -35,7 +35,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +43,6 @@ import numpy as np
 
 from vla_accel_ros.core.controller import Controller
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.runtime.builder import RunnerConfig
 from vla_accel_ros.runtime.thread_worker import StepReport, WorkerBase, percentile
 
@@ -77,16 +76,14 @@ class ChildSpec:
             raise ValueError("ChildSpec.urdf_xml must hold the URDF")
 
     def to_message(self) -> dict[str, Any]:
-        """The spec as JSON-ready values (the child's ``init`` message)."""
-        return asdict(self)
+        """The spec as JSON-ready values (the child's ``init`` message; :meth:`RunnerConfig.to_json`:
+        a resolved checkpoint goes as its record, which the child loads without reading it again)."""
+        return {"runner": self.runner.to_json(), "urdf_xml": self.urdf_xml, "tcp_frame": self.tcp_frame}
 
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> ChildSpec:
         """The spec an ``init`` message carries (the inverse of :meth:`to_message`)."""
-        runner = dict(message["runner"])
-        vision = runner.pop("vision")
-        runner_config = RunnerConfig(**runner, vision=VisionReuseConfig(**vision) if vision is not None else None)
-        return cls(runner_config, str(message["urdf_xml"]), str(message["tcp_frame"]))
+        return cls(RunnerConfig.from_json(message["runner"]), str(message["urdf_xml"]), str(message["tcp_frame"]))
 
 
 def send_json(conn: Connection, message: dict[str, Any]) -> None:

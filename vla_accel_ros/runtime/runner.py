@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -23,7 +23,14 @@ from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding.history import EpisodeHistory
 from vla_accel_ros.decoding.protocol import DecodeContext, Decoder, DecodeResult
-from vla_accel_ros.models.api import CheckpointRef, IncrementalPrefill, PolicyLike
+from vla_accel_ros.models.api import (
+    CheckpointRef,
+    IncrementalPrefill,
+    PolicyLike,
+    ResolvedCheckpoint,
+    as_chunk_sampling,
+    as_incremental_prefilling,
+)
 from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.models.sampling import SamplingConfig
 from vla_accel_ros.runtime.steps import RobotStep, run_steps
@@ -31,6 +38,13 @@ from vla_accel_ros.runtime.steps import RobotStep, run_steps
 # A measured joint jump this large (rad) between two observations is a new episode (sim reset):
 # the decoder's history (filter, tokens, gripper) no longer describes the arm.
 EPISODE_JUMP_RAD = 0.3
+
+
+class RemotePolicy(Protocol):
+    """A remote family's policy (``Family.remote``: a policy server's client), which counts its own
+    requests, replies and round trips."""
+
+    def remote_stats(self) -> dict[str, Any]: ...
 
 
 class PolicyRunner:
@@ -47,13 +61,15 @@ class PolicyRunner:
     def __init__(self, policy: PolicyLike, decoder: Decoder, kin: ArmKinematics, *, action_dt_s: float,
                  period_s: float, max_steps: int = 120, clock: Callable[[], float] = time.perf_counter,
                  vision: VisionReuseConfig | None = None, sampling: SamplingConfig | None = None,
-                 action_space: str = EE_DELTA) -> None:
-        """``action_space``: what the policy's actions are, as its robot record declares."""
+                 action_space: str = EE_DELTA, remote: bool = False) -> None:
+        """``action_space``: what the policy's actions are, as its robot record declares; ``remote``:
+        the policy is a remote family's, which counts itself (:class:`RemotePolicy`)."""
         self.warnings = decoder.check_policy(policy)  # the fallbacks taken for what the policy lacks
         if policy.capabilities().flow_chunks:  # its state is the arm's joints and gripper
-            policy.check_robot(len(kin.joint_names) + 1,  # type: ignore[attr-defined]
-                               action_width(action_space, len(kin.joint_names)))
+            as_chunk_sampling(policy).check_robot(len(kin.joint_names) + 1,
+                                                  action_width(action_space, len(kin.joint_names)))
         self.policy = policy
+        self.remote = remote
         self.decoder = decoder
         self.decoder_name = decoder.name
         self.period_s = period_s
@@ -65,33 +81,36 @@ class PolicyRunner:
         self._episode_started = False  # start_episode() ran and no observation has been served since
 
     @classmethod
-    def load(cls, checkpoint: str | Path | CheckpointRef, decoder_name: str, kin: ArmKinematics, *,
-             unnorm_key: str = "", decoder_settings: dict[str, Any] | None = None, device: str = "",
-             **kwargs: Any) -> PolicyRunner:
-        """Load the checkpoint a directory (or ``hf:DIR``) holds, whatever its family
-        (:mod:`vla_accel_ros.models.load`; ValueError naming the file at fault).
+    def load(cls, checkpoint: str | Path | CheckpointRef | ResolvedCheckpoint, decoder_name: str,
+             kin: ArmKinematics, *, unnorm_key: str = "", decoder_settings: dict[str, Any] | None = None,
+             device: str = "", **kwargs: Any) -> PolicyRunner:
+        """Load the checkpoint a directory (or ``hf:DIR``, or a server's address) holds, whatever its
+        family (:mod:`vla_accel_ros.models.load`; ValueError naming the file at fault). It is resolved
+        here unless it comes resolved already (a :class:`ResolvedCheckpoint`: then nothing reads or
+        recognises it again, only ``device`` is checked against its family).
         A decoder that needs a file beside the checkpoint (heisd: CHECKPOINT/retrieval_store) gets it
         here, so that a missing one is reported at start-up, not at every step. ``decoder_settings``
-        go to the decoder's config; ``device``: where a LeRobot policy runs (empty = the CPU)."""
+        go to the decoder's config; ``device``: where the policy runs (empty = the CPU)."""
         from vla_accel_ros.decoding import make_decoder
         from vla_accel_ros.decoding.specs import names_with
-        from vla_accel_ros.models.load import check_device, declared_action_space, load_policy
+        from vla_accel_ros.models.load import family_named, load_policy, resolve_checkpoint
 
-        ref = CheckpointRef.parse(checkpoint)
-        family = check_device(ref, device)
+        resolved = resolve_checkpoint(checkpoint, unnorm_key=unnorm_key, device=device)
+        family = family_named(resolved.family)
         served_by = names_with(lambda spec: spec.flow_head) if family.answers_with_chunks else ()
         swapped = ""
         if served_by and decoder_name not in served_by:  # a policy server's chunks come through a flow decoder
-            swapped = f"decoder '{decoder_name}' needs the model's passes; {ref} answers with chunks: {served_by[0]}"
+            swapped = (f"decoder '{decoder_name}' needs the model's passes; {resolved.ref} answers with chunks: "
+                       f"{served_by[0]}")
             decoder_name, decoder_settings = served_by[0], None
         decoder = make_decoder(decoder_name, **(decoder_settings or {}))
-        placed = {"device": device} if device and device != "cpu" else {}
-        runner = cls(load_policy(ref, unnorm_key=unnorm_key, arm=kin, **placed), decoder, kin,
-                     action_space=declared_action_space(ref), **kwargs)
+        placed = device if device and device != "cpu" else None  # the CPU: the family's default placement
+        runner = cls(load_policy(resolved, unnorm_key=unnorm_key, arm=kin, device=placed), decoder, kin,
+                     action_space=resolved.action_space, remote=family.remote, **kwargs)
         if swapped:
             runner.warnings = [swapped, *runner.warnings]
         if decoder.spec.retrieval_store:
-            decoder.attach_checkpoint_store(ref.directory, runner.policy)
+            decoder.attach_checkpoint_store(resolved.directory, runner.policy)
         return runner
 
     @property
@@ -100,9 +119,8 @@ class PolicyRunner:
 
     def policy_stats(self) -> dict[str, Any]:
         """What the policy counts of itself: a policy server's requests, replies, lost and bad replies,
-        connections and round trips (``remote_stats``); empty for a model that runs here."""
-        report = getattr(self.policy, "remote_stats", None)
-        return dict(report()) if callable(report) else {}
+        connections and round trips (a remote family's ``remote_stats``); empty for a model that runs here."""
+        return dict(cast(RemotePolicy, self.policy).remote_stats()) if self.remote else {}
 
     @property
     def image_slots(self) -> int:
@@ -152,7 +170,7 @@ def incremental_prefill(policy: PolicyLike, settings: VisionReuseConfig) -> Incr
     """The policy's incremental prefill under ``settings``; ValueError when its family has none."""
     if not policy.capabilities().incremental_prefill:
         raise ValueError("this policy has no incremental prefill (vision_reuse needs one)")
-    return policy.incremental_prefill(settings)
+    return as_incremental_prefilling(policy).incremental_prefill(settings)
 
 
 # --- running one policy step ------------------------------------------------------------------
@@ -167,8 +185,8 @@ def run_policy_step(
     ``context.clock`` (:func:`~vla_accel_ros.runtime.steps.run_steps`, a batch of one).
 
     ``context.time_left_s`` counts from the start of the step, the prefill included. With
-    ``vision``, the prefill re-encodes only the image patches that changed
-    (:mod:`vla_accel_ros.models.own.incremental_vision`). A plain ``prefill`` when nothing rides
+    ``vision``, the prefill re-encodes only the image patches that changed (the policy's
+    :class:`~vla_accel_ros.models.api.IncrementalPrefill`). A plain ``prefill`` when nothing rides
     along with it; ``prefill_batch`` of the one observation with a proposal the prefill verifies
     (``world_aware`` in free space). A step served without the model (HeiSD's verify-skip) has no
     prefill (its time 0, nothing re-encoded) and no target pass.

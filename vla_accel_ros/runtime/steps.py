@@ -30,7 +30,6 @@ import torch
 
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.decoding.protocol import (
-    N_ACTION_TOKENS,
     DecodeContext,
     Decoder,
     DecodeResult,
@@ -40,7 +39,15 @@ from vla_accel_ros.decoding.protocol import (
     advance,
     finish_alone,
 )
-from vla_accel_ros.models.api import IncrementalPrefill, PolicyLike, Prefix, ScoreOutput
+from vla_accel_ros.models.api import (
+    IncrementalPrefill,
+    PolicyLike,
+    Prefix,
+    ScoreOutput,
+    TokenScoring,
+    as_contact_sensing,
+    as_token_scoring,
+)
 
 # The stages of :func:`run_steps` it times (ms): starting the steps up to their prefill requests
 # (``propose``: what a decoder does before the prefill), the proposals into one tensor, the batched
@@ -132,7 +139,7 @@ def _alone(policy: PolicyLike, running: _Running) -> DecodeResult:
             out = robot.vision.prefill_batch([robot.obs], feed)
             prefix, logits = out.prefix, out.logits if feed is not None else None
         elif feed is not None:
-            out = policy.prefill_batch([robot.obs], feed)
+            out = as_token_scoring(policy).prefill_batch([robot.obs], feed)
             prefix, logits = out.prefix, out.logits
         else:
             prefix, logits = policy.prefill(robot.obs), None
@@ -151,13 +158,14 @@ def _together(policy: PolicyLike, robots: Sequence[RobotStep], clock: Callable[[
     batch = [r for r in asking if r.robot.vision is None]
     results: dict[int, DecodeResult] = {}
     if batch:
-        width = max(N_ACTION_TOKENS - 1, *(len(r.request().tokens) for r in batch))
+        scoring = as_token_scoring(policy)
+        width = max(scoring.n_action_tokens - 1, *(len(r.request().tokens) for r in batch))
         feed = np.zeros((len(batch), width), dtype=np.int64)
         for row, r in enumerate(batch):
             tokens = r.request().tokens
             feed[row, : len(tokens)] = tokens
         t2 = clock()
-        output = policy.prefill_batch([r.robot.obs for r in batch], torch.from_numpy(feed))
+        output = scoring.prefill_batch([r.robot.obs for r in batch], torch.from_numpy(feed))
         seconds = clock() - t2
         t3 = clock()
         contact = BatchContact(policy, output.prefix)
@@ -167,7 +175,7 @@ def _together(policy: PolicyLike, robots: Sequence[RobotStep], clock: Callable[[
             r.row = _BatchRow(row, k, given)
             r.prefill_done(PassResult(given, logits[:, : k + 1] if k else None, seconds, partial(contact.row, row)))
         t4 = clock()
-        _first_passes_together(policy, batch, output.prefix, clock)
+        _first_passes_together(policy, scoring, batch, output.prefix, clock)
         t5 = clock()
         results.update((id(r), r.result(policy)) for r in batch)
         stages.update(tensors=(t2 - t1) * 1e3, batched_pass=seconds * 1e3, batched_verify=(t5 - t4) * 1e3,
@@ -181,7 +189,7 @@ def _together(policy: PolicyLike, robots: Sequence[RobotStep], clock: Callable[[
     return [results[id(r)] for r in running]
 
 
-def _first_passes_together(policy: PolicyLike, batch: list[_Running], prefilled: Prefix,
+def _first_passes_together(policy: PolicyLike, scoring: TokenScoring, batch: list[_Running], prefilled: Prefix,
                            clock: Callable[[], float]) -> None:
     """The passes the robots of a batched prefill ask for right after it on their own rows, one
     batched ``score`` per shape (tokens riding in the prefill, tokens of the pass)."""
@@ -193,7 +201,7 @@ def _first_passes_together(policy: PolicyLike, batch: list[_Running], prefilled:
     for (riding, _), members in groups.items():
         tokens = torch.tensor([list(request.tokens) for _, request, _ in members], dtype=torch.long)
         t0 = clock()
-        scored = policy.score(prefilled.truncate(riding).select_rows([index for _, _, index in members]), tokens)
+        scored = scoring.score(prefilled.truncate(riding).select_rows([index for _, _, index in members]), tokens)
         seconds = clock() - t0
         for (r, _, _), (logits, prefix) in zip(members, rows_of(scored), strict=True):
             r.reply(PassResult.alone(policy, prefix, logits, seconds))
@@ -220,5 +228,6 @@ class BatchContact:
 
     def row(self, index: int) -> float:
         if self._probabilities is None:
-            self._probabilities = torch.sigmoid(self._policy.contact_logits(self._batch)).tolist()
+            logits = as_contact_sensing(self._policy).contact_logits(self._batch)
+            self._probabilities = torch.sigmoid(logits).tolist()
         return self._probabilities[index]

@@ -106,10 +106,10 @@ def greedy_policy_action(checkpoint: str) -> Callable[[Observation], np.ndarray]
     from vla_accel_ros.core.resources import default_checkpoint
     from vla_accel_ros.models.load import recognise
 
-    if checkpoint != "default" and recognise(checkpoint).name == "lerobot":
+    if checkpoint != "default" and "flow_chunks" in recognise(checkpoint).capabilities:
         import torch
 
-        from vla_accel_ros.models.lerobot.policy import load_lerobot
+        from vla_accel_ros.models.lerobot.checkpoint import load_lerobot
 
         flow = load_lerobot(checkpoint)
         generator = torch.Generator().manual_seed(0)

@@ -13,7 +13,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from vla_accel_ros.models.hf.vla_spec import DTYPES, OPENVLA_PROMPT
+from vla_accel_ros.models.token_vla.spec import DTYPES, OPENVLA_PROMPT
 
 VISIONS = ("siglip", "clip")
 AUTOCAST_DTYPES = ("float32", "bfloat16")  # precision of the training forward

@@ -144,7 +144,7 @@ def plot_flow_losses(history: dict[str, list[float]], path: Path) -> None:
 def train_flow(cfg: FlowTrainConfig) -> dict[str, Any]:
     from vla_accel_ros.models.load import recognise
 
-    if recognise(cfg.checkpoint).name == "lerobot":  # the policy's own flow: fit its 2-step sampler
+    if "flow_chunks" in recognise(cfg.checkpoint).capabilities:  # a flow VLA's own flow: fit its 2-step sampler
         from vla_accel_ros.training.lerobot_flow import distil_lerobot
 
         return distil_lerobot(cfg)

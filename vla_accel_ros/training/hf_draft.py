@@ -2,7 +2,7 @@
 
 Input: ``vla-accel demos`` episodes (``episode_*.npz``, docs/data_layout.md) and a model directory
 (``hf:DIR``). Output, beside the model's weights: ``draft_head.safetensors`` + ``draft_head.json``
-(:mod:`vla_accel_ros.models.hf.hf_draft`) and the loss plot ``draft_loss.png``; ``load_hf_vla``
+(:mod:`vla_accel_ros.models.token_vla.draft`) and the loss plot ``draft_loss.png``; ``load_hf_vla``
 attaches the head from then on, and ``sd``, ``kerv``, ``world_aware`` and ``deadline`` draft with it.
 
 1. Features. The target is frozen (no gradient, inference mode). With ``--teacher expert`` (the
@@ -49,7 +49,8 @@ import torch.nn.functional as F
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.models.api import CheckpointRef
-from vla_accel_ros.models.hf.hf_draft import (
+from vla_accel_ros.models.load import load_policy
+from vla_accel_ros.models.token_vla.draft import (
     DRAFT_META_FILE,
     DRAFT_WEIGHTS_FILE,
     HFDraftConfig,
@@ -57,8 +58,7 @@ from vla_accel_ros.models.hf.hf_draft import (
     default_width,
     save_hf_draft,
 )
-from vla_accel_ros.models.hf.hf_vla import HFTokenVLA
-from vla_accel_ros.models.load import load_token_vla
+from vla_accel_ros.models.token_vla.policy import HFTokenVLA
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
 from vla_accel_ros.training.common import (
     cosine_schedule,
@@ -258,7 +258,10 @@ def train_hf_draft(cfg: HFDraftTrainConfig) -> dict[str, Any]:
     if len(data) < 2:
         raise DatasetError(f"{cfg.data}: {len(data)} demo step; the head needs at least 2")
     instructions = episode_instructions(cfg.data, data)
-    policy = load_token_vla(directory, unnorm_key=cfg.unnorm_key, device=cfg.device, dtype=cfg.dtype, draft=False)
+    # a family whose options take no draft refuses draft=False in one line: the head is a token VLA's
+    policy = load_policy(cfg.checkpoint, unnorm_key=cfg.unnorm_key, device=cfg.device, dtype=cfg.dtype, draft=False)
+    if not isinstance(policy, HFTokenVLA):
+        raise ValueError(f"{directory}: not a token VLA with a draft-head slot (a Hugging Face or OpenVLA model)")
     train_idx, val_idx = data.split(cfg.val_fraction)
     print(f"{data.n_episodes} episodes, {len(data)} steps ({len(train_idx)} train / {len(val_idx)} held-out); "
           f"model {policy.n_parameters()['target']:,} parameters, hidden size {policy.config.d_model}")

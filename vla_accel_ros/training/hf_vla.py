@@ -4,8 +4,8 @@ The model is built from Hugging Face classes only: ``LlavaForConditionalGenerati
 (or CLIP) vision tower at the demos' image size and a small Llama text model, a ``LlamaTokenizer``
 whose BPE vocabulary covers the prompt's words (each a token, so the colour that picks the cube
 is one token), and ``LlavaProcessor``. The text vocabulary's top 256 ids are reserved: they are the
-action ids (bin b = id ``vocab_size - 1 - b``, :mod:`vla_accel_ros.models.hf.vla_spec`). The
-directory loads with :func:`vla_accel_ros.models.hf.hf_vla.load_hf_vla` (``hf:DIR``).
+action ids (bin b = id ``vocab_size - 1 - b``, :mod:`vla_accel_ros.models.token_vla.spec`). The
+directory loads with :func:`vla_accel_ros.models.hf.checkpoint.load_hf_vla` (``hf:DIR``).
 
 ``--prompt-layout instruction_first`` writes a prompt whose ``{image}`` field puts the image tokens
 after the instruction (``vla_spec.json``), so every image token attends to the instruction: the
@@ -57,9 +57,10 @@ from tqdm import tqdm
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.models.api import CheckpointRef
-from vla_accel_ros.models.hf.hf_vla import HFTokenVLA, load_hf_vla
-from vla_accel_ros.models.hf.vla_spec import OPENVLA_PROMPT
+from vla_accel_ros.models.hf.checkpoint import load_hf_vla
 from vla_accel_ros.models.load import check_checkpoint, require_family
+from vla_accel_ros.models.token_vla.policy import HFTokenVLA
+from vla_accel_ros.models.token_vla.spec import OPENVLA_PROMPT
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
 from vla_accel_ros.sim.env import INSTRUCTION_TEMPLATE, SimConfig
 from vla_accel_ros.sim.scene import CUBE_COLORS

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from vla_accel_ros.core.progress import progress_bar
-from vla_accel_ros.models.lerobot.policy import LeRobotPolicy, ModelInputs, load_lerobot
+from vla_accel_ros.models.lerobot.checkpoint import load_lerobot
+from vla_accel_ros.models.lerobot.policy import LeRobotPolicy, ModelInputs
 from vla_accel_ros.models.lerobot.processor import resize_with_pad
 from vla_accel_ros.models.lerobot.student import STUDENT_META, STUDENT_WEIGHTS, FlowStudent, load_student
 from vla_accel_ros.training.configs import FlowTrainConfig

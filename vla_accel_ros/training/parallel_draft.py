@@ -42,8 +42,8 @@ from vla_accel_ros.models.own.checkpoint import (
     save_parallel_draft,
 )
 from vla_accel_ros.models.own.draft import DraftHead, ParallelDraftHead
+from vla_accel_ros.models.own.modules import count_parameters
 from vla_accel_ros.models.own.policy import Policy, Prefix
-from vla_accel_ros.models.own.vla import count_parameters
 from vla_accel_ros.training.common import (
     GreedyRollout,
     component_recipe,

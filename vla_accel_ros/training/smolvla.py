@@ -187,7 +187,7 @@ def fit_connector(model: SmolVLAModel, source: Path, images: torch.Tensor, n_ima
 def start_from(model: SmolVLAModel, stats: dict[str, dict[str, torch.Tensor]], cfg: SmolVLATrainConfig,
                config: dict[str, Any]) -> None:
     """Load ``cfg.init``'s weights into ``model`` and its mean/std into ``stats`` (``--init``)."""
-    from vla_accel_ros.models.lerobot.policy import load_lerobot
+    from vla_accel_ros.models.lerobot.checkpoint import load_lerobot
 
     path = Path(cfg.init) / "config.json"
     require_family(cfg.init, "lerobot", "--init")

@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.models.own.checkpoint import load_checkpoint, save_checkpoint
+from vla_accel_ros.models.own.config import VLAConfig
 from vla_accel_ros.models.own.policy import Policy
-from vla_accel_ros.models.own.vla import VLAConfig
 from vla_accel_ros.models.tokenizer import N_BINS, ActionTokenizer
 from vla_accel_ros.training.common import (
     KEYPOINT_LOSS_SCALE,

@@ -104,13 +104,9 @@ class IncrementalPrefix:
             reference[camera][block] = now[block]
 
     def _refresh_reason(self, instruction: str) -> str:
-        if self._prefix is None:
-            return "first frame"
-        if instruction != self._instruction:
-            return "instruction changed"
-        if self._since_refresh >= self.config.refresh_steps:
-            return "timer"
-        return ""
+        return self.config.refresh_reason(cached=self._prefix is not None,
+                                          instruction_changed=instruction != self._instruction,
+                                          since_refresh=self._since_refresh)
 
 
 class RuntimePrefill:

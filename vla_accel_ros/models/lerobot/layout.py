@@ -1,7 +1,7 @@
 """Writes a SmolVLA policy directory in LeRobot's published layout: ``config.json``, the weights in
 ``model.safetensors`` under LeRobot's names, and the processor pipelines with their statistics
 (``policy_preprocessor.json`` + its normaliser's safetensors, ``policy_postprocessor.json`` + its
-unnormaliser's). What :func:`~vla_accel_ros.models.lerobot.policy.load_lerobot` reads back.
+unnormaliser's). What :func:`~vla_accel_ros.models.lerobot.checkpoint.load_lerobot` reads back.
 
 The pipelines hold the steps LeRobot's SmolVLA writes, in its order: the tokenizer step names the
 tokenizer (``tokenizer_name``), the normaliser the features and their modes.

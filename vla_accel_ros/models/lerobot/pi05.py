@@ -63,12 +63,6 @@ class AdaptiveLayer(nn.Module):
         return hidden + self.mlp(normed) * gate
 
 
-def paligemma_family_model(config: Any, paligemma_config: Any, expert_config: Any) -> Pi0Model:
-    """π0's or π0.5's networks, as ``config.type`` names them."""
-    model_class = Pi05Model if config.type == "pi05" else Pi0Model
-    return model_class(config, paligemma_config, expert_config)
-
-
 class Pi05Model(Pi0Model):
     """π0.5's networks, named as LeRobot's ``model.`` prefix names them (the module docstring)."""
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,24 +26,19 @@ import torch
 
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.api import PolicyCapabilities, Prefix
-from vla_accel_ros.models.lerobot.config import LeRobotConfig, parse_config
+from vla_accel_ros.models.lerobot.config import LeRobotConfig
 from vla_accel_ros.models.lerobot.cuda_graph import CudaGraphs, clone_prefix, prefix_tensors, with_tensors
+from vla_accel_ros.models.lerobot.modules import model_velocity
 from vla_accel_ros.models.lerobot.processor import (
     Statistics,
     image_tensor,
-    load_tokenizer,
-    pretrained_source,
     resize_with_pad,
     state_prompt,
     tokenize,
     tokenize_text,
-    tokenizer_settings,
 )
-from vla_accel_ros.models.lerobot.student import FlowStudent, load_student
-from vla_accel_ros.models.lerobot.weights import assign, pi0_float32_names, read_tensors
+from vla_accel_ros.models.lerobot.student import FlowStudent
 from vla_accel_ros.models.realtime_chunking import ChunkGuide, guided_euler
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -127,10 +121,6 @@ class LeRobotPolicy:
         empty = torch.zeros(1, 1, 1)
         return Prefix(cache=FlowPrefix(kv, inputs), action_hidden=empty, tokens=torch.zeros(1, 0, dtype=torch.long),
                       pooled=empty[:, 0], prefix_len=int(kv.length))
-
-    def contact_probability(self, prefix: Prefix) -> float:
-        """No contact head (capabilities): the decoders never read it; NaN says so if asked."""
-        return float("nan")
 
     def sample_chunk(self, prefix: Prefix, noise: torch.Tensor, steps: int, guide: ChunkGuide | None = None,
                      student: bool = False) -> np.ndarray:
@@ -306,13 +296,6 @@ class LeRobotPolicy:
         return {"total": sum(p.numel() for p in self.model.parameters())}
 
 
-def model_velocity(model: Any, prefix: Any, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """A SmolVLA, π0 or π0.5 model's velocity over a computed prefix (π0 reads the state in the suffix)."""
-    if model.config.type == "smolvla":
-        return model.velocity(prefix, x, t)  # type: ignore[no-any-return]
-    return model.velocity(prefix, state, x, t)  # type: ignore[no-any-return]
-
-
 def euler(model: Any, prefix: Any, state: torch.Tensor, noise: torch.Tensor, steps: int) -> torch.Tensor:
     """``steps`` Euler steps of ``model``'s field from the noise at t = 1 over one prefix; the flow
     times are device fills, so that a CUDA graph can record the loop."""
@@ -322,97 +305,3 @@ def euler(model: Any, prefix: Any, state: torch.Tensor, noise: torch.Tensor, ste
         t = torch.full((x.shape[0],), 1.0 + step * dt, dtype=torch.float32, device=x.device)
         x = x + dt * model_velocity(model, prefix, state, x, t)
     return x
-
-
-# --- loading ----------------------------------------------------------------------------------
-def vlm_config(config: LeRobotConfig, tokenizer_dir: Path | None) -> Any:
-    """SmolVLM's config (not in the policy directory): from ``tokenizer_dir`` or the hub cache."""
-    from transformers import AutoConfig
-
-    source, kwargs = pretrained_source(config.vlm_model_name, tokenizer_dir, "VLM config")
-    try:
-        return AutoConfig.from_pretrained(source, **kwargs)
-    except (OSError, ValueError, KeyError) as error:
-        raise ValueError(f"VLM config {config.vlm_model_name!r}: cannot load it from {source} "
-                         f"({str(error).splitlines()[0]})") from None
-
-
-def build_model(config: LeRobotConfig, tensors: dict[str, torch.Tensor], tokenizer_dir: Path | None) -> Any:
-    """The family's model with random weights, its sizes from the config (and for π0 and π0.5 the
-    weights)."""
-    if config.type == "smolvla":
-        from vla_accel_ros.models.lerobot.smolvla import SmolVLAModel
-
-        return SmolVLAModel(config, vlm_config(config, tokenizer_dir))
-    from vla_accel_ros.models.lerobot.pi0 import VisionShape, build_configs
-    from vla_accel_ros.models.lerobot.pi05 import paligemma_family_model
-
-    path = config.path.parent / "model.safetensors"
-    tower = "paligemma.vision_tower.vision_model."
-    try:
-        patch = tensors[f"{tower}embeddings.patch_embedding.weight"]
-        fc1 = tensors[f"{tower}encoder.layers.0.mlp.fc1.weight"]
-        positions = tensors[f"{tower}embeddings.position_embedding.weight"].shape[0]
-        projector = tensors["paligemma.multi_modal_projector.linear.weight"]
-        vocab = tensors["paligemma.language_model.embed_tokens.weight"].shape[0]
-    except KeyError as error:
-        raise ValueError(f"{path}: no tensor {error.args[0]}") from None
-    layers = len({name.split(".")[5] for name in tensors if name.startswith(f"{tower}encoder.layers.")})
-    side = int(round(positions ** 0.5)) * int(patch.shape[2])
-    if side != config.image_resolution[0]:
-        raise ValueError(f"{path}: the vision tower takes {side} px images; config.json's image_resolution is "
-                         f"{config.image_resolution[0]}")
-    vision = VisionShape(int(patch.shape[0]), layers, int(fc1.shape[0]), int(patch.shape[2]), side,
-                         int(projector.shape[0]))
-    return paligemma_family_model(config, *build_configs(config, vision, int(vocab)))
-
-
-def load_lerobot(directory: Path | str, *, unnorm_key: str | None = None, device: str | None = None,
-                 dtype: str | None = None, tokenizer_dir: Path | str | None = None) -> LeRobotPolicy:
-    """The LeRobot policy in ``directory`` (``device``: cpu (default), cuda, cuda:1, ...; ``dtype``:
-    float32 or bfloat16, None = as saved; ``tokenizer_dir``: the tokenizer, and SmolVLA's VLM config,
-    when not in the hub cache; a tokenizer name that is a folder of ``directory`` is read from there);
-    ValueError naming the file or key at fault."""
-    from vla_accel_ros.models.load import read_config
-
-    directory = Path(directory)
-    if unnorm_key:
-        raise ValueError(f"{directory}: a LeRobot policy has one set of statistics; --unnorm-key does not apply")
-    try:
-        place = torch.device(device or "cpu")
-    except RuntimeError:
-        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}") from None
-    if place.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: this torch sees no CUDA device")
-    if place.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    raw = read_config(directory)
-    if raw is None:
-        raise ValueError(f"{directory / 'config.json'}: missing")
-    config = parse_config(directory / "config.json", raw)
-    statistics = Statistics.load(directory, config)
-    settings = tokenizer_settings(directory, config)
-    tok_dir = None if tokenizer_dir is None else Path(tokenizer_dir)
-    name = str(settings["tokenizer_name"])
-    if tok_dir is None and name and (directory / name).is_dir():  # the VLM's config and tokenizer kept beside it
-        tok_dir = directory / name
-    tokenizer = load_tokenizer(str(settings["tokenizer_name"]), tok_dir)
-    tensors = read_tensors(directory, config.type)
-    model = build_model(config, tensors, tok_dir)
-    keep = model.float32_names() if config.type == "smolvla" else pi0_float32_names(model)
-    assign(model, tensors, directory, None if dtype is None else DTYPES[dtype], keep)
-    if config.paligemma:
-        model.round_rope_like_lerobot()
-    student = load_student(directory, model)
-    if place.type != "cpu":
-        model.to(place)
-        if student is not None:
-            student.to(place)
-    return LeRobotPolicy(config, model, statistics, tokenizer, settings, student, place)
-
-
-def load_policy_directory(directory: Path, unnorm_key: str = "") -> LeRobotPolicy:
-    """The family loader of :mod:`vla_accel_ros.models.load`."""
-    return load_lerobot(directory, unnorm_key=unnorm_key or None)

@@ -20,7 +20,6 @@ tokenizer the prompt goes through, and the images as the model takes them.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vla_accel_ros.models.files import read_json_object
 from vla_accel_ros.models.lerobot.config import ACTION_FEATURE, STATE_FEATURE, LeRobotConfig
 
 PREPROCESSOR = "policy_preprocessor.json"
@@ -39,20 +39,8 @@ STATISTICS_NEEDED = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "QU
 FEATURE_TYPES = {STATE_FEATURE: "STATE", ACTION_FEATURE: "ACTION"}
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path}: missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: cannot read it as JSON ({error})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return value
-
-
 def _steps(path: Path) -> list[dict[str, Any]]:
-    steps = read_json(path).get("steps")
+    steps = read_json_object(path).get("steps")
     if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
         raise ValueError(f"{path}: 'steps' must be a list of objects")
     return steps

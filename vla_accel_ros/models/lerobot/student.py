@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vla_accel_ros.models.files import read_json_object
+
 STUDENT_WEIGHTS = "flow_student.safetensors"
 STUDENT_META = "flow_student.json"
 METHODS = ("distilled", "two_anchor")
@@ -141,11 +143,8 @@ def load_student(directory: Path, policy_model: nn.Module) -> FlowStudent | None
     meta_path, weights_path = directory / STUDENT_META, directory / STUDENT_WEIGHTS
     if not meta_path.is_file():
         return None
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{meta_path}: not JSON ({error})") from None
-    method = meta.get("method") if isinstance(meta, dict) else None
+    meta = read_json_object(meta_path)
+    method = meta.get("method")
     if method not in METHODS:
         raise ValueError(f"{meta_path}: method {method!r}; supported: {', '.join(METHODS)}")
     if not weights_path.is_file():

@@ -3,10 +3,11 @@
 An OFT directory is an OpenVLA directory (``config.json`` with ``model_type: "openvla"``, the same
 sharded weights, processor and tokenizer files: the OpenVLA loader reads them,
 :func:`~vla_accel_ros.models.openvla.checkpoint.read_parts`) with an action head and, usually, a
-proprio projector beside it (:mod:`.components`; safetensors only: ``vla-accel convert DIR``
+proprio projector beside it (:mod:`.weights`; safetensors only: ``vla-accel convert DIR``
 makes them from OFT's ``.pt`` files). What no file stores (the chunk size, the bounds style, the
-image count) comes from ``vla_spec.json`` or the parameters (:mod:`.spec`), checked against the
-head's and the projector's shapes.
+image count) comes from ``vla_spec.json`` or the parameters (:mod:`.config`), checked against the
+head's and the projector's shapes. ``config.json`` is parsed once, when the checkpoint is resolved
+(:func:`load_resolved` reads the record's).
 """
 
 from __future__ import annotations
@@ -16,29 +17,34 @@ from typing import Any
 
 import torch
 
-from vla_accel_ros.models.api import CheckpointRef
-from vla_accel_ros.models.hf.hf_vla import TORCH_DTYPES
-from vla_accel_ros.models.oft.components import ACTION_HEAD, PROPRIO_PROJECTOR, find_components
-from vla_accel_ros.models.oft.heads import L1ActionHead, ProprioProjector, head_shape
+from vla_accel_ros.models.api import CheckpointRef, LoadOptions, ResolvedCheckpoint
+from vla_accel_ros.models.oft.config import chunk_spec, load_chunk_statistics
+from vla_accel_ros.models.oft.modules import L1ActionHead, ProprioProjector, head_shape
 from vla_accel_ros.models.oft.policy import OFTPolicy
-from vla_accel_ros.models.oft.spec import chunk_spec, load_chunk_statistics
+from vla_accel_ros.models.oft.weights import ACTION_HEAD, PROPRIO_PROJECTOR, find_components
 from vla_accel_ros.models.openvla.checkpoint import build_modules, read_parts
 from vla_accel_ros.models.openvla.weights import ShardReader
+from vla_accel_ros.models.token_vla.policy import TORCH_DTYPES
 
 
-def load_policy_directory(directory: Path, unnorm_key: str = "") -> OFTPolicy:
-    """The family loader of :mod:`vla_accel_ros.models.load`."""
-    return load_oft(directory, unnorm_key=unnorm_key or None)
+def load_resolved(checkpoint: ResolvedCheckpoint, options: LoadOptions) -> OFTPolicy:
+    """The family's loader (:mod:`vla_accel_ros.models.load`): :func:`load_oft` of the resolved
+    checkpoint, its ``config.json`` as resolved, under ``options`` (``unnorm_key``, ``device``,
+    ``dtype``); the chunk's settings are ``vla_spec.json``'s."""
+    return load_oft(checkpoint.directory, unnorm_key=options.unnorm_key or None, device=options.device,
+                    dtype=options.dtype, config=checkpoint.config)
 
 
 def load_oft(path: Path | str, *, unnorm_key: str | None = None, device: str | None = None,
              dtype: str | None = None, chunk_size: int | None = None, action_dim: int | None = None,
-             bounds: str | None = None, n_images: int | None = None) -> OFTPolicy:
+             bounds: str | None = None, n_images: int | None = None,
+             config: dict[str, Any] | None = None) -> OFTPolicy:
     """The OFT model in ``path`` as a policy (module docstring). ``unnorm_key``, ``device``,
-    ``dtype`` and the chunk's settings override ``vla_spec.json``'s when given. Every problem is a
-    ValueError in one line naming the file or key at fault."""
+    ``dtype`` and the chunk's settings override ``vla_spec.json``'s when given; ``config``: its
+    ``config.json`` as parsed (None: read here). Every problem is a ValueError in one line naming
+    the file or key at fault."""
     directory = CheckpointRef.parse(path).directory
-    parts = read_parts(directory, unnorm_key=unnorm_key, device=device, dtype=dtype)
+    parts = read_parts(directory, unnorm_key=unnorm_key, device=device, dtype=dtype, config=config)
     files = find_components(directory)
     head_reader = ShardReader(files[ACTION_HEAD])
     shape = head_shape({name: t.shape for name, t in head_reader.tensors.items()}, str(files[ACTION_HEAD]))
@@ -52,7 +58,8 @@ def load_oft(path: Path | str, *, unnorm_key: str | None = None, device: str | N
             raise ValueError(f"{files[PROPRIO_PROJECTOR]}: not a proprio projector into width {shape.width} "
                              f"(fc1.weight {None if fc1 is None else fc1.shape})")
         state_dim = int(fc1.shape[1])
-    statistics = load_chunk_statistics(directory, parts.spec.unnorm_key, chunk.bounds, chunk.action_dim, state_dim)
+    statistics = load_chunk_statistics(directory, parts.spec.unnorm_key, chunk.bounds, chunk.action_dim, state_dim,
+                                       parts.config.raw)
     limit = parts.config.text_config.get("max_position_embeddings", 4096)
     if chunk.n_action_positions >= int(limit):
         raise ValueError(f"{directory}: a chunk of {chunk.chunk_size} x {chunk.action_dim} does not fit in the "

@@ -26,23 +26,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.models.api import PolicyCapabilities, Prefix, ScoreOutput
-from vla_accel_ros.models.hf.vla_spec import (
-    IMAGE_FIELD,
-    OPENVLA_APPENDED_ID,
-    PROPRIO_FIELD,
-    VLASpec,
-    gripper_to_ours,
-)
-from vla_accel_ros.models.oft.heads import L1ActionHead, ProprioProjector
-from vla_accel_ros.models.oft.spec import ChunkSpec, ChunkStatistics
+from vla_accel_ros.models.api import PolicyCapabilities, Prefix
+from vla_accel_ros.models.oft.config import ChunkSpec, ChunkStatistics
+from vla_accel_ros.models.oft.modules import L1ActionHead, ProprioProjector
 from vla_accel_ros.models.openvla.modules import OpenVLAModules
+from vla_accel_ros.models.token_vla.spec import IMAGE_FIELD, OPENVLA_APPENDED_ID, PROPRIO_FIELD, VLASpec
+from vla_accel_ros.models.token_vla.statistics import gripper_to_ours
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS, digitise
 
 CHANNELS_PER_IMAGE = 6  # DINOv2's 3 then SigLIP's 3
@@ -219,14 +214,6 @@ class OFTPolicy:
         return Prefix(cache=prediction, action_hidden=hidden[:, :1], tokens=hidden.new_zeros(1, 0, dtype=torch.long),
                       pooled=hidden.float().mean(dim=1), prefix_len=int(hidden.shape[1]))
 
-    def prefill_batch(self, observations: Sequence[Observation], tokens: torch.Tensor | None = None) -> ScoreOutput:
-        if tokens is not None and tokens.numel():
-            self._no_tokens()
-        if len(observations) != 1:
-            raise ValueError("an OFT policy runs one observation per pass")
-        prefix = self.prefill(observations[0])
-        return ScoreOutput(torch.zeros(1, 1, N_BINS), prefix)
-
     def action_chunk(self, prefix: Prefix) -> np.ndarray:
         """(H, D) the unnormalised chunk of the prefix's pass, the gripper (the last value of a 7-D
         action) in the package's convention (1 = open, [0, 1]) by the spec's ``gripper``."""
@@ -242,30 +229,3 @@ class OFTPolicy:
         """(D,) the bins of the chunk's first normalised action, for the runtime's bookkeeping."""
         prediction: ChunkPrediction = prefix.cache
         return digitise(np.clip(prediction.normalized[0], -1.0, 1.0))
-
-    def _no_tokens(self) -> NoReturn:
-        raise ValueError(f"{self.source}: {self.family} has no action tokens; it predicts its chunk in one pass, "
-                         "which the decoder that reads a policy's own chunk runs")
-
-    def score(self, prefix: Prefix, tokens: torch.Tensor) -> ScoreOutput:
-        self._no_tokens()
-
-    def draft_tokens(self, prefix: Prefix, n: int, last_token: torch.Tensor | None = None,
-                     noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        self._no_tokens()
-
-    def draft_tokens_parallel(self, prefix: Prefix, n: int, last_token: torch.Tensor | None = None,
-                              noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        self._no_tokens()
-
-    def contact_probability(self, prefix: Prefix) -> float:
-        raise ValueError(f"{self.source}: {self.family} has no contact head")
-
-    def contact_logits(self, prefix: Prefix) -> torch.Tensor:
-        raise ValueError(f"{self.source}: {self.family} has no contact head")
-
-    def tokens_to_action(self, tokens: np.ndarray) -> np.ndarray:
-        self._no_tokens()
-
-    def incremental_prefill(self, settings: Any) -> Any:
-        raise ValueError(f"{self.source}: {self.family} has no incremental prefill")

@@ -1,2 +1,3 @@
-"""openpi's policy-server protocol: the keys and action semantics of a server (:mod:`.spec`) and a
-server as the node's policy (:mod:`.client`, checkpoint ``openpi://HOST:PORT``)."""
+"""openpi's policy-server protocol: its registration (:mod:`.family`), the keys and action semantics
+of a server (:mod:`.config`) and a server as the node's policy (:mod:`.policy`, checkpoint
+``openpi://HOST:PORT``). No weights: no modules, no checkpoint files."""

@@ -15,10 +15,8 @@ What is read, and from where (JSON and safetensors only; the ``.py`` files besid
   dtype, ``unnorm_key`` and the robot the model was made for (the image settings are the
   processor's and may not be set there).
 
-The policy is the token-VLA policy the Llava family runs
-(:class:`~vla_accel_ros.models.hf.hf_vla.HFTokenVLA`: prefill, one-pass scoring with cache
-rollback, verification inside the prefill, the LM head's 256 action rows, the draft head, the
-incremental prefill), over OpenVLA's model half (:class:`~.modules.OpenVLAModules`).
+``config.json`` is parsed once, when the checkpoint is resolved (:func:`load_resolved` reads the
+record's). The policy is :class:`~.policy.OpenVLAPolicy`.
 """
 
 from __future__ import annotations
@@ -30,16 +28,8 @@ from typing import Any
 import torch
 
 from vla_accel_ros.core.resources import checkpoint_problem
-from vla_accel_ros.models.api import CheckpointRef
-from vla_accel_ros.models.hf.hf_vla import TORCH_DTYPES, HFTokenVLA, attach_saved_draft, spec_choices
-from vla_accel_ros.models.hf.vla_spec import (
-    CHUNK_KEYS,
-    SPEC_FILE,
-    VLASpec,
-    load_spec,
-    read_json_object,
-    with_overrides,
-)
+from vla_accel_ros.models.api import CheckpointRef, LoadOptions, ResolvedCheckpoint
+from vla_accel_ros.models.files import read_json_object
 from vla_accel_ros.models.openvla.config import (
     ImageProcessing,
     OpenVLADirectoryConfig,
@@ -48,8 +38,11 @@ from vla_accel_ros.models.openvla.config import (
     tower_configs,
 )
 from vla_accel_ros.models.openvla.modules import OpenVLAModel, OpenVLAModules
+from vla_accel_ros.models.openvla.policy import OpenVLAPolicy
 from vla_accel_ros.models.openvla.vision import FusedVisionBackbone
 from vla_accel_ros.models.openvla.weights import OpenVLAWeights
+from vla_accel_ros.models.token_vla.policy import TORCH_DTYPES, attach_saved_draft, spec_choices
+from vla_accel_ros.models.token_vla.spec import CHUNK_KEYS, SPEC_FILE, VLASpec, load_spec, with_overrides
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_MODEL = "tokenizer.model"
@@ -60,15 +53,13 @@ PROCESSOR_KEYS = ("image_size", "image_mean", "image_std", "resample")
 DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 
 
-class OpenVLAPolicy(HFTokenVLA):
-    """OpenVLA as a policy: :class:`HFTokenVLA`'s passes over :class:`OpenVLAModules`."""
-
-    family = "an OpenVLA model"
-
-
-def load_policy_directory(directory: Path, unnorm_key: str = "") -> OpenVLAPolicy:
-    """The family loader of :mod:`vla_accel_ros.models.load`."""
-    return load_openvla(directory, unnorm_key=unnorm_key or None)
+def load_resolved(checkpoint: ResolvedCheckpoint, options: LoadOptions) -> OpenVLAPolicy:
+    """The family's loader (:mod:`vla_accel_ros.models.load`): :func:`load_openvla` of the resolved
+    checkpoint, its ``config.json`` as resolved, under ``options`` (``unnorm_key``, ``device``,
+    ``dtype``, ``draft``)."""
+    parts = read_parts(checkpoint.directory, unnorm_key=options.unnorm_key or None, device=options.device,
+                       dtype=options.dtype, config=checkpoint.config)
+    return _policy(parts, draft=options.draft)
 
 
 def load_openvla(path: Path | str, *, unnorm_key: str | None = None, device: str | None = None,
@@ -78,12 +69,17 @@ def load_openvla(path: Path | str, *, unnorm_key: str | None = None, device: str
     either, the weights keep their stored dtype. A draft head saved beside the weights is attached
     unless ``draft`` is False. Every problem is a ValueError naming the file or key at fault."""
     parts = read_parts(CheckpointRef.parse(path).directory, unnorm_key=unnorm_key, device=device, dtype=dtype)
+    return _policy(parts, draft=draft)
+
+
+def _policy(parts: DirectoryParts, *, draft: bool) -> OpenVLAPolicy:
+    """The policy of an OpenVLA directory's :class:`DirectoryParts` (its draft head when ``draft``)."""
     directory = parts.directory
     for key in CHUNK_KEYS:
         if key in parts.stored:
             raise ValueError(f"{directory / SPEC_FILE}: '{key}' is for an OpenVLA-OFT directory (one with an "
                              "action_head--<step>_checkpoint file)")
-    statistics, action_tokenizer, torch_device = spec_choices(directory, parts.spec)
+    statistics, action_tokenizer, torch_device = spec_choices(directory, parts.spec, parts.config.raw)
     modules, text_tokenizer = build_modules(parts, torch_device)
     policy = OpenVLAPolicy(modules, text_tokenizer, parts.spec, action_tokenizer, source=str(directory),
                            statistics=statistics)
@@ -107,16 +103,16 @@ class DirectoryParts:
 
 
 def read_parts(directory: Path, *, unnorm_key: str | None = None, device: str | None = None,
-               dtype: str | None = None) -> DirectoryParts:
+               dtype: str | None = None, config: dict[str, Any] | None = None) -> DirectoryParts:
     """The :class:`DirectoryParts` of ``directory``, ``unnorm_key``, ``device`` and ``dtype``
-    overriding ``vla_spec.json``'s; without a dtype, the weights' stored one. ValueError naming the
-    file or key at fault."""
+    overriding ``vla_spec.json``'s; without a dtype, the weights' stored one. ``config``: its
+    ``config.json`` as parsed (None: read here). ValueError naming the file or key at fault."""
     problem = checkpoint_problem(directory)
     if problem:
         raise ValueError(f"{directory}: {problem}")
-    config = read_directory_config(directory)
+    directory_config = read_directory_config(directory, config)
     weights = OpenVLAWeights(directory)
-    processing = read_image_processing(directory, len(config.towers))
+    processing = read_image_processing(directory, len(directory_config.towers))
     spec_file = directory / SPEC_FILE
     stored = read_json_object(spec_file) if spec_file.is_file() else {}
     for key in PROCESSOR_KEYS:
@@ -124,9 +120,9 @@ def read_parts(directory: Path, *, unnorm_key: str | None = None, device: str | 
             raise ValueError(f"{spec_file}: '{key}' is set by the OpenVLA directory's preprocessor_config.json, "
                              "not here")
     chosen_dtype = dtype or stored.get("dtype") or DTYPE_NAMES.get(weights.stored_dtype, "float32")
-    spec = with_overrides(load_spec(directory), unnorm_key=unnorm_key, device=device, dtype=chosen_dtype,
-                          image_size=processing.size)
-    return DirectoryParts(directory, config, weights, processing, spec, stored)
+    spec = with_overrides(load_spec(directory, directory_config.raw), unnorm_key=unnorm_key, device=device,
+                          dtype=chosen_dtype, image_size=processing.size)
+    return DirectoryParts(directory, directory_config, weights, processing, spec, stored)
 
 
 def build_modules(parts: DirectoryParts, device: torch.device) -> tuple[OpenVLAModules, Any]:
@@ -172,7 +168,7 @@ def empty_model(config: OpenVLADirectoryConfig, shapes: dict[str, tuple[int, ...
     """The network ``config.json`` and the tensors' ``shapes`` describe, on the meta device (no memory)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from vla_accel_ros.models.hf.hf_direct import llama_unsupported_reason
+    from vla_accel_ros.models.hf.direct import llama_unsupported_reason
 
     towers = tower_configs(config.towers, shapes, image_size)
     text_kwargs = {k: v for k, v in config.text_config.items() if k not in ("torch_dtype", "dtype")}

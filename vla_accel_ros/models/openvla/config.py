@@ -16,15 +16,14 @@ kind, made for tests, load as the published ones do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vla_accel_ros.models.hf.vla_spec import read_json_object
+from vla_accel_ros.models.files import CONFIG_FILE, read_json_object
 from vla_accel_ros.models.openvla.vision import TowerConfig
 from vla_accel_ros.models.tokenizer import N_BINS
 
-CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
 MODEL_TYPE = "openvla"
 PIL_BICUBIC = 3
@@ -66,7 +65,8 @@ class ImageProcessing:
 class OpenVLADirectoryConfig:
     """``config.json`` of an OpenVLA directory, checked. ``text_config``: the keyword arguments of
     ``LlamaConfig`` as shipped; ``action_vocab_size``: the tokenizer's vocabulary, from whose top
-    the action ids count (``text_config.vocab_size - pad_to_multiple_of``)."""
+    the action ids count (``text_config.vocab_size - pad_to_multiple_of``); ``raw``: the file as
+    parsed."""
 
     path: Path
     vision_backbone_id: str
@@ -75,15 +75,18 @@ class OpenVLADirectoryConfig:
     text_config: dict[str, Any]
     action_vocab_size: int
     norm_stats: dict[str, Any] | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
-def read_directory_config(directory: Path) -> OpenVLADirectoryConfig:
-    """The checked ``config.json`` of the OpenVLA directory ``directory``; ValueError naming the file
-    and key otherwise (an unsupported backbone or projector lists the supported ones)."""
+def read_directory_config(directory: Path, config: dict[str, Any] | None = None) -> OpenVLADirectoryConfig:
+    """The checked ``config.json`` of the OpenVLA directory ``directory`` (``config``: that file as
+    parsed; None: read here); ValueError naming the file and key otherwise (an unsupported backbone
+    or projector lists the supported ones)."""
     path = directory / CONFIG_FILE
-    if not path.is_file():
-        raise ValueError(f"{path}: missing; not an OpenVLA directory")
-    config = read_json_object(path)
+    if config is None:
+        if not path.is_file():
+            raise ValueError(f"{path}: missing; not an OpenVLA directory")
+        config = read_json_object(path)
     if config.get("model_type") != MODEL_TYPE:
         raise ValueError(f"{path}: model_type {config.get('model_type')!r}, not {MODEL_TYPE!r}")
     backbone = config.get("vision_backbone_id")
@@ -115,7 +118,8 @@ def read_directory_config(directory: Path) -> OpenVLADirectoryConfig:
     stats = config.get("norm_stats")
     return OpenVLADirectoryConfig(path=path, vision_backbone_id=backbone, towers=VISION_BACKBONES[backbone],
                                   fused_projector=PROJECTORS[arch], text_config=text,
-                                  action_vocab_size=vocab - pad, norm_stats=stats if isinstance(stats, dict) else None)
+                                  action_vocab_size=vocab - pad, norm_stats=stats if isinstance(stats, dict) else None,
+                                  raw=config)
 
 
 def tower_configs(kinds: tuple[TowerKind, ...], shapes: dict[str, tuple[int, ...]],

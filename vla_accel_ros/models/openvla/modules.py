@@ -1,6 +1,6 @@
 """OpenVLA's model (:class:`OpenVLAModel`: the vision backbone and projector, and a transformers
 ``LlamaForCausalLM`` built from the shipped ``text_config``) and its model half of the token-VLA
-passes (:class:`OpenVLAModules`, a :class:`~vla_accel_ros.models.hf.hf_passes.VLAModules`).
+passes (:class:`OpenVLAModules`, a :class:`~vla_accel_ros.models.token_vla.passes.VLAModules`).
 
 The prompt the shared passes build is ``[BOS] + [pad id] * 256 + prompt[1:] + [29871]``: OpenVLA
 puts the 256 projected patches right after BOS, and the pad id (``<PAD>``, 32000 in openvla-7b)
@@ -9,7 +9,7 @@ holds their places, since no prompt contains it. Positions run 0..L-1 over the w
 The image: PIL's bicubic resize of the uint8 image to the processor's square side (PIL returns an
 image of that side unchanged), ``/ 255``, then each tower's mean/std (DINOv2's bfloat16-rounded as
 stored), the towers' inputs stacked along the channels ``[DINOv2 (3), SigLIP (3)]``. The Llama runs
-through :class:`~vla_accel_ros.models.hf.hf_direct.DirectLlamaText`, the op-by-op forward the Llava
+through :class:`~vla_accel_ros.models.hf.direct.DirectLlamaText`, the op-by-op forward the Llava
 family's direct path runs too.
 """
 
@@ -22,10 +22,10 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vla_accel_ros.models.hf.hf_direct import DirectLlamaText
-from vla_accel_ros.models.hf.hf_passes import embeddings_with_image
+from vla_accel_ros.models.hf.direct import DirectLlamaText
 from vla_accel_ros.models.openvla.config import ImageProcessing
 from vla_accel_ros.models.openvla.vision import FusedVisionBackbone
+from vla_accel_ros.models.token_vla.passes import embeddings_with_image
 
 
 class OpenVLAModel(nn.Module):

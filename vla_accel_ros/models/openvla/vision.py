@@ -17,7 +17,7 @@ attention-pool head are in the checkpoint but never run.
 
 :meth:`FusedVisionBackbone.tower_pass` runs the towers on some of the patches only, attending in
 every layer to the keys and values an earlier pass left for the others (the incremental prefill's
-tower reuse, :mod:`vla_accel_ros.models.hf.hf_incremental`).
+tower reuse, :mod:`vla_accel_ros.models.token_vla.incremental`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vla_accel_ros.models.hf.hf_direct import TowerCache
+from vla_accel_ros.models.token_vla.cache import TowerCache
 
 LAYER_NORM_EPS = 1e-6
 

@@ -25,13 +25,14 @@ from safetensors.torch import load_file, save_file
 
 from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.core.robot_record import ROBOT_KEY, RobotRecord, package_robot
-from vla_accel_ros.models.api import CheckpointRef
-from vla_accel_ros.models.files import SafetensorsProblem, check_safetensors
+from vla_accel_ros.models.api import CheckpointRef, LoadOptions, ResolvedCheckpoint
+from vla_accel_ros.models.files import SafetensorsProblem, check_safetensors, read_json_object
 from vla_accel_ros.models.load import recognise
+from vla_accel_ros.models.own.config import PROPRIO_DIM, VLAConfig
 from vla_accel_ros.models.own.draft import ContactHead, DraftHead, ParallelDraftHead
 from vla_accel_ros.models.own.flow import FlowHeadConfig, FlowHeads
+from vla_accel_ros.models.own.modules import VLATarget
 from vla_accel_ros.models.own.policy import Policy
-from vla_accel_ros.models.own.vla import PROPRIO_DIM, VLAConfig, VLATarget
 from vla_accel_ros.models.own.world import (
     FrameAutoencoderConfig,
     WorldBiasConfig,
@@ -120,7 +121,7 @@ def save_checkpoint(
 
 def _read_meta(meta_path: Path, keys: Sequence[str] = ("config", "tokenizer", "proprio_stats")) -> dict[str, Any]:
     """A checkpoint JSON, checked for ``format_version`` and ``keys``."""
-    meta = read_json(meta_path)
+    meta = read_checkpoint_json(meta_path)
     for key in ("format_version", *keys):
         if key not in meta:
             raise CheckpointError(meta_path, f"missing key '{key}'")
@@ -131,10 +132,12 @@ def _read_meta(meta_path: Path, keys: Sequence[str] = ("config", "tokenizer", "p
     return meta
 
 
-def load_policy_directory(directory: Path, unnorm_key: str = "") -> Policy:
-    """The family loader of :mod:`vla_accel_ros.models.load`: the policy in ``directory``
-    (``unnorm_key`` is a Hugging Face VLA's: this family's statistics are its own)."""
-    return load_checkpoint(directory)
+def load_resolved(checkpoint: ResolvedCheckpoint, options: LoadOptions) -> Policy:
+    """The family's loader (:mod:`vla_accel_ros.models.load`): the policy in the resolved
+    checkpoint's directory, on ``options.device`` (None: the CPU). Its statistics are its own
+    (no ``unnorm_key``) and its weights load in float32."""
+    policy = _load_directory(checkpoint.directory)
+    return policy if options.device is None else policy.to(options.device)
 
 
 def load_checkpoint(path: Path | str) -> Policy:
@@ -156,6 +159,11 @@ def load_checkpoint(path: Path | str) -> Policy:
         if family is not None and family.name != "own":
             raise CheckpointError(path, f"a checkpoint of the {family.name} family ({family.marker}), where this "
                                         f"command needs one of the own family ({META_FILE})")
+    return _load_directory(path)
+
+
+def _load_directory(path: Path) -> Policy:
+    """The policy in the own family's directory ``path``, every file checked against its config."""
     meta_path, weights_path = path / META_FILE, path / WEIGHTS_FILE
     meta = _read_meta(meta_path)
     try:
@@ -335,16 +343,15 @@ def _read_component_meta(meta_path: Path, weights_path: Path, keys: Sequence[str
     return _read_meta(meta_path, keys)
 
 
-def read_json(meta_path: Path) -> dict[str, Any]:
-    if not meta_path.is_file():
-        raise CheckpointError(meta_path, "file not found")
+def read_checkpoint_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` (:func:`~vla_accel_ros.models.files.read_json_object`), its
+    problem a :class:`CheckpointError` naming the file."""
+    if not path.is_file():
+        raise CheckpointError(path, "file not found")
     try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(meta_path, f"invalid JSON ({exc})") from exc
-    if not isinstance(meta, dict):
-        raise CheckpointError(meta_path, "top level must be a JSON object")
-    return meta
+        return read_json_object(path)
+    except ValueError as error:
+        raise CheckpointError(path, str(error).removeprefix(f"{path}: ")) from None
 
 
 def _load_weights(module: torch.nn.Module, weights_path: Path) -> None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vla_accel_ros.models.layers import MLP
-from vla_accel_ros.models.own.vla import VLAConfig
+from vla_accel_ros.models.own.config import VLAConfig
 
 
 class DraftHead(nn.Module):

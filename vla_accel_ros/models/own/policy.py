@@ -21,15 +21,10 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.api import PolicyCapabilities, Prefix, ScoreOutput
 from vla_accel_ros.models.layers import KVCache
+from vla_accel_ros.models.own.config import PROPRIO_DIM, VLAConfig
 from vla_accel_ros.models.own.draft import ContactHead, DraftHead
 from vla_accel_ros.models.own.flow import FlowHeads, camera_condition, prefix_condition
-from vla_accel_ros.models.own.vla import (
-    PROPRIO_DIM,
-    PrefixPass,
-    VLAConfig,
-    VLATarget,
-    count_parameters,
-)
+from vla_accel_ros.models.own.modules import PrefixPass, VLATarget, count_parameters
 from vla_accel_ros.models.own.world import WorldPrefill
 from vla_accel_ros.models.sampling import pick_tokens
 from vla_accel_ros.models.tokenizer import (
@@ -41,7 +36,7 @@ from vla_accel_ros.models.tokenizer import (
 
 if TYPE_CHECKING:
     from vla_accel_ros.models.configuration import VisionReuseConfig
-    from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
+    from vla_accel_ros.models.own.incremental import IncrementalVisionEncoder
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,11 +122,12 @@ class Policy:
         return cls(config, tokenizer, target, draft, contact, mean, std)
 
     def capabilities(self) -> PolicyCapabilities:
-        """Every head but the optional ones present: the flow head and the parallel draft head; its
-        own incremental prefill, and passes over a batch of observations."""
-        return PolicyCapabilities(draft_head=True, parallel_draft_head=self.parallel_draft is not None,
-                                  contact_head=True, flow_head=self.flow is not None, incremental_prefill=True,
-                                  batched_passes=True, image_slots=self.image_slots)
+        """Action tokens, every head but the optional ones present: the flow head and the parallel
+        draft head; its own incremental prefill, and passes over a batch of observations."""
+        return PolicyCapabilities(token_scoring=True, draft_head=True,
+                                  parallel_draft_head=self.parallel_draft is not None, contact_head=True,
+                                  flow_head=self.flow is not None, incremental_prefill=True, batched_passes=True,
+                                  image_slots=self.image_slots)
 
     @property
     def image_slots(self) -> int:
@@ -266,6 +262,18 @@ class Policy:
         prefix = self.prefill_tensors(images, text, proprio).prefix
         return camera_condition(prefix_condition(prefix.hidden_last, prefix.pooled), extra)
 
+    def flow_condition(self, prefix: Prefix) -> torch.Tensor:
+        """(B, c) what the flow head is conditioned on: the prefix's features (its last hidden state
+        and its pooled one) and, with more than one image slot, the other cameras' condition the
+        prefill made (:meth:`camera_condition`)."""
+        condition = prefix_condition(prefix.hidden_last, prefix.pooled)
+        if self.image_slots == 1:
+            return condition
+        if prefix.camera_condition is None:
+            raise ValueError(f"the flow head reads {self.image_slots} camera images; this prefill gave "
+                             "one (incremental vision encodes the first camera only)")
+        return torch.cat([condition, prefix.camera_condition], dim=-1)
+
     def prefill_tensors(self, images: torch.Tensor, text: torch.Tensor, proprio: torch.Tensor,
                         tokens: torch.Tensor | None = None, local_tokens: torch.Tensor | None = None) -> ScoreOutput:
         """:meth:`prefill_batch` from tensors: uint8 images (B, H, W, 3), text ids (B, T), raw proprio
@@ -297,8 +305,8 @@ class Policy:
 
     def incremental_prefill(self, settings: VisionReuseConfig) -> IncrementalVisionEncoder:
         """The prefill over a stream of frames that re-encodes only the changed patches
-        (:mod:`vla_accel_ros.models.own.incremental_vision`)."""
-        from vla_accel_ros.models.own.incremental_vision import IncrementalVisionEncoder
+        (:mod:`vla_accel_ros.models.own.incremental`)."""
+        from vla_accel_ros.models.own.incremental import IncrementalVisionEncoder
 
         return IncrementalVisionEncoder(self, settings)
 

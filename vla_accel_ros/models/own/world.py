@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vla_accel_ros.core.json_config import JsonConfig
-from vla_accel_ros.models.own.vla import VLAConfig
+from vla_accel_ros.models.own.config import VLAConfig
 
 
 def _check_positive(owner: str, obj: object, names: tuple[str, ...]) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vla_accel_ros.models.hf.vla_spec import read_json_object
+from vla_accel_ros.models.files import read_json_object
 from vla_accel_ros.models.layers import MLP
 from vla_accel_ros.models.sampling import pick_tokens
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS

@@ -9,7 +9,7 @@ them through the arm's kinematics, each target first clamped to what the velocit
 ``action_dt_s`` from the one before, and a joint-velocity reply is integrated over ``action_dt_s``
 under the same limits.
 
-The address takes ``?spec=FILE`` (the keys and the action space, :mod:`.spec`; default LIBERO's),
+The address takes ``?spec=FILE`` (the keys and the action space, :mod:`.config`; default LIBERO's),
 ``api_key_file=FILE`` or ``api_key_env=NAME`` (default ``VLA_ACCEL_OPENPI_API_KEY`` when it is set):
 the key is sent as ``Authorization: Api-Key KEY`` and is never a parameter's value; and
 ``timeout_s=S``, the longest wait for a reply (default 1). Every blocking call (connect, send,
@@ -39,8 +39,8 @@ from websockets.exceptions import WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
 from vla_accel_ros.core.kinematics import ArmKinematics
-from vla_accel_ros.models.api import PolicyCapabilities, Prefix
-from vla_accel_ros.models.openpi.spec import LIBERO, MAIN_CAMERA, PolicySpec, gripper_from_ours, gripper_to_ours
+from vla_accel_ros.models.api import LoadOptions, PolicyCapabilities, Prefix, ResolvedCheckpoint
+from vla_accel_ros.models.openpi.config import LIBERO, MAIN_CAMERA, PolicySpec, gripper_from_ours, gripper_to_ours
 from vla_accel_ros.models.tokenizer import ActionTokenizer
 
 API_KEY_ENV = "VLA_ACCEL_OPENPI_API_KEY"
@@ -133,6 +133,15 @@ def connect_policy(address: str, *, arm: ArmKinematics) -> OpenPIPolicy:
     return OpenPIPolicy(ServerAddress.parse(address), arm)
 
 
+def load_resolved(checkpoint: ResolvedCheckpoint, options: LoadOptions) -> OpenPIPolicy:
+    """The family's loader (:mod:`vla_accel_ros.models.load`): :func:`connect_policy` of the
+    checkpoint's address for ``options.arm``, the robot's kinematics, which turn the server's joint
+    actions into ours; ValueError without one."""
+    if options.arm is None:
+        raise ValueError(f"{checkpoint.ref}: a policy server needs the robot's kinematics (arm=)")
+    return connect_policy(checkpoint.ref.address, arm=options.arm)
+
+
 class OpenPIPolicy:
     """A policy served over openpi's protocol (module docstring)."""
 
@@ -183,9 +192,6 @@ class OpenPIPolicy:
 
     def n_parameters(self) -> dict[str, int]:
         return {}
-
-    def contact_probability(self, prefix: Prefix) -> float:
-        raise NotImplementedError("a policy served over openpi's protocol has no contact head")
 
     # --- the server -------------------------------------------------------------------------
     def request_chunk(self, obs: Any) -> np.ndarray:

@@ -9,31 +9,21 @@ projections, RMS and layer norms, rotary tables, scaled dot-product attention (g
 included) and activations, in the same order.
 
 :func:`unsupported_reason` says why a model cannot take this path (an empty string when it can);
-:class:`HFTokenVLA <vla_accel_ros.models.hf.hf_vla.HFTokenVLA>` then keeps to transformers' modules.
+:class:`HFTokenVLA <vla_accel_ros.models.token_vla.policy.HFTokenVLA>` then keeps to transformers' modules.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from vla_accel_ros.models.token_vla.cache import TowerCache
+
 # SigLIP's and Llama's activations, by config name, as the functions their modules apply.
 TOWER_ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
 TEXT_ACTIVATIONS = {"silu": F.silu}
-
-
-@dataclass(frozen=True, eq=False)
-class TowerCache:
-    """What one tower pass leaves for a later one over some of the patches: every layer's keys and
-    values (1, heads, n_patches, head_dim), and the projected features (1, n_patches, d_text) that
-    take the image tokens' places."""
-
-    keys: tuple[torch.Tensor, ...]
-    values: tuple[torch.Tensor, ...]
-    features: torch.Tensor
 
 
 def unsupported_reason(model: Any) -> str:

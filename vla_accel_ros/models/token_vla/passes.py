@@ -4,11 +4,11 @@ its tokens, the text model over embeddings after a KV cache, and the LM head's 2
 
 What differs between model families is their model half (:class:`VLAModules`): how an image is
 resized and normalised, the vision tower(s) and projector, and the text model's forward. A
-Llava-style Hugging Face model is one (:class:`~vla_accel_ros.models.hf.llava.LlavaModules`);
+Llava-style Hugging Face model is one (:class:`~vla_accel_ros.models.hf.modules.LlavaModules`);
 OpenVLA as published is another (:class:`~vla_accel_ros.models.openvla.modules.OpenVLAModules`).
 
-:class:`~vla_accel_ros.models.hf.hf_vla.HFTokenVLA` is the policy made of these passes, and
-:mod:`.hf_incremental` recomputes part of them from frame to frame.
+:class:`~vla_accel_ros.models.token_vla.policy.HFTokenVLA` is the policy made of these passes, and
+:mod:`.incremental` recomputes part of them from frame to frame.
 """
 
 from __future__ import annotations
@@ -20,15 +20,14 @@ import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.models.hf.cache import CacheSlot
-from vla_accel_ros.models.hf.vla_spec import CONFIG_FILE, ActionStatistics, VLASpec
-from vla_accel_ros.models.tokenizer import N_BINS
+from vla_accel_ros.models.files import CONFIG_FILE
+from vla_accel_ros.models.token_vla.cache import CacheSlot
+from vla_accel_ros.models.token_vla.spec import VLASpec
+from vla_accel_ros.models.token_vla.statistics import ActionStatistics
+from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-N_ACTION_TOKENS = 7
-
 
 @dataclass(frozen=True)
 class HFVLAConfig:
@@ -45,7 +44,7 @@ class HFVLAConfig:
     vocab_size: int
     n_image_tokens: int
     max_position_embeddings: int | None
-    n_action_tokens: int = N_ACTION_TOKENS
+    n_action_tokens: int = ACTION_DIM
     n_bins: int = N_BINS
 
 
@@ -57,7 +56,7 @@ class VLAModules(Protocol):
     whose positions take the image features. image_size / patch_size: the square image side and the
     side of the patch behind one image token (0: image tokens are not one per patch).
     n_image_tokens: image positions per prompt. device / dtype: the weights'. direct: what runs the
-    vision tower over some of the patches (``tower_pass``, :class:`~.hf_direct.TowerCache`), None
+    vision tower over some of the patches (``tower_pass``, :class:`~.cache.TowerCache`), None
     when nothing does. forward_name: how the passes run, for ``info``.
     """
 
@@ -204,8 +203,8 @@ class HFPasses:
         if proprio is None:
             raise ValueError(f"{self.source}: the prompt reads the proprioception (its '{{proprio}}' field); "
                              "give the joints and the gripper")
-        assert self.statistics is not None  # load_hf_vla checks a proprio prompt has them
-        bins = self.spec.proprio_bins(proprio, self.statistics)
+        assert self.statistics is not None  # the constructor checks a proprio prompt has them
+        bins = self.statistics.proprio_bins(proprio)
         return torch.cat([head, self._hf_ids[torch.from_numpy(bins).to(self.device)][None], tail], dim=1)
 
     def _prompt_parts(self, instruction: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,9 +226,10 @@ class HFPasses:
         n_proprio = (0 if self.statistics is None or self.statistics.proprio_q01 is None
                      else self.statistics.proprio_q01.size)
         limit = self.config.max_position_embeddings
-        if limit is not None and len(ids) + n_proprio + len(tail) + N_ACTION_TOKENS > limit:
+        n_actions = self.config.n_action_tokens
+        if limit is not None and len(ids) + n_proprio + len(tail) + n_actions > limit:
             raise ValueError(f"instruction too long: its prompt takes {len(ids) + n_proprio + len(tail)} positions and "
-                             f"the action {N_ACTION_TOKENS} more, beyond max_position_embeddings={limit} "
+                             f"the action {n_actions} more, beyond max_position_embeddings={limit} "
                              f"({self.source}/{CONFIG_FILE}): {instruction[:80]!r}")
         return (torch.tensor([ids], dtype=torch.long, device=self.device),
                 torch.tensor([tail], dtype=torch.long, device=self.device))

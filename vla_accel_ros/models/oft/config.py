@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from vla_accel_ros.models.hf.vla_spec import STATISTICS_FILE, dataset_statistics
+from vla_accel_ros.models.token_vla.spec import STATISTICS_FILE
+from vla_accel_ros.models.token_vla.statistics import dataset_statistics
 
 BOUNDS_STYLES = {"q01_q99": ("q01", "q99"), "min_max": ("min", "max")}
 DEFAULT_BOUNDS = "q01_q99"  # OFT's default platform (LIBERO)
@@ -116,11 +117,12 @@ class ChunkStatistics:
 
 
 def load_chunk_statistics(directory: Path, unnorm_key: str | None, bounds: str, action_dim: int,
-                          state_dim: int | None) -> ChunkStatistics:
+                          state_dim: int | None, config: dict[str, Any] | None = None) -> ChunkStatistics:
     """The statistics of ``unnorm_key`` (None: the only dataset) from ``dataset_statistics.json``
-    (else ``norm_stats`` in ``config.json``): the action's bounds of size ``action_dim`` and, with
-    ``state_dim``, the state's; ValueError naming the file and key otherwise."""
-    path, unnorm_key, dataset = dataset_statistics(directory, STATISTICS_FILE, unnorm_key)
+    (else ``norm_stats`` in ``config.json``; ``config``: that file as parsed, None: read when needed):
+    the action's bounds of size ``action_dim`` and, with ``state_dim``, the state's; ValueError
+    naming the file and key otherwise."""
+    path, unnorm_key, dataset = dataset_statistics(directory, STATISTICS_FILE, unnorm_key, config)
     if not isinstance(dataset, dict):
         raise ValueError(f"{path}: dataset '{unnorm_key}' is not a JSON object")
     low, high, mask = _bounds(dataset.get("action"), path, f"{unnorm_key}.action", bounds, action_dim)

@@ -1,4 +1,4 @@
-"""Incremental prefill of a Hugging Face VLA (:class:`~vla_accel_ros.models.hf.hf_vla.HFTokenVLA`), in the
+"""Incremental prefill of a Hugging Face VLA (:class:`~vla_accel_ros.models.token_vla.policy.HFTokenVLA`), in the
 style of VLA-Cache: between frames, the keys and values of the image tokens whose patches did not
 change are reused in every layer of the language model.
 
@@ -17,7 +17,7 @@ cost little at a real VLA's shape), unless ``reuse_tower`` (below). Which image 
   exceeds ``max_drift``.
 
 Either way a full prefill also comes on the first frame, when the instruction changes and every
-``refresh_steps`` frames (incremental vision's rules, :mod:`vla_accel_ros.models.own.incremental_vision`).
+``refresh_steps`` frames (incremental vision's rules, :mod:`vla_accel_ros.models.own.incremental`).
 
 The language model then runs only on the dynamic image tokens, the text after the image and, for
 ``prefill_batch`` with tokens, the action tokens, each at its true position (RoPE), over a cache pre-filled
@@ -37,7 +37,7 @@ result is the full prefill's up to float rounding, and so it is under the pixel 
 identical features. An identical image recomputes only the text.
 
 With ``reuse_tower`` (a small model's tower is a sizeable share of its prefill) the tower works the
-same way, through the direct forward (:meth:`~vla_accel_ros.models.hf.hf_direct.DirectLlavaForward.tower_pass`):
+same way, through the direct forward (:meth:`~vla_accel_ros.models.hf.direct.DirectLlavaForward.tower_pass`):
 it runs only on the patches whose pixels moved by more than ``tower_threshold`` from those behind
 its cache, attending in every layer to the cached keys and values of the others, which keep their
 features. An unmoved patch's features also move with what its attention sees of the moving arm;
@@ -61,11 +61,10 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.api import Prefix, ReuseStats, ScoreOutput
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.models.hf.cache import CacheSlot
-from vla_accel_ros.models.hf.hf_direct import TowerCache
+from vla_accel_ros.models.token_vla.cache import CacheSlot, TowerCache
 
 if TYPE_CHECKING:
-    from vla_accel_ros.models.hf.hf_passes import HFPasses
+    from vla_accel_ros.models.token_vla.passes import HFPasses
 
 # The attention implementations that take the 4D additive mask as given (flash attention takes none).
 MASKED_ATTENTION = ("eager", "sdpa")
@@ -343,10 +342,6 @@ class HFIncrementalPrefill:
 
     def _refresh_reason(self, instruction: str) -> str:
         """Why this frame must be a full prefill ('' when the cache may serve it)."""
-        if self._state is None:
-            return "first frame"
-        if instruction != self._instruction:
-            return "instruction changed"
-        if self._since_refresh >= self.config.refresh_steps:
-            return "timer"
-        return ""
+        return self.config.refresh_reason(cached=self._state is not None,
+                                          instruction_changed=instruction != self._instruction,
+                                          since_refresh=self._since_refresh)

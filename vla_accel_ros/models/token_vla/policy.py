@@ -1,8 +1,9 @@
-"""A Hugging Face VLA with OpenVLA's action tokens (:class:`HFTokenVLA`), as a policy the decoders run.
+"""A token VLA with OpenVLA's action tokens (:class:`HFTokenVLA`), as a policy the decoders run: the
+policy of the Hugging Face family (:mod:`vla_accel_ros.models.hf`) and of OpenVLA
+(:mod:`vla_accel_ros.models.openvla`), each over its own model half (:class:`~.passes.VLAModules`).
 
-The model is an image-text-to-text model (``AutoModelForImageTextToText``, e.g. Llava with a Llama
-decoder: OpenVLA's layout, the image features right after BOS) whose 7 action dimensions are
-tokens of its text vocabulary; :class:`vla_accel_ros.models.hf.vla_spec.VLASpec` says which, and how
+The model's 7 action dimensions are tokens of its text vocabulary (OpenVLA's layout: the image
+features right after BOS); :class:`vla_accel_ros.models.token_vla.spec.VLASpec` says which, and how
 the prompt, the image and the actions are made. The decoders see what they see of our own policy:
 
 - ``prefill_batch([obs], tokens)``: ONE forward over ``[BOS] + [image token] * n_image_tokens +
@@ -17,15 +18,13 @@ The LM head runs on the 256 action rows only (exact for those logits, and the fu
 is the vocabulary's). Bin 255 (HF id ``vocab_size - 256``, OpenVLA's token of a value at q99) is
 a real output here, unlike our own policy's: it is scored and fed as itself and decodes as bin
 254, as in OpenVLA. A draft head is optional: an EAGLE-style head on the model's hidden states
-(:mod:`vla_accel_ros.models.hf.hf_draft`, ``vla-accel train-draft``), loaded when its files lie beside
-the weights; there is no parallel draft, contact or flow head (:meth:`HFTokenVLA.capabilities`).
-:meth:`HFTokenVLA.incremental_prefill` gives the VLA-Cache-style prefill that reuses the keys and
-values of unchanged image tokens between frames (:mod:`vla_accel_ros.models.hf.hf_incremental`).
+(:mod:`vla_accel_ros.models.token_vla.draft`, ``vla-accel train-draft``), loaded when its files lie beside
+the weights (:func:`attach_saved_draft`); there is no parallel draft, contact or flow head
+(:meth:`HFTokenVLA.capabilities`). :meth:`HFTokenVLA.incremental_prefill` gives the VLA-Cache-style
+prefill that reuses the keys and values of unchanged image tokens between frames
+(:mod:`vla_accel_ros.models.token_vla.incremental`).
 
 Prefixes are immutable while the model's KV cache is mutated in place (:mod:`.cache`).
-
-Weights load from safetensors only; a directory with only pickle weights (``*.bin``, ``*.pt``) is
-refused. transformers is imported when a model is loaded, not with this module.
 """
 
 from __future__ import annotations
@@ -39,28 +38,15 @@ import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.core.resources import checkpoint_problem
-from vla_accel_ros.core.robot_record import META_FILE as OWN_META_FILE
-from vla_accel_ros.models.api import (
-    CheckpointRef,
-    PolicyCapabilities,
-    Prefix,
-    ScoreOutput,
-)
-from vla_accel_ros.models.files import check_weights
-from vla_accel_ros.models.hf.cache import crop_cache
-from vla_accel_ros.models.hf.hf_draft import HFDraftHead, load_hf_draft
-from vla_accel_ros.models.hf.hf_passes import N_ACTION_TOKENS, HFPasses, VLAModules
-from vla_accel_ros.models.hf.llava import LlavaModules
-from vla_accel_ros.models.hf.vla_spec import (
-    CONFIG_FILE,
+from vla_accel_ros.models.api import PolicyCapabilities, Prefix, ScoreOutput
+from vla_accel_ros.models.token_vla.cache import crop_cache
+from vla_accel_ros.models.token_vla.draft import HFDraftHead, load_hf_draft
+from vla_accel_ros.models.token_vla.passes import HFPasses, VLAModules
+from vla_accel_ros.models.token_vla.spec import VLASpec
+from vla_accel_ros.models.token_vla.statistics import (
     ActionStatistics,
     OpenVLAActionTokenizer,
-    VLASpec,
     load_action_statistics,
-    load_spec,
-    read_json_object,
-    with_overrides,
 )
 from vla_accel_ros.models.tokenizer import BOS
 
@@ -68,21 +54,23 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from vla_accel_ros.models.configuration import VisionReuseConfig
-    from vla_accel_ros.models.hf.hf_incremental import HFIncrementalPrefill
+    from vla_accel_ros.models.token_vla.incremental import HFIncrementalPrefill
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class HFTokenVLA(HFPasses):
-    """A Hugging Face VLA whose actions are 7 tokens of its text vocabulary, as a
-    :class:`vla_accel_ros.decoding.protocol.PolicyLike` (module docstring). Build one with
-    :func:`load_hf_vla`; the constructor takes the model half (:class:`~.hf_passes.VLAModules`), its
-    text tokenizer, the spec and the action tokenizer (``source`` names the model in error messages).
-    ``draft``: the optional draft head (:meth:`attach_draft`). Its passes are :class:`~.hf_passes.HFPasses`'."""
+    """A token VLA whose actions are 7 tokens of its text vocabulary, as a
+    :class:`~vla_accel_ros.models.api.TokenScoring` policy (module docstring). A family builds one
+    (:func:`vla_accel_ros.models.hf.checkpoint.load_hf_vla`,
+    :func:`vla_accel_ros.models.openvla.checkpoint.load_openvla`); the constructor takes the model
+    half (:class:`~.passes.VLAModules`), its text tokenizer, the spec and the action tokenizer
+    (``source`` names the model in error messages). ``draft``: the optional draft head
+    (:meth:`attach_draft`). Its passes are :class:`~.passes.HFPasses`'."""
 
     flow: Any = None  # no continuous action head
     parallel_draft: Any = None  # no parallel draft head
-    family = "a Hugging Face VLA"  # what error messages call the model
+    family = "a token VLA"  # what error messages call the model
 
     def __init__(self, modules: VLAModules, text_tokenizer: PreTrainedTokenizerBase, spec: VLASpec,
                  tokenizer: OpenVLAActionTokenizer, *, source: str = "<in-memory model>",
@@ -100,15 +88,16 @@ class HFTokenVLA(HFPasses):
         return counts
 
     def capabilities(self) -> PolicyCapabilities:
-        """A draft head when one is attached; no parallel draft, contact or flow head; its own
-        incremental prefill (:mod:`vla_accel_ros.models.hf.hf_incremental`)."""
-        return PolicyCapabilities(draft_head=self.draft is not None, incremental_prefill=True)
+        """Action tokens; a draft head when one is attached; no parallel draft, contact or flow
+        head; its own incremental prefill (:mod:`vla_accel_ros.models.token_vla.incremental`)."""
+        return PolicyCapabilities(token_scoring=True, draft_head=self.draft is not None, incremental_prefill=True,
+                                  resizes_images=True)
 
     def incremental_prefill(self, config: VisionReuseConfig) -> HFIncrementalPrefill:
         """This VLA's own incremental prefill: what serves a runner's ``vision`` settings in place of
         the package policy's incremental vision encoder (reused keys/values only: ``config.reuse_kv``
-        must be true; :mod:`vla_accel_ros.models.hf.hf_incremental`)."""
-        from vla_accel_ros.models.hf.hf_incremental import HFIncrementalPrefill
+        must be true; :mod:`vla_accel_ros.models.token_vla.incremental`)."""
+        from vla_accel_ros.models.token_vla.incremental import HFIncrementalPrefill
 
         return HFIncrementalPrefill(self, config)
 
@@ -128,7 +117,7 @@ class HFTokenVLA(HFPasses):
 
     @property
     def n_action_tokens(self) -> int:
-        return N_ACTION_TOKENS
+        return self.config.n_action_tokens
 
     @property
     def image_size(self) -> int:
@@ -154,25 +143,14 @@ class HFTokenVLA(HFPasses):
             return self.draft.propose(prefix.hidden_last, prefix.n_tokens, n, self.action_embeddings,
                                       self.action_logits, noise)
 
-    def draft_tokens_parallel(
-        self, prefix: Prefix, n: int, last_token: torch.Tensor | None = None, noise: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        raise ValueError(f"{self.source}: {self.family} has no parallel draft head")
-
-    def contact_probability(self, prefix: Prefix) -> float:
-        raise ValueError(f"{self.source}: {self.family} has no contact head")
-
-    def contact_logits(self, prefix: Prefix) -> torch.Tensor:
-        raise ValueError(f"{self.source}: {self.family} has no contact head")
-
     def tokens_to_action(self, tokens: torch.Tensor | np.ndarray) -> np.ndarray:
         """Action (7,) float64 of 7 of our tokens: OpenVLA's ``predict_action`` decoding (bin
         centre, unnormalised where the mask is true), then the spec's gripper convention."""
         if isinstance(tokens, torch.Tensor):
             tokens = tokens.detach().cpu().numpy()
         tokens = np.asarray(tokens).reshape(-1)
-        if tokens.shape != (N_ACTION_TOKENS,):
-            raise ValueError(f"expected {N_ACTION_TOKENS} tokens, got shape {tokens.shape}")
+        if tokens.shape != (self.n_action_tokens,):
+            raise ValueError(f"expected {self.n_action_tokens} tokens, got shape {tokens.shape}")
         return self.tokenizer.decode(tokens)
 
     # --- passes -------------------------------------------------------------------------------
@@ -236,74 +214,19 @@ class HFTokenVLA(HFPasses):
                              f"action): got {last_token.tolist()}, the prefix ends with {expected}")
 
 
-
-# --- loading ----------------------------------------------------------------------------------
-def spec_choices(directory: Path, spec: VLASpec) -> tuple[ActionStatistics, OpenVLAActionTokenizer, torch.device]:
+# --- what a family's loader shares -----------------------------------------------------------
+def spec_choices(directory: Path, spec: VLASpec,
+                 config: dict[str, Any] | None = None) -> tuple[ActionStatistics, OpenVLAActionTokenizer, torch.device]:
     """What the spec of the model in ``directory`` chooses: the action statistics of its
-    ``unnorm_key``, the action tokenizer made of them, and the device; ValueError naming the file
-    or key at fault."""
-    statistics = load_action_statistics(directory, spec)
+    ``unnorm_key`` (``config``: its ``config.json`` as parsed, for their ``norm_stats``; None: read
+    when needed), the action tokenizer made of them, and the device; ValueError naming the file or
+    key at fault."""
+    statistics = load_action_statistics(directory, spec, config)
     tokenizer = OpenVLAActionTokenizer.from_statistics(statistics, spec.gripper)
     try:
         return statistics, tokenizer, torch.device(spec.device)
     except RuntimeError as error:
         raise ValueError(f"device {spec.device!r}: {error}") from None
-
-
-def load_policy_directory(directory: Path, unnorm_key: str = "") -> HFTokenVLA:
-    """The family loader of :mod:`vla_accel_ros.models.load`: :func:`load_hf_vla` with the spec's
-    device and dtype."""
-    return load_hf_vla(directory, unnorm_key=unnorm_key or None)
-
-
-def load_hf_vla(path: Path | str, *, unnorm_key: str | None = None, device: str | None = None,
-                dtype: str | None = None, draft: bool = True) -> HFTokenVLA:
-    """Load the Hugging Face VLA in ``path`` (``hf:/path`` or a path): its spec
-    (:func:`vla_accel_ros.models.hf.vla_spec.load_spec`), action statistics, text tokenizer and
-    safetensors weights. ``unnorm_key``, ``device`` ("cpu", "cuda", ...) and ``dtype`` ("float32",
-    "bfloat16", "float16") override the spec's when given (its defaults: the file's only key,
-    cpu, float32). A draft head saved beside the weights (``draft_head.safetensors`` + ``.json``,
-    ``vla-accel train-draft``) is attached unless ``draft`` is False (a trainer replacing it).
-    Every problem is a ValueError naming the file or key at fault."""
-    directory = CheckpointRef.parse(path).directory
-    problem = checkpoint_problem(directory)
-    if problem:
-        raise ValueError(f"{directory}: {problem}")
-    if not (directory / CONFIG_FILE).is_file() and (directory / OWN_META_FILE).is_file():
-        raise ValueError(f"{directory}: a checkpoint of the own family ({OWN_META_FILE}), where this command needs "
-                         f"a Hugging Face VLA ({CONFIG_FILE})")
-    config_path = directory / CONFIG_FILE
-    if not config_path.is_file():
-        raise ValueError(f"{config_path}: missing; not a Hugging Face model directory")
-    config = read_json_object(config_path)
-    if not isinstance(config.get("vision_config"), dict) or (
-            config.get("image_token_id") is None and config.get("image_token_index") is None):
-        raise ValueError(f"{config_path}: not a VLA this loader runs: no vision_config and image token "
-                         "(image_token_index); the model must load as AutoModelForImageTextToText (e.g. Llava) "
-                         "without remote code")
-    check_weights(directory)
-    spec = with_overrides(load_spec(directory), unnorm_key=unnorm_key, device=device, dtype=dtype)
-    statistics, tokenizer, torch_device = spec_choices(directory, spec)
-
-    from transformers import AutoModelForImageTextToText, AutoTokenizer
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()  # a bar per load would fill every command's log
-
-    try:
-        text_tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    except (OSError, ValueError, KeyError) as error:
-        raise ValueError(f"{directory}: no usable tokenizer ({error})") from None
-    try:
-        model = AutoModelForImageTextToText.from_pretrained(
-            directory, local_files_only=True, use_safetensors=True, dtype=TORCH_DTYPES[spec.dtype])
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
-        raise ValueError(f"{directory}: the model cannot be loaded as an image-text-to-text model ({error})") from None
-    policy = HFTokenVLA(LlavaModules(model.to(torch_device), spec, str(directory)), text_tokenizer, spec, tokenizer,
-                        source=str(directory), statistics=statistics)
-    if draft:
-        attach_saved_draft(policy, directory)
-    return policy
 
 
 def attach_saved_draft(policy: HFTokenVLA, directory: Path) -> None:

@@ -1,8 +1,8 @@
 """A Llava-style Hugging Face model (``AutoModelForImageTextToText``) as the model half of a token
-VLA's passes (:class:`~vla_accel_ros.models.hf.hf_passes.VLAModules`): the image resized and
+VLA's passes (:class:`~vla_accel_ros.models.token_vla.passes.VLAModules`): the image resized and
 normalised as the spec says, the vision tower, feature selection and projector, the text model
 over embeddings after a KV cache. It runs transformers' modules, or the direct forward
-(:mod:`.hf_direct`) where the spec asks for it and the model allows it.
+(:mod:`.direct`) where the spec asks for it and the model allows it.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from vla_accel_ros.models.hf.hf_direct import DirectLlavaForward, unsupported_reason
-from vla_accel_ros.models.hf.hf_passes import embeddings_with_image
-from vla_accel_ros.models.hf.vla_spec import CONFIG_FILE, VLASpec
+from vla_accel_ros.models.files import CONFIG_FILE
+from vla_accel_ros.models.hf.direct import DirectLlavaForward, unsupported_reason
+from vla_accel_ros.models.token_vla.passes import embeddings_with_image
+from vla_accel_ros.models.token_vla.spec import VLASpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -53,7 +54,7 @@ class LlavaModules:
         std = torch.tensor(spec.image_std, dtype=torch.float32).view(1, 3, 1, 1)
         # (x / 255 - mean) / std as one multiply-add on 0..255 values
         self._pixel_scale, self._pixel_shift = 1.0 / (255.0 * std), -mean / std
-        # The direct forward where the spec asks for it and the model allows it (hf_direct.py).
+        # The direct forward where the spec asks for it and the model allows it (direct.py).
         self.direct: DirectLlavaForward | None = None
         if not spec.direct_forward:
             self.forward_name = "transformers (direct_forward off)"

@@ -42,7 +42,8 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.api import Prefix, ReuseStats, ScoreOutput
 from vla_accel_ros.models.configuration import VisionReuseConfig
-from vla_accel_ros.models.own.vla import PrefixPass, PrefixState, VLAConfig, VLATarget
+from vla_accel_ros.models.own.config import VLAConfig
+from vla_accel_ros.models.own.modules import PrefixPass, PrefixState, VLATarget
 
 
 class FramePolicy(Protocol):
@@ -168,10 +169,7 @@ class IncrementalVisionEncoder:
 
     def _refresh_reason(self, text: torch.Tensor) -> str:
         """Why this frame must be encoded in full ('' when the cache may serve it)."""
-        if self._local is None:
-            return "first frame"
-        if self._text is None or not torch.equal(text, self._text):
-            return "instruction changed"
-        if self._since_refresh >= self.config.refresh_steps:
-            return "timer"
-        return ""
+        cached = self._local is not None
+        changed = cached and (self._text is None or not torch.equal(text, self._text))
+        return self.config.refresh_reason(cached=cached, instruction_changed=changed,
+                                          since_refresh=self._since_refresh)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from vla_accel_ros.core.actions import EE_DELTA, JOINT_POSITION
-from vla_accel_ros.models.load import read_json_file
+from vla_accel_ros.models.files import read_json_object
 
 ACTION_SPACES = ("ee_delta", "joint_position", "joint_velocity")
 STATE_PARTS = ("joints", "gripper", "tcp_position", "tcp_axis_angle")
@@ -117,7 +117,7 @@ class PolicySpec:
     def read(cls, path: str | Path) -> PolicySpec:
         """The spec in the JSON file ``path``; ValueError naming the file and what is wrong."""
         path = Path(path)
-        data = read_json_file(path)
+        data = read_json_object(path)
         try:
             return cls.from_dict(data)
         except (ValueError, TypeError) as error:

@@ -1,4 +1,5 @@
-"""The KV cache behind a Hugging Face VLA's prefixes.
+"""The caches behind a token VLA's passes: the KV cache behind its prefixes, and what a vision
+tower pass leaves for a later one (:class:`TowerCache`).
 
 transformers' caches grow in place, so every prefix made from one prefill shares one cache
 (:class:`CacheSlot`), and each use of a prefix first crops it back to its own length (re-feeding, in
@@ -8,7 +9,11 @@ truncate and extend again in any order while the prefixes themselves stay immuta
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 class CacheSlot:
@@ -29,6 +34,17 @@ class CacheSlot:
         if rows != [0]:
             raise ValueError(f"a Hugging Face VLA's prefix holds one batch row, not rows {rows}")
         return self
+
+
+@dataclass(frozen=True, eq=False)
+class TowerCache:
+    """What one tower pass leaves for a later one over some of the patches: every layer's keys and
+    values (1, heads, n_patches, head_dim), and the projected features (1, n_patches, d_text) that
+    take the image tokens' places."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    features: torch.Tensor
 
 
 def crop_cache(cache: Any, length: int) -> None:

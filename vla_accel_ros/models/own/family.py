@@ -1,0 +1,33 @@
+"""The own family's registration: a directory with ``model.json`` (the package's VLA)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vla_accel_ros.models.api import Family
+from vla_accel_ros.models.files import check_safetensors, read_json_object
+
+META_FILE = "model.json"
+
+
+def recognises(directory: Path, config: dict[str, Any] | None) -> bool:
+    return (directory / META_FILE).is_file()
+
+
+def check_files(directory: Path, config: dict[str, Any] | None, unnorm_key: str = "") -> None:
+    """``model.json`` a JSON object, every safetensors file complete."""
+    if unnorm_key:
+        raise ValueError(f"{directory}: the package's own VLA has one set of statistics; unnorm_key does not apply")
+    read_json_object(directory / META_FILE)
+    for path in sorted(directory.glob("*.safetensors")):
+        check_safetensors(path)
+
+
+FAMILY = Family(
+    name="own", marker=META_FILE, recognises=recognises, order=10,
+    loader="vla_accel_ros.models.own.checkpoint:load_resolved",
+    checker="vla_accel_ros.models.own.family:check_files",
+    capabilities=("token_scoring", "draft_head", "parallel_draft_head", "contact_head", "flow_head",
+                  "incremental_prefill", "batched_passes"),
+)

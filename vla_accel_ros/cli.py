@@ -18,7 +18,7 @@ import importlib
 import re
 import sys
 
-from vla_accel_ros.core.errors import USER_ERRORS
+from vla_accel_ros.core.errors import USER_ERRORS, SettingError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -54,10 +54,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("vla_accel_ros.commands.predict", "one observation in, its action and timings out, any checkpoint"),
     "vision-fidelity": ("vla_accel_ros.commands.vision_fidelity",
                         "incremental vision (re-encode changed patches only) against the full prefill"),
-    "hf-cost": ("vla_accel_ros.commands.hf_cost",
-                "time a Hugging Face VLA's passes at OpenVLA's size and the implied speed-ups"),
-    "lerobot-cost": ("vla_accel_ros.commands.lerobot_cost",
-                     "SmolVLA's, pi0's or pi05's prefix, flow step and chunk at the real shape, in CPU time"),
+    "cost": ("vla_accel_ros.commands.cost",
+             "a family's passes at its published shape, each against the device's measured bound"),
     "soak": ("vla_accel_ros.commands.soak", "the node for a long run at a control rate: is its memory flat?"),
     "sim-speed": ("vla_accel_ros.commands.sim_speed", "measure sim steps/s with and without rendering"),
 }
@@ -69,8 +67,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "train": ("demonstrations, models and their heads", ("demos", "train", "train-flow", "train-parallel-draft",
                                                          "train-world", "train-hf", "train-smolvla", "train-draft",
                                                          "build-store")),
-    "inspect": ("one part up close", ("predict", "vision-fidelity", "hf-cost", "lerobot-cost",
-                                                 "sim-speed")),
+    "inspect": ("one part up close", ("predict", "vision-fidelity", "cost", "sim-speed")),
     "models": ("published checkpoints", ("convert",)),
 }
 
@@ -132,8 +129,27 @@ def command_description(doc: str | None, help_text: str) -> str:
     return f"{help_text}\n\n{rest}" if rest.strip() else help_text
 
 
+# A node parameter whose command flag is not the parameter's name in dashes (``unnorm_key`` -> ``--unnorm-key``).
+COMMAND_FLAGS = {"image_topics": "--cameras", "allow_stand_in_images": "--stand-in-images",
+                 "kinematic_r_min": "--kinematic-r-bounds", "kinematic_r_max": "--kinematic-r-bounds"}
+
+
+def command_flag(setting: str) -> str:
+    """The flag a command takes for the node parameter ``setting``."""
+    return COMMAND_FLAGS.get(setting, "--" + setting.replace("_", "-"))
+
+
 def one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
+    """``error`` in one line, each setting a :class:`SettingError` in its chain names (raised here or
+    wrapped by a caller) written as the command's flag."""
+    text = str(error)
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, SettingError):
+            for setting in seen.settings:
+                text = re.sub(rf"(?<![\w-]){re.escape(setting)}(?![\w-])", command_flag(setting), text)
+        seen = seen.__cause__ or seen.__context__
+    return " ".join(text.split()) or type(error).__name__
 
 
 def main(argv: list[str] | None = None) -> int:

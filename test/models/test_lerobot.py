@@ -445,7 +445,7 @@ def test_the_runner_places_a_lerobot_policy_on_its_device_and_no_other_family(tm
     from vla_accel_ros.runtime.runner import PolicyRunner
 
     kin = ArmKinematics(default_urdf())
-    with pytest.raises(ValueError, match="runs on cpu only .families that run on cuda: lerobot"):
+    with pytest.raises(ValueError, match=r"runs on cpu only \(families that run on cuda: hf, oft, openvla, lerobot\)"):
         PolicyRunner.load(default_checkpoint(), "ar", kin, device="cuda")
     directory = layout_module().write_smolvla_dir(tmp_path / "arm")
     shutil.copytree(TOKENIZERS["smolvla"], directory / "HuggingFaceTB" / "SmolVLM2-500M-Video-Instruct")

@@ -126,8 +126,8 @@ def test_a_camera_count_that_differs_from_the_image_slots_is_refused_at_configur
         with pytest.raises(ConfigError) as refused:
             VlaAccelNode(context=rig.context, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
         message = str(refused.value)
-        assert "\n" not in message and "1 camera topic" in message and "reads 2 image" in message
-        assert "image_topics" in message
+        assert "\n" not in message and "1 camera(s) give 1" in message and "reads 2 image" in message
+        assert "give 2 with image_topics" in message and "allow_stand_in_images" in message
     finally:
         rig.close()
     time.sleep(0.1)

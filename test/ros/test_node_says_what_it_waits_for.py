@@ -84,4 +84,4 @@ def test_the_example_files_placeholder_checkpoint_is_refused_before_any_urdf_wai
 def test_the_example_files_point_at_the_placeholder_the_node_refuses() -> None:
     root = Path(__file__).resolve().parents[2]
     for example in sorted((root / "config" / "examples").glob("*.yaml")):
-        assert 'checkpoint: "hf:/path/to/' in example.read_text(), example.name
+        assert 'checkpoint: "/path/to/' in example.read_text(), example.name

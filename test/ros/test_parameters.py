@@ -26,7 +26,7 @@ from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.ros.parameters import InferenceNodeConfig, NodeConfig, PolicySettings, SimBridgeConfig
 
 POLICY_PARAMETERS = ["checkpoint", "unnorm_key", "decoder", "temperature", "kf_fill_check", "kinematic_r_min",
-                     "kinematic_r_max", "rtc_horizon", "rtc_guidance", "device"]
+                     "kinematic_r_max", "rtc_horizon", "rtc_guidance", "device", "draft_head"]
 VISION_PARAMETERS = ["vision_reuse", "vision_threshold", "vision_refresh_steps", "vision_max_drift", "vision_reuse_kv",
                      "vision_feature_threshold", "vision_reuse_tower", "vision_tower_threshold",
                      "vision_tower_refresh_steps"]
@@ -158,8 +158,11 @@ def test_kinematic_r_bounds_are_parameters_for_the_kinematic_threshold_decoders_
     for cls in (NodeConfig, InferenceNodeConfig):
         specs = {s.name: s for s in parameter_specs(cls)}
         assert ([(specs[n].kind, specs[n].default) for n in ("kinematic_r_min", "kinematic_r_max")]
-                == [(int, 5), (int, 15)])
+                == [(int, -1), (int, -1)])  # the model's
         assert from_params(cls, {"decoder": "sd"}).runner_config().kinematic_r_bounds is None  # the defaults
+        # one bound alone: the other is the decoder's own
+        one = from_params(cls, {"decoder": "kerv", "kinematic_r_max": 20})
+        assert one.runner_config().kinematic_r_bounds == (5, 20)
         bounded = from_params(cls, {"decoder": "world_aware", "kinematic_r_min": 2, "kinematic_r_max": 6})
         assert bounded.runner_config().kinematic_r_bounds == (2, 6)
         with pytest.raises(ConfigError, match="kinematic_r_min.*kerv, world_aware.*'sd'"):

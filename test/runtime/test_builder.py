@@ -14,7 +14,7 @@ from vla_accel_ros.core.controller import ControllerConfig
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.resources import default_checkpoint, default_urdf
-from vla_accel_ros.models.configuration import DEFAULT_TEMPERATURE, VisionReuseConfig
+from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.ros.parameters import NodeConfig, PolicySettings
 from vla_accel_ros.runtime.builder import RunnerConfig, build_controller, build_runner
 
@@ -47,7 +47,7 @@ def test_runner_config_refuses_bad_settings_by_name(settings, word):
 def test_runner_config_defaults_and_the_node_s_view():
     assert RunnerConfig().checkpoint_path == default_checkpoint()
     assert RunnerConfig(checkpoint="/x").checkpoint_path == Path("/x")
-    assert RunnerConfig().temperature == DEFAULT_TEMPERATURE
+    assert RunnerConfig().temperature is None  # the model's (RunDefaults)
     cfg = NodeConfig(policy=PolicySettings(checkpoint="/ckpt", decoder="sd", temperature=0.0), control_rate_hz=50.0,
                      action_dt_s=0.04, torch_threads=3, vision=VisionReuseConfig(threshold=5.0))
     assert cfg.runner_config() == RunnerConfig(checkpoint="/ckpt", decoder="sd", temperature=0.0,

@@ -6,15 +6,15 @@ from dataclasses import replace
 
 import pytest
 
-from vla_accel_ros.runtime.health import ERROR, INFERENCE_STARVED_ERROR_S, OK, WARN, Health, NodeState
+from vla_accel_ros.runtime.health import ERROR, OK, WARN, Health, NodeState
 
 RUNNING = NodeState(lifecycle="active", configured=True, stats={"inference_actions": 10}, clock_s=100.0,
                     tick_source="policy", tick_reason="fresh action", commanded=True, inference=True,
                     inference_alive=True)
 
 
-def health() -> Health:
-    return Health(report_period_s=1.0, stale_after_s=0.5)
+def health(report_period_s: float = 1.0) -> Health:
+    return Health(report_period_s=report_period_s, stale_after_s=0.5, action_timeout_s=0.5, fallback_max_s=0.25)
 
 
 @pytest.mark.parametrize("state, level, message", [
@@ -28,8 +28,14 @@ def health() -> Health:
     (replace(RUNNING, inference_alive=False, stats={"inference_last_error": "OSError: x"}), ERROR,
      "inference worker stopped: OSError: x"),
     (replace(RUNNING, inference_alive=False, stats={}), ERROR, "inference worker stopped: thread ended"),
-    (replace(RUNNING, action_starved_s=INFERENCE_STARVED_ERROR_S + 0.1, tick_source="hold",
-             tick_reason="fallback used up"), ERROR, "inference gives no actions: fallback used up"),
+    (replace(RUNNING, action_starved_s=0.3, tick_source="hold", tick_reason="fallback used up",
+             stats={"inference_actions": 10, "inference_latency_ms_p50": 400.0}), ERROR,
+     "no fresh policy action for 0.30 s (fallback_max_s = 0.25 s, action_timeout_s = 0.5 s): inference takes 400 ms "
+     "(p50); use a faster decoder or device, or a policy that predicts action chunks"),
+    (replace(RUNNING, action_starved_s=1.1, tick_source="hold", tick_reason="fallback used up",
+             stats={"inference_errors": 4, "inference_last_error": "OSError: x"}), ERROR,
+     "inference gives no actions for 1.10 s (fallback_max_s = 0.25 s): it fails: OSError: x; inference failed 4 "
+     "time(s): OSError: x"),
     (replace(RUNNING, tick_source="hold", tick_reason="disabled"), WARN, "holding: disabled"),
     (replace(RUNNING, inference=False, inference_alive=False), OK, "running (policy)"),
     (replace(RUNNING, tick_source="hold", clock_stopped="clock stopped: no /clock for 1.2 s"), ERROR,
@@ -93,5 +99,21 @@ def test_an_unconfigured_node_reports_no_warnings_and_counts_nothing():
 
 
 def test_the_window_of_recent_errors_covers_at_least_one_report():
-    assert Health(report_period_s=0.1, stale_after_s=0.5).window_s == 2.0
-    assert Health(report_period_s=20.0, stale_after_s=0.5).window_s == 20.0
+    assert health(report_period_s=0.1).window_s == 2.0
+    assert health(report_period_s=20.0).window_s == 20.0
+
+
+def test_actions_that_expire_before_use_are_an_error_naming_the_inference_time_and_action_timeout_s():
+    h = health()
+    slow = replace(RUNNING, action_starved_s=2.4, tick_source="hold", tick_reason="no fresh policy action",
+                   stats={"inference_actions": 3, "inference_latency_ms_p50": 1170.0, "actions_expired": 3})
+    report = h.assess(slow)
+    assert report.level == ERROR and report.message == (
+        "policy actions expire before use (3 expired, none used for 2.40 s): inference takes 1170 ms (p50) and "
+        "action_timeout_s is 0.5 s; raise action_timeout_s above the inference time, or use a faster decoder or "
+        "device")
+    # the expired actions are counted from one report to the next
+    later = h.assess(replace(slow, stats={**slow.stats, "inference_actions": 4, "actions_expired": 4}))
+    assert later.level == ERROR and later.message.startswith("policy actions expire before use (1 expired,")
+    # a fallback that has not run out is no error, whatever expired
+    assert h.assess(replace(slow, action_starved_s=0.0, tick_source="fallback")).level == OK

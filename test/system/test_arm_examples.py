@@ -1,11 +1,11 @@
 """The example parameter files of config/examples/ for the arms teams own: each loads into the
 node's parameter validation (in the root namespace and in any other), carries its arm's joint
 names, TCP frame, controller, output format and camera topic as that arm's ROS 2 driver names
-them, points at a team's own checkpoint (hf:...), and meets the robot contract the way the node
+them, points at a team's own checkpoint (a plain directory path), and meets the robot contract the way the node
 applies it.
 
 The facts in ARMS are pinned with the public files they were read from; the example files name
-the same files in their comments. The built-in checkpoint was made for arm7 and the teams' hf:
+the same files in their comments. The built-in checkpoint was made for arm7 and the teams'
 directories are not here, so the contract is checked against the built-in checkpoint's record: a
 7-DoF arm (FR3, xArm7) runs it only with allow_unmatched_robot, a 6-DoF arm (UR5e, xArm6) never."""
 
@@ -64,6 +64,19 @@ ARMS = {
 }
 
 
+# Each driver's gripper, as its files name it: the interface that takes its command, the joint, the
+# joint's range. franka_ros2: franka_gripper/launch/gripper.launch.py, franka_gripper/doc/index.rst;
+# PickNikRobotics/ros2_robotiq_gripper: robotiq_description/config/robotiq_controllers.yaml,
+# urdf/robotiq_2f_85_macro.urdf.xacro; xarm_ros2: xarm_moveit_config/config/xarm_gripper/
+# controllers.yaml, xarm_description/urdf/gripper/xarm_gripper.urdf.xacro.
+GRIPPERS = {
+    "franka_fr3.yaml": ("franka_gripper/gripper_action", "fr3_finger_joint1", "0.04 m"),
+    "ur5e.yaml": ("robotiq_gripper_controller/gripper_cmd", "robotiq_85_left_knuckle_joint", "0.8 rad"),
+    "xarm6.yaml": ("xarm_gripper/gripper_action", "drive_joint", "0.85 rad"),
+    "xarm7.yaml": ("xarm_gripper/gripper_action", "drive_joint", "0.85 rad"),
+}
+
+
 def config_of(name: str, namespace: str = "") -> NodeConfig:
     """The node's validated parameters from the example file, as the node would read it in ``namespace``."""
     return from_params(NodeConfig, read_node_parameters(EXAMPLES / name, "vla_accel_node", namespace=namespace))
@@ -87,9 +100,14 @@ def test_the_file_carries_its_arms_names_topics_and_output(name):
     assert cfg.controller == arm.controller and cfg.output == arm.output
     assert cfg.image_topic == REALSENSE_COLOR and not cfg.compressed_image
     assert cfg.joint_states_topic == "joint_states"
-    # These arms' grippers take actions (franka_gripper, the xArm gripper) or are absent (UR5e):
-    # no Float64MultiArray gripper command.
+    # These drivers' grippers take a control_msgs GripperCommand action (GRIPPERS), never the node's
+    # Float64MultiArray on <gripper_controller>/commands: the file names the action, the joint and
+    # its range, and commands no gripper.
     assert cfg.gripper_controller == ""
+    text = (EXAMPLES / name).read_text()
+    action, joint, upper = GRIPPERS[name]
+    assert "GripperCommand" in text and action in text
+    assert joint in text and upper in text
     # The URDF comes from the driver's robot_description topic, never from arm7.urdf.
     assert cfg.robot_description == "" and cfg.urdf_file == "" and cfg.robot_description_timeout_s >= 5.0
     text = (EXAMPLES / name).read_text()
@@ -100,7 +118,8 @@ def test_the_file_carries_its_arms_names_topics_and_output(name):
 @pytest.mark.parametrize("name", sorted(ARMS))
 def test_the_file_runs_a_teams_own_checkpoint(name):
     cfg = config_of(name)
-    assert cfg.policy.checkpoint.startswith("hf:") and len(cfg.policy.checkpoint) > len("hf:/")
+    assert cfg.policy.checkpoint.startswith("/path/to/your_")  # the placeholder, a plain path: no prefix
+    assert not cfg.policy.checkpoint.startswith("hf:")
     assert cfg.runner_config().checkpoint == cfg.policy.checkpoint
 
 

@@ -41,7 +41,6 @@ ARGV: dict[str, tuple[str, str]] = {
     "bench": (ANY, "bench --checkpoint {X} --episodes 1 --max-steps 2 --decoders ar --no-sweep "
                    "--allow-unmatched-robot --out {O}"),
     "fleet-bench": (ANY, "fleet-bench --checkpoint {X} --robots 1 --steps 2 --out {O}"),
-    "hf-cost": (ANY, "hf-cost --checkpoint {X} --repeats 1 --out {O}"),
     "sim": (ANY, "sim --checkpoint {X} --episodes 1 --out {O}"),
     "record": (ANY, "record --checkpoint {X} --episodes 1 --duration-s 0.5 --out {O}"),
     "replay": (ANY, "replay {B} --checkpoint {X} --summary {O}"),
@@ -60,7 +59,7 @@ ARGV: dict[str, tuple[str, str]] = {
     "train-draft": (TOKEN, "train-draft --checkpoint {X} --data {D} --epochs 1 --no-progress"),
     "convert": (OFT, "convert {X}"),
 }
-NO_CHECKPOINT = {"sim-speed", "lerobot-cost"}  # commands that load none (lerobot-cost: random weights)
+NO_CHECKPOINT = {"sim-speed", "cost"}  # commands that load none (cost: random weights)
 # bad checkpoint -> (the families of the commands it is given to, what the error line must say)
 CASES: dict[str, tuple[tuple[str, ...], str]] = {
     "missing": ((ANY, OWN, HF, TOKEN, OFT), "does not exist"),

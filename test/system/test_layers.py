@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "sim": {"core", "models", "sim"},
     "ros": {"core", "models", "decoding", "runtime", "sim", "ros"},
     "training": {"core", "models", "decoding", "sim", "training"},
-    # evaluation may build what it measures with the trainers' builders (hf-cost: a random VLA)
+    # evaluation may build what it measures with the trainers' builders (cost: a random VLA's tokenizer)
     "evaluation": {"core", "models", "decoding", "runtime", "sim", "training", "evaluation"},
     "rosbag": {"core", "models", "decoding", "runtime", "sim", "ros", "rosbag"},
     "commands": {"core", "models", "decoding", "runtime", "sim", "ros", "training", "evaluation", "rosbag",

@@ -11,7 +11,12 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vla_accel_ros.commands.closed_loop_options import add_robot_arguments, add_sampling_arguments, sampling_config
+from vla_accel_ros.commands.closed_loop_options import (
+    add_camera_arguments,
+    add_robot_arguments,
+    add_sampling_arguments,
+    sampling_config,
+)
 from vla_accel_ros.commands.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.core.seeds import EVAL_SEED_START
@@ -51,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "Face VLA with OpenVLA's action tokens (default: shipped)")
     parser.add_argument("--unnorm-key", default="", help="hf:DIR only: the dataset of its dataset_statistics.json "
                         "(default: the file's only one)")
+    parser.add_argument("--device", default="", help="where the policy runs for every decoder: cpu, cuda or cuda:N "
+                        "(default: the CPU); a device this torch cannot use is refused before loading")
     parser.add_argument("--decoders", default=None,
                         help=f"comma-separated decoder names (default: all; {'/'.join(flow_head_decoders())} when "
                              "the checkpoint has a flow head)")
@@ -101,14 +108,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--fill-check: the r bounds of the fill-checked entries (acceptance and the check "
                              "alike; default: each decoder's own)")
     add_vision_arguments(parser)
+    add_camera_arguments(parser)
     add_sampling_arguments(parser)
     add_robot_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from vla_accel_ros.evaluation.bench_run import run_bench  # torch and MuJoCo: only when it runs
+    from vla_accel_ros.models.load import check_device
     from vla_accel_ros.sim.gl import check_rendering
 
+    if args.device:  # before the sim or a model loads
+        check_device(args.checkpoint or default_checkpoint(), args.device)
     if not check_rendering("bench"):  # no GL: one line saying what to set, before any work
         return 2
     options = bench_options(args)
@@ -126,6 +137,10 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
     setting."""
     checkpoint = args.checkpoint or default_checkpoint()
     from vla_accel_ros.evaluation.bench_run import BenchOptions
+    from vla_accel_ros.models.load import resolve_checkpoint
+    from vla_accel_ros.runtime.builder import run_defaults
+
+    model_temperature = run_defaults(resolve_checkpoint(checkpoint, unnorm_key=args.unnorm_key)).temperature
 
     try:  # the vision flags count only for the incremental entries
         vision = vision_config(args) if args.incremental_vision or args.reuse_kv else VisionReuseConfig()
@@ -133,14 +148,16 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
         raise ValueError(f"{checkpoint}: {err}") from err
     decoders = None if args.decoders is None else tuple(d.strip() for d in args.decoders.split(",") if d.strip())
     return BenchOptions(
-        out=args.out, checkpoint=checkpoint, unnorm_key=args.unnorm_key, decoders=decoders, episodes=args.episodes,
+        out=args.out, checkpoint=checkpoint, unnorm_key=args.unnorm_key, device=args.device, decoders=decoders,
+        episodes=args.episodes,
         seed=args.seed, repeats=args.repeats, max_steps=args.max_steps, threads=args.threads,
-        sampling=sampling_config(args), sweep=not args.no_sweep, sweep_r=args.sweep_r,
+        sampling=sampling_config(args, model_temperature), sweep=not args.no_sweep, sweep_r=args.sweep_r,
         sweep_decoders=args.sweep_decoders, store=args.store, wa_checkpoint=args.wa_checkpoint,
         incremental_vision=args.incremental_vision, reuse_kv=args.reuse_kv, vision=vision,
         temperatures=args.temperature_sweep, sequential_draft=args.sequential_draft,
         contact_bounds=args.contact_bounds, after_prefill=args.after_prefill, fill_check=args.fill_check,
-        fill_check_bounds=args.fill_check_bounds, allow_unmatched_robot=args.allow_unmatched_robot)
+        fill_check_bounds=args.fill_check_bounds, allow_unmatched_robot=args.allow_unmatched_robot,
+        cameras=args.cameras, stand_in_images=args.stand_in_images)
 
 
 def parse_contact_bounds(text: str) -> tuple[tuple[int, int], ...]:

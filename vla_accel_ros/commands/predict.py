@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                          "action (required when the model has several)")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
                         help="the weights' dtype (default: as stored, or the checkpoint's vla_spec.json)")
-    parser.add_argument("--device", default=None, help="where the model runs: cpu, cuda, ... (default: cpu)")
+    parser.add_argument("--device", default=None, help="where the model runs: cpu, cuda or cuda:N (default: cpu); "
+                                                       "a device this torch cannot use is refused before loading")
     parser.add_argument("--decoder", default=None, choices=names(),
                         help=f"the decoder (default: {BASELINE}, greedy; an OpenVLA-OFT model: chunk)")
     parser.add_argument("--joints", type=float, nargs="+", default=None,
@@ -79,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bounds", choices=("q01_q99", "min_max"), default=None,
                         help="OpenVLA-OFT: the statistics that scale actions and state (default: vla_spec.json's, "
                              "else q01_q99)")
+    parser.add_argument("--draft-head", type=Path, default=None,
+                        help="a token VLA's draft head in a directory of its own (vla-accel train-draft --out), "
+                             "for --decoder sd, kerv, ...")
     parser.add_argument("--logits", action="store_true", help="also print the 7 x 256 action logits")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the contract above)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -123,14 +127,16 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     from vla_accel_ros.core.resources import default_urdf
     from vla_accel_ros.decoding import make_decoder
     from vla_accel_ros.models.api import CheckpointRef
-    from vla_accel_ros.models.load import load_policy, recognise
+    from vla_accel_ros.models.load import check_device, load_policy
     from vla_accel_ros.runtime.runner import PolicyRunner
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     ref = CheckpointRef.parse(args.checkpoint)
-    registered = recognise(ref)
+    registered = check_device(ref, args.device or "")  # before an image is read or weights load
     family = registered.name
+    if args.draft_head is not None and "draft_head" not in registered.options:
+        raise ValueError(f"--draft-head does not apply to {ref}, of the {family} family")
     if "flow_chunks" in registered.capabilities:  # a flow VLA: its chunk from the state and the cameras
         return predict_chunk(args, ref, family)
     images = [read_image(path) for path in args.image]
@@ -144,7 +150,8 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     image = images[0]
     args.decoder = args.decoder or BASELINE
     start = time.perf_counter()
-    policy = load_policy(ref, unnorm_key=args.unnorm_key, device=args.device, dtype=args.dtype)
+    policy = load_policy(ref, unnorm_key=args.unnorm_key, device=args.device, dtype=args.dtype,
+                         draft_head=args.draft_head)
     load_ms = (time.perf_counter() - start) * 1e3
     kin = ArmKinematics(default_urdf())
     joints = np.zeros(len(kin.joint_names)) if args.joints is None else np.asarray(args.joints, dtype=float)

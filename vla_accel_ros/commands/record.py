@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 
 from vla_accel_ros.decoding.specs import DEFAULT
-from vla_accel_ros.models.configuration import DEFAULT_TEMPERATURE
-from vla_accel_ros.ros.parameters import PolicySettings
+from vla_accel_ros.ros.parameters import MODEL_DEFAULT, PolicySettings
 from vla_accel_ros.rosbag.io import STORAGES, TOPICS
 from vla_accel_ros.rosbag.recorder import MODES, RecordOptions
 
@@ -20,9 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="live: bridge + node processes over DDS; deterministic: in-process lock-step "
                              "(replay reproduces it exactly)")
     parser.add_argument("--decoder", default=DEFAULT, help="action decoder of the node")
-    parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
-                        help="the node's action-token sampling temperature, 0 = greedy (stored, so that a replay "
-                             "samples alike)")
+    parser.add_argument("--temperature", type=float, default=float(MODEL_DEFAULT),
+                        help="the node's action-token sampling temperature, 0 = greedy; -1 = the model's (its "
+                             "vla_spec.json's, else 0.5 for the package's policies and 0 for a model trained "
+                             "elsewhere); stored, so that a replay samples alike")
     parser.add_argument("--kf-fill-check", action="store_true",
                         help="kerv, world_aware: the node's kf_fill_check (stored, so that a replay decodes alike)")
     parser.add_argument("--control-rate", type=float, default=20.0, help="node control rate (Hz)")
@@ -46,7 +46,11 @@ def run(args: argparse.Namespace) -> int:
     missing = [t for t in (TOPICS["camera"][0], TOPICS["joint_states"][0], TOPICS["commands"][0])
                if not s["messages"].get(t)]
     print(f"record ({s['mode']}, {s['storage']}): {s['episodes']} episodes, success {s['success_rate']:.0%}, "
-          f"{s['frames']} frames, {s['commands']} commands, {sum(s['messages'].values())} messages in "
+          f"{s['policy_tick_share']:.1%} policy ticks, {s['frames']} frames, {s['commands']} commands, "
+          f"{sum(s['messages'].values())} messages in "
           f"{s['wall_s']:.0f} s -> {s['bag']}" + (f"; WARNING: nothing on {', '.join(missing)}" if missing else ""),
           flush=True)
+    if s["no_policy_tick"]:  # a bag of a policy that never drove the arm: the last line says why
+        print(f"record: FAILED: {s['no_policy_tick']}", flush=True)
+        return 1
     return 1 if missing else 0

@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy-spec", type=Path, default=None,
                         help="JSON file naming the observation keys and action scale (default: LIBERO's keys)")
     parser.add_argument("--unnorm-key", default="", help="hf:DIR only: the dataset of its dataset_statistics.json")
+    parser.add_argument("--device", default="", help="where the policy runs: cpu, cuda or cuda:N (default: the CPU); "
+                                                     "a device this torch cannot use is refused before loading")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
 
 
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         if spec.action_space != "ee_delta":
             raise ValueError(f"--policy-spec: our policies answer in ee_delta, not {spec.action_space}")
         config = RunnerConfig(checkpoint=args.checkpoint, decoder=args.decoder, unnorm_key=args.unnorm_key,
-                              torch_threads=max(1, args.threads))
+                              torch_threads=max(1, args.threads), device=args.device)
         kin = ArmKinematics(default_urdf())
         runner = build_runner(config, kin)
     except ValueError as error:

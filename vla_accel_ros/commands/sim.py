@@ -10,14 +10,18 @@ from typing import TYPE_CHECKING
 
 from vla_accel_ros.commands.vision_options import add_vision_arguments, vision_config
 from vla_accel_ros.core.chunks import CHUNK_ANCHORS, CHUNK_BLENDS, CHUNK_EXECUTIONS, CHUNK_MODES, ChunkSettings
-from vla_accel_ros.core.settings import parse_r_bounds
-from vla_accel_ros.decoding.specs import DEFAULT, KINEMATIC_R_BOUNDS
+from vla_accel_ros.core.errors import SettingError
+from vla_accel_ros.core.settings import ConfigError, parse_r_bounds
+from vla_accel_ros.decoding.specs import DEFAULT
 from vla_accel_ros.models.api import REMOTE_PREFIXES
-from vla_accel_ros.models.configuration import DEFAULT_TEMPERATURE
-from vla_accel_ros.ros.parameters import INFERENCE_MODES, OUTPUT_FORMATS, PolicySettings
+from vla_accel_ros.ros.parameters import INFERENCE_MODES, MODEL_DEFAULT, OUTPUT_FORMATS, PolicySettings
 
 if TYPE_CHECKING:
     from vla_accel_ros.ros.launcher import SimRunOptions
+
+# The node parameters a flag of this command sets (vla_accel_ros/cli.py names the flag in an error).
+NODE_SETTINGS_FLAGGED = ("image_topics", "allow_stand_in_images", "kf_fill_check", "kinematic_r_min",
+                         "kinematic_r_max", "unnorm_key", "action_timeout_s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,21 +31,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decoders", default="", help="comma-separated: run the node with each decoder on the same "
                         "seeds (OUT/DECODER) and compare their live inference latency with the first's "
                         "(OUT/decoders.json)")
-    parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
-                        help="the node's action-token sampling temperature (0 = greedy)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="the node's action-token sampling temperature, 0 = greedy (default: the model's: its "
+                             "vla_spec.json's, else 0.5 for the package's policies and 0 for a model trained "
+                             "elsewhere)")
     parser.add_argument("--kf-fill-check", action="store_true",
                         help="kerv, world_aware: check the Kalman filter's fill of a rejected suffix against the "
                              "target's own picks from the same verify pass (the node's kf_fill_check)")
     parser.add_argument("--kinematic-r-bounds", type=parse_r_bounds, default=None, metavar="R_MIN:R_MAX",
                         help="kerv, world_aware: the bounds of the kinematic acceptance threshold, in token bins "
-                             "(the node's kinematic_r_min and kinematic_r_max; default: the decoder's own, 5:15)")
+                             "(the node's kinematic_r_min and kinematic_r_max; default: the model's, with its "
+                             "kf_fill_check: its vla_spec.json's kinematic_r_bounds, else 5:15 for the package's "
+                             "policies and 2:6 with the fill check for a model trained elsewhere)")
     parser.add_argument("--out", default="outputs/sim", help="output directory")
     parser.add_argument("--seed", type=int, default=100_000, help="seed of the first episode (then +1 each)")
-    parser.add_argument("--checkpoint", default="", help="policy checkpoint directory, or hf:DIR for a Hugging Face "
-                        "VLA (default: the package's)")
+    parser.add_argument("--checkpoint", default="", help="policy checkpoint directory of any family, as published "
+                        "(default: the package's)")
     parser.add_argument("--policy-spec", type=Path, default=None, help="openpi://HOST:PORT only: the JSON file naming "
                         "the server's observation keys and action space (default: LIBERO's keys, our actions)")
-    parser.add_argument("--unnorm-key", default="", help="hf:DIR only: the dataset of its dataset_statistics.json")
+    parser.add_argument("--unnorm-key", default="", help="a token VLA with several datasets (OpenVLA, OpenVLA-OFT, a "
+                        "Hugging Face VLA): the dataset of its statistics (default: the only one)")
+    parser.add_argument("--device", default="", help="where the policy runs: cpu, cuda or cuda:N (the node's device; "
+                        "default: the CPU); a device this torch cannot use is refused before any process starts")
     parser.add_argument("--duration-s", type=float, default=6.0, help="episode time limit (sim seconds)")
     parser.add_argument("--output", default="forward_position", choices=OUTPUT_FORMATS, help="command format")
     parser.add_argument("--executor", default="single", choices=("single", "multi"), help="node executor")
@@ -55,6 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(a virtual environment with this package installed; default: this one)")
     parser.add_argument("--realtime-priority", type=int, default=20,
                         help="SCHED_FIFO priority of the control thread (0 = normal scheduling)")
+    parser.add_argument("--params-file", default="", metavar="YAML",
+                        help="the node's ROS 2 parameter file, as the launch files take: any node parameter; the "
+                             "flags here apply over it where they differ from the node's defaults, and the sim's "
+                             "robot, topics, control rate, inference mode and lifecycle always apply")
+    parser.add_argument("--action-timeout-s", type=float, default=None,
+                        help="the node's action_timeout_s: a policy action whose observation is older than this "
+                             "at a tick is dropped (default: the params file's, else 0.5); set it above the "
+                             "policy's inference time")
     parser.add_argument("--allow-unmatched-robot", action="store_true",
                         help="run a checkpoint made for another arm with the same DOF, with a warning (the node's "
                              "allow_unmatched_robot); a different DOF never runs")
@@ -62,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     chunks = ChunkSettings()
     parser.add_argument("--cameras", type=int, default=1, choices=(1, 2),
                         help="2: the bridge publishes the wrist camera too and the node takes both (image_topics)")
+    parser.add_argument("--stand-in-images", action="store_true",
+                        help="run a policy that reads more images than --cameras gives, each missing one a copy of "
+                             "the scene camera's image (the node's allow_stand_in_images)")
     parser.add_argument("--chunk-execution", default=chunks.chunk_execution, choices=CHUNK_EXECUTIONS,
                         help="the node's chunk_execution")
     parser.add_argument("--chunk-blend", default=chunks.chunk_blend, choices=CHUNK_BLENDS,
@@ -84,9 +106,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vla_accel_ros.core.resources import default_checkpoint
+    from vla_accel_ros.models.load import check_device
     from vla_accel_ros.ros.launcher import run_sim, run_sim_decoders  # the node processes: only when it runs
 
     opts = sim_options(args)
+    if opts.policy.device:  # before any process starts
+        check_device(opts.policy.checkpoint or default_checkpoint(), opts.policy.device)
     started = time.monotonic()
     if args.chunk_modes:
         decoders = [d.strip() for d in args.decoders.split(",") if d.strip()] or None
@@ -102,11 +128,15 @@ def run(args: argparse.Namespace) -> int:
                   f"{row[f'latency_ratio_vs_{base}']:.2f} |")
         print(f"sim -> {opts.out} (decoders.json, DECODER/summary.json)")
         return 0
-    s = run_sim(opts)
+    try:
+        s = run_sim(opts)
+    except ConfigError as refused:  # the node refused a setting: its message names the flag that sets it here
+        raise SettingError(str(refused), *NODE_SETTINGS_FLAGGED) from refused
     print(f"sim: {s['episodes']} episodes, success {s['success_rate']:.0%}, {s['ticks']} ticks at "
           f"{opts.control_rate_hz:g} Hz ({s['ticks_published']} published, {s['fallback_ticks']} fallback, "
           f"{s['hold_ticks']} hold, {s['deadline_misses']} deadline misses; in the episodes "
-          f"{s['hold_tick_share']:.1%} hold, {s['pre_episode_ticks']} ticks before the first), jitter p50 "
+          f"{s['hold_tick_share']:.1%} hold, {s['policy_tick_share']:.1%} policy, {s['pre_episode_ticks']} ticks "
+          f"before the first), jitter p50 "
           f"{s['period_jitter_ms_p50']:.2f} ms p99 {s['period_jitter_ms_p99']:.2f} ms, peak RSS "
           f"{s['peak_rss_mb']:.0f} MB, {time.monotonic() - started:.0f} s -> {opts.out} "
           f"(summary.json{''.join(', ' + name for name in s.get('plots', ()))})")
@@ -114,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"sim: remote inference round trip p50 {s['inference_round_trip_ms_p50']:.1f} ms, p99 "
               f"{s['inference_round_trip_ms_p99']:.1f} ms; {s['inference_lost']} lost, "
               f"{s['inference_dropped_late']} late")
+    if s["no_policy_tick"]:  # the policy never drove the arm: the last line says why and what to change
+        print(f"sim: FAILED: {s['no_policy_tick']}")
+        return 1
     return 0
 
 
@@ -144,7 +177,7 @@ def sim_options(args: argparse.Namespace) -> SimRunOptions:
     """The run's options from the flags; ValueError naming a bad one."""
     from vla_accel_ros.ros.launcher import SimRunOptions
 
-    r_min, r_max = args.kinematic_r_bounds or KINEMATIC_R_BOUNDS
+    r_min, r_max = args.kinematic_r_bounds or (MODEL_DEFAULT, MODEL_DEFAULT)
     checkpoint = args.checkpoint
     if args.policy_spec is not None:
         if not checkpoint.startswith(REMOTE_PREFIXES):
@@ -153,15 +186,18 @@ def sim_options(args: argparse.Namespace) -> SimRunOptions:
             raise ValueError(f"--policy-spec {args.policy_spec}: no such file")
         checkpoint += f"{'&' if '?' in checkpoint else '?'}spec={args.policy_spec.resolve()}"
     policy = PolicySettings(checkpoint=checkpoint, unnorm_key=args.unnorm_key, decoder=args.decoder,
-                            temperature=args.temperature, kf_fill_check=args.kf_fill_check,
+                            temperature=MODEL_DEFAULT if args.temperature is None else args.temperature,
+                            kf_fill_check=args.kf_fill_check,
                             kinematic_r_min=r_min, kinematic_r_max=r_max, rtc_horizon=args.rtc_horizon,
-                            rtc_guidance=args.rtc_guidance)
+                            rtc_guidance=args.rtc_guidance, device=args.device)
     return SimRunOptions(episodes=args.episodes, control_rate_hz=args.control_rate, policy=policy, out=args.out,
                          seed=args.seed, inference_python=args.inference_python, duration_s=args.duration_s,
                          output=args.output, executor=args.executor, domain_id=args.domain_id,
                          inference_mode=args.inference_mode, netns=args.netns, realtime_priority=args.realtime_priority,
                          vision=vision_config(args) if args.vision != "full" else None,
                          allow_unmatched_robot=args.allow_unmatched_robot, cameras=args.cameras,
+                         stand_in_images=args.stand_in_images,
+                         params_file=args.params_file, action_timeout_s=args.action_timeout_s,
                          chunks=ChunkSettings(chunk_execution=args.chunk_execution, chunk_blend=args.chunk_blend,
                                               chunk_refill_threshold=args.chunk_refill_threshold,
                                               chunk_verify_threshold_rad=args.chunk_verify_threshold,

@@ -1,4 +1,5 @@
-"""``vla-accel train-draft``: an EAGLE-style draft head on a Hugging Face VLA's hidden states, saved beside the model.
+"""``vla-accel train-draft``: an EAGLE-style draft head on a token VLA's hidden states, saved beside the model
+or, with ``--out``, in a directory of its own (with a ``vla_spec.json`` that points at the model).
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ from vla_accel_ros.training.configs import TEACHERS, HFDraftTrainConfig
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = config_defaults(HFDraftTrainConfig)
     parser.add_argument("--checkpoint", required=True,
-                        help="hf:DIR, a Hugging Face VLA (frozen); the head is written into DIR")
+                        help="DIR, a Hugging Face or OpenVLA model (frozen); the head is written into DIR "
+                             "unless --out is given")
+    parser.add_argument("--out", default=d.out,
+                        help="write the head here instead (for a read-only model directory), with a vla_spec.json "
+                             "that points at the model; the node then takes it as draft_head: OUT")
     parser.add_argument("--data", required=True, help="demo directory with episode_*.npz (docs/data_layout.md)")
     parser.add_argument("--device", default=d.device, help="where the model and the head run: cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", choices=DTYPES, default=d.dtype,

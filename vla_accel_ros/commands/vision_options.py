@@ -1,4 +1,4 @@
-"""The incremental-vision flags of the commands (eval, bench, hf-cost, vision-fidelity, sim) and the
+"""The incremental-vision flags of the commands (eval, bench, cost, vision-fidelity, sim) and the
 :class:`~vla_accel_ros.models.configuration.VisionReuseConfig` they give. Importable without torch:
 ``vla-accel sim`` hands the settings to the node as its ``vision_*`` parameters.
 """

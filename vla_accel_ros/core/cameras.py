@@ -6,6 +6,9 @@ Each camera has its own watchdog (the arrival of its newest image) and the set h
 camera that stops, or whose images are stamped apart from the others' by more than the tolerance,
 leaves no new observation, and :meth:`CameraSet.hold_reason` names it once the newest observation
 is older than the camera timeout.
+
+:func:`stand_in_slots` says how many of a policy's image slots the cameras leave to a stand-in image,
+and refuses too few cameras in one line naming the setting that gives more.
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from vla_accel_ros.core.errors import SettingError
+
+SIM_CAMERAS = 2  # the sim renders the scene camera and the wrist camera
 
 
 @dataclass
@@ -91,3 +98,26 @@ class CameraSet:
                     f"{self.tolerance_s * 1e3:.1f} ms); no matched observation for "
                     f"{now - self.matched_received:.3f} s")
         return ""
+
+
+def too_few_cameras(cameras: int, image_slots: int) -> SettingError:
+    """The refusal of a run whose ``cameras`` give fewer images than the policy's ``image_slots``."""
+    return SettingError(f"the checkpoint reads {image_slots} images per observation (its image slots) and "
+                        f"{cameras} camera(s) give {cameras}: give {image_slots} with image_topics, "
+                        "or allow a stand-in for each missing one (a copy of the first camera's image) with "
+                        "allow_stand_in_images", "image_topics", "allow_stand_in_images")
+
+
+def stand_in_slots(cameras: int, image_slots: int, allowed: bool) -> int:
+    """The image slots of a policy with ``image_slots`` (0: any) that ``cameras`` leave to a stand-in
+    image; :func:`too_few_cameras` when there are some and stand-ins are not ``allowed``."""
+    missing = max(0, image_slots - cameras)
+    if missing and not allowed:
+        raise too_few_cameras(cameras, image_slots)
+    return missing
+
+
+def sim_cameras(asked: int | None, image_slots: int) -> int:
+    """The sim's cameras a run renders: ``asked``, else as many as the policy's ``image_slots``
+    (0: any, one) up to the sim's scene and wrist cameras."""
+    return asked if asked is not None else min(max(image_slots, 1), SIM_CAMERAS)

@@ -17,3 +17,14 @@ class RunFailed(RuntimeError):
 
 
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, RunFailed)
+
+
+class SettingError(ValueError):
+    """A problem the user fixes with a setting, named in the message by its node parameter
+    (``unnorm_key``, ``image_topics``), as the node shows it; a command shows each of ``settings``
+    as its flag instead (``vla_accel_ros/cli.py``: ``--unnorm-key``, ``--cameras``)."""
+
+    def __init__(self, message: str, *settings: str) -> None:
+        super().__init__(message)
+        self.settings = settings
+

@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 
 PARAMS_KEY = "ros__parameters"
+# Parameters every rclpy node has: a params file may set them, no config of ours holds them.
+ROS_BUILTIN_PARAMETERS = ("use_sim_time", "start_type_description_service")
 
 
 def fully_qualified_name(node_name: str, namespace: str = "") -> str:

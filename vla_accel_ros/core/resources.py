@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = "vla_accel_ros"
-# The example parameter files' checkpoint (config/examples/*.yaml: hf:/path/to/your_<arm>_vla),
+# The example parameter files' checkpoint (config/examples/*.yaml: /path/to/your_<arm>_vla),
 # which a user replaces with their own model's directory.
 PLACEHOLDER_CHECKPOINT = "/path/to/"
 

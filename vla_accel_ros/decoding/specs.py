@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from vla_accel_ros.core.errors import SettingError
+
 if TYPE_CHECKING:
     from vla_accel_ros.models.api import PolicyCapabilities
 
@@ -418,13 +420,14 @@ def shared_settings(name: str, *, fill_check: bool = False, kinematic_r_bounds: 
     settings: dict[str, Any] = {}
     if rtc is not None and rtc[0] > 0:
         if not spec.flow_head:
-            raise ValueError(f"'rtc_horizon' (real-time chunking) is for the flow decoders "
-                             f"({', '.join(names_with(lambda s: s.flow_head))}), not '{name}'")
+            raise SettingError(f"'rtc_horizon' (real-time chunking) is for the flow decoders "
+                               f"({', '.join(names_with(lambda s: s.flow_head))}), not '{name}'", "rtc_horizon")
         settings["rtc_horizon"], settings["rtc_guidance"] = int(rtc[0]), float(rtc[1])
     if fill_check:
         if not spec.fill_check:
-            raise ValueError(f"'kf_fill_check' is for the decoders that fill a rejected suffix with the Kalman filter "
-                             f"({', '.join(names_with(lambda s: s.fill_check))}), not '{name}'")
+            raise SettingError(f"'kf_fill_check' is for the decoders that fill a rejected suffix with the Kalman "
+                               f"filter ({', '.join(names_with(lambda s: s.fill_check))}), not '{name}'",
+                               "kf_fill_check")
         settings["fill_check"] = True
     if kinematic_r_bounds is not None:
         r_min, r_max = kinematic_r_bounds

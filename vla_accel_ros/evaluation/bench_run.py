@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from vla_accel_ros.core.cameras import sim_cameras, stand_in_slots
 from vla_accel_ros.core.progress import progress_bar, success_text
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.core.seeds import EVAL_SEED_START
@@ -64,6 +65,7 @@ class BenchOptions:
     out: Path
     checkpoint: Path = field(default_factory=default_checkpoint)  # a directory, or hf:DIR
     unnorm_key: str = ""
+    device: str = ""  # where the policy runs (cuda, cuda:N); empty: the CPU
     decoders: tuple[str, ...] | None = None  # None: every decoder the policy can serve
     episodes: int = 50
     seed: int = EVAL_SEED_START
@@ -86,6 +88,8 @@ class BenchOptions:
     fill_check: bool = False
     fill_check_bounds: tuple[int, int] | None = None  # None: each decoder's own
     allow_unmatched_robot: bool = False
+    cameras: int | None = None  # the sim's cameras; None: as many as the policy reads
+    stand_in_images: bool = False  # a copy of the scene camera's image in each slot the cameras leave empty
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ def run_bench(options: BenchOptions) -> BenchResult | None:
     ends the run with the reason (ValueError)."""
     torch.set_num_threads(options.threads)
     ckpt = options.checkpoint
-    policy = load_policy(ckpt, unnorm_key=options.unnorm_key)
+    policy = load_policy(ckpt, unnorm_key=options.unnorm_key, device=options.device or None)
     decoders, wa_policy, store_options = chosen_decoders(options, policy)
     entries = bench_entries(decoders, sweep=options.sweep, incremental_vision=options.incremental_vision,
                             reuse_kv=options.reuse_kv, sequential_draft=options.sequential_draft,
@@ -116,8 +120,10 @@ def run_bench(options: BenchOptions) -> BenchResult | None:
     options.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     policies = {e.name: wa_policy if e.wa_prefill else policy for e in entries}
+    cameras = sim_cameras(options.cameras, policy.capabilities().image_slots)
+    stand_ins = stand_in_slots(cameras, policy.capabilities().image_slots, options.stand_in_images)
     with PickCubeEnv(SimConfig(image_size=policy.config.image_size, max_steps=options.max_steps,
-                               wrist_image=policy.capabilities().image_slots > 1)) as env:
+                               wrist_image=cameras > 1)) as env:
         checkpoints = [ckpt] if wa_policy is None else [ckpt, options.wa_checkpoint]
         if not checkpoints_fit_robot("bench", checkpoints, sim_robot(env), options.allow_unmatched_robot):
             return None
@@ -139,6 +145,8 @@ def run_bench(options: BenchOptions) -> BenchResult | None:
         "threads": options.threads,
         "temperature": options.sampling.temperature,
         "fill_check_bounds": options.fill_check_bounds,  # None: each decoder's own
+        "cameras": cameras,
+        "stand_in_images": stand_ins,
     }
     if wa_policy is not None:
         meta.update(wa_checkpoint=str(options.wa_checkpoint),
@@ -177,7 +185,8 @@ def entry_runner(options: BenchOptions, entry: BenchEntry, env: PickCubeEnv, pol
                           temperature=options.sampling.temperature if entry.temperature is None else entry.temperature,
                           vision=replace(options.vision, reuse_kv=entry.reuse_kv) if entry.incremental_vision else None,
                           action_dt_s=env.control_dt, period_s=env.control_dt, max_steps=options.max_steps,
-                          torch_threads=options.threads)
+                          torch_threads=options.threads, device=options.device,
+                          stand_in_images=options.stand_in_images)
     decoder = make_decoder(entry.decoder, **dict(entry.settings),
                            **(store_options if spec_of(entry.decoder).retrieval_store else {}))
     return build_runner(config, env.kin, policy=policy, decoder=decoder)

@@ -8,7 +8,9 @@ seeds below that).
 Outputs ``DIR/summary.json`` (``episodes``, ``success_rate``, ``ncf_rate``, ``ncf_share``,
 ``target_passes_per_action``, ``mean_accepted_len``, ``latency_ms`` {``prefill_p50``,
 ``prefill_mean``, ``decode_p50``, ``total_p50``, ``total_p99``, ``total_mean``, ``wall_p50``, ``wall_p99``: the runner
-call as a whole}, ``params``, ``checkpoint_mb``, ``peak_rss_mb``, …;
+call as a whole}, ``policy_tick_share`` (steps whose action came from the policy: every step here
+waits for the runner, unlike the node, whose actions expire after ``action_timeout_s``),
+``episodes_without_policy_steps`` (their seeds), ``params``, ``checkpoint_mb``, ``peak_rss_mb``, …;
 heisd adds ``retrieval_mode_share``, ``verify_skip_share``, ``retrieval_accept_rate``,
 ``retrieval_query_ms_p50``), ``DIR/latency.png`` (per-step latency) and a one-line summary on stdout.
 """
@@ -38,6 +40,7 @@ class EpisodeRecord:
     decoder: str
     success: bool = False
     steps: int = 0
+    policy_steps: int = 0  # steps whose action came from the policy (the runner)
     min_clearance: float = float("inf")
     prefill_ms: list[float] = field(default_factory=list)
     decode_ms: list[float] = field(default_factory=list)
@@ -72,6 +75,7 @@ def run_episode(env: PickCubeEnv, runner: PolicyRunner, seed: int, scene_clearan
         result = runner(obs, target_clearance=clearance if scene_clearance else None)
         record.wall_ms.append((time.perf_counter() - started) * 1e3)
         obs, _ = env.step(result.action)
+        record.policy_steps += 1
         record.prefill_ms.append(result.timings["prefill"])
         record.decode_ms.append(result.timings["decode"])
         record.total_ms.append(result.timings["total"])
@@ -108,7 +112,7 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
         return [v for r in records for v in getattr(r, attr)]
 
     passes, accepted, drafted = cat("target_passes"), cat("accepted"), cat("drafted")
-    summary = {
+    summary: dict[str, Any] = {
         "episodes": n,
         "success_rate": sum(r.success for r in records) / n,
         "ncf_rate": ncf / n,
@@ -134,6 +138,8 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
             "total_mean": float(np.mean(cat("total_ms"))),
         },
         "mean_episode_steps": float(np.mean([r.steps for r in records])),
+        "policy_tick_share": sum(r.policy_steps for r in records) / max(1, sum(r.steps for r in records)),
+        "episodes_without_policy_steps": [r.seed for r in records if r.policy_steps == 0],
     }
     modes = cat("modes")
     if any(m in HEISD_MODES for m in modes):  # heisd's paths: how often each ran

@@ -29,6 +29,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
+from vla_accel_ros.models.configuration import RunDefaults
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -448,7 +450,8 @@ class LoadOptions:
     """How a family's loader is asked to load: ``unnorm_key`` (a token VLA's dataset in its
     statistics; empty: the only one), ``device`` and ``dtype`` (None: the family's default),
     ``tokenizer_dir`` (a text tokenizer not beside the weights), ``arm`` (the robot's kinematics, for
-    a policy that maps joint actions) and ``draft`` (attach a saved draft head)."""
+    a policy that maps joint actions), ``draft`` (attach a saved draft head) and ``draft_head`` (the
+    directory ``vla-accel train-draft --out`` wrote the head into; None: the one beside the weights)."""
 
     unnorm_key: str = ""
     device: str | None = None
@@ -456,6 +459,7 @@ class LoadOptions:
     tokenizer_dir: Path | None = None
     arm: Any = None
     draft: bool = True
+    draft_head: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -470,7 +474,10 @@ class Family:
     ``devices``, ``dtypes``: where its policies run and the dtypes they load in. ``capabilities``: the
     :class:`PolicyCapabilities` flags its policies can declare. ``options``: the :class:`LoadOptions`
     fields that apply to it. ``remote``: its checkpoints are a server's address; ``action_space_of``:
-    ``"module:function"`` giving such an address's action space (a directory's: its robot record)."""
+    ``"module:function"`` giving such an address's action space (a directory's: its robot record).
+    ``run_defaults``: how its checkpoints run unless their ``vla_spec.json`` or the user sets it
+    (the temperature, the kinematic bounds and the checked fill); a model the package did not
+    train runs greedy, with the bounds for a model the Kalman filter predicts poorly."""
 
     name: str
     marker: str
@@ -485,3 +492,4 @@ class Family:
     remote: bool = False
     answers_with_chunks: bool = False  # it answers with a server's chunks: a token decoder gives way to a flow one
     action_space_of: str = ""
+    run_defaults: RunDefaults = RunDefaults()

@@ -1,5 +1,6 @@
 """Settings of the models layer that other layers read without loading a model: the incremental-vision
-settings and the sampling temperature's default and bound.
+settings, the sampling temperature's bound, and how a checkpoint runs unless told otherwise
+(:class:`RunDefaults`: its family's, then the keys of its ``vla_spec.json``).
 
 Importable without torch: ``ros/parameters.py`` builds the node's parameters from these before any
 model is loaded (in ``inference_mode: process`` the node never loads one at all).
@@ -8,12 +9,72 @@ model is loaded (in ``inference_mode: process`` the node never loads one at all)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 from vla_accel_ros.core.settings import setting
+from vla_accel_ros.models.files import read_json_object
 
-DEFAULT_TEMPERATURE = 0.5  # the shipped policy's setting, chosen on closed-loop success (README)
+DEFAULT_TEMPERATURE = 0.5  # the package's own policies' setting, chosen on closed-loop success (README)
 MAX_TEMPERATURE = 2.0
+RUN_SPEC_FILE = "vla_spec.json"
+# vla_spec.json keys that set how a checkpoint runs unless the user sets it (RunDefaults' fields)
+RUN_DEFAULT_KEYS = ("temperature", "kinematic_r_bounds", "kf_fill_check")
+
+
+@dataclass(frozen=True)
+class RunDefaults:
+    """How a checkpoint runs unless the user sets it: ``temperature``, its action-token sampling
+    temperature (0 = greedy); ``kinematic_r_bounds``, the (r_min, r_max) of ``kerv`` and
+    ``world_aware``'s kinematic acceptance threshold, in token bins (None: the decoder's own,
+    5:15); ``kf_fill_check``, whether those decoders check their Kalman fill against the target's
+    picks. The defaults are those of a model the package did not train: greedy, as a published
+    model's own ``predict_action``, and the bounds and checked fill that keep the success of a model
+    whose tokens the Kalman filter predicts poorly (docs/your_own_vla.md, "Defaults per model")."""
+
+    temperature: float = 0.0
+    kinematic_r_bounds: tuple[int, int] | None = (2, 6)
+    kf_fill_check: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not (
+                math.isfinite(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE):
+            raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE}], got {self.temperature!r}")
+        object.__setattr__(self, "temperature", float(self.temperature))
+        if self.kinematic_r_bounds is not None:
+            bounds = self.kinematic_r_bounds
+            if not (isinstance(bounds, (list, tuple)) and len(bounds) == 2
+                    and all(isinstance(r, int) and not isinstance(r, bool) for r in bounds)
+                    and 0 <= bounds[0] <= bounds[1] <= 255):
+                raise ValueError(f"kinematic_r_bounds must be [r_min, r_max], integers with 0 <= r_min <= r_max "
+                                 f"<= 255, got {bounds!r}")
+            object.__setattr__(self, "kinematic_r_bounds", (bounds[0], bounds[1]))
+        if not isinstance(self.kf_fill_check, bool):
+            raise ValueError(f"kf_fill_check must be true or false, got {self.kf_fill_check!r}")  # noqa: TRY004
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``vla_spec.json`` keys that declare these defaults."""
+        bounds = None if self.kinematic_r_bounds is None else list(self.kinematic_r_bounds)
+        return {"temperature": self.temperature, "kinematic_r_bounds": bounds, "kf_fill_check": self.kf_fill_check}
+
+
+# The package's own policies (checkpoints/default and what its trainers make of it): tuned here.
+TRAINED_HERE = RunDefaults(temperature=DEFAULT_TEMPERATURE, kinematic_r_bounds=None, kf_fill_check=False)
+
+
+def declared_run_defaults(family_defaults: RunDefaults, directory: Path) -> RunDefaults:
+    """``family_defaults`` with what the ``vla_spec.json`` in ``directory`` sets of them
+    (``RUN_DEFAULT_KEYS``); ValueError naming the file and key for a bad value."""
+    path = directory / RUN_SPEC_FILE
+    if not path.is_file():
+        return family_defaults
+    stored: dict[str, Any] = read_json_object(path)
+    declared = {key: stored[key] for key in RUN_DEFAULT_KEYS if key in stored}
+    try:
+        return replace(family_defaults, **declared)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ capabilities), importable without torch. The registry finds
 A family's loader and modules are imported only when one of its checkpoints is loaded (torch,
 transformers). A directory no family recognises is refused in one line that names the file read and
 the families known. :func:`resolve_checkpoint` does the checks that need no model (the directory, the
-family, its files, the device) without torch and returns the record that travels to an inference
+family, its files, the device: one its family runs on and, for CUDA, one this torch sees) without
+loading a model, and torch only for a CUDA device; it returns the record that travels to an inference
 process, so that a checkpoint is recognised, and its ``config.json`` read, once.
 """
 
@@ -23,16 +24,18 @@ import functools
 import importlib
 import os
 import pkgutil
-import re
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from vla_accel_ros.core.actions import EE_DELTA
+from vla_accel_ros.core.errors import SettingError
 from vla_accel_ros.core.resources import checkpoint_problem
 from vla_accel_ros.core.robot_record import read_robot_record
 from vla_accel_ros.models.api import CheckpointRef, Family, LoadOptions, PolicyLike, ResolvedCheckpoint
+from vla_accel_ros.models.devices import is_device_name as is_device_name  # where callers have found it
+from vla_accel_ros.models.devices import require_device_available
 from vla_accel_ros.models.files import CONFIG_FILE, read_config
 
 FAMILIES_VARIABLE = "VLA_ACCEL_FAMILIES"
@@ -93,13 +96,28 @@ def _recognised(ref: CheckpointRef) -> tuple[Family, dict[str, Any] | None]:
         raise ValueError(f"{directory}: {problem}")
     config = read_config(directory)
     if ref.declared_family:
-        return family_named(ref.declared_family), config
+        declared = family_named(ref.declared_family)
+        if not declared.remote and not declared.recognises(directory, config):
+            _refuse_another_family(ref, declared, config)
+        return declared, config
     for family in families():
         if not family.remote and family.recognises(directory, config):
             return family, config
     read = f"{directory / CONFIG_FILE}" + (f" (model_type {config.get('model_type')!r})" if config else ": none")
     known = "; ".join(f"{f.name}: {f.marker}" for f in families())
     raise ValueError(f"{directory}: not a checkpoint of a family this package runs (read {read}); known: {known}")
+
+
+def _refuse_another_family(ref: CheckpointRef, declared: Family, config: dict[str, Any] | None) -> None:
+    """ValueError in one line when the directory ``ref`` declares as ``declared`` is another
+    family's: that family named, and the directory to give without the prefix. A directory no family
+    recognises goes on to the declared family's checks, which name the file at fault."""
+    directory = ref.directory
+    for family in families():
+        if not family.remote and family is not declared and family.recognises(directory, config):
+            prefix = str(ref).removesuffix(str(directory))
+            raise ValueError(f"{directory} is a checkpoint of the {family.name} family ({family.marker}), not of "
+                             f"the {declared.name} family {prefix} declares; give the directory without {prefix}")
 
 
 def recognise(source: str | Path | CheckpointRef | ResolvedCheckpoint) -> Family:
@@ -112,17 +130,13 @@ def recognise(source: str | Path | CheckpointRef | ResolvedCheckpoint) -> Family
     return _recognised(CheckpointRef.parse(source))[0]
 
 
-def is_device_name(device: str) -> bool:
-    """Whether ``device`` names where a policy can run: cpu, cuda or cuda:N."""
-    return re.fullmatch(r"cpu|cuda(:\d+)?", device) is not None
-
-
 def _check_device(ref: CheckpointRef, family: Family, device: str) -> None:
     kind = device.partition(":")[0]
     if device and kind not in family.devices:
         others = ", ".join(f.name for f in families() if kind in f.devices) or "none"
         raise ValueError(f"{ref}: device {device!r}: a checkpoint of the {family.name} family runs on "
                          f"{' or '.join(family.devices)} only (families that run on {kind}: {others})")
+    require_device_available(device)  # before anything loads: a GPU this torch sees
 
 
 def resolve_checkpoint(source: str | Path | CheckpointRef | ResolvedCheckpoint, *, unnorm_key: str = "",
@@ -130,7 +144,8 @@ def resolve_checkpoint(source: str | Path | CheckpointRef | ResolvedCheckpoint, 
     """The checkpoint ``source`` names, resolved once: its family recognised, the checks that need
     no model passed (the family's own: complete safetensors files, a token VLA's action statistics),
     ``device`` one its family runs on (empty: the CPU), and the action space its robot record
-    declares. ValueError in one line naming the file at fault. Imports no torch."""
+    declares. ValueError in one line naming the file at fault, or a CUDA ``device`` this torch does
+    not see. Imports torch only to ask about a CUDA device (:mod:`~vla_accel_ros.models.devices`)."""
     if isinstance(source, ResolvedCheckpoint):
         _check_device(source.ref, recognise(source), device)
         return source
@@ -153,8 +168,9 @@ def check_checkpoint(source: str | Path | CheckpointRef, *, unnorm_key: str = ""
 
 
 def check_device(source: str | Path | CheckpointRef | ResolvedCheckpoint, device: str) -> Family:
-    """The family of the checkpoint ``source`` names, once it can run on ``device``; ValueError in
-    one line otherwise. Imports no torch."""
+    """The family of the checkpoint ``source`` names, once it can run on ``device`` (its family's
+    devices, and a CUDA device this torch sees); ValueError in one line otherwise. Imports torch only
+    to ask about a CUDA device."""
     family = recognise(source)
     ref = source.ref if isinstance(source, ResolvedCheckpoint) else CheckpointRef.parse(source)
     _check_device(ref, family, device)
@@ -180,7 +196,7 @@ def require_family(source: str | Path | CheckpointRef, name: str, purpose: str) 
 
 def load_policy(source: str | Path | CheckpointRef | ResolvedCheckpoint, *, unnorm_key: str = "",
                 device: str | None = None, dtype: str | None = None, tokenizer_dir: Path | None = None,
-                arm: Any = None, draft: bool = True) -> PolicyLike:
+                arm: Any = None, draft: bool = True, draft_head: Path | None = None) -> PolicyLike:
     """The policy in the checkpoint ``source`` names (a directory, ``hf:DIR``, a policy server's
     address, or a checkpoint resolved already), loaded by its family's loader (:class:`LoadOptions`
     says what each option is); ValueError naming the file at fault, or the option that does not apply."""
@@ -188,10 +204,11 @@ def load_policy(source: str | Path | CheckpointRef | ResolvedCheckpoint, *, unno
         source, unnorm_key=unnorm_key, device=device or "")
     family = family_named(checkpoint.family)
     options = LoadOptions(unnorm_key=unnorm_key, device=device, dtype=dtype, tokenizer_dir=tokenizer_dir, arm=arm,
-                          draft=draft)
-    for name, unset in (("unnorm_key", ""), ("tokenizer_dir", None), ("draft", True)):
+                          draft=draft, draft_head=draft_head)
+    for name, unset in (("unnorm_key", ""), ("tokenizer_dir", None), ("draft", True), ("draft_head", None)):
         if getattr(options, name) != unset and name not in family.options:
-            raise ValueError(f"{checkpoint.ref}: {name} does not apply to a checkpoint of the {family.name} family")
+            raise SettingError(f"{checkpoint.ref}: {name} does not apply to a checkpoint of the {family.name} family",
+                               name)
     if (dtype or device) and not family.remote:
         if dtype and dtype not in family.dtypes:
             raise ValueError(f"{checkpoint.ref}: dtype {dtype!r}: a checkpoint of the {family.name} family loads in "

@@ -33,9 +33,12 @@ def check_checkpoint_present(runner: RunnerConfig) -> None:
 
 def checkpoint_checks(runner: RunnerConfig, cfg: NodeConfig, kin: ArmKinematics) -> CheckedCheckpoint:
     """The checkpoint ``runner`` names, resolved once (its family, its files, ``device``: one its
-    family runs on, its declared action space) and checked against this robot (``kin`` and the policy
+    family runs on and, for CUDA, one this torch sees, unless ``inference_python`` names the
+    interpreter whose torch counts; its declared action space) and checked against this robot (``kin`` and the policy
     step and image size of ``cfg``). A policy server (openpi://) carries no robot record."""
-    resolved = resolve_checkpoint(runner.checkpoint_ref, unnorm_key=runner.unnorm_key, device=runner.device)
+    # an inference_python of its own asks its own torch for the GPU, as its process starts (still at configure)
+    device = "" if cfg.inference_python else runner.device
+    resolved = resolve_checkpoint(runner.checkpoint_ref, unnorm_key=runner.unnorm_key, device=device)
     warning = "" if runner.checkpoint_ref.address else check_checkpoint_robot(
         runner.checkpoint_path, kin.joint_names, kin.tcp_frame, action_dt_s=cfg.action_dt_s,
         image_size=cfg.image_size, allow_unmatched=cfg.allow_unmatched_robot)

@@ -9,6 +9,10 @@ decodes the newest complete observation of every robot that has one together, in
 batched prefill (which also verifies the proposals of the decoders that verify inside it) per
 round (:class:`~vla_accel_ros.runtime.fleet.FleetRunner`). The subscriptions only store.
 
+The policy runs where parameter ``device`` says (``cuda`` or ``cuda:N`` on the GPU host; empty: the
+CPU); a family that does not run there, or a GPU this process's torch does not see, is refused
+before the node starts, in one line.
+
 ``/diagnostics`` and ``~/stats`` report, per robot, the observations answered and the decode
 latency.
 """
@@ -93,6 +97,7 @@ class VlaInferenceNode(Node):
                                                     allow_unmatched=cfg.allow_unmatched_robot)
         if self.robot_warning:
             self.get_logger().warn(self.robot_warning)
+        # its family runs on the device, and for CUDA this torch sees it: refused here, before any load
         resolved = resolve_checkpoint(runner_config.checkpoint_ref, unnorm_key=runner_config.unnorm_key,
                                       device=runner_config.device)
         runner_config = replace(runner_config, resolved=resolved)  # every robot's runner loads it as resolved here
@@ -123,8 +128,8 @@ class VlaInferenceNode(Node):
         self._thread = threading.Thread(target=self._decode_loop, name="vla_inference_decoder", daemon=True)
         self._thread.start()
         served = ", ".join(self._topic(r.name, remote_protocol.ACTION_TOPIC) for r in self.robots)
-        self.get_logger().info(f"ready: {len(self.robots)} robot(s), decoder {cfg.policy.decoder}, image "
-                               f"{self.image_size}px; answering on {served}")
+        self.get_logger().info(f"ready: {len(self.robots)} robot(s), decoder {cfg.policy.decoder}, on "
+                               f"{runner_config.device or 'cpu'}, image {self.image_size}px; answering on {served}")
 
     def _topic(self, robot: str, topic: str) -> str:
         return self.resolve_topic_name(f"/{robot.strip('/')}/{topic}" if robot.strip("/") else topic)

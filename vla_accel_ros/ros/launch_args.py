@@ -166,7 +166,7 @@ VLA_NODE_ARGUMENTS = ("control_rate_hz", "autostart", "checkpoint", "decoder", "
                       "use_sim_time", "allow_unmatched_robot", "inference_mode", "instruction", "image_topics",
                       "chunk_execution", "chunk_blend", "chunk_refill_threshold")
 INFERENCE_NODE_ARGUMENTS = ("robots", "checkpoint", "unnorm_key", "decoder", "temperature", "kf_fill_check",
-                            "urdf_file", "tcp_frame", "allow_unmatched_robot")
+                            "urdf_file", "tcp_frame", "allow_unmatched_robot", "device")
 SIM_NODE_ARGUMENTS = ("control_rate_hz", "autostart", "checkpoint", "decoder", "temperature", "kf_fill_check",
                       "output", "use_sim_time", "chunk_execution", "chunk_blend", "chunk_refill_threshold")
 SIM_BRIDGE_ARGUMENTS = ("seed",)

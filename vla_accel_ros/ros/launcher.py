@@ -6,7 +6,13 @@ parameters those of its settings (:meth:`SimRunOptions.node_config`, ...) that d
 defaults. This process drives episodes
 through the bridge's ``~/reset`` and ``~/episode`` topics, then stops the node (SIGINT; it writes
 its statistics), and writes ``DIR/summary.json``, ``DIR/tick_jitter.png`` and
-``DIR/joint_tracking.png``.
+``DIR/joint_tracking.png``. The summary counts each episode's ticks and policy ticks
+(``policy_tick_share``); an episode without a policy tick is a run that never drove the arm, and
+``no_policy_tick`` says why in one line (``runtime/health.py``'s :func:`starved_advice`).
+
+A ``--params-file`` (a ROS 2 parameter YAML, as the launch files take) gives the node any parameter;
+the run's own settings apply over it where they differ from the node's defaults, and the sim's
+robot, topics, rate, inference mode and lifecycle (:data:`SIM_PARAMETERS`) always apply.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ import numpy as np
 
 from vla_accel_ros.core.chunks import ChunkSettings
 from vla_accel_ros.core.errors import RunFailed
+from vla_accel_ros.core.params_file import ROS_BUILTIN_PARAMETERS, read_node_parameters
 from vla_accel_ros.core.resources import default_checkpoint
-from vla_accel_ros.core.settings import changed_params
+from vla_accel_ros.core.settings import ConfigError, changed_params, from_params, to_params
 from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.models.load import check_checkpoint
@@ -40,10 +47,18 @@ from vla_accel_ros.ros.parameters import (
     SimBridgeConfig,
 )
 from vla_accel_ros.ros.processes import NodeProcess, NodeRefused, parameter_arguments
-from vla_accel_ros.ros.run_summary import chunk_metrics, episode_tick_counts
+from vla_accel_ros.ros.run_summary import SOURCE_CODES, chunk_metrics, episode_tick_counts
+from vla_accel_ros.runtime.health import starved_advice
 
 READY_TIMEOUT_S = 90.0
 CAMERA_TOPICS = ("camera/image_raw", "wrist_camera/image_raw")  # the bridge's scene and wrist cameras
+NODE_NAME = "vla_accel_node"  # its section in a --params-file
+# The node's parameters the run sets whatever a --params-file says: the sim's robot and topics, the
+# rate its reports are computed at, the inference mode it starts processes for, and the lifecycle.
+SIM_PARAMETERS = ("control_rate_hz", "output", "controller", "controller_joints", "gripper_controller",
+                  "joint_command_topic", "image_topic", "compressed_image", "image_topics", "image_transports",
+                  "joint_states_topic", "instruction", "robot_description", "robot_description_timeout_s",
+                  "urdf_file", "tcp_frame", "inference", "inference_mode", "autostart", "stats_file")
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,9 @@ class SimRunOptions:
     allow_unmatched_robot: bool = False  # the node's: run a checkpoint made for another arm of the same DOF
     chunks: ChunkSettings = field(default_factory=ChunkSettings)  # the node's chunk_* parameters
     cameras: int = 1  # 2: the bridge publishes the wrist camera too, and the node takes both (image_topics)
+    stand_in_images: bool = False  # the node's allow_stand_in_images
+    params_file: str = ""  # the node's ROS 2 parameter YAML (see the module doc)
+    action_timeout_s: float | None = None  # the node's action_timeout_s; None: the params file's, else its default
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -85,6 +103,10 @@ class SimRunOptions:
             raise ValueError(f"--inference-mode must be one of {', '.join(INFERENCE_MODES)}, got {self.inference_mode}")
         if self.netns and self.inference_mode != "remote":
             raise ValueError("--netns needs --inference-mode remote (it puts the inference node in a namespace)")
+        if self.action_timeout_s is not None and not 0.0 < self.action_timeout_s <= 60.0:
+            raise ValueError(f"--action-timeout-s must be in (0, 60] s, got {self.action_timeout_s}")
+        if self.params_file and not Path(self.params_file).is_file():
+            raise ValueError(f"--params-file {self.params_file}: no such file")
         if self.vision is not None and self.inference_mode == "remote":
             raise ValueError("--vision needs --inference-mode thread or process: vla_inference_node encodes every "
                              "patch of every frame")
@@ -96,18 +118,39 @@ class SimRunOptions:
         return Path(self.out) / "node_stats.json"
 
     def node_config(self) -> NodeConfig:
-        """vla_accel_node's settings for the run: the policy's checkpoint made absolute, since the node
-        runs in another working directory."""
-        policy = self.policy
-        if policy.checkpoint:
-            policy = replace(policy, checkpoint=str(CheckpointRef.parse(policy.checkpoint).resolved()))
-        config = NodeConfig(control_rate_hz=self.control_rate_hz, policy=policy, autostart=True, output=self.output,
-                            executor=self.executor, stats_file=str(self.stats_file.resolve()),
+        """vla_accel_node's settings for the run: the params file's, the run's over them (see the
+        module doc), and the policy's checkpoint made absolute, since the node runs in another
+        working directory."""
+        config = NodeConfig(control_rate_hz=self.control_rate_hz, policy=self.policy, autostart=True,
+                            output=self.output, executor=self.executor, stats_file=str(self.stats_file.resolve()),
                             inference=self.inference, robot_description_timeout_s=10.0,
                             inference_mode=self.inference_mode, realtime_priority=self.realtime_priority,
                             inference_python=self.inference_python, allow_unmatched_robot=self.allow_unmatched_robot,
-                            chunks=self.chunks, image_topics=CAMERA_TOPICS if self.cameras == 2 else ())
-        return config if self.vision is None else replace(config, vision=self.vision)
+                            chunks=self.chunks, image_topics=CAMERA_TOPICS if self.cameras == 2 else (),
+                            allow_stand_in_images=self.stand_in_images)
+        config = config if self.vision is None else replace(config, vision=self.vision)
+        if self.params_file or self.action_timeout_s is not None:
+            own = to_params(config)
+            params = {**self.file_parameters(), **changed_params(config),
+                      **{name: own[name] for name in SIM_PARAMETERS}}
+            if self.action_timeout_s is not None:
+                params["action_timeout_s"] = self.action_timeout_s
+            try:
+                config = from_params(NodeConfig, params)
+            except ConfigError as err:
+                where = f" (with --params-file {self.params_file})" if self.params_file else ""
+                raise ConfigError(f"sim settings{where}: {err}") from err
+        if config.policy.checkpoint:
+            config = replace(config, policy=replace(
+                config.policy, checkpoint=str(CheckpointRef.parse(config.policy.checkpoint).resolved())))
+        return config
+
+    def file_parameters(self) -> dict[str, Any]:
+        """The parameters ``params_file`` gives the node (none without one), less ROS's own."""
+        if not self.params_file:
+            return {}
+        return {name: value for name, value in read_node_parameters(self.params_file, NODE_NAME).items()
+                if name not in ROS_BUILTIN_PARAMETERS and not name.startswith("qos_overrides.")}
 
     def inference_config(self) -> InferenceNodeConfig:
         """vla_inference_node's settings in remote mode: the node's policy, at its control period."""
@@ -211,8 +254,9 @@ def run_sim(opts: SimRunOptions, progress: bool = True,
     ``attach(domain_id)`` starts an :class:`Attachment` on the run's domain once the processes are
     launched; the first episode starts when it is ready, and its ``close()`` is called before they
     are stopped."""
+    policy = opts.node_config().policy
     if opts.inference:  # a checkpoint the node would refuse is named here, before any process starts
-        check_checkpoint(opts.policy.checkpoint or default_checkpoint(), unnorm_key=opts.policy.unnorm_key)
+        check_checkpoint(policy.checkpoint or default_checkpoint(), unnorm_key=policy.unnorm_key)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     domain = opts.domain_id or (100 + os.getpid() % 100)
@@ -227,12 +271,13 @@ def run_sim(opts: SimRunOptions, progress: bool = True,
             env = dict(env, **host.peers_env()) if host is not None else env
             remote = _start_inference_node(opts, out, env, host)
             stack.callback(remote.stop)
-        episodes, peak_rss, first_episode_wall = _run_episodes(opts, progress, attach, out, env, domain, remote)
+        episodes, peak_rss, windows = _run_episodes(opts, progress, attach, out, env, domain, remote)
     if not stats_file.is_file():
         raise RunFailed(f"the node wrote no statistics to {stats_file}; see {out}/vla_accel_node.log")
     node_stats = json.loads(stats_file.read_text())
     summary = _summarise(opts, episodes, node_stats, peak_rss, domain)
-    summary.update(episode_tick_counts(node_stats["tick_log"], first_episode_wall))
+    summary.update(episode_tick_counts(node_stats["tick_log"], windows[0][0]))
+    summary.update(policy_tick_counts(opts, episodes, node_stats, windows))
     summary["plots"] = _plot(node_stats, opts.control_rate_hz, out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -253,9 +298,10 @@ def _start_inference_node(opts: SimRunOptions, out: Path, env: dict[str, str],
 
 def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], Attachment] | None, out: Path,
                   env: dict[str, str], domain: int,
-                  remote: NodeProcess | None) -> tuple[list[dict[str, Any]], float, float]:
-    """The bridge and the node up, then the episodes: their reports, the node's peak RSS and when the
-    first episode started (``time.monotonic``, the clock of the node's tick log)."""
+                  remote: NodeProcess | None) -> tuple[list[dict[str, Any]], float, list[tuple[float, float]]]:
+    """The bridge and the node up, then the episodes: their reports, the node's peak RSS and when
+    each episode started and ended (its reset sent, its report received: ``time.monotonic``, the
+    clock of the node's tick log)."""
     from vla_accel_ros.core.progress import progress_bar
 
     sim = NodeProcess.start("vla_accel_ros.ros.sim_node", _ros_args(opts.bridge_config()), out / "sim_node.log", env)
@@ -281,17 +327,19 @@ def _run_episodes(opts: SimRunOptions, progress: bool, attach: Callable[[int], A
             raise RunFailed(f"nodes did not come up (node rc={node.returncode}, sim rc={sim.returncode}); "
                                f"see {node.log} and {sim.log}")
         bar = progress_bar(range(opts.episodes), desc="sim", unit="ep", disable=not progress)
-        first_episode_wall = time.monotonic()
+        windows: list[tuple[float, float]] = []
         for i in bar:
             n_before = len(monitor.episodes)
+            started = time.monotonic()
             monitor.reset(opts.seed + i)
             done = monitor.wait_for(
                 lambda n_before=n_before: len(monitor.episodes) > n_before or node.returncode is not None,
                 opts.duration_s / max(opts.real_time_factor, 0.05) + 30.0)
             if not done or len(monitor.episodes) <= n_before:
                 raise RunFailed(f"episode {i} (seed {opts.seed + i}) did not finish; node rc={node.returncode}")
+            windows.append((started, time.monotonic()))
             bar.success(sum(bool(e["success"]) for e in monitor.episodes), len(monitor.episodes))
-        return monitor.episodes, node.peak_rss_mb(), first_episode_wall
+        return monitor.episodes, node.peak_rss_mb(), windows
     finally:
         if attached is not None:
             attached.close()
@@ -329,6 +377,35 @@ def _summarise(opts: SimRunOptions, episodes: list[dict[str, Any]], node: dict[s
         "options": opts.to_json(),
         "ros_domain_id": domain,
     }
+
+
+def policy_tick_counts(opts: SimRunOptions, episodes: list[dict[str, Any]], node: dict[str, Any],
+                       windows: list[tuple[float, float]]) -> dict[str, Any]:
+    """Each episode's ``ticks`` and ``policy_ticks`` (into its report in ``episodes``: the node's
+    ticks between its reset and its report), ``policy_tick_share`` over the episodes, and
+    ``no_policy_tick``: '' when every episode had a policy tick, else why the policy never drove the arm."""
+    wall = np.asarray(node["tick_log"]["wall"], dtype=float)
+    policy = np.asarray(node["tick_log"]["source"], dtype=int) == SOURCE_CODES["policy"]
+    for report, (start, end) in zip(episodes, windows, strict=True):
+        inside = (wall >= start) & (wall <= end)
+        report.update(ticks=int(inside.sum()), policy_ticks=int((inside & policy).sum()))
+    ticks = sum(e["ticks"] for e in episodes)
+    share = sum(e["policy_ticks"] for e in episodes) / ticks if ticks else 0.0
+    idle = [str(e["seed"]) for e in episodes if e["policy_ticks"] == 0]
+    reason = ""
+    if idle and not opts.inference:
+        reason = f"no policy tick in the episode(s) of seed {', '.join(idle)}: the node ran without inference"
+    elif idle:
+        cfg = opts.node_config()
+        actions, errors = int(node.get("inference_actions") or 0), int(node.get("inference_errors") or 0)
+        latency = node.get("inference_latency_ms_p50") if actions else None
+        why = starved_advice(starved_s=float(opts.duration_s), inference_ms=latency,
+                             action_timeout_s=cfg.action_timeout_s, fallback_max_s=cfg.fallback_max_s,
+                             expired=int(node.get("actions_expired") or 0), failing=errors > 0 and not actions,
+                             last_error=str(node.get("inference_last_error") or ""),
+                             timeout_name="action_timeout_s (--action-timeout-s)")
+        reason = f"no policy tick in the episode(s) of seed {', '.join(idle)}: {why}"
+    return {"policy_tick_share": share, "no_policy_tick": reason}
 
 
 def _plot(node: dict[str, Any], rate_hz: float, out: Path) -> list[str]:

@@ -278,7 +278,8 @@ class VlaAccelNode(LifecycleNode):
             inference = start_inference(cfg, runner, self.controller, self.kin, self._now, self._remote)
             self.worker, self.policy_warnings = inference.worker, inference.warnings
             model_size = inference.model_image_size
-            check_image_slots(len(self.cameras), inference.model_image_slots)
+            if stand_in := check_image_slots(len(self.cameras), inference.model_image_slots, cfg.allow_stand_in_images):
+                self.policy_warnings = [*self.policy_warnings, stand_in]
         self.image_size = image_size(cfg.image_size, model_size)
         inputs.subscribe()
         self.cameras.start(self.resolve_topic_name, self.image_size, cfg.max_image_pixels, cfg.image_reliable,

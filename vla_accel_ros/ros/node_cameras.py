@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from vla_accel_ros.core.cameras import stand_in_slots
 from vla_accel_ros.core.controller import Controller
+from vla_accel_ros.core.errors import SettingError
 from vla_accel_ros.core.settings import ConfigError
 from vla_accel_ros.ros.camera_intake import CameraIntake, CameraIntakeError, IntakeSpec
 from vla_accel_ros.ros.parameters import NodeConfig
@@ -91,8 +93,18 @@ class NodeCameras:
         return on_refused
 
 
-def check_image_slots(cameras: int, slots: int) -> None:
-    """ConfigError when the node's camera count differs from the model's image slots (0 = unknown)."""
-    if slots and cameras != slots:
+def check_image_slots(cameras: int, slots: int, allow_stand_in: bool) -> str:
+    """The node's camera count against the model's image slots (0 = unknown): '' when they match,
+    the standing warning of the slots left to a stand-in image (``allow_stand_in_images``), else
+    ConfigError naming ``image_topics``."""
+    if slots and cameras > slots:
         raise ConfigError(f"the node has {cameras} camera topic(s) but the checkpoint reads {slots} image(s) per "
                           f"observation (its image slots): set image_topics to {slots} topic(s), in slot order")
+    try:
+        missing = stand_in_slots(cameras, slots, allow_stand_in)
+    except SettingError as err:
+        raise ConfigError(str(err)) from err
+    if not missing:
+        return ""
+    return (f"image_topics gives {cameras} of the checkpoint's {slots} image slots: the other {missing} get a copy "
+            "of the first camera's image (allow_stand_in_images)")

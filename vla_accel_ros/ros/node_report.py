@@ -67,7 +67,8 @@ class NodeReport:
                  stalls: StallMonitor, now: Callable[[], float]) -> None:
         self._node, self._inputs, self._stalls, self._now = node, inputs, stalls, now
         cfg = node.cfg
-        self.health = Health(1.0 / cfg.stats_rate_hz, stale_after_s=max(cfg.action_timeout_s, 3 * cfg.period_s))
+        self.health = Health(1.0 / cfg.stats_rate_hz, stale_after_s=max(cfg.action_timeout_s, 3 * cfg.period_s),
+                             action_timeout_s=cfg.action_timeout_s, fallback_max_s=cfg.fallback_max_s)
         self._pub_diag = node.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._pub_stats = node.create_publisher(String, "~/stats", 10)
         self._timer = node.create_timer(1.0 / cfg.stats_rate_hz, stalls.wrap("report", self.publish),

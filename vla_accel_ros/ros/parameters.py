@@ -30,11 +30,10 @@ from vla_accel_ros.decoding.specs import (
     spec_of,
 )
 from vla_accel_ros.models.configuration import (
-    DEFAULT_TEMPERATURE,
     MAX_TEMPERATURE,
     VisionReuseConfig,
 )
-from vla_accel_ros.models.load import is_device_name
+from vla_accel_ros.models.devices import is_device_name
 from vla_accel_ros.runtime.builder import RunnerConfig
 
 OUTPUT_FORMATS = ("forward_position", "joint_trajectory", "joint_state")
@@ -44,10 +43,13 @@ IMAGE_TRANSPORTS = ("raw", "compressed")
 
 FILL_CHECK = ", ".join(names_with(lambda spec: spec.fill_check))
 KINEMATIC = ", ".join(names_with(lambda spec: spec.kinematic_threshold))
+# A parameter at this value is left to the model (RunDefaults: its vla_spec.json's, else its family's).
+MODEL_DEFAULT = -1
 R_MIN_HELP = (f"{KINEMATIC}: lower bound of the kinematic acceptance threshold r, in token bins (a proposed "
-              "token within r of the target's pick is accepted); checkpoints/hf_small with kf_fill_check: 2, "
-              "with kinematic_r_max 6")
-R_MAX_HELP = f"{KINEMATIC}: upper bound of the kinematic acceptance threshold r, in token bins"
+              "token within r of the target's pick is accepted); -1 (both bounds) = the model's, and with them its "
+              "kf_fill_check: its vla_spec.json's kinematic_r_bounds, else 5:15 for the package's policies and 2:6 "
+              "with kf_fill_check for a model trained elsewhere; -1 for one bound alone = the decoder's own (5, 15)")
+R_MAX_HELP = f"{KINEMATIC}: upper bound of the kinematic acceptance threshold r, in token bins; -1 = as kinematic_r_min"
 
 
 @dataclass(frozen=True)
@@ -55,26 +57,33 @@ class PolicySettings:
     """The policy and its decoder: the checkpoint, the decoder and the settings every decoder is
     offered, checked together against the decoder registry (``decoding/specs.py``)."""
 
-    checkpoint: str = setting("", "Policy checkpoint directory, or hf:DIR for a Hugging Face VLA with OpenVLA's "
-                              "action tokens, or openpi://HOST:PORT for a policy server (docs/openpi.md); empty = "
-                              "the package's checkpoints/default")
-    unnorm_key: str = setting("", "hf:DIR only: the dataset in its dataset_statistics.json whose statistics "
-                              "unnormalise the actions; empty = the file's only one")
+    checkpoint: str = setting("", "Policy checkpoint directory of any family (recognised by its own files; hf:DIR "
+                              "also declares a Llava-style Hugging Face VLA), or openpi://HOST:PORT for a policy "
+                              "server (docs/openpi.md); empty = the package's checkpoints/default")
+    unnorm_key: str = setting("", "A token VLA with several datasets (OpenVLA, OpenVLA-OFT, a Hugging Face VLA): the "
+                              "dataset in its statistics whose actions it unnormalises; empty = the only one")
     decoder: str = setting(DEFAULT, "Action decoder (see README, Decoders)", choices=names)
-    temperature: float = setting(DEFAULT_TEMPERATURE, "Action-token sampling temperature, 0 = greedy (every decoder "
-                                 "samples the same way; see README, The policy)", range=(0.0, MAX_TEMPERATURE))
+    temperature: float = setting(float(MODEL_DEFAULT), "Action-token sampling temperature, 0 = greedy (every decoder "
+                                 "samples the same way; see README, The policy); -1 = the model's: its "
+                                 "vla_spec.json's temperature, else 0.5 for the package's policies and 0 (greedy) "
+                                 "for a model trained elsewhere", range=(float(MODEL_DEFAULT), MAX_TEMPERATURE))
     kf_fill_check: bool = setting(False, f"{FILL_CHECK}: check the Kalman filter's fill of a rejected suffix "
                                   "against the target's own picks from the same verify pass (a KF token more than r "
                                   "from the target's pick gives way to it); for a model whose tokens the KF predicts "
                                   "poorly, such as checkpoints/hf_small")
-    kinematic_r_min: int = setting(KINEMATIC_R_BOUNDS[0], R_MIN_HELP, range=(0, 255))
-    kinematic_r_max: int = setting(KINEMATIC_R_BOUNDS[1], R_MAX_HELP, range=(0, 255))
+    kinematic_r_min: int = setting(MODEL_DEFAULT, R_MIN_HELP, range=(MODEL_DEFAULT, 255))
+    kinematic_r_max: int = setting(MODEL_DEFAULT, R_MAX_HELP, range=(MODEL_DEFAULT, 255))
     rtc_horizon: int = setting(0, "flow10, flow2 with a chunked policy: real-time chunking, the steps of each chunk "
                                "guided towards what the previous chunk plans for the same times (its first steps, "
                                "those the inference takes, frozen); 0 = off", range=(0, 1000))
     rtc_guidance: float = setting(5.0, "Real-time chunking: the guidance's largest gain", range=(0.0, 100.0))
-    device: str = setting("", "Where a LeRobot policy (SmolVLA, pi0, pi05) runs: cuda or cuda:N = that GPU; "
-                          "empty = the CPU (every other family runs on the CPU)")
+    device: str = setting("", "Where the policy runs: cuda or cuda:N = that GPU, for the families that run there "
+                          "(the token VLAs: Hugging Face Llava-style, OpenVLA, OpenVLA-OFT; LeRobot's SmolVLA, pi0, "
+                          "pi05); empty or cpu = the CPU. Refused at configure, in one line, for a family that runs "
+                          "on the CPU only (the package's own model) or a GPU this torch does not see; with "
+                          "inference_mode remote, vla_inference_node's device is the one that counts")
+    draft_head: str = setting("", "A token VLA's draft head in a directory of its own (vla-accel train-draft --out "
+                              "DIR, for a read-only model directory); empty = the one beside the weights, if any")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -82,6 +91,9 @@ class PolicySettings:
             raise ConfigError(f"parameter 'device' must be empty, cpu, cuda or cuda:N, got {self.device!r}")
         if not self.decoder.strip():
             raise ConfigError("parameter 'decoder' must name a decoder")
+        if self.temperature != MODEL_DEFAULT and not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ConfigError(f"parameter 'temperature' must be in [0, {MAX_TEMPERATURE}], or -1 for the model's, "
+                              f"got {self.temperature}")
         try:
             shared_settings(self.decoder, fill_check=self.kf_fill_check, kinematic_r_bounds=self.kinematic_r_bounds,
                             rtc=(self.rtc_horizon, self.rtc_guidance))
@@ -90,16 +102,20 @@ class PolicySettings:
 
     @property
     def kinematic_r_bounds(self) -> tuple[int, int] | None:
-        """(kinematic_r_min, kinematic_r_max) as the runner takes them: None at the defaults (the
-        decoder's own)."""
-        bounds = (self.kinematic_r_min, self.kinematic_r_max)
-        return None if bounds == KINEMATIC_R_BOUNDS else bounds
+        """(kinematic_r_min, kinematic_r_max) as the runner takes them: None when both are left to
+        the model (-1); one left alone takes the decoder's own."""
+        if self.kinematic_r_min == MODEL_DEFAULT and self.kinematic_r_max == MODEL_DEFAULT:
+            return None
+        r_min = KINEMATIC_R_BOUNDS[0] if self.kinematic_r_min == MODEL_DEFAULT else self.kinematic_r_min
+        r_max = KINEMATIC_R_BOUNDS[1] if self.kinematic_r_max == MODEL_DEFAULT else self.kinematic_r_max
+        return r_min, r_max
 
     def for_decoder(self, decoder: str) -> PolicySettings:
         """These settings with ``decoder``, and the shared settings it does not take
         (``kf_fill_check``, the kinematic bounds, real-time chunking) at their defaults."""
         spec = spec_of(decoder)
-        r_min, r_max = (self.kinematic_r_min, self.kinematic_r_max) if spec.kinematic_threshold else KINEMATIC_R_BOUNDS
+        r_min, r_max = ((self.kinematic_r_min, self.kinematic_r_max) if spec.kinematic_threshold
+                        else (MODEL_DEFAULT, MODEL_DEFAULT))
         return replace(self, decoder=decoder, kf_fill_check=self.kf_fill_check and spec.fill_check,
                        kinematic_r_min=r_min, kinematic_r_max=r_max,
                        rtc_horizon=self.rtc_horizon if spec.flow_head else 0)
@@ -108,9 +124,11 @@ class PolicySettings:
         """The runner's settings: these, and ``runtime``'s (periods, threads, vision) under
         :class:`~vla_accel_ros.runtime.builder.RunnerConfig`'s names."""
         return RunnerConfig(checkpoint=self.checkpoint, unnorm_key=self.unnorm_key, decoder=self.decoder,
-                            temperature=self.temperature, kf_fill_check=self.kf_fill_check,
+                            temperature=None if self.temperature == MODEL_DEFAULT else self.temperature,
+                            kf_fill_check=self.kf_fill_check,
                             kinematic_r_bounds=self.kinematic_r_bounds, rtc_horizon=self.rtc_horizon,
-                            rtc_guidance=self.rtc_guidance, device=self.device, **runtime)
+                            rtc_guidance=self.rtc_guidance, device=self.device, draft_head=self.draft_head,
+                            **runtime)
 
 
 @dataclass(frozen=True)
@@ -136,6 +154,9 @@ class NodeConfig:
                                             "camera, then the wrist camera); empty = image_topic alone")
     image_transports: tuple[str, ...] = setting((), "raw (sensor_msgs/Image) or compressed (CompressedImage) for each "
                                                 "of image_topics, in order; empty = compressed_image for every one")
+    allow_stand_in_images: bool = setting(False, "Run a checkpoint that reads more images (its image slots) than "
+                                          "image_topics gives, each missing one a copy of the first camera's image "
+                                          "(a standing warning on /diagnostics); false = refuse it at configure")
     camera_sync_tolerance_s: float = setting(0.025, "Largest difference of the header stamps of the images that make "
                                              "one observation; cameras further apart hold the arm",
                                              range=(0.0, 10.0))
@@ -156,7 +177,7 @@ class NodeConfig:
     urdf_file: str = setting("", "URDF file; empty = the package's urdf/arm7.urdf (after the topic)")
     tcp_frame: str = setting("tcp", "URDF frame the policy's end-effector deltas refer to")
     # checkpoint, unnorm_key, decoder, temperature, kf_fill_check, kinematic_r_min, kinematic_r_max, rtc_horizon,
-    # rtc_guidance
+    # rtc_guidance, device, draft_head
     policy: PolicySettings = nested(PolicySettings())
     # vision_reuse (the on/off switch), vision_threshold, vision_refresh_steps, vision_max_drift, vision_reuse_kv
     vision: VisionReuseConfig = nested(VisionReuseConfig(enabled=False), prefix="vision_",
@@ -260,7 +281,7 @@ class NodeConfig:
     def runner_config(self) -> RunnerConfig:
         """The runner's settings (checkpoint, decoder, sampling, vision, periods, threads)."""
         return self.policy.runner_config(vision=self.vision, action_dt_s=self.action_dt_s, period_s=self.period_s,
-                                         torch_threads=self.torch_threads)
+                                         torch_threads=self.torch_threads, stand_in_images=self.allow_stand_in_images)
 
     def controller_config(self) -> ControllerConfig:
         return ControllerConfig(
@@ -302,7 +323,7 @@ class InferenceNodeConfig:
     robots: tuple[str, ...] = setting((), "Namespaces of the robots served (each one's control node runs with "
                                       "inference_mode: remote there); empty = the node's own namespace, one robot")
     # checkpoint, unnorm_key, decoder, temperature, kf_fill_check, kinematic_r_min, kinematic_r_max, rtc_horizon,
-    # rtc_guidance
+    # rtc_guidance, device, draft_head
     policy: PolicySettings = nested(PolicySettings())
     urdf_file: str = setting("", "URDF of the robots (the decoders' Kalman filter and IK); empty = the package's")
     tcp_frame: str = setting("tcp", "URDF frame the policy's end-effector deltas refer to")

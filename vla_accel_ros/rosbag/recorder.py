@@ -17,6 +17,9 @@ custom_data, and ``vla-accel replay`` picks them up.
   same settling after a reset: :mod:`vla_accel_ros.sim.settle`), and writes the same topics with
   stamps on a fixed clock.
   ``vla-accel replay`` of such a bag reproduces its commands exactly.
+
+Either way the summary counts each episode's ticks and policy ticks (``policy_tick_share``), and
+``no_policy_tick`` says why when an episode had none: the recording never shows the policy driving.
 """
 
 from __future__ import annotations
@@ -126,7 +129,7 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
                 reset_pose, settled = env.joint_positions(), False  # as the bridge (sim.settle)
                 q_cmd: np.ndarray | None = None
                 gripper_cmd: float | None = None
-                step = 0
+                step = ticks = policy_ticks = 0
                 min_clearance = env.target_clearance()
                 while not env.done:
                     settled = settled or not settling_after_reset(step / rate, q_cmd, reset_pose)
@@ -154,7 +157,11 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
                             core.feed("wrist_camera", msg, t_ns)
                         msg = make_image(env.render(), t_ns)
                         writer.write(TOPICS["camera"][0], t_ns, msg)
-                        cmd = core.command(core.feed("camera", msg, t_ns), t_ns)
+                        tick = core.feed("camera", msg, t_ns)
+                        if tick is not None:
+                            ticks += 1
+                            policy_ticks += tick.source == "policy"
+                        cmd = core.command(tick, t_ns)
                         if cmd is not None:
                             core.write_command(writer, cmd)
                             commands += 1
@@ -166,7 +173,7 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
                     min_clearance = min(min_clearance, env.target_clearance())
                 report = {"seed": opts.seed + i, "color": env.color, "instruction": env.instruction,
                           "success": bool(env.success()), "steps": int(env.steps), "duration_s": step / rate,
-                          "min_clearance_m": float(min_clearance)}
+                          "min_clearance_m": float(min_clearance), "ticks": ticks, "policy_ticks": policy_ticks}
                 writer.write(TOPICS["stats"][0], t_ns, make_string(core.stats_json()))
                 writer.write(TOPICS["episode"][0], t_ns, make_string(json.dumps(report)))
                 episodes.append(report)
@@ -174,7 +181,9 @@ def record_deterministic(opts: RecordOptions, progress: bool = True) -> dict[str
         finally:
             env.close()
         counts = dict(writer.counts)
-    return _summary(opts, episodes, counts, commands, time.monotonic() - started, errors=dict(core.errors))
+    stats = core.controller.stats
+    return _summary(opts, episodes, counts, commands, time.monotonic() - started, errors=dict(core.errors),
+                    no_policy_tick=_no_policy_tick(episodes, core.cfg.action_timeout_s, stats.actions_expired))
 
 
 # --- live -------------------------------------------------------------------------------------
@@ -289,13 +298,24 @@ def record_live(opts: RecordOptions, progress: bool = True) -> dict[str, Any]:
         raise RunFailed(f"the recorder failed: {errors[0]}")
     commands = writer.counts.get(TOPICS["commands"][0], 0)
     return _summary(opts, sim["per_episode"], dict(writer.counts), commands, time.monotonic() - started,
-                    sim_summary=str(run_dir / "summary.json"))
+                    sim_summary=str(run_dir / "summary.json"), no_policy_tick=sim["no_policy_tick"])
+
+
+def _no_policy_tick(episodes: list[dict[str, Any]], action_timeout_s: float, expired: int) -> str:
+    """Why some lock-step episode had no policy tick ('' when each had one)."""
+    idle = [str(e["seed"]) for e in episodes if e["policy_ticks"] == 0]
+    if not idle:
+        return ""
+    return (f"no policy tick in the episode(s) of seed {', '.join(idle)}: {expired} policy action(s) expired "
+            f"before use (action_timeout_s = {action_timeout_s:g} s) or none came")
 
 
 def _summary(opts: RecordOptions, episodes: list[dict[str, Any]], counts: dict[str, int], commands: int,
              wall_s: float, **extra: Any) -> dict[str, Any]:
+    ticks = sum(e["ticks"] for e in episodes)
     return {"bag": opts.out, "mode": opts.mode, "storage": opts.storage, "episodes": len(episodes),
             "success_rate": float(np.mean([e["success"] for e in episodes])) if episodes else 0.0,
+            "policy_tick_share": sum(e["policy_ticks"] for e in episodes) / ticks if ticks else 0.0,
             "frames": counts.get(TOPICS["camera"][0], 0), "commands": commands, "messages": counts,
             "per_episode": episodes, "wall_s": wall_s, **extra}
 

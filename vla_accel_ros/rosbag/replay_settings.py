@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from vla_accel_ros.core.params_file import read_node_parameters
+from vla_accel_ros.core.params_file import ROS_BUILTIN_PARAMETERS, read_node_parameters
 from vla_accel_ros.core.settings import ConfigError, from_params, parameter_specs
 from vla_accel_ros.models.api import CheckpointRef
 from vla_accel_ros.ros.parameters import NodeConfig, PolicySettings
@@ -26,8 +26,6 @@ from vla_accel_ros.rosbag.io import STORAGES, TOPICS, parse_remaps
 
 MODES = ("deterministic", "realtime")
 NODE_NAME = "vla_accel_node"  # its section in a --params-file; the node runs in the root namespace
-# Parameters every rclpy node has: a params file may set them, NodeConfig does not hold them.
-ROS_BUILTIN_PARAMETERS = ("use_sim_time", "start_type_description_service")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +28,10 @@ from vla_accel_ros.decoding import make_decoder
 from vla_accel_ros.decoding.specs import DEFAULT, shared_settings, spec_of
 from vla_accel_ros.models.api import CheckpointRef, PolicyLike, ResolvedCheckpoint
 from vla_accel_ros.models.configuration import (
-    DEFAULT_TEMPERATURE,
     MAX_TEMPERATURE,
+    RunDefaults,
     VisionReuseConfig,
+    declared_run_defaults,
 )
 
 if TYPE_CHECKING:
@@ -45,7 +46,8 @@ class RunnerConfig:
     checkpoint: policy checkpoint directory, or ``hf:DIR`` for a Hugging Face VLA; empty = the
         package's checkpoints/default.
     decoder: decoder name (``vla_accel_ros.decoding.specs``).
-    temperature: action-token sampling temperature, 0 = greedy.
+    temperature: action-token sampling temperature, 0 = greedy; None = the model's
+        (:func:`run_defaults`: its ``vla_spec.json``'s, else its family's).
     vision: incremental-vision settings; None (or ``enabled`` false) = encode every patch of every frame.
     action_dt_s: duration of one policy action step (the Kalman filter's step).
     period_s: the control period: the time a decoder has for one action.
@@ -56,9 +58,15 @@ class RunnerConfig:
         target's own picks from the same verify pass (its ``fill_check``); only for a decoder with
         that capability (``kerv``, ``world_aware``).
     kinematic_r_bounds: (r_min, r_max), the bounds in token bins of the kinematic acceptance threshold
-        of ``kerv`` and ``world_aware`` (their ``r_min``, ``r_max``); None = the decoder's own.
+        of ``kerv`` and ``world_aware`` (their ``r_min``, ``r_max``); None = the model's, and with
+        them its ``kf_fill_check`` (:meth:`for_model`).
     rtc_horizon, rtc_guidance: real-time chunking of the flow decoders (0 = off).
     device: where the policy runs (cuda, cuda:N); empty = the CPU.
+    stand_in_images: an observation with fewer camera images than the policy's image slots gets a
+        copy of its first image in each missing slot (the node's ``allow_stand_in_images``, eval's
+        ``--stand-in-images``); false: the policy refuses it.
+    draft_head: a token VLA's draft head in a directory of its own (``vla-accel train-draft --out``);
+        empty = the one beside the weights, if any.
     resolved: the checkpoint resolved already (:func:`vla_accel_ros.models.load.resolve_checkpoint`,
         the node's, which the inference child receives with these settings): the runner loads it
         without reading or recognising it again; None: resolved when the runner is built.
@@ -66,7 +74,7 @@ class RunnerConfig:
 
     checkpoint: str = ""
     decoder: str = DEFAULT
-    temperature: float = DEFAULT_TEMPERATURE
+    temperature: float | None = None
     vision: VisionReuseConfig | None = None
     action_dt_s: float = 0.05
     period_s: float = 0.05
@@ -78,6 +86,8 @@ class RunnerConfig:
     rtc_horizon: int = 0
     rtc_guidance: float = 5.0
     device: str = ""
+    stand_in_images: bool = False
+    draft_head: str = ""
     resolved: ResolvedCheckpoint | None = None
 
     def __post_init__(self) -> None:
@@ -88,7 +98,8 @@ class RunnerConfig:
                 raise ValueError(f"RunnerConfig.kinematic_r_bounds needs integers 0 <= r_min <= r_max, got "
                                  f"{self.kinematic_r_bounds}")
             object.__setattr__(self, "kinematic_r_bounds", bounds)
-        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE):
+        if self.temperature is not None and not (math.isfinite(self.temperature)
+                                                 and 0.0 <= self.temperature <= MAX_TEMPERATURE):
             raise ValueError(f"RunnerConfig.temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
         for name in ("action_dt_s", "period_s"):
             value = getattr(self, name)
@@ -115,6 +126,19 @@ class RunnerConfig:
         return cls(**values, vision=None if vision is None else VisionReuseConfig(**vision),
                    resolved=None if resolved is None else ResolvedCheckpoint.from_json(resolved))
 
+    def for_model(self, defaults: RunDefaults) -> RunnerConfig:
+        """These settings with what they leave to the model taken from ``defaults``: the
+        temperature when None; with the kinematic bounds None and a decoder that takes them,
+        the model's bounds, and its checked fill where the decoder can check (a fill check asked
+        for stays on)."""
+        spec = spec_of(self.decoder)
+        temperature = defaults.temperature if self.temperature is None else self.temperature
+        bounds, fill_check = self.kinematic_r_bounds, self.kf_fill_check
+        if bounds is None and spec.kinematic_threshold:
+            bounds = defaults.kinematic_r_bounds
+            fill_check = fill_check or (defaults.kf_fill_check and spec.fill_check)
+        return replace(self, temperature=temperature, kinematic_r_bounds=bounds, kf_fill_check=fill_check)
+
     @functools.cached_property
     def checkpoint_ref(self) -> CheckpointRef:
         """The checkpoint this config names, parsed (the package's default when empty)."""
@@ -136,6 +160,8 @@ def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: PolicyLike
                  decoder: Decoder | None = None, clock: Callable[[], float] = time.perf_counter) -> PolicyRunner:
     """The runner of ``config`` for the arm ``kin``, its decoders timing themselves on ``clock``.
 
+    What ``config`` leaves to the model (the temperature, the kinematic bounds) comes from the
+    checkpoint it names (:func:`run_defaults`), also for a ``policy`` passed in.
     Without ``policy`` the checkpoint is loaded (``config.resolved`` when given, else resolved once;
     ValueError names the file at fault) together with what the decoder needs beside it (heisd:
     CHECKPOINT/retrieval_store). A caller that holds the policy already (eval and bench share one
@@ -149,20 +175,41 @@ def build_runner(config: RunnerConfig, kin: ArmKinematics, *, policy: PolicyLike
     from vla_accel_ros.runtime.runner import PolicyRunner
 
     torch.set_num_threads(config.torch_threads)
+    # a decoder passed in holds its bounds already: then only the temperature may be the model's
+    leaves_to_model = config.temperature is None or (decoder is None and config.kinematic_r_bounds is None
+                                                     and spec_of(config.decoder).kinematic_threshold)
+    if config.resolved is None and (policy is None or leaves_to_model):  # resolved once: defaults and loading
+        from vla_accel_ros.models.load import resolve_checkpoint
+
+        config = replace(config, resolved=resolve_checkpoint(config.checkpoint_ref, unnorm_key=config.unnorm_key,
+                                                             device=config.device))
+    if config.resolved is not None:
+        config = config.for_model(run_defaults(config.resolved))
     options: dict[str, Any] = {"action_dt_s": config.action_dt_s, "period_s": config.period_s,
                                "max_steps": config.max_steps, "clock": clock, "vision": config.vision,
-                               "sampling": SamplingConfig(config.temperature)}
+                               "stand_in_images": config.stand_in_images,
+                               "sampling": SamplingConfig(config.temperature or 0.0)}
     if policy is None:
         if decoder is not None:
             raise ValueError("build_runner: a decoder object needs its policy (pass policy= too)")
         return PolicyRunner.load(config.resolved or config.checkpoint_ref, config.decoder, kin,
-                                 unnorm_key=config.unnorm_key,
+                                 unnorm_key=config.unnorm_key, draft_head=config.draft_head,
                                  decoder_settings=decoder_settings(config), device=config.device, **options)
     if decoder is None:
         decoder = make_decoder(config.decoder, **decoder_settings(config))
     elif decoder.name != config.decoder:
         raise ValueError(f"build_runner: the decoder passed is '{decoder.name}', the config names '{config.decoder}'")
     return PolicyRunner(policy, decoder, kin, **options)
+
+
+def run_defaults(resolved: ResolvedCheckpoint) -> RunDefaults:
+    """How the checkpoint ``resolved`` runs unless the user sets it: its family's defaults with what
+    its ``vla_spec.json`` declares (:func:`~vla_accel_ros.models.configuration.declared_run_defaults`).
+    Imports no torch."""
+    from vla_accel_ros.models.load import family_named
+
+    defaults = family_named(resolved.family).run_defaults
+    return defaults if resolved.ref.address else declared_run_defaults(defaults, resolved.directory)
 
 
 def decoder_settings(config: RunnerConfig) -> dict[str, Any]:

@@ -3,25 +3,25 @@ state, its statistics and the input it rejected lately. ROS-free; the node maps 
 diagnostic_msgs/DiagnosticStatus.
 
 The state sets the level: not active (WARN), no command yet (ERROR), the node's clock stopped
-(ERROR: the wall-clock watchdog holds), the inference worker stopped (ERROR), inference failing or
-giving nothing for longer than ``INFERENCE_STARVED_ERROR_S`` while the arm holds (ERROR), holding
-(WARN), else running (OK). What degrades a configured node since the last report raises it to WARN
-at least: a standing warning (the checkpoint's robot differs, the decoder's fallbacks), a stall of
-the control loop (overdue now or within its hold-off, ``runtime/stalls.py``), new inference
-failures, rejected input, gated joint-state outliers, and the Kalman fallback standing in for want
-of fresh policy actions.
+(ERROR: the wall-clock watchdog holds), the inference worker stopped (ERROR), the arm holding because
+the policy gave no usable action for ``fallback_max_s`` while inference has run or failed (ERROR;
+:func:`starved_advice` says why: the actions expired before use, inference is slower than the
+fallback window, or inference fails, naming the measured inference time, ``action_timeout_s`` and
+what to change), holding (WARN), else running (OK). What degrades a configured node since the
+last report raises it to WARN at least: a standing warning (the checkpoint's robot differs, the
+decoder's fallbacks), a stall of the control loop (overdue now or within its hold-off,
+``runtime/stalls.py``), new inference failures, rejected input, gated joint-state outliers, and
+the Kalman fallback standing in for want of fresh policy actions.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 OK, WARN, ERROR = 0, 1, 2
-# Holding this long for want of a policy action, with inference failing or having run before, is
-# an ERROR (a first action still loading is not).
-INFERENCE_STARVED_ERROR_S = 1.0
 MIN_WINDOW_S = 2.0  # the shortest window of recent input errors a report looks back over
 
 
@@ -38,7 +38,7 @@ class NodeState:
     commanded: bool = False  # the last tick gave a command
     inference: bool = False  # an inference worker serves the node
     inference_alive: bool = False
-    action_starved_s: float = 0.0  # the controller's
+    action_starved_s: float = 0.0  # the controller's: > 0 while it holds, the fallback used up
     warnings: Sequence[str] = ()  # standing ones: the robot check, the decoder's fallbacks
     recent_input_errors: Sequence[str] = ()  # the distinct ones of the report's window, oldest first
     clock_stopped: str = ""  # why the wall-clock watchdog holds ('' = the node's clock runs)
@@ -56,11 +56,16 @@ class Health:
     """The classification of the module docstring. It counts inference failures and outliers from
     one report to the next, and remembers the newest policy action's stamp (:meth:`ticked`)."""
 
-    def __init__(self, report_period_s: float, stale_after_s: float) -> None:
+    def __init__(self, report_period_s: float, stale_after_s: float, *, action_timeout_s: float,
+                 fallback_max_s: float) -> None:
         """``report_period_s``: the time between reports; ``stale_after_s``: how long the Kalman
-        fallback may stand in before the report says no fresh policy action came."""
+        fallback may stand in before the report says no fresh policy action came;
+        ``action_timeout_s``, ``fallback_max_s``: the node's, named when the policy starves the arm."""
         self.window_s = max(MIN_WINDOW_S, report_period_s)
         self.stale_after_s = stale_after_s
+        self.action_timeout_s = action_timeout_s
+        self.fallback_max_s = fallback_max_s
+        self._expired_seen = 0
         self._inference_errors_seen = 0
         self._outliers_seen = 0
         self._last_policy_stamp: float | None = None
@@ -71,7 +76,9 @@ class Health:
             self._last_policy_stamp = stamp
 
     def assess(self, state: NodeState) -> Report:
-        level, message = self._level(state)
+        expired = int(state.stats.get("actions_expired", 0) or 0)
+        new_expired, self._expired_seen = expired - self._expired_seen, expired
+        level, message = self._level(state, new_expired)
         if not state.configured:
             return Report(level, message, [])
         warning = self._warning(state)
@@ -80,8 +87,7 @@ class Health:
             message = warning if message.startswith("running") else f"{message}; {warning}"
         return Report(level, message, list(state.recent_input_errors))
 
-    @staticmethod
-    def _level(state: NodeState) -> tuple[int, str]:
+    def _level(self, state: NodeState, new_expired: int) -> tuple[int, str]:
         stats = state.stats
         if not state.configured or state.lifecycle != "active":
             return WARN, f"{state.lifecycle}: not commanding (lifecycle)"
@@ -92,9 +98,13 @@ class Health:
         if state.inference and not state.inference_alive:
             why = stats.get("inference_down_reason") or stats.get("inference_last_error") or "thread ended"
             return ERROR, f"inference worker stopped: {why}"
-        if (state.inference and state.action_starved_s > INFERENCE_STARVED_ERROR_S
+        if (state.inference and state.action_starved_s > 0.0
                 and (stats.get("inference_errors") or stats.get("inference_actions"))):
-            return ERROR, f"inference gives no actions: {state.tick_reason}"
+            return ERROR, starved_advice(
+                starved_s=state.action_starved_s, inference_ms=stats.get("inference_latency_ms_p50"),
+                action_timeout_s=self.action_timeout_s, fallback_max_s=self.fallback_max_s,
+                expired=new_expired, failing=not stats.get("inference_actions"),
+                last_error=str(stats.get("inference_last_error") or ""))
         if state.tick_source == "hold":
             return WARN, f"holding: {state.tick_reason}"
         return OK, f"running ({state.tick_source})"
@@ -120,3 +130,24 @@ class Health:
         if state.inference and state.tick_source == "fallback" and stale > self.stale_after_s:
             warnings.append(f"no fresh policy action for {stale:.2f} s (inference slow or stuck): Kalman fallback")
         return "; ".join(warnings)
+
+
+def starved_advice(*, starved_s: float, inference_ms: float | None, action_timeout_s: float, fallback_max_s: float,
+                   expired: int, failing: bool, last_error: str = "", timeout_name: str = "action_timeout_s") -> str:
+    """Why the policy gave the arm no usable action for ``starved_s`` (longer than ``fallback_max_s``)
+    and what to change, in one line: ``expired`` actions expired before use (the newest ones:
+    ``inference_ms``, the measured inference time, against ``action_timeout_s``), inference only
+    failed (``failing``, ``last_error``), or it is slower than the fallback window.
+    ``timeout_name``: how the reader sets ``action_timeout_s`` (the parameter, or a command's flag)."""
+    took = (f"inference takes {inference_ms:.0f} ms (p50)" if inference_ms is not None and math.isfinite(inference_ms)
+            else "no inference time measured yet")
+    if failing:
+        return (f"inference gives no actions for {starved_s:.2f} s (fallback_max_s = {fallback_max_s:g} s): it fails"
+                + (f": {last_error}" if last_error else ""))
+    if expired > 0:
+        return (f"policy actions expire before use ({expired} expired, none used for {starved_s:.2f} s): {took} "
+                f"and action_timeout_s is {action_timeout_s:g} s; raise {timeout_name} above the inference time, "
+                "or use a faster decoder or device")
+    return (f"no fresh policy action for {starved_s:.2f} s (fallback_max_s = {fallback_max_s:g} s, "
+            f"action_timeout_s = {action_timeout_s:g} s): {took}; use a faster decoder or device, or a policy "
+            "that predicts action chunks")

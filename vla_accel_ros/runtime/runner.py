@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -61,15 +62,17 @@ class PolicyRunner:
     def __init__(self, policy: PolicyLike, decoder: Decoder, kin: ArmKinematics, *, action_dt_s: float,
                  period_s: float, max_steps: int = 120, clock: Callable[[], float] = time.perf_counter,
                  vision: VisionReuseConfig | None = None, sampling: SamplingConfig | None = None,
-                 action_space: str = EE_DELTA, remote: bool = False) -> None:
+                 action_space: str = EE_DELTA, remote: bool = False, stand_in_images: bool = False) -> None:
         """``action_space``: what the policy's actions are, as its robot record declares; ``remote``:
-        the policy is a remote family's, which counts itself (:class:`RemotePolicy`)."""
+        the policy is a remote family's, which counts itself (:class:`RemotePolicy`);
+        ``stand_in_images``: fill the image slots an observation leaves empty (:meth:`with_stand_ins`)."""
         self.warnings = decoder.check_policy(policy)  # the fallbacks taken for what the policy lacks
         if policy.capabilities().flow_chunks:  # its state is the arm's joints and gripper
             as_chunk_sampling(policy).check_robot(len(kin.joint_names) + 1,
                                                   action_width(action_space, len(kin.joint_names)))
         self.policy = policy
         self.remote = remote
+        self.stand_in_images = stand_in_images
         self.decoder = decoder
         self.decoder_name = decoder.name
         self.period_s = period_s
@@ -83,14 +86,15 @@ class PolicyRunner:
     @classmethod
     def load(cls, checkpoint: str | Path | CheckpointRef | ResolvedCheckpoint, decoder_name: str,
              kin: ArmKinematics, *, unnorm_key: str = "", decoder_settings: dict[str, Any] | None = None,
-             device: str = "", **kwargs: Any) -> PolicyRunner:
+             device: str = "", draft_head: str = "", **kwargs: Any) -> PolicyRunner:
         """Load the checkpoint a directory (or ``hf:DIR``, or a server's address) holds, whatever its
         family (:mod:`vla_accel_ros.models.load`; ValueError naming the file at fault). It is resolved
         here unless it comes resolved already (a :class:`ResolvedCheckpoint`: then nothing reads or
         recognises it again, only ``device`` is checked against its family).
         A decoder that needs a file beside the checkpoint (heisd: CHECKPOINT/retrieval_store) gets it
         here, so that a missing one is reported at start-up, not at every step. ``decoder_settings``
-        go to the decoder's config; ``device``: where the policy runs (empty = the CPU)."""
+        go to the decoder's config; ``device``: where the policy runs (empty = the CPU); ``draft_head``:
+        a token VLA's draft head in a directory of its own (empty: the one beside the weights)."""
         from vla_accel_ros.decoding import make_decoder
         from vla_accel_ros.decoding.specs import names_with
         from vla_accel_ros.models.load import family_named, load_policy, resolve_checkpoint
@@ -105,7 +109,8 @@ class PolicyRunner:
             decoder_name, decoder_settings = served_by[0], None
         decoder = make_decoder(decoder_name, **(decoder_settings or {}))
         placed = device if device and device != "cpu" else None  # the CPU: the family's default placement
-        runner = cls(load_policy(resolved, unnorm_key=unnorm_key, arm=kin, device=placed), decoder, kin,
+        runner = cls(load_policy(resolved, unnorm_key=unnorm_key, arm=kin, device=placed,
+                                 draft_head=Path(draft_head) if draft_head else None), decoder, kin,
                      action_space=resolved.action_space, remote=family.remote, **kwargs)
         if swapped:
             runner.warnings = [swapped, *runner.warnings]
@@ -142,7 +147,15 @@ class PolicyRunner:
         gripper-to-target distance (m) from a simulated scene for world-aware acceptance; None on a
         robot (the decoders then use the policy's contact head)."""
         context = self.begin(obs, target_clearance=target_clearance)
-        return self.end(run_policy_step(self.policy, obs, self.decoder, context, self.vision))
+        return self.end(run_policy_step(self.policy, self.with_stand_ins(obs), self.decoder, context, self.vision))
+
+    def with_stand_ins(self, obs: Observation) -> Observation:
+        """``obs`` with each image slot its cameras leave empty holding a copy of its first image,
+        when stand-in images are allowed (else as it is: the policy refuses too few images)."""
+        missing = self.image_slots - len(obs.images)
+        if not self.stand_in_images or missing <= 0:
+            return obs
+        return replace(obs, extra_images=(*obs.extra_images, *[obs.image] * missing))
 
     def begin(self, obs: Observation, *, target_clearance: float | None = None) -> DecodeContext:
         """The first half of a call: the episode's bookkeeping and this step's decode context (a

@@ -269,8 +269,9 @@ class HFTrainConfig:
 
 @dataclass(frozen=True)
 class HFDraftTrainConfig:
-    checkpoint: str  # hf:DIR or DIR: the model; the head is written into DIR
+    checkpoint: str  # DIR (or hf:DIR): the model; the head is written into DIR unless out is given
     data: str
+    out: str | None = None  # the head's directory, outside a read-only model (None: DIR)
     epochs: int = 20
     batch_size: int = 64
     lr: float = 1e-3

@@ -1,9 +1,13 @@
 """Training of an EAGLE-style draft head on a Hugging Face VLA (``vla-accel train-draft``).
 
 Input: ``vla-accel demos`` episodes (``episode_*.npz``, docs/data_layout.md) and a model directory
-(``hf:DIR``). Output, beside the model's weights: ``draft_head.safetensors`` + ``draft_head.json``
-(:mod:`vla_accel_ros.models.token_vla.draft`) and the loss plot ``draft_loss.png``; ``load_hf_vla``
-attaches the head from then on, and ``sd``, ``kerv``, ``world_aware`` and ``deadline`` draft with it.
+(a Hugging Face or OpenVLA model). Output, beside the model's weights or in ``--out``:
+``draft_head.safetensors`` + ``draft_head.json`` (:mod:`vla_accel_ros.models.token_vla.draft`) and
+the loss plot ``draft_loss.png``; in ``--out`` also ``vla_spec.json``, which points at the model
+(``checkpoint``) and the head (``draft_head``): the two parameters that run them together. The
+loader attaches a head beside the weights from then on, and one in ``--out`` when the ``draft_head``
+option (the node's parameter) names it; ``sd``, ``kerv``, ``world_aware`` and ``deadline`` draft
+with it.
 
 1. Features. The target is frozen (no gradient, inference mode). With ``--teacher expert`` (the
    default), ONE teacher-forced pass per demo step (``HFTokenVLA.prefill_batch`` with the tokens) over the prompt
@@ -36,7 +40,9 @@ the CPU, and each batch is moved.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,6 +65,7 @@ from vla_accel_ros.models.token_vla.draft import (
     save_hf_draft,
 )
 from vla_accel_ros.models.token_vla.policy import HFTokenVLA
+from vla_accel_ros.models.token_vla.spec import SPEC_FILE
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
 from vla_accel_ros.training.common import (
     cosine_schedule,
@@ -235,6 +242,33 @@ def split_metrics(prefix: str, exact: np.ndarray, within2: np.ndarray, baseline:
 
 
 # --- the run --------------------------------------------------------------------------------------
+def head_directory(cfg: HFDraftTrainConfig, model: Path) -> Path:
+    """Where the head goes (``--out``, created, else the model's directory), refused in one line
+    unless it can be written, before any model loads (a model directory that does not exist is the
+    loader's to report)."""
+    target = Path(cfg.out) if cfg.out else model
+    if not cfg.out and not model.is_dir():
+        return target
+    if cfg.out:
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ValueError(f"--out {target}: cannot be created ({error.strerror})") from None
+    if not os.access(target, os.W_OK):
+        hint = "" if cfg.out else "; give --out DIR to write the head elsewhere"
+        raise ValueError(f"{target}: not writable, the draft head cannot be saved there{hint}")
+    return target
+
+
+def write_pointer(target: Path, model: Path) -> Path:
+    """``vla_spec.json`` in the head's own directory: the model it was trained on and the head, as
+    the node's ``checkpoint`` and ``draft_head`` parameters."""
+    path = target / SPEC_FILE
+    path.write_text(json.dumps({"checkpoint": str(model.resolve()), "draft_head": str(target.resolve())},
+                               indent=2) + "\n")
+    return path
+
+
 def plot_losses(history: dict[str, list[float]], path: Path) -> None:
     """Per-step training losses and the held-out loss at each epoch's end, one panel."""
     def draw(ax: Any, key: str) -> None:
@@ -248,11 +282,12 @@ def plot_losses(history: dict[str, list[float]], path: Path) -> None:
 
 
 def train_hf_draft(cfg: HFDraftTrainConfig) -> dict[str, Any]:
-    """Train the head, write it beside the model with its plot; returns the metrics it records."""
+    """Train the head, write it with its plot beside the model or in ``cfg.out``; returns the metrics it records."""
     start = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     directory = CheckpointRef.parse(cfg.checkpoint).directory
+    target = head_directory(cfg, directory)
     # the demos first: a bad file fails before a large model has loaded
     data = load_demos(cfg.data, UNUSED_TEXT_LEN, cfg.max_episodes, not cfg.include_failures, cfg.progress)
     if len(data) < 2:
@@ -322,9 +357,11 @@ def train_hf_draft(cfg: HFDraftTrainConfig) -> dict[str, Any]:
         "optimizer": "AdamW", "schedule": "linear warm-up + cosine to 10%", "command": cfg.command(),
     }
     ids = policy.action_ids
-    replaced = (directory / DRAFT_WEIGHTS_FILE).exists()
-    save_hf_draft(head, directory, (int(ids[0]), int(ids[-1])), recipe, metrics)
-    plot_losses(history, directory / LOSS_PLOT)
+    replaced = (target / DRAFT_WEIGHTS_FILE).exists()
+    save_hf_draft(head, target, (int(ids[0]), int(ids[-1])), recipe, metrics)
+    plot_losses(history, target / LOSS_PLOT)
+    outside = target.resolve() != directory.resolve()
+    pointer = write_pointer(target, directory) if outside else None
     report = {k: v for k, v in metrics.items() if not isinstance(v, (list, str))}
     print("metrics:\n" + "\n".join(f"  {k}: {v:.4f}" if isinstance(v, float) else f"  {k}: {v}"
                                    for k, v in report.items()))
@@ -332,6 +369,8 @@ def train_hf_draft(cfg: HFDraftTrainConfig) -> dict[str, Any]:
         print(f"note: the target's tokens match the demos' on {metrics['train_target_expert_acc']:.0%} of the "
               "training tokens, so the head drafts after token histories it rarely saw; --teacher target "
               "trains on the target's own (7 passes a step)")
-    print(f"draft head {'replaced' if replaced else 'written'}: {directory / DRAFT_WEIGHTS_FILE} + "
-          f"{DRAFT_META_FILE}, loss plot {directory / LOSS_PLOT}")
+    print(f"draft head {'replaced' if replaced else 'written'}: {target / DRAFT_WEIGHTS_FILE} + "
+          f"{DRAFT_META_FILE}, loss plot {target / LOSS_PLOT}")
+    if pointer is not None:
+        print(f"{pointer}: run it with checkpoint: {directory.resolve()} and draft_head: {target.resolve()}")
     return metrics

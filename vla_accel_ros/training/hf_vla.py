@@ -57,6 +57,7 @@ from tqdm import tqdm
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.core.progress import progress_bar
 from vla_accel_ros.models.api import CheckpointRef
+from vla_accel_ros.models.configuration import TRAINED_HERE
 from vla_accel_ros.models.hf.checkpoint import load_hf_vla
 from vla_accel_ros.models.load import check_checkpoint, require_family
 from vla_accel_ros.models.token_vla.policy import HFTokenVLA
@@ -191,10 +192,11 @@ def action_statistics(data: DemoDataset, idx: torch.Tensor) -> dict[str, Any]:
 
 
 def write_side_files(out: Path, statistics: dict[str, Any], image_size: int, prompt: str = OPENVLA_PROMPT) -> None:
-    """The statistics and the spec: the robot record (the package arm the demos were recorded on)
-    and the prompt template when it is not OpenVLA's."""
+    """The statistics and the spec: the robot record (the package arm the demos were recorded on),
+    the prompt template when it is not OpenVLA's, and how the model runs by default: as the
+    package's own policies (``TRAINED_HERE``), since it is tuned in the same scene."""
     (out / STATISTICS_FILE).write_text(json.dumps(statistics, indent=2))
-    spec: dict[str, Any] = {"robot": demo_robot(image_size).to_json()}
+    spec: dict[str, Any] = {"robot": demo_robot(image_size).to_json(), **TRAINED_HERE.to_json()}
     if prompt != OPENVLA_PROMPT:
         spec["prompt"] = prompt
     (out / SPEC_FILE).write_text(json.dumps(spec, indent=2))

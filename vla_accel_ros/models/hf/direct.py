@@ -110,6 +110,55 @@ class DirectLlamaText:
             x = x + mlp.down_proj(self.text_activation(mlp.gate_proj(h)) * mlp.up_proj(h))
         return self.text.norm(x)
 
+    def static_forward(self, embeddings: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                       positions: torch.Tensor, visible: int | None) -> torch.Tensor:
+        """Final hidden states (1, q, d) over input embeddings (1, q, d) at ``positions`` (q,),
+        writing their keys and values into the rows of those positions of the preallocated
+        ``keys`` / ``values`` (per layer (1, kv_heads, capacity, head_dim)); the rows past the last
+        position written are never read, so rolling back is forgetting a length.
+
+        ``visible`` None: every row is attended to, masked by position on the device (no value is
+        read back and the shapes are fixed: a CUDA graph records it once per (q, capacity)).
+        ``visible`` an int, the last position written + 1 (the new tokens' positions run up to it):
+        the rows up to it, under the causal mask :meth:`text_forward` builds (its arithmetic)."""
+        q = embeddings.shape[1]
+        cos, sin = self._cos[positions][None, None], self._sin[positions][None, None]
+        causal, mask = False, None
+        if visible is None:
+            rows = torch.arange(keys[0].shape[2], device=embeddings.device)
+            mask = (rows[None, :] <= positions[:, None])[None, None]
+        elif q > 1:
+            if visible > q:
+                mask = torch.ones(q, visible, dtype=torch.bool, device=embeddings.device).tril_(visible - q)[None, None]
+            else:
+                causal = True
+        end = visible if visible is not None else keys[0].shape[2]
+        x = embeddings
+        for index, layer in enumerate(self.text.layers):
+            attention, mlp = layer.self_attn, layer.mlp
+            h = layer.input_layernorm(x)
+            query = _rotated(attention.q_proj(h).view(1, q, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+            key = _rotated(attention.k_proj(h).view(1, q, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            value = attention.v_proj(h).view(1, q, self.kv_heads, self.head_dim).transpose(1, 2)
+            keys[index].index_copy_(2, positions, key)
+            values[index].index_copy_(2, positions, value)
+            out = F.scaled_dot_product_attention(query, keys[index][:, :, :end], values[index][:, :, :end],
+                                                 attn_mask=mask, is_causal=causal, scale=attention.scaling,
+                                                 enable_gqa=self.kv_heads != self.heads)
+            x = x + attention.o_proj(out.transpose(1, 2).reshape(1, q, -1))
+            h = layer.post_attention_layernorm(x)
+            x = x + mlp.down_proj(self.text_activation(mlp.gate_proj(h)) * mlp.up_proj(h))
+        return self.text.norm(x)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.text.layers)
+
+    @property
+    def cos(self) -> torch.Tensor:
+        """The rotary cosine table (max_position_embeddings, head_dim): one row per position."""
+        return self._cos
+
 
 class DirectLlavaForward:
     """The tower-and-projector and the text model of one supported Llava (:func:`unsupported_reason`

@@ -30,6 +30,6 @@ FAMILY = Family(
     recognises=recognises, order=20,
     loader="vla_accel_ros.models.hf.checkpoint:load_resolved",
     checker="vla_accel_ros.models.hf.family:check_files",
-    devices=("cpu",), dtypes=("float32", "bfloat16", "float16"),
+    devices=("cpu", "cuda"), dtypes=("float32", "bfloat16", "float16"),
     capabilities=TOKEN_VLA_CAPABILITIES, options=TOKEN_VLA_OPTIONS,
 )

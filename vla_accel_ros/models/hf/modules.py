@@ -14,7 +14,7 @@ import torch
 
 from vla_accel_ros.models.files import CONFIG_FILE
 from vla_accel_ros.models.hf.direct import DirectLlavaForward, unsupported_reason
-from vla_accel_ros.models.token_vla.passes import embeddings_with_image
+from vla_accel_ros.models.token_vla.passes import embeddings_with_image, to_device
 from vla_accel_ros.models.token_vla.spec import VLASpec
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class LlavaModules:
         mean = torch.tensor(spec.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
         std = torch.tensor(spec.image_std, dtype=torch.float32).view(1, 3, 1, 1)
         # (x / 255 - mean) / std as one multiply-add on 0..255 values
-        self._pixel_scale, self._pixel_shift = 1.0 / (255.0 * std), -mean / std
+        self._pixel_scale, self._pixel_shift = (1.0 / (255.0 * std)).to(self.device), (-mean / std).to(self.device)
         # The direct forward where the spec asks for it and the model allows it (direct.py).
         self.direct: DirectLlavaForward | None = None
         if not spec.direct_forward:
@@ -62,6 +62,8 @@ class LlavaModules:
             self.forward_name = f"transformers (no direct forward: {unsupported})"
         else:
             self.direct, self.forward_name = DirectLlavaForward(model), "direct"
+        # the fast path (token_vla/static.py) runs the direct forward's text model
+        self.direct_text = None if self.direct is None else self.direct.llama
         self.n_image_tokens = self._count_image_tokens()
 
     # --- the image ------------------------------------------------------------------------------
@@ -79,8 +81,8 @@ class LlavaModules:
         return x
 
     def normalised_pixels(self, resized: torch.Tensor) -> torch.Tensor:
-        """The model input (1, 3, S, S) of a :meth:`resized_image`."""
-        return (resized * self._pixel_scale + self._pixel_shift).to(self.device, self.dtype)
+        """The model input (1, 3, S, S) of a :meth:`resized_image`, computed on the model's device."""
+        return (to_device(resized, self.device) * self._pixel_scale + self._pixel_shift).to(self.dtype)
 
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
         """(1, n_image_tokens, d): the vision tower, feature selection and projector."""

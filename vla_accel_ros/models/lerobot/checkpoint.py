@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from vla_accel_ros.core.errors import SettingError
 from vla_accel_ros.models.api import LoadOptions, ResolvedCheckpoint
 from vla_accel_ros.models.files import CONFIG_FILE, read_config
 from vla_accel_ros.models.lerobot.config import parse_config
@@ -45,7 +46,8 @@ def load_lerobot(directory: Path | str, *, unnorm_key: str | None = None, device
     ValueError naming the file or key at fault."""
     directory = Path(directory)
     if unnorm_key:
-        raise ValueError(f"{directory}: a LeRobot policy has one set of statistics; --unnorm-key does not apply")
+        raise SettingError(f"{directory}: a LeRobot policy has one set of statistics; unnorm_key does not apply",
+                           "unnorm_key")
     place, torch_dtype = _placement(device, dtype)
     return _load(directory, read_config(directory), place, torch_dtype,
                  None if tokenizer_dir is None else Path(tokenizer_dir))

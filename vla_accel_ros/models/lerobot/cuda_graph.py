@@ -2,7 +2,7 @@
 
 On a GPU a flow step is bound by kernel launches, not arithmetic: the expert runs a few hundred
 small kernels over 50 action tokens (an eager step of SmolVLA or π0 took 14-27 ms on an H200,
-``vla-accel lerobot-cost --device cuda``). A CUDA graph records the kernels of a whole sampler
+``vla-accel cost --device cuda``). A CUDA graph records the kernels of a whole sampler
 (every Euler step, or a fitted student's two) once per input shape and replays them with one
 launch. Each call copies its prefix's keys and values, the state and the noise into the graph's
 static inputs, replays, and returns a copy of the graph's output. The full prefix (towers and VLM
@@ -13,20 +13,22 @@ A recorded pass must launch the same kernels whatever the values: it creates no 
 data while it runs (the flow times and the block marks are device fills) and reads no value back.
 Its inputs are flat tensors: the sampler rebuilds its prefix from them on every run, since π0's
 key/value cache appends a step's keys and values and crops them again.
-A pass that cannot be recorded (a library op that reads a value back) runs eagerly from then on,
-and ``error`` says why.
+The recorder is :class:`vla_accel_ros.models.cuda_graph.CudaGraphs` (re-exported here); a pass that
+cannot be recorded runs eagerly from then on, and its ``error`` says why.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-WARMUP_RUNS = 2  # before capture, on a side stream: kernel selection and the allocator settle
+from vla_accel_ros.models.cuda_graph import CudaGraphs
+
+__all__ = ["CudaGraphs", "clone_prefix", "prefix_tensors", "with_tensors"]
 
 
 def prefix_tensors(prefix: Any) -> list[torch.Tensor]:
@@ -58,55 +60,3 @@ def with_tensors(prefix: Any, tensors: Sequence[torch.Tensor]) -> Any:
 def clone_prefix(prefix: Any) -> Any:
     """A SmolVLA, π0 or π0.5 prefix whose tensors are copies."""
     return with_tensors(prefix, [t.clone() for t in prefix_tensors(prefix)])
-
-
-@dataclass
-class _Graph:
-    graph: torch.cuda.CUDAGraph
-    inputs: list[torch.Tensor]  # the static tensors each call copies its inputs into
-    output: Any
-
-
-class CudaGraphs:
-    """``run(*tensors)`` replayed as a CUDA graph, one per input shape; ``copy_out`` copies the
-    output, which the next replay overwrites. The first pass that cannot be recorded runs eagerly,
-    and so does every later call; ``error`` says why."""
-
-    def __init__(self, run: Callable[..., Any], copy_out: Callable[[Any], Any]) -> None:
-        self._run = run
-        self._copy_out = copy_out
-        self._graphs: dict[tuple[Any, ...], _Graph] = {}
-        self.error = ""  # why the pass runs eagerly ('' = it replays)
-
-    def __len__(self) -> int:
-        return len(self._graphs)
-
-    def __call__(self, *inputs: torch.Tensor) -> Any:
-        if self.error:
-            return self._run(*inputs)
-        key = tuple((tuple(t.shape), t.dtype, t.device) for t in inputs)
-        graph = self._graphs.get(key)
-        if graph is None:
-            try:
-                graph = self._graphs[key] = self._record([t.clone() for t in inputs])
-            except RuntimeError as error:
-                self.error = (str(error).strip().splitlines() or [type(error).__name__])[0]
-                return self._run(*inputs)
-        for static, tensor in zip(graph.inputs, inputs, strict=True):
-            static.copy_(tensor)
-        graph.graph.replay()
-        return self._copy_out(graph.output)
-
-    def _record(self, inputs: list[torch.Tensor]) -> _Graph:
-        """The pass over ``inputs`` (static copies) recorded after warm-up runs on a side stream."""
-        device = inputs[-1].device
-        side = torch.cuda.Stream(device=device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                self._run(*inputs)
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            output = self._run(*inputs)
-        return _Graph(graph, inputs, output)

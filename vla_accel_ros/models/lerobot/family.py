@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vla_accel_ros.core.errors import SettingError
 from vla_accel_ros.models.api import Family
 from vla_accel_ros.models.files import CONFIG_FILE, check_safetensors
 
@@ -21,7 +22,8 @@ def check_files(directory: Path, config: dict[str, Any] | None, unnorm_key: str 
     from vla_accel_ros.models.lerobot.config import parse_config
 
     if unnorm_key:
-        raise ValueError(f"{directory}: a LeRobot policy has one set of statistics; unnorm_key does not apply")
+        raise SettingError(f"{directory}: a LeRobot policy has one set of statistics; unnorm_key does not apply",
+                           "unnorm_key")
     parse_config(directory / CONFIG_FILE, config or {})
     if not (directory / WEIGHTS_FILE).is_file():
         raise ValueError(f"{directory / WEIGHTS_FILE}: missing (the policy's weights)")

@@ -26,8 +26,9 @@ import torch
 
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.api import PolicyCapabilities, Prefix
+from vla_accel_ros.models.cuda_graph import CudaGraphs
 from vla_accel_ros.models.lerobot.config import LeRobotConfig
-from vla_accel_ros.models.lerobot.cuda_graph import CudaGraphs, clone_prefix, prefix_tensors, with_tensors
+from vla_accel_ros.models.lerobot.cuda_graph import clone_prefix, prefix_tensors, with_tensors
 from vla_accel_ros.models.lerobot.modules import model_velocity
 from vla_accel_ros.models.lerobot.processor import (
     Statistics,

@@ -66,7 +66,7 @@ def chunk_spec(stored: dict[str, Any], source: Path, *, head_action_dim: int, ch
     size = values["chunk_size"]
     if size is None:
         raise ValueError(f"{source}: an OFT checkpoint does not store its chunk size; give chunk_size in "
-                         f"vla_spec.json or as a parameter ({PLATFORMS})")
+                         f"vla_spec.json, or --chunk-size to vla-accel predict ({PLATFORMS})")
     for key in ("chunk_size", "action_dim", "n_images"):
         value = values[key]
         if value is not None and not (isinstance(value, (int, np.integer)) and not isinstance(value, bool)

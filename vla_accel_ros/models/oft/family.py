@@ -28,6 +28,6 @@ FAMILY = Family(
     recognises=recognises, order=30,
     loader="vla_accel_ros.models.oft.checkpoint:load_resolved",
     checker="vla_accel_ros.models.oft.family:check_files",
-    dtypes=("float32", "bfloat16", "float16"),
+    devices=("cpu", "cuda"), dtypes=("float32", "bfloat16", "float16"),
     capabilities=("action_chunk",), options=("unnorm_key",),
 )

@@ -20,6 +20,9 @@ The sequence of one pass (batch 1), as OFT's ``predict_action`` builds it:
 There are no action tokens: the token decoders do not apply, and the runtime reads the chunk the
 prefill predicted (``capabilities().action_chunk``, ``action_chunk(prefix)``; the ``chunk``
 decoder hands it to the controller's queue as a chunked flow head does).
+
+On a GPU the parallel pass (towers, projector, language model and head) replays as one CUDA graph
+per input shape (:class:`~vla_accel_ros.models.cuda_graph.CudaGraphs`); on the CPU it runs eagerly.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ import torch
 
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.api import PolicyCapabilities, Prefix
+from vla_accel_ros.models.cuda_graph import CudaGraphs
 from vla_accel_ros.models.oft.config import ChunkSpec, ChunkStatistics
 from vla_accel_ros.models.oft.modules import L1ActionHead, ProprioProjector
 from vla_accel_ros.models.openvla.modules import OpenVLAModules
+from vla_accel_ros.models.token_vla.passes import to_device
 from vla_accel_ros.models.token_vla.spec import IMAGE_FIELD, OPENVLA_APPENDED_ID, PROPRIO_FIELD, VLASpec
 from vla_accel_ros.models.token_vla.statistics import gripper_to_ours
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS, digitise
@@ -108,12 +113,16 @@ class OFTPolicy:
         self.source = source
         self.device, self.dtype = modules.device, modules.dtype
         self.bos_id, self.stop_id = int(text_tokenizer.bos_token_id), int(text_tokenizer.eos_token_id)
+        self._stop_ids = torch.tensor([[self.stop_id]], device=self.device)  # made once: a graph reads no host data
+        self._graphs = (CudaGraphs(self._parallel_pass, lambda out: tuple(t.clone() for t in out))
+                        if self.device.type == "cuda" else None)
         state_dim = None if projector is None else int(projector.fc1.weight.shape[1])
         self.config = OFTConfig(d_model=width, image_size=modules.image_size, chunk_size=chunk.chunk_size,
                                 action_dim=chunk.action_dim, state_dim=state_dim, n_images=chunk.n_images)
         self.tokenizer = None  # no action tokens
         self.info: dict[str, Any] = {"source": source, "unnorm_key": statistics.key,
-                                     "forward": "native towers + direct Llama, bidirectional"}
+                                     "forward": "native towers + direct Llama, bidirectional",
+                                     "fast_path": "one CUDA graph per pass" if self._graphs else "eager pass (CPU)"}
 
     # --- what the policy offers ---------------------------------------------------------------
     def capabilities(self) -> PolicyCapabilities:
@@ -165,7 +174,7 @@ class OFTPolicy:
             return None
         raw = obs.proprio if obs.state is None else obs.state
         state = self.statistics.normalise_state(raw)
-        return torch.from_numpy(state).to(self.device, self.dtype)[None]
+        return to_device(torch.from_numpy(state), self.device).to(self.dtype)[None]
 
     # --- the pass -----------------------------------------------------------------------------
     def sequence(self, pixels: torch.Tensor, ids: torch.Tensor,
@@ -180,7 +189,7 @@ class OFTPolicy:
                 raise ValueError(f"{self.source}: the model reads a state (it has a proprio projector); give one")
             observed.append(self.projector(state.to(self.dtype))[:, None])
         empty = text.new_zeros(1, self.chunk.n_action_positions, text.shape[2])
-        stop = modules.embed_ids(torch.tensor([[self.stop_id]], device=self.device))
+        stop = modules.embed_ids(self._stop_ids)
         embeddings = torch.cat([text[:, :1], *observed, text[:, 1:], empty, stop], dim=1)
         start = sum(part.shape[1] for part in observed) + ids.shape[1] - 1
         return embeddings, start
@@ -188,7 +197,16 @@ class OFTPolicy:
     def forward(self, pixels: torch.Tensor, ids: torch.Tensor,
                 state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """One parallel pass: the normalised chunk (1, H, D) in float32 and the hidden states the
-        head read (1, H x D, width)."""
+        head read (1, H x D, width); replayed as a CUDA graph on a GPU."""
+        if self.projector is not None and state is None:
+            raise ValueError(f"{self.source}: the model reads a state (it has a proprio projector); give one")
+        inputs = (pixels, ids) if state is None else (pixels, ids, state)
+        if self._graphs is not None:
+            return self._graphs(*inputs)
+        return self._parallel_pass(*inputs)
+
+    def _parallel_pass(self, pixels: torch.Tensor, ids: torch.Tensor,
+                       state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         embeddings, start = self.sequence(pixels, ids, state)
         length = embeddings.shape[1]
         positions = torch.arange(length, device=self.device)[None]

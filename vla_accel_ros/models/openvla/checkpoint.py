@@ -6,7 +6,8 @@ What is read, and from where (JSON and safetensors only; the ``.py`` files besid
 - ``config.json``: the backbones, the projector, the Llama's ``text_config``, the padding of the
   vocabulary (:mod:`.config`);
 - the weights through ``model.safetensors.index.json`` (or one ``model.safetensors``),
-  memory-mapped, in their stored dtype unless a dtype is asked for (:mod:`.weights`);
+  memory-mapped, in their stored dtype on the CPU and in bfloat16 on a GPU unless a dtype is asked
+  for (:mod:`.weights`);
 - ``preprocessor_config.json``: the resize and each tower's mean/std;
 - ``tokenizer.json`` (or ``tokenizer.model``, which needs sentencepiece) and its special tokens;
 - the action statistics: ``dataset_statistics.json``, else ``norm_stats`` in ``config.json``, the
@@ -42,7 +43,7 @@ from vla_accel_ros.models.openvla.policy import OpenVLAPolicy
 from vla_accel_ros.models.openvla.vision import FusedVisionBackbone
 from vla_accel_ros.models.openvla.weights import OpenVLAWeights
 from vla_accel_ros.models.token_vla.policy import TORCH_DTYPES, attach_saved_draft, spec_choices
-from vla_accel_ros.models.token_vla.spec import CHUNK_KEYS, SPEC_FILE, VLASpec, load_spec, with_overrides
+from vla_accel_ros.models.token_vla.spec import CHUNK_KEYS, SPEC_FILE, VLASpec, default_dtype, load_spec, with_overrides
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_MODEL = "tokenizer.model"
@@ -56,24 +57,26 @@ DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 def load_resolved(checkpoint: ResolvedCheckpoint, options: LoadOptions) -> OpenVLAPolicy:
     """The family's loader (:mod:`vla_accel_ros.models.load`): :func:`load_openvla` of the resolved
     checkpoint, its ``config.json`` as resolved, under ``options`` (``unnorm_key``, ``device``,
-    ``dtype``, ``draft``)."""
+    ``dtype``, ``draft``, ``draft_head``)."""
     parts = read_parts(checkpoint.directory, unnorm_key=options.unnorm_key or None, device=options.device,
                        dtype=options.dtype, config=checkpoint.config)
-    return _policy(parts, draft=options.draft)
+    return _policy(parts, draft=options.draft, draft_head=options.draft_head)
 
 
 def load_openvla(path: Path | str, *, unnorm_key: str | None = None, device: str | None = None,
-                 dtype: str | None = None, draft: bool = True) -> OpenVLAPolicy:
+                 dtype: str | None = None, draft: bool = True, draft_head: Path | None = None) -> OpenVLAPolicy:
     """The OpenVLA model in ``path`` as a policy (module docstring). ``unnorm_key``, ``device`` and
     ``dtype`` ("float32", "bfloat16", "float16") override ``vla_spec.json``'s when given; without
-    either, the weights keep their stored dtype. A draft head saved beside the weights is attached
+    either, the weights keep their stored dtype on the CPU and load in bfloat16 on a GPU. A draft
+    head saved beside the weights, or the one in ``draft_head`` (``train-draft --out``), is attached
     unless ``draft`` is False. Every problem is a ValueError naming the file or key at fault."""
     parts = read_parts(CheckpointRef.parse(path).directory, unnorm_key=unnorm_key, device=device, dtype=dtype)
-    return _policy(parts, draft=draft)
+    return _policy(parts, draft=draft, draft_head=draft_head)
 
 
-def _policy(parts: DirectoryParts, *, draft: bool) -> OpenVLAPolicy:
-    """The policy of an OpenVLA directory's :class:`DirectoryParts` (its draft head when ``draft``)."""
+def _policy(parts: DirectoryParts, *, draft: bool, draft_head: Path | None = None) -> OpenVLAPolicy:
+    """The policy of an OpenVLA directory's :class:`DirectoryParts` (its draft head when ``draft``:
+    the one in ``draft_head``, else the one beside the weights)."""
     directory = parts.directory
     for key in CHUNK_KEYS:
         if key in parts.stored:
@@ -84,7 +87,7 @@ def _policy(parts: DirectoryParts, *, draft: bool) -> OpenVLAPolicy:
     policy = OpenVLAPolicy(modules, text_tokenizer, parts.spec, action_tokenizer, source=str(directory),
                            statistics=statistics)
     if draft:
-        attach_saved_draft(policy, directory)
+        attach_saved_draft(policy, directory, draft_head)
     return policy
 
 
@@ -105,7 +108,8 @@ class DirectoryParts:
 def read_parts(directory: Path, *, unnorm_key: str | None = None, device: str | None = None,
                dtype: str | None = None, config: dict[str, Any] | None = None) -> DirectoryParts:
     """The :class:`DirectoryParts` of ``directory``, ``unnorm_key``, ``device`` and ``dtype``
-    overriding ``vla_spec.json``'s; without a dtype, the weights' stored one. ``config``: its
+    overriding ``vla_spec.json``'s; without a dtype, the weights' stored one on the CPU, bfloat16 on a
+    GPU. ``config``: its
     ``config.json`` as parsed (None: read here). ValueError naming the file or key at fault."""
     problem = checkpoint_problem(directory)
     if problem:
@@ -119,7 +123,7 @@ def read_parts(directory: Path, *, unnorm_key: str | None = None, device: str | 
         if key in stored:
             raise ValueError(f"{spec_file}: '{key}' is set by the OpenVLA directory's preprocessor_config.json, "
                              "not here")
-    chosen_dtype = dtype or stored.get("dtype") or DTYPE_NAMES.get(weights.stored_dtype, "float32")
+    chosen_dtype = dtype or default_dtype(directory, device, DTYPE_NAMES.get(weights.stored_dtype, "float32"))
     spec = with_overrides(load_spec(directory, directory_config.raw), unnorm_key=unnorm_key, device=device,
                           dtype=chosen_dtype, image_size=processing.size)
     return DirectoryParts(directory, directory_config, weights, processing, spec, stored)

@@ -19,6 +19,6 @@ FAMILY = Family(
     recognises=recognises, order=40,
     loader="vla_accel_ros.models.openvla.checkpoint:load_resolved",
     checker="vla_accel_ros.models.token_vla.checks:check_token_vla_files",
-    dtypes=("float32", "bfloat16", "float16"),
+    devices=("cpu", "cuda"), dtypes=("float32", "bfloat16", "float16"),
     capabilities=TOKEN_VLA_CAPABILITIES, options=TOKEN_VLA_OPTIONS,
 )

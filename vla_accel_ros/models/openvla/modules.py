@@ -25,7 +25,7 @@ from torch import nn
 from vla_accel_ros.models.hf.direct import DirectLlamaText
 from vla_accel_ros.models.openvla.config import ImageProcessing
 from vla_accel_ros.models.openvla.vision import FusedVisionBackbone
-from vla_accel_ros.models.token_vla.passes import embeddings_with_image
+from vla_accel_ros.models.token_vla.passes import embeddings_with_image, to_device
 
 
 class OpenVLAModel(nn.Module):
@@ -60,9 +60,12 @@ class OpenVLAModules:
         weight = language_model.get_output_embeddings().weight
         self.device, self.dtype = weight.device, weight.dtype
         self.llama = DirectLlamaText(language_model.model, self.text_config)
+        self.direct_text = self.llama  # the fast path's text model (token_vla/static.py)
         self._cache_type = DynamicCache
-        self._means = [torch.tensor(m, dtype=torch.float32).view(1, 3, 1, 1) for m in processing.means]
-        self._stds = [torch.tensor(s, dtype=torch.float32).view(1, 3, 1, 1) for s in processing.stds]
+        self._means = [torch.tensor(m, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
+                       for m in processing.means]
+        self._stds = [torch.tensor(s, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
+                      for s in processing.stds]
 
     # --- the image ------------------------------------------------------------------------------
     def resized_image(self, image: np.ndarray) -> torch.Tensor:
@@ -77,8 +80,9 @@ class OpenVLAModules:
 
     def normalised_pixels(self, resized: torch.Tensor) -> torch.Tensor:
         """(1, 3 x towers, S, S): ``(x / 255 - mean) / std`` per tower, in float32 and in that order
-        (the original's ``to_tensor`` then ``normalize``), on the model's device and in its dtype."""
-        scaled = resized / 255.0
+        (the original's ``to_tensor`` then ``normalize``), on the model's device (where it is computed)
+        and in its dtype."""
+        scaled = to_device(resized, self.device) / 255.0
         stacked = torch.cat([(scaled - mean) / std for mean, std in zip(self._means, self._stds)], dim=1)
         return stacked.to(self.device, self.dtype)
 

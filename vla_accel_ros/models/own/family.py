@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vla_accel_ros.core.errors import SettingError
 from vla_accel_ros.models.api import Family
+from vla_accel_ros.models.configuration import TRAINED_HERE
 from vla_accel_ros.models.files import check_safetensors, read_json_object
 
 META_FILE = "model.json"
@@ -18,7 +20,8 @@ def recognises(directory: Path, config: dict[str, Any] | None) -> bool:
 def check_files(directory: Path, config: dict[str, Any] | None, unnorm_key: str = "") -> None:
     """``model.json`` a JSON object, every safetensors file complete."""
     if unnorm_key:
-        raise ValueError(f"{directory}: the package's own VLA has one set of statistics; unnorm_key does not apply")
+        raise SettingError(f"{directory}: the package's own VLA has one set of statistics; unnorm_key does not apply",
+                           "unnorm_key")
     read_json_object(directory / META_FILE)
     for path in sorted(directory.glob("*.safetensors")):
         check_safetensors(path)
@@ -30,4 +33,5 @@ FAMILY = Family(
     checker="vla_accel_ros.models.own.family:check_files",
     capabilities=("token_scoring", "draft_head", "parallel_draft_head", "contact_head", "flow_head",
                   "incremental_prefill", "batched_passes"),
+    run_defaults=TRAINED_HERE,
 )

@@ -4,13 +4,16 @@ tower pass leaves for a later one (:class:`TowerCache`).
 transformers' caches grow in place, so every prefix made from one prefill shares one cache
 (:class:`CacheSlot`), and each use of a prefix first crops it back to its own length (re-feeding, in
 the same pass, any of its tokens that a use of another prefix overwrote): decoders may extend,
-truncate and extend again in any order while the prefixes themselves stay immutable.
+truncate and extend again in any order while the prefixes themselves stay immutable. The fast
+path's cache (:class:`~.static.StaticKVCache`) is shared the same way and rolls back by length.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from vla_accel_ros.models.token_vla.static import StaticKVCache
 
 if TYPE_CHECKING:
     import torch
@@ -21,11 +24,19 @@ class CacheSlot:
     it holds after the observation prefix (those of its latest use). As a prefix's cache
     (:class:`~vla_accel_ros.models.api.PrefixCache`) it crops lazily, on the next use."""
 
-    __slots__ = ("cache", "tokens")
+    __slots__ = ("cache", "generation", "tokens")
 
     def __init__(self, cache: Any, tokens: list[int]) -> None:
         self.cache = cache
         self.tokens = tokens
+        # which claim of a pooled StaticKVCache made this slot (a later prefill may claim it again)
+        self.generation = cache.generation if isinstance(cache, StaticKVCache) else 0
+
+    def check_current(self) -> None:
+        """ValueError when a later prefill claimed this slot's pooled cache again."""
+        if isinstance(self.cache, StaticKVCache) and self.generation != self.cache.generation:
+            raise ValueError("this prefix's KV cache was taken by a later prefill (the fast path keeps the "
+                             "caches of the last two prefills): prefill again")
 
     def cropped(self, length: int) -> CacheSlot:
         return self
@@ -48,7 +59,11 @@ class TowerCache:
 
 
 def crop_cache(cache: Any, length: int) -> None:
-    """Drop the cache's positions from ``length`` on (``crop`` takes how many to remove, negated)."""
+    """Drop the cache's positions from ``length`` on (a transformers cache's ``crop`` takes how many
+    to remove, negated; a :class:`~.static.StaticKVCache` forgets a length)."""
+    if isinstance(cache, StaticKVCache):
+        cache.roll_back(length)
+        return
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)

@@ -9,7 +9,7 @@ from typing import Any
 from vla_accel_ros.models.files import check_weights
 
 TOKEN_VLA_CAPABILITIES = ("token_scoring", "draft_head", "incremental_prefill")
-TOKEN_VLA_OPTIONS = ("unnorm_key", "draft")
+TOKEN_VLA_OPTIONS = ("unnorm_key", "draft", "draft_head")
 
 
 def check_token_vla_files(directory: Path, config: dict[str, Any] | None, unnorm_key: str = "") -> None:

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -62,6 +62,7 @@ from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.api import Prefix, ReuseStats, ScoreOutput
 from vla_accel_ros.models.configuration import VisionReuseConfig
 from vla_accel_ros.models.token_vla.cache import CacheSlot, TowerCache
+from vla_accel_ros.models.token_vla.static import StaticKVCache
 
 if TYPE_CHECKING:
     from vla_accel_ros.models.token_vla.passes import HFPasses
@@ -72,13 +73,13 @@ MASKED_ATTENTION = ("eager", "sdpa")
 
 @dataclass(frozen=True, eq=False)
 class _PrefixState:
-    """What a frame leaves for the next: ``cache``, whose first L rows hold the prefix's keys and
-    values in every layer (later rows are action tokens that ``score`` appends and crops),
+    """What a frame leaves for the next: ``layers``, every layer's keys and values whose first L rows
+    hold the prefix's (later rows are action tokens that ``score`` appended),
     ``row_positions`` (L,) the true position of each of those rows, ``hidden`` (1, L, d) the
     prefix's final hidden states by position, and under the feature rule ``features``
     (1, n_image_tokens, d) the image features behind each image token's cached keys and values."""
 
-    cache: Any
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
     row_positions: torch.Tensor
     hidden: torch.Tensor
     features: torch.Tensor | None = None
@@ -191,7 +192,10 @@ class HFIncrementalPrefill:
         positions = torch.arange(length, device=device)
         self._image_positions = positions[is_image]
         self._text_positions = positions[~is_image & (positions >= self._image_positions[0])]
-        self._state = _PrefixState(cache=slot.cache, row_positions=positions, hidden=hidden[:, :length],
+        # the fast path's pooled cache is claimed again by later prefills: its prompt rows are copied
+        layers = (slot.cache.held_layers() if isinstance(slot.cache, StaticKVCache)
+                  else [(layer.keys, layer.values) for layer in slot.cache.layers])
+        self._state = _PrefixState(layers=layers, row_positions=positions, hidden=hidden[:, :length],
                                    features=features)
         return slot, hidden[:, length:]
 
@@ -218,8 +222,8 @@ class HFIncrementalPrefill:
         static = torch.nonzero(reused).squeeze(1)
         cache = policy.new_cache()
         rows = state.rows_of(static)
-        for index, layer in enumerate(state.cache.layers):
-            cache.update(layer.keys.index_select(-2, rows), layer.values.index_select(-2, rows), index)
+        for index, (keys, values) in enumerate(state.layers):
+            cache.update(keys.index_select(-2, rows), values.index_select(-2, rows), index)
         # Each recomputed token sees every key at or before its true position, cached or recomputed.
         key_positions = torch.cat([static, positions])
         blocked = key_positions[None, :] > positions[:, None]
@@ -230,7 +234,8 @@ class HFIncrementalPrefill:
         reference = state.features
         if reference is not None and features is not None and len(dynamic):
             reference = reference.index_copy(1, dynamic, features[:, dynamic])
-        self._state = _PrefixState(cache=cache, row_positions=torch.cat([static, recomputed]),
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        self._state = _PrefixState(layers=layers, row_positions=torch.cat([static, recomputed]),
                                    hidden=state.hidden.index_copy(1, recomputed, hidden[:, :n_prefix]),
                                    features=reference)
         return CacheSlot(cache, [] if tokens is None else tokens[0].tolist()), hidden[:, n_prefix:]

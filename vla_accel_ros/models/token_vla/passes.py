@@ -8,7 +8,11 @@ Llava-style Hugging Face model is one (:class:`~vla_accel_ros.models.hf.modules.
 OpenVLA as published is another (:class:`~vla_accel_ros.models.openvla.modules.OpenVLAModules`).
 
 :class:`~vla_accel_ros.models.token_vla.policy.HFTokenVLA` is the policy made of these passes, and
-:mod:`.incremental` recomputes part of them from frame to frame.
+:mod:`.incremental` recomputes part of them from frame to frame. Where the text model runs op by
+op (a Llama through :class:`~vla_accel_ros.models.hf.direct.DirectLlamaText`), the prefill and the
+passes after it take the fast path (:mod:`.static`: a preallocated KV cache, fixed-shape passes,
+CUDA graphs on a GPU); ``info["fast_path"]`` says which path runs and, when it is transformers'
+DynamicCache, why.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.models.cuda_graph import CudaGraphs
 from vla_accel_ros.models.files import CONFIG_FILE
 from vla_accel_ros.models.token_vla.cache import CacheSlot
 from vla_accel_ros.models.token_vla.spec import VLASpec
+from vla_accel_ros.models.token_vla.static import StaticKVCache, StaticText
 from vla_accel_ros.models.token_vla.statistics import ActionStatistics
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
 
@@ -57,7 +63,9 @@ class VLAModules(Protocol):
     side of the patch behind one image token (0: image tokens are not one per patch).
     n_image_tokens: image positions per prompt. device / dtype: the weights'. direct: what runs the
     vision tower over some of the patches (``tower_pass``, :class:`~.cache.TowerCache`), None
-    when nothing does. forward_name: how the passes run, for ``info``.
+    when nothing does. forward_name: how the passes run, for ``info``. direct_text: the text
+    model op by op (:class:`~vla_accel_ros.models.hf.direct.DirectLlamaText`), which the fast
+    path (:mod:`.static`) runs; None when transformers' modules run it.
     """
 
     model: Any
@@ -70,6 +78,7 @@ class VLAModules(Protocol):
     dtype: torch.dtype
     direct: Any
     forward_name: str
+    direct_text: Any
 
     def resized_image(self, image: np.ndarray) -> torch.Tensor:
         """(1, 3, S, S) float32 on the 0..255 scale, on the CPU: a checked RGB uint8 image (H, W, 3)
@@ -116,6 +125,13 @@ class VLAModules(Protocol):
         ...
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor on ``device``: from the host to CUDA through pinned memory, without waiting."""
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def embeddings_with_image(modules: VLAModules, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
     """Input embeddings (1, n, d) of ``ids`` (1, n) with the image features (1, n_image_tokens, d)
     in the image tokens' places."""
@@ -127,7 +143,9 @@ def embeddings_with_image(modules: VLAModules, ids: torch.Tensor, features: torc
 class HFPasses:
     """A token VLA's model half (:class:`VLAModules`), its text tokenizer and its spec, checked to
     be an OpenVLA-style VLA, and the passes over its prompts (module docstring); ``source`` names
-    the model in error messages, ``statistics`` bin the proprioception a prompt may read."""
+    the model in error messages, ``statistics`` bin the proprioception a prompt may read.
+    ``static``: the fast path's text passes (:class:`~.static.StaticText`), None where transformers'
+    modules run the text model."""
 
     def __init__(self, modules: VLAModules, text_tokenizer: PreTrainedTokenizerBase, spec: VLASpec, *,
                  source: str = "<in-memory model>", statistics: ActionStatistics | None = None) -> None:
@@ -178,13 +196,23 @@ class HFPasses:
             raise ValueError(f"{source}: {type(modules.model).__name__} has no input embeddings of its hidden size")
         # The input embeddings of our 256 bins, gathered once: what the draft head reads of a token.
         self.action_embeddings = embeddings.weight.detach()[self._hf_ids].float()
-        self._prompt_cache: tuple[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._prompt_cache: tuple[str, tuple[torch.Tensor, torch.Tensor, int]] | None = None
         max_positions = getattr(text_config, "max_position_embeddings", None)
         self.config = HFVLAConfig(d_model=int(text_config.hidden_size), image_size=modules.image_size,
                                   vocab_size=vocab_size, n_image_tokens=modules.n_image_tokens,
                                   max_position_embeddings=None if max_positions is None else int(max_positions))
+        on_gpu = self.device.type == "cuda"
+        # the fast path over the op-by-op text model; transformers' modules keep their DynamicCache
+        self.static = (None if modules.direct_text is None
+                       else StaticText(modules.direct_text, self.device, self.dtype, graphs=on_gpu))
+        self._image_graphs = CudaGraphs(modules.image_features, torch.Tensor.clone) if on_gpu else None
+        if self.static is None:
+            fast_path = f"none: transformers' DynamicCache, the text model runs as transformers' modules " \
+                        f"({modules.forward_name})"
+        else:
+            fast_path = "static KV cache, " + ("CUDA graphs" if on_gpu else "eager passes (CPU)")
         self.info: dict[str, Any] = {"source": source, "unnorm_key": None if statistics is None else statistics.key,
-                                     "forward": modules.forward_name}
+                                     "forward": modules.forward_name, "fast_path": fast_path}
 
     # --- inputs -------------------------------------------------------------------------------
     def prompt_ids(self, instruction: str, proprio: np.ndarray | None = None) -> torch.Tensor:
@@ -193,11 +221,7 @@ class HFPasses:
         tokens (joints then gripper, ``proprio``) where the prompt has a ``{proprio}`` field, the
         appended ids. ValueError when the prompt and an action do not fit in the context, or the
         prompt reads the proprioception and ``proprio`` is missing or bad."""
-        cached = self._prompt_cache
-        if cached is None or cached[0] != instruction:
-            cached = (instruction, self._prompt_parts(instruction))
-            self._prompt_cache = cached
-        head, tail = cached[1]
+        head, tail, _ = self._cached_parts(instruction)
         if not self.spec.reads_proprio:
             return head
         if proprio is None:
@@ -205,11 +229,20 @@ class HFPasses:
                              "give the joints and the gripper")
         assert self.statistics is not None  # the constructor checks a proprio prompt has them
         bins = self.statistics.proprio_bins(proprio)
-        return torch.cat([head, self._hf_ids[torch.from_numpy(bins).to(self.device)][None], tail], dim=1)
+        return torch.cat([head, self._hf_ids[to_device(torch.from_numpy(bins), self.device)][None], tail], dim=1)
 
-    def _prompt_parts(self, instruction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cached_parts(self, instruction: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """:meth:`_prompt_parts` of the instruction, kept while the instruction stays the same."""
+        cached = self._prompt_cache
+        if cached is None or cached[0] != instruction:
+            cached = (instruction, self._prompt_parts(instruction))
+            self._prompt_cache = cached
+        return cached[1]
+
+    def _prompt_parts(self, instruction: str) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The ids (1, n) of one instruction's prompt before and after its proprioception tokens
-        (the whole prompt and nothing without a ``{proprio}`` field)."""
+        (the whole prompt and nothing without a ``{proprio}`` field), and the position of its first
+        image token."""
         before, middle, after = self.spec.format_prompt(instruction)
         encode = self.text_tokenizer
         head = list(encode(before, add_special_tokens=False)["input_ids"]) if before else []
@@ -232,7 +265,7 @@ class HFPasses:
                              f"the action {n_actions} more, beyond max_position_embeddings={limit} "
                              f"({self.source}/{CONFIG_FILE}): {instruction[:80]!r}")
         return (torch.tensor([ids], dtype=torch.long, device=self.device),
-                torch.tensor([tail], dtype=torch.long, device=self.device))
+                torch.tensor([tail], dtype=torch.long, device=self.device), 1 + len(head))
 
     def pixel_values(self, image: np.ndarray) -> torch.Tensor:
         """The model input of one RGB uint8 image (H, W, 3): resized, scaled to [0, 1] and
@@ -262,16 +295,34 @@ class HFPasses:
         ids = self.prompt_ids(obs.instruction, obs.proprio)
         if tokens is not None and tokens.shape[1]:
             ids = torch.cat([ids, self.hf_action_ids(tokens)], dim=1)
+        held = [] if tokens is None else tokens[0].tolist()
+        if self.static is not None:
+            if features is None:
+                features = self.image_features(self.pixel_values(obs.image))
+            start = self._cached_parts(obs.instruction)[2]  # the image tokens' places: one slice, no search
+            embeddings = self.embed_ids(ids)
+            embeddings[:, start:start + features.shape[1]] = features.to(embeddings.dtype)
+            static_cache = self.static.claim(ids.shape[1] + self.config.n_action_tokens)
+            return self.static.run(static_cache, embeddings), CacheSlot(static_cache, held)
         cache = self.new_cache()
         if features is None:
             hidden = self._forward(ids, self.pixel_values(obs.image), cache)
         else:
             hidden = self._text_after_cache(self._embeddings_with_image(ids, features), cache)
-        return hidden, CacheSlot(cache, [] if tokens is None else tokens[0].tolist())
+        return hidden, CacheSlot(cache, held)
 
     def new_cache(self) -> Any:
-        """An empty KV cache for the text model."""
+        """An empty KV cache for the text model (transformers' DynamicCache)."""
         return self.modules.new_cache()
+
+    def extend(self, ids: torch.Tensor, cache: Any) -> torch.Tensor:
+        """Final hidden states (1, q, d) over text ids (1, q) right after the cache's positions, which
+        then include them: a fixed-shape pass on the fast path's cache, the model's forward on
+        transformers'."""
+        if isinstance(cache, StaticKVCache):
+            assert self.static is not None  # only the fast path makes these caches
+            return self.static.run(cache, self.embed_ids(ids))
+        return self._forward(ids, None, cache)
 
     def hf_action_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """The HF ids (1, k) of our action tokens (1, k)."""
@@ -283,7 +334,9 @@ class HFPasses:
 
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
         """(1, n_image_tokens, d): what the model puts in place of the image tokens for the model
-        input ``pixels``: the vision tower(s), feature selection and projector."""
+        input ``pixels``: the vision tower(s), feature selection and projector (one CUDA graph on a GPU)."""
+        if self._image_graphs is not None:
+            return self._image_graphs(pixels)
         return self.modules.image_features(pixels)
 
     def forward_embeddings(self, embeddings: torch.Tensor, cache: Any, position_ids: torch.Tensor,
@@ -321,7 +374,7 @@ class HFPasses:
             raise ValueError(f"tokens must be int64, got {tokens.dtype}")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= N_BINS):
             raise ValueError(f"action tokens must lie in [0, {N_BINS})")
-        return tokens.to(self.device)
+        return tokens if tokens.device == self.device else to_device(tokens, self.device)
 
     def _no_tokens(self) -> torch.Tensor:
         return torch.empty(1, 0, dtype=torch.long, device=self.device)

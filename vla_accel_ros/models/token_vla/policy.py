@@ -19,10 +19,10 @@ is the vocabulary's). Bin 255 (HF id ``vocab_size - 256``, OpenVLA's token of a 
 a real output here, unlike our own policy's: it is scored and fed as itself and decodes as bin
 254, as in OpenVLA. A draft head is optional: an EAGLE-style head on the model's hidden states
 (:mod:`vla_accel_ros.models.token_vla.draft`, ``vla-accel train-draft``), loaded when its files lie beside
-the weights (:func:`attach_saved_draft`); there is no parallel draft, contact or flow head
-(:meth:`HFTokenVLA.capabilities`). :meth:`HFTokenVLA.incremental_prefill` gives the VLA-Cache-style
-prefill that reuses the keys and values of unchanged image tokens between frames
-(:mod:`vla_accel_ros.models.token_vla.incremental`).
+the weights or in the directory the ``draft_head`` option names (:func:`attach_saved_draft`); there
+is no parallel draft, contact or flow head (:meth:`HFTokenVLA.capabilities`).
+:meth:`HFTokenVLA.incremental_prefill` gives the VLA-Cache-style prefill that reuses the keys and
+values of unchanged image tokens between frames (:mod:`vla_accel_ros.models.token_vla.incremental`).
 
 Prefixes are immutable while the model's KV cache is mutated in place (:mod:`.cache`).
 """
@@ -40,7 +40,7 @@ import torch
 from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.api import PolicyCapabilities, Prefix, ScoreOutput
 from vla_accel_ros.models.token_vla.cache import crop_cache
-from vla_accel_ros.models.token_vla.draft import HFDraftHead, load_hf_draft
+from vla_accel_ros.models.token_vla.draft import DRAFT_META_FILE, DRAFT_WEIGHTS_FILE, HFDraftHead, load_hf_draft
 from vla_accel_ros.models.token_vla.passes import HFPasses, VLAModules
 from vla_accel_ros.models.token_vla.spec import VLASpec
 from vla_accel_ros.models.token_vla.statistics import (
@@ -178,21 +178,25 @@ class HFTokenVLA(HFPasses):
     def score(self, prefix: Prefix, tokens: torch.Tensor) -> ScoreOutput:
         """ONE forward over k new tokens (1, k) after the prefix; logits (1, k+1, 256)."""
         with torch.inference_mode():
-            tokens = self.check_tokens(tokens)
+            given, tokens = tokens, self.check_tokens(tokens)
             k = tokens.shape[1]
             if k == 0:  # nothing to run: the prefix's last hidden state already predicts the next token
                 return ScoreOutput(self.action_logits(prefix.action_hidden[:, -1:]),
                                    replace(prefix, base=prefix.n_tokens))
-            slot, mine, new = prefix.cache, prefix.tokens[0].tolist(), tokens[0].tolist()
+            # read where the caller made them (on the host, no wait for the device); the prefix's
+            # tokens are the accepted ones, the one read back from the device
+            slot, mine, new = prefix.cache, prefix.tokens[0].tolist(), given[0].tolist()
             # The cache holds the tokens of its latest use; keep what this prefix shares with them
             # and re-feed the rest of the prefix's own before the new ones.
+            slot.check_current()
             common, held = 0, slot.tokens
             while common < min(len(mine), len(held)) and mine[common] == held[common]:
                 common += 1
             crop_cache(slot.cache, prefix.prefix_len + common)
-            feed = self._hf_ids[torch.tensor(mine[common:] + new, dtype=torch.long, device=self.device)]
+            # the tokens to feed are on the device already: nothing crosses from the host
+            feed = self._hf_ids[torch.cat([prefix.tokens[0, common:], tokens[0]])]
             slot.tokens = mine + new
-            hidden = self._forward(feed.unsqueeze(0), None, slot.cache)[:, -k:]
+            hidden = self.extend(feed.unsqueeze(0), slot.cache)[:, -k:]
             extended = Prefix(cache=slot, action_hidden=torch.cat([prefix.action_hidden, hidden], dim=1),
                               tokens=torch.cat([prefix.tokens, tokens], dim=1), pooled=prefix.pooled,
                               prefix_len=prefix.prefix_len, base=prefix.n_tokens)
@@ -229,9 +233,16 @@ def spec_choices(directory: Path, spec: VLASpec,
         raise ValueError(f"device {spec.device!r}: {error}") from None
 
 
-def attach_saved_draft(policy: HFTokenVLA, directory: Path) -> None:
-    """Attach the draft head saved in ``directory`` (``vla-accel train-draft``), if there is one;
-    ValueError naming its file when it was made for another model."""
+def attach_saved_draft(policy: HFTokenVLA, directory: Path, head_directory: Path | None = None) -> None:
+    """Attach the draft head ``vla-accel train-draft`` saved: the one in ``head_directory`` when given
+    (``train-draft --out``, the ``draft_head`` option; ValueError when it holds none), else the one
+    beside the weights in ``directory``, if there is one. ValueError naming its file when it was made
+    for another model."""
     ids = policy.action_ids
-    policy.attach_draft(load_hf_draft(directory, hidden_size=policy.config.d_model, vocab_size=policy.config.vocab_size,
-                                      action_ids=(int(ids[0]), int(ids[-1])), device=policy.device))
+    head = load_hf_draft(head_directory or directory, hidden_size=policy.config.d_model,
+                         vocab_size=policy.config.vocab_size, action_ids=(int(ids[0]), int(ids[-1])),
+                         device=policy.device)
+    if head is None and head_directory is not None:
+        raise ValueError(f"{head_directory}: no draft head ({DRAFT_WEIGHTS_FILE} and {DRAFT_META_FILE}, written by "
+                         "vla-accel train-draft --out) for draft_head")
+    policy.attach_draft(head)

@@ -16,7 +16,9 @@ The defaults are OpenVLA's:
 
 :func:`load_spec` reads the image size and mean/std from the processor's files, and then the
 overrides of a ``vla_spec.json`` beside the weights (every field of :class:`VLASpec` may be set
-there, and ``robot``, the robot record of ``core/robot_record.py``; an unknown key is refused).
+there, and ``robot``, the robot record of ``core/robot_record.py``, and how the model runs unless the
+user sets it: ``temperature``, ``kinematic_r_bounds``, ``kf_fill_check``, read by
+:func:`~vla_accel_ros.models.configuration.declared_run_defaults`; an unknown key is refused).
 Every function that may read ``config.json`` takes it already parsed (``config``; None: read it
 here). Torch-free: nothing here needs more than numpy.
 """
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from vla_accel_ros.core.robot_record import ROBOT_KEY
+from vla_accel_ros.models.configuration import RUN_DEFAULT_KEYS
 from vla_accel_ros.models.files import read_config, read_json_object
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
 
@@ -60,6 +63,7 @@ GRIPPER_INDEX = ACTION_DIM - 1
 # the decoded value is already ours; a fine-tune with another convention names it in vla_spec.json.
 GRIPPER_CONVENTIONS = ("0_1_open_high", "0_1_open_low", "minus1_1_open_high", "minus1_1_open_low")
 DTYPES = ("float32", "bfloat16", "float16")
+GPU_DTYPE = "bfloat16"  # a token VLA's dtype on a GPU unless one is asked for (on the CPU: float32)
 RESAMPLE_MODES = ("nearest", "bilinear", "bicubic")
 _PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's codes in processor configs
 
@@ -244,12 +248,12 @@ def load_spec(directory: Path | str, config: dict[str, Any] | None = None) -> VL
     path = directory / SPEC_FILE
     if path.is_file():
         overrides = read_json_object(path)
-        known = {f.name for f in fields(VLASpec)} | {ROBOT_KEY, *CHUNK_KEYS}
+        known = {f.name for f in fields(VLASpec)} | {ROBOT_KEY, *CHUNK_KEYS, *RUN_DEFAULT_KEYS}
         for key in overrides:
             if key not in known:
                 raise ValueError(f"{path}: unknown key '{key}' (known keys: {', '.join(sorted(known))})")
         overrides.pop(ROBOT_KEY, None)  # the robot the model was made for: core/robot_record.py reads it
-        for key in CHUNK_KEYS:  # an OFT model's chunk: models/oft/config.py reads them
+        for key in (*CHUNK_KEYS, *RUN_DEFAULT_KEYS):  # read elsewhere: models/oft/config.py, configuration.py
             overrides.pop(key, None)
         values |= overrides
     try:
@@ -257,6 +261,17 @@ def load_spec(directory: Path | str, config: dict[str, Any] | None = None) -> VL
     except ValueError as error:
         source = path if path.is_file() else directory
         raise ValueError(f"{source}: {error}") from None
+
+
+def default_dtype(directory: Path | str, device: str | None, cpu_default: str) -> str:
+    """The dtype a token VLA in ``directory`` loads in when none is asked for: its ``vla_spec.json``'s,
+    else ``GPU_DTYPE`` on a GPU (``device``, else ``vla_spec.json``'s) and ``cpu_default`` on the CPU."""
+    path = Path(directory) / SPEC_FILE
+    declared = read_json_object(path) if path.is_file() else {}
+    if declared.get("dtype"):
+        return str(declared["dtype"])
+    where = device or declared.get("device") or "cpu"
+    return GPU_DTYPE if str(where).startswith("cuda") else cpu_default
 
 
 def with_overrides(spec: VLASpec, **changes: Any) -> VLASpec:

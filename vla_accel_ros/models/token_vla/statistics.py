@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from vla_accel_ros.core.errors import SettingError
 from vla_accel_ros.models.files import CONFIG_FILE, read_json_object
 from vla_accel_ros.models.token_vla.spec import (
     GRIPPER_CONVENTIONS,
@@ -84,11 +85,11 @@ def dataset_statistics(directory: Path, file: str, unnorm_key: str | None,
     keys = sorted(table)
     if unnorm_key is None:
         if len(keys) != 1:
-            raise ValueError(f"{path}: holds the statistics of {len(keys)} datasets {keys}; "
-                             "pick one with unnorm_key")
+            raise SettingError(f"{path}: holds the statistics of {len(keys)} datasets {keys}; "
+                               "pick one with unnorm_key", "unnorm_key")
         unnorm_key = keys[0]
     elif unnorm_key not in table:
-        raise ValueError(f"{path}: no dataset '{unnorm_key}' (unnorm_key); it holds {keys}")
+        raise SettingError(f"{path}: no dataset '{unnorm_key}' (unnorm_key); it holds {keys}", "unnorm_key")
     return path, unnorm_key, table[unnorm_key]
 
 

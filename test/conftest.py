@@ -351,6 +351,24 @@ def save_episode() -> Callable[..., None]:
     return _save_episode
 
 
+def _random_demos(root: Path, episodes: int, steps: int, seed: int) -> Path:
+    """``episodes`` episodes of ``steps`` random 32-px frames and actions within a small token VLA's
+    statistics (end-effector deltas of a few cm and rad, the gripper open or closed), in ``root``."""
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    for i in range(episodes):
+        images = rng.integers(0, 256, (steps, 32, 32, 3), dtype=np.uint8)
+        actions = np.concatenate([rng.uniform(-0.02, 0.02, (steps, 3)), rng.uniform(-0.05, 0.05, (steps, 3)),
+                                  rng.integers(0, 2, (steps, 1))], axis=1).astype(np.float32)
+        _save_episode(root / f"episode_{i:05d}.npz", images, actions, rng)
+    return root
+
+
+@pytest.fixture(scope="session")
+def random_demos() -> Callable[..., Path]:
+    return _random_demos
+
+
 @pytest.fixture(scope="session")
 def demo_set(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, Path]]:
     def make(name: str, episodes: Callable[[np.random.Generator], Iterator[tuple[np.ndarray, np.ndarray]]],

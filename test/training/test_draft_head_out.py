@@ -46,16 +46,8 @@ def read_only_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def demos(save_episode: Callable[..., None], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("draft_out") / "demos"
-    root.mkdir()
-    rng = np.random.default_rng(1)
-    for i in range(EPISODES):
-        images = rng.integers(0, 256, (STEPS, 32, 32, 3), dtype=np.uint8)
-        actions = np.concatenate([rng.uniform(-0.02, 0.02, (STEPS, 3)), rng.uniform(-0.05, 0.05, (STEPS, 3)),
-                                  rng.integers(0, 2, (STEPS, 1))], axis=1).astype(np.float32)
-        save_episode(root / f"episode_{i:05d}.npz", images, actions, rng)
-    return root
+def demos(random_demos: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return random_demos(tmp_path_factory.mktemp("draft_out") / "demos", EPISODES, STEPS, seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -39,17 +39,9 @@ def model_dir(tiny_hf_vla: Callable[..., Path], tmp_path_factory: pytest.TempPat
 
 
 @pytest.fixture(scope="module")
-def demos(save_episode: Callable[..., None], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demos(random_demos: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """EPISODES episodes of STEPS random 32-px frames and actions within the model's statistics."""
-    root = tmp_path_factory.mktemp("train_draft") / "demos"
-    root.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(EPISODES):
-        images = rng.integers(0, 256, (STEPS, 32, 32, 3), dtype=np.uint8)
-        actions = np.concatenate([rng.uniform(-0.02, 0.02, (STEPS, 3)), rng.uniform(-0.05, 0.05, (STEPS, 3)),
-                                  rng.integers(0, 2, (STEPS, 1))], axis=1).astype(np.float32)
-        save_episode(root / f"episode_{i:05d}.npz", images, actions, rng)
-    return root
+    return random_demos(tmp_path_factory.mktemp("train_draft") / "demos", EPISODES, STEPS, seed=0)
 
 
 def copy_of(directory: Path, tmp_path: Path) -> Path:

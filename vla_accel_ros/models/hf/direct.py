@@ -14,6 +14,7 @@ included) and activations, in the same order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -95,20 +96,8 @@ class DirectLlamaText:
                 mask = torch.ones(q, past + q, dtype=torch.bool, device=embeddings.device).tril_(past)[None, None]
             else:
                 causal = True
-        x = embeddings
-        for index, layer in enumerate(self.text.layers):
-            attention, mlp = layer.self_attn, layer.mlp
-            h = layer.input_layernorm(x)
-            query = _rotated(attention.q_proj(h).view(1, q, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-            key = _rotated(attention.k_proj(h).view(1, q, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-            value = attention.v_proj(h).view(1, q, self.kv_heads, self.head_dim).transpose(1, 2)
-            key, value = cache.update(key, value, index)
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=causal,
-                                                 scale=attention.scaling, enable_gqa=self.kv_heads != self.heads)
-            x = x + attention.o_proj(out.transpose(1, 2).reshape(1, q, -1))
-            h = layer.post_attention_layernorm(x)
-            x = x + mlp.down_proj(self.text_activation(mlp.gate_proj(h)) * mlp.up_proj(h))
-        return self.text.norm(x)
+        return self._layers(embeddings, cos, sin, mask, causal,
+                            lambda index, key, value: cache.update(key, value, index))
 
     def static_forward(self, embeddings: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
                        positions: torch.Tensor, visible: int | None) -> torch.Tensor:
@@ -133,6 +122,20 @@ class DirectLlamaText:
             else:
                 causal = True
         end = visible if visible is not None else keys[0].shape[2]
+
+        def written(index: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            keys[index].index_copy_(2, positions, key)
+            values[index].index_copy_(2, positions, value)
+            return keys[index][:, :, :end], values[index][:, :, :end]
+
+        return self._layers(embeddings, cos, sin, mask, causal, written)
+
+    def _layers(self, embeddings: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                causal: bool, keep: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+                ) -> torch.Tensor:
+        """The decoder layers over ``embeddings`` (1, q, d): ``keep(layer, keys, values)`` stores the new
+        tokens' keys and values and gives back those attended to (a growing cache's, or a static one's rows)."""
+        q = embeddings.shape[1]
         x = embeddings
         for index, layer in enumerate(self.text.layers):
             attention, mlp = layer.self_attn, layer.mlp
@@ -140,11 +143,9 @@ class DirectLlamaText:
             query = _rotated(attention.q_proj(h).view(1, q, self.heads, self.head_dim).transpose(1, 2), cos, sin)
             key = _rotated(attention.k_proj(h).view(1, q, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
             value = attention.v_proj(h).view(1, q, self.kv_heads, self.head_dim).transpose(1, 2)
-            keys[index].index_copy_(2, positions, key)
-            values[index].index_copy_(2, positions, value)
-            out = F.scaled_dot_product_attention(query, keys[index][:, :, :end], values[index][:, :, :end],
-                                                 attn_mask=mask, is_causal=causal, scale=attention.scaling,
-                                                 enable_gqa=self.kv_heads != self.heads)
+            key, value = keep(index, key, value)
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=causal,
+                                                 scale=attention.scaling, enable_gqa=self.kv_heads != self.heads)
             x = x + attention.o_proj(out.transpose(1, 2).reshape(1, q, -1))
             h = layer.post_attention_layernorm(x)
             x = x + mlp.down_proj(self.text_activation(mlp.gate_proj(h)) * mlp.up_proj(h))

@@ -35,6 +35,13 @@ def test_the_namespace_and_its_pair_exist_inside_the_block_only():
     assert ns.host_if not in links
 
 
+# Across the pair, DDS finds the other side by unicast to the ports of its first participants
+# (7400 + 250 x domain + ...). A domain below 100 keeps them under the ephemeral port range
+# (32768-60999), where sockets of other programs could take them and push the participants to
+# ports the other side never tries.
+NETNS_DOMAIN_ID = 77
+
+
 def test_episodes_run_with_the_policy_in_another_namespace(tmp_path, tiny_checkpoint):
     from vla_accel_ros.ros.launcher import SimRunOptions, run_sim
     from vla_accel_ros.ros.parameters import PolicySettings
@@ -42,7 +49,7 @@ def test_episodes_run_with_the_policy_in_another_namespace(tmp_path, tiny_checkp
     out = tmp_path / "run"
     opts = SimRunOptions(episodes=1, duration_s=4.0, inference_mode="remote", netns=True, out=str(out),
                          policy=PolicySettings(checkpoint=str(tiny_checkpoint(tmp_path / "ckpt")), decoder="kerv"),
-                         domain_id=211)
+                         domain_id=NETNS_DOMAIN_ID)
     summary = run_sim(opts, progress=False)
     assert summary["episodes"] == 1 and summary["inference_round_trip_ms_p50"] > 0
     assert summary["policy_ticks"] > 0
@@ -51,4 +58,4 @@ def test_episodes_run_with_the_policy_in_another_namespace(tmp_path, tiny_checkp
     published = np.all(np.isfinite(commands), axis=1)
     assert published.any() and published[int(np.argmax(published)):].all()
     assert json.loads((out / "summary.json").read_text())["inference_round_trip_ms_p99"] > 0
-    assert "vla_accel_211" not in namespaces()  # removed by the command itself
+    assert f"vla_accel_{NETNS_DOMAIN_ID}" not in namespaces()  # removed by the command itself

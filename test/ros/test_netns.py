@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -43,14 +44,15 @@ NETNS_DOMAIN_ID = 77
 
 
 def test_episodes_run_with_the_policy_in_another_namespace(tmp_path, tiny_checkpoint):
-    from vla_accel_ros.ros.launcher import SimRunOptions, run_sim
-    from vla_accel_ros.ros.parameters import PolicySettings
-
+    # As a user runs it: vla-accel sim in an interpreter of its own, whatever earlier tests left in this one.
     out = tmp_path / "run"
-    opts = SimRunOptions(episodes=1, duration_s=4.0, inference_mode="remote", netns=True, out=str(out),
-                         policy=PolicySettings(checkpoint=str(tiny_checkpoint(tmp_path / "ckpt")), decoder="kerv"),
-                         domain_id=NETNS_DOMAIN_ID)
-    summary = run_sim(opts, progress=False)
+    command = [sys.executable, "-m", "vla_accel_ros.cli", "sim", "--episodes", "1", "--duration-s", "4",
+               "--inference-mode", "remote", "--netns", "--decoder", "kerv", "--domain-id", str(NETNS_DOMAIN_ID),
+               "--checkpoint", str(tiny_checkpoint(tmp_path / "ckpt")), "--out", str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl")))
+    assert (out / "summary.json").is_file(), run.stdout[-2000:] + run.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["episodes"] == 1 and summary["inference_round_trip_ms_p50"] > 0
     assert summary["policy_ticks"] > 0
     # every tick publishes once the arm's state is known (ticks before the first joint state cannot)

@@ -94,6 +94,19 @@ def test_a_flow_familys_chunks_add_their_passes(tmp_path):
     assert table["chunk_2_steps"]["bound_ms"] == pytest.approx(
         table["towers"]["bound_ms"] + table["vlm"]["bound_ms"] + 2 * table["flow_step"]["bound_ms"])
     assert summary["text_layers_real"] == 16
+    # bucketed incremental vision: each bucket's rows pass, and its partial prefix beside the full one
+    assert summary["buckets"] == [0, 24, 48, 96, 192] and summary["image_tokens"] == 192
+    for size, towers in [(0, None), (24, "towers_1_cameras"), (96, "towers_2_cameras"), (192, "towers")]:
+        parts = {f"prefix_rows_bucket_{size}": 1.0, **({towers: 1.0} if towers else {})}
+        assert table[f"prefix_bucket_{size}"]["of"] == parts
+        assert table[f"prefix_bucket_{size}"]["median_ms"] == pytest.approx(
+            sum(table[p]["median_ms"] for p in parts))
+    # more rows, more work; the rows pass of no image row is the unchanged frame's pass
+    flops = [table[f"prefix_rows_bucket_{size}"]["flops"] for size in summary["buckets"]]
+    assert flops == sorted(flops) and flops[0] < flops[-1]
+    assert flops[0] == pytest.approx(table["prefix_incremental_unchanged"]["flops"], rel=0.02)
+    # the guided sampler (real-time chunking) does ten flow steps' work
+    assert table["flow_10_steps_guided"]["flops"] == pytest.approx(10 * table["flow_step"]["flops"])
 
 
 def test_passes_from_a_real_eval_summary_price_the_decoders(tmp_path, tiny_hf_vla, openvla_summary):
@@ -171,6 +184,18 @@ def test_on_a_gpu_the_passes_are_timed_by_cuda_events(tmp_path):
     assert summary["clock"] == "CUDA events" and summary["dtype"] == "bfloat16"
     assert summary["bounds"]["matmul_dtype"] == "bfloat16"
     check_rows(summary["table"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", ["smolvla", "pi0", "pi05"])
+def test_cuda_a_flow_familys_graphs_and_buckets_are_timed_beside_their_bounds(tmp_path, family):
+    summary = cost(CostOptions(family=family, device="cuda", layers=0, repeats=2, out=str(tmp_path)), shape=1)
+    table = summary["table"]
+    check_rows(table)
+    assert summary["graph_errors"] == []
+    graphs = {"prefix_graph", "flow_10_steps_graph", "flow_2_steps_graph", "flow_10_steps_guided_graph",
+              *(f"prefix_bucket_{size}_graph" for size in summary["buckets"])}
+    assert graphs <= set(table)
 
 
 def test_a_passs_work_counts_its_weights_and_flops():

@@ -123,6 +123,10 @@ class ToyPolicy(torch.nn.Module):
     def n_action_tokens(self) -> int:
         return self.config.n_action_tokens
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.head.weight.dtype
+
     def capabilities(self) -> PolicyCapabilities:
         return PolicyCapabilities(token_scoring=True)
 

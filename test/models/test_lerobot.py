@@ -429,7 +429,9 @@ def test_on_either_device_the_chunks_agree_with_lerobot(family: str, device: str
                                                               reuse_kv=True))
     policy.prefill(obs, incremental)
     again = policy.sample_chunk(policy.prefill(obs, incremental), noise, 10)
-    assert incremental.last.recomputed == 0  # nothing changed: every image token reused
+    # nothing changed: every image token reused, unless a GPU's measured costs (bucketed incremental
+    # vision, models/lerobot/buckets.py) found the full prefix cheaper than the rows pass
+    assert incremental.last.recomputed == 0 or incremental.last.reason == incremental.cheaper_in_full
     np.testing.assert_allclose(again, plain, atol=max(tol, 1e-4))
     target = policy.sample_space(plain)[None]
     guide = ChunkGuide(target, torch.ones_like(target), frozen=3, max_guidance=5.0)

@@ -219,7 +219,6 @@ def test_pt_only_is_refused_naming_the_convert_command(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ({}, "does not store its chunk size; give chunk_size"),
     ({"chunk_size": 8, "action_dim": 14}, "action_dim 14 contradicts the action head, whose fc2 gives 7"),
     ({"chunk_size": 0}, "chunk_size must be a positive integer"),
     ({"chunk_size": 8, "bounds": "mean_std"}, "bounds must be one of"),

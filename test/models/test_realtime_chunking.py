@@ -14,7 +14,13 @@ import torch
 from vla_accel_ros.decoding.flow import FlowDecoder
 from vla_accel_ros.decoding.protocol import DecodeContext
 from vla_accel_ros.models.own.flow import FlowHeadConfig, FlowHeads
-from vla_accel_ros.models.realtime_chunking import ChunkGuide, guidance_weights, guided_euler
+from vla_accel_ros.models.realtime_chunking import (
+    ChunkGuide,
+    guidance_weights,
+    guide_tensors,
+    guided_euler,
+    guided_euler_static,
+)
 
 H = 8
 
@@ -118,3 +124,76 @@ def test_guidance_runs_inside_the_step_drivers_inference_mode() -> None:
     outside = model.sample(condition.clone(), noise.clone(), True,
                            ChunkGuide(previous.clone(), weights.clone(), 2, 5.0))
     torch.testing.assert_close(inside.clone(), outside, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 10])
+@pytest.mark.parametrize("frozen, guided, cap", [(0, 0, 5.0), (2, 6, 5.0), (3, 8, 0.5)])
+def test_the_static_shape_guided_sampler_is_guided_euler_without_the_jacobian(steps: int, frozen: int, guided: int,
+                                                                              cap: float) -> None:
+    torch.manual_seed(1)
+    mixing = torch.randn(7, 7) * 0.3
+
+    def velocity(x: torch.Tensor, tau: float) -> torch.Tensor:  # a field that moves with x and with the time
+        return torch.tanh(x @ mixing) * (1.0 + tau) - 0.2 * x
+
+    noise, previous = torch.randn(1, H, 7), torch.rand(1, H, 7) * 1.6 - 0.8
+    weights = torch.as_tensor(guidance_weights(H, frozen, guided), dtype=torch.float32)[:, None]
+    guide = ChunkGuide(previous, weights, frozen, cap)
+    expected = guided_euler(velocity, noise, steps, guide, differentiable=False)
+    static = guided_euler_static(velocity, noise, steps, *guide_tensors(guide, noise.shape, noise.device))
+    torch.testing.assert_close(static, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(static[:, :frozen], previous[:, :frozen], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="steps"):
+        guided_euler_static(velocity, noise, 0, *guide_tensors(guide, noise.shape, noise.device))
+
+
+def lerobot_policy(kind: str, device: str = "cpu"):  # type: ignore[no-untyped-def]
+    pytest.importorskip("transformers")
+    from vla_accel_ros.models.lerobot.checkpoint import load_lerobot
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
+    tokenizers = fixtures / "tokenizers" / ("smolvlm2" if kind == "smolvla" else "paligemma")
+    return load_lerobot(fixtures / kind, tokenizer_dir=tokenizers, device=device), dict(
+        np.load(fixtures / f"{kind}_reference.npz"))
+
+
+def guided_chunks(policy, ref) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    """(the guided chunk through sample_chunk, the same guide through the static-shape sampler,
+    unnormalised as sample_chunk's)."""
+    from vla_accel_ros.models.api import Prefix
+    from vla_accel_ros.models.lerobot.policy import FlowPrefix
+
+    inputs = policy.inputs([ref["front"][0], ref["wrist"][0]], ref["state"][0], str(ref["tasks"][0]))
+    with torch.inference_mode():
+        kv = policy.prefix(inputs)
+    prefix = Prefix(cache=FlowPrefix(kv, inputs), action_hidden=torch.zeros(1, 1, 1),
+                    tokens=torch.zeros(1, 0, dtype=torch.long), pooled=torch.zeros(1, 1), prefix_len=0)
+    noise = torch.as_tensor(ref["noise"][0])
+    horizon = policy.noise_shape()[0]
+    previous = policy.sample_space(policy.sample_chunk(prefix, noise, 10)[::-1].copy())
+    weights = torch.as_tensor(guidance_weights(horizon, 3, horizon // 2), dtype=torch.float32)[:, None]
+    guide = ChunkGuide(previous[None], weights, 3, 5.0)
+    through_policy = policy.sample_chunk(prefix, noise, 10, guide)
+    with torch.inference_mode():
+        sample = policy.guided_flow(kv, inputs.state, noise[None].to(policy.device), 10, guide)[0].cpu()
+    actions = policy.statistics.action.unnormalise(sample[:, : policy.config.action_dim])
+    return through_policy, actions.numpy().astype(np.float64)
+
+
+@pytest.mark.parametrize("kind", ["smolvla", "pi0", "pi05"])
+def test_a_lerobot_policys_static_shape_guided_sampler_is_its_eager_guided_sampler(kind: str) -> None:
+    policy, ref = lerobot_policy(kind)
+    eager, static = guided_chunks(policy, ref)
+    np.testing.assert_allclose(static, eager, rtol=0, atol=1e-5)
+    assert policy.graph_shapes == 0  # on the CPU nothing is recorded
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["smolvla", "pi0", "pi05"])
+def test_cuda_the_guided_sampler_graph_agrees_with_the_eager_guided_sampler(kind: str) -> None:
+    policy, ref = lerobot_policy(kind, "cuda")
+    graphed, _ = guided_chunks(policy, ref)  # sample_chunk with a guide replays the guided graph on a GPU
+    assert policy.graph_errors == [] and len(policy._guided_graphs) == 1
+    policy.cuda_graphs = False
+    eager, _ = guided_chunks(policy, ref)  # guided_euler, eagerly
+    np.testing.assert_allclose(graphed, eager, rtol=0, atol=1e-5)

@@ -3,10 +3,12 @@
 
 The bad checkpoints: a directory that does not exist (plain and ``hf:``), a truncated safetensors
 file (the package's own, a Hugging Face VLA's, a shard of an OpenVLA model), a Hugging Face VLA or
-an OpenVLA model without its ``dataset_statistics.json``, a ``config.json`` of a family the package
-does not run, a Hugging Face or OpenVLA directory given (without ``hf:``) to a command that needs
-the package's own checkpoint, and the example parameter files' placeholder. Commands run in this
-process through :func:`vla_accel_ros.cli.main`; one runs as ``python -m vla_accel_ros.cli`` too.
+an OpenVLA model without its ``dataset_statistics.json``, a Hugging Face VLA whose ``config.json``
+names other sizes than its weights (refused from the headers, naming the tensor and the field), a
+``config.json`` of a family the package does not run, a Hugging Face or OpenVLA directory given
+(without ``hf:``) to a command that needs the package's own checkpoint, and the example parameter
+files' placeholder. Commands run in this process through :func:`vla_accel_ros.cli.main`; one runs as
+``python -m vla_accel_ros.cli`` too.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ CASES: dict[str, tuple[tuple[str, ...], str]] = {
     "hf_without_prefix": ((OWN,), "hf family"),
     "openvla_to_own": ((OWN, OFT), "openvla family"),
     "placeholder": ((ANY, OWN, HF, TOKEN, OFT), "set checkpoint to your model's directory"),
+    "config_of_other_sizes": ((ANY,), "text_config.intermediate_size implies (128, *)"),
 }
 
 PAIRS = [(command, case) for command, (family, _) in ARGV.items() if command in COMMANDS
@@ -111,6 +114,10 @@ def bad(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Callable[...,
     config = json.loads((no_statistics_openvla / "config.json").read_text())
     del config["norm_stats"]
     (no_statistics_openvla / "config.json").write_text(json.dumps(config))
+    other_sizes = tiny_hf_vla(root / "other_sizes")  # config.json names a wider MLP than its weights hold
+    config = json.loads((other_sizes / "config.json").read_text())
+    config["text_config"]["intermediate_size"] = 128
+    (other_sizes / "config.json").write_text(json.dumps(config))
     unsupported = root / "unsupported"
     unsupported.mkdir()
     (unsupported / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
@@ -138,6 +145,7 @@ def bad(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Callable[...,
         "truncated_openvla": str(truncated_openvla), "no_statistics_openvla": str(no_statistics_openvla),
         "openvla_to_own": str(openvla),
         "placeholder": "hf:/path/to/your_fr3_vla",
+        "config_of_other_sizes": f"hf:{other_sizes}",
         "demos": str(demos), "bag": str(bag), "image": str(image), "out": str(root / "out"),
     }
 

@@ -8,6 +8,9 @@ over the measured copy bandwidth (a 1-token step) and its FLOPs over the measure
 prefill). With --layers N the text part of each pass is scaled from N layers to the real depth.
 --passes-from reads the target passes per action that vla-accel eval measured for a decoder (its
 summary.json; repeat the flag for several decoders) and gives the time per action they imply here.
+For the flow families (smolvla, pi0, pi05) the table also holds the guided (real-time chunking)
+sampler and bucketed incremental vision's partial prefix per bucket beside the full prefix, and on a
+GPU their CUDA graph replays (:mod:`vla_accel_ros.evaluation.cost_passes`).
 --json prints one JSON object (the table, the bounds, the device's name, torch's and CUDA's
 versions and the command) and the table on stderr; OUT/cost.json holds the same object.
 --checkpoint times a token VLA checkpoint's passes at its own shape; with --incremental also its
@@ -90,6 +93,9 @@ def print_table(summary: dict[str, Any], stream: TextIO) -> None:
         print(f"| {name} | {r['median_ms']:.2f} | {r['min_ms']:.2f}-{r['max_ms']:.2f} | {r['flops'] / 1e9:.1f} | "
               f"{r['weight_bytes'] / 1e6:.0f} | {r['bound_ms']:.2f} ({term}) | {r['x_bound']:.2f} | "
               f"{r['peak_memory_mb']:.0f} |", file=stream)
+    if "buckets" in summary:
+        print(f"bucketed incremental vision: buckets of {', '.join(map(str, summary['buckets']))} of "
+              f"{summary['image_tokens']} image rows (prefix_bucket_<rows> beside prefix)", file=stream)
     for row in summary.get("decoders", []):
         speedup = row["implied_speedup_vs_ar"]
         print(f"{row['decoder']}: {row['target_passes_per_action']:.2f} target passes per action measured "

@@ -12,7 +12,8 @@ default), as the node runs it. ``--json`` prints one JSON object, a contract tha
 - ``action_logits`` (with ``--logits``): per decoding step, the 256 action logits in id order
   (OpenVLA: ids 31744..31999), 7 x 256, each after the tokens before it;
 - ``timing_ms`` (load, prefill, decode, total), and what ran: ``family``, ``checkpoint``,
-  ``decoder``, ``dtype``, ``unnorm_key``, ``target_passes``.
+  ``decoder``, ``dtype`` (the dtype the policy computes in, its ``compute_dtype``), ``unnorm_key``,
+  ``target_passes``.
 
 A LeRobot flow policy (SmolVLA, π0, π0.5) predicts a chunk instead: one ``--image`` per camera in the
 config's order (PNG/JPEG, or a ``.npy`` of H x W x 3 uint8 or 3 x H x W float in [0, 1]),
@@ -76,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "cache")
     parser.add_argument("--chunk-size", type=int, default=None,
                         help="OpenVLA-OFT: actions per chunk, which the checkpoint does not store (default: "
-                             "vla_spec.json's chunk_size)")
+                             "vla_spec.json's chunk_size, else OFT's for the platform its statistics' dataset "
+                             "names: LIBERO 8, ALOHA 25, BRIDGE 5)")
     parser.add_argument("--bounds", choices=("q01_q99", "min_max"), default=None,
                         help="OpenVLA-OFT: the statistics that scale actions and state (default: vla_spec.json's, "
                              "else q01_q99)")
@@ -120,28 +122,34 @@ def read_image(path: Path) -> np.ndarray:
 
 def predict(args: argparse.Namespace) -> dict[str, Any]:
     """The JSON object of one prediction (module docstring)."""
+    from vla_accel_ros.models.api import CheckpointRef
+    from vla_accel_ros.models.load import family_named, resolve_checkpoint
+
+    ref = CheckpointRef.parse(args.checkpoint)
+    # the checks that need no model (the device, complete weights of the shapes the config implies),
+    # before torch is imported, an image is read or weights load: a bad directory is refused at once
+    resolved = resolve_checkpoint(ref, unnorm_key=args.unnorm_key, device=args.device or "")
+    registered = family_named(resolved.family)
+    family = registered.name
+
     import torch
 
     from vla_accel_ros.core.kinematics import ArmKinematics
     from vla_accel_ros.core.observation import Observation
     from vla_accel_ros.core.resources import default_urdf
     from vla_accel_ros.decoding import make_decoder
-    from vla_accel_ros.models.api import CheckpointRef
-    from vla_accel_ros.models.load import check_device, load_policy
+    from vla_accel_ros.models.load import load_policy
     from vla_accel_ros.runtime.runner import PolicyRunner
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    ref = CheckpointRef.parse(args.checkpoint)
-    registered = check_device(ref, args.device or "")  # before an image is read or weights load
-    family = registered.name
     if args.draft_head is not None and "draft_head" not in registered.options:
         raise ValueError(f"--draft-head does not apply to {ref}, of the {family} family")
     if "flow_chunks" in registered.capabilities:  # a flow VLA: its chunk from the state and the cameras
-        return predict_chunk(args, ref, family)
+        return predict_chunk(args, ref, resolved, family)
     images = [read_image(path) for path in args.image]
     if "action_chunk" in registered.capabilities:  # a chunk in one pass (OpenVLA-OFT)
-        return predict_oft(args, ref, images, family)
+        return predict_oft(args, ref, resolved, images, family)
     for flag in ("state", "noise", "steps", "tokenizer_dir", "chunk_size", "bounds"):
         if getattr(args, flag) is not None:
             raise ValueError(f"--{flag.replace('_', '-')} does not apply to {ref}, of the {family} family")
@@ -150,7 +158,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     image = images[0]
     args.decoder = args.decoder or BASELINE
     start = time.perf_counter()
-    policy = load_policy(ref, unnorm_key=args.unnorm_key, device=args.device, dtype=args.dtype,
+    policy = load_policy(resolved, unnorm_key=args.unnorm_key, device=args.device, dtype=args.dtype,
                          draft_head=args.draft_head)
     load_ms = (time.perf_counter() - start) * 1e3
     kin = ArmKinematics(default_urdf())
@@ -177,7 +185,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
         "action_normalized": centres.tolist(),
         "action": np.asarray(unnormalise(centres), dtype=float).tolist(),
         "family": family, "checkpoint": str(ref), "decoder": decoder.name,
-        "dtype": str(getattr(policy, "dtype", torch.float32)).removeprefix("torch."),
+        "dtype": str(policy.compute_dtype).removeprefix("torch."),
         "unnorm_key": getattr(policy, "info", {}).get("unnorm_key"),
         "target_passes": int(step.target_passes),
         "timing_ms": {"load": round(load_ms, 3), **{k: round(float(step.timings[k]), 3)
@@ -194,7 +202,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def predict_chunk(args: argparse.Namespace, ref: Any, family: str) -> dict[str, Any]:
+def predict_chunk(args: argparse.Namespace, ref: Any, resolved: Any, family: str) -> dict[str, Any]:
     """The JSON object of one flow VLA's chunk (a LeRobot policy; module docstring)."""
     import torch
 
@@ -206,7 +214,7 @@ def predict_chunk(args: argparse.Namespace, ref: Any, family: str) -> dict[str, 
     images = [read_image_file(path) for path in args.image]
     state = read_vector(args.state, "--state")
     start = time.perf_counter()
-    policy: Any = load_policy(ref, unnorm_key=args.unnorm_key, device=args.device, dtype=args.dtype,
+    policy: Any = load_policy(resolved, unnorm_key=args.unnorm_key, device=args.device, dtype=args.dtype,
                               tokenizer_dir=args.tokenizer_dir)
     load_ms = (time.perf_counter() - start) * 1e3
     noise = None if args.noise is None else read_array(args.noise, policy.noise_shape(), "--noise")
@@ -217,12 +225,13 @@ def predict_chunk(args: argparse.Namespace, ref: Any, family: str) -> dict[str, 
     chunk_ms = (time.perf_counter() - start) * 1e3
     return {"actions": chunk.actions.tolist(), "actions_normalized": chunk.normalized.tolist(),
             "family": family, "type": policy.config.type, "checkpoint": str(ref),
-            "dtype": str(policy.dtype).removeprefix("torch."), "steps": int(steps),
+            "dtype": str(policy.compute_dtype).removeprefix("torch."), "steps": int(steps),
             "cameras": list(policy.config.camera_names),
             "timing_ms": {"load": round(load_ms, 3), "sample": round(chunk_ms, 3)}}
 
 
-def predict_oft(args: argparse.Namespace, ref: Any, images: list[np.ndarray], family: str) -> dict[str, Any]:
+def predict_oft(args: argparse.Namespace, ref: Any, resolved: Any, images: list[np.ndarray],
+                family: str) -> dict[str, Any]:
     """The JSON object of one OpenVLA-OFT prediction (module docstring)."""
     from vla_accel_ros.core.observation import Observation
     from vla_accel_ros.core.observation_files import read_vector
@@ -236,7 +245,7 @@ def predict_oft(args: argparse.Namespace, ref: Any, images: list[np.ndarray], fa
         raise ValueError("--logits: an OpenVLA-OFT model has no action tokens; actions_normalized is its output")
     start = time.perf_counter()
     policy = load_oft(ref.directory, unnorm_key=args.unnorm_key or None, device=args.device, dtype=args.dtype,
-                      chunk_size=args.chunk_size, bounds=args.bounds)
+                      chunk_size=args.chunk_size, bounds=args.bounds, config=resolved.config)
     load_ms = (time.perf_counter() - start) * 1e3
     joints = np.zeros(7) if args.joints is None else np.asarray(args.joints, dtype=float)
     state = None if args.state is None else read_vector(args.state, "--state")
@@ -249,7 +258,8 @@ def predict_oft(args: argparse.Namespace, ref: Any, images: list[np.ndarray], fa
         "actions": prediction.actions.tolist(), "actions_normalized": prediction.normalized.tolist(),
         "chunk_size": policy.chunk.chunk_size, "action_dim": policy.chunk.action_dim, "n_images": len(images),
         "family": family, "checkpoint": str(ref), "decoder": CHUNK_DECODER,
-        "dtype": str(policy.dtype).removeprefix("torch."), "unnorm_key": policy.statistics.key, "target_passes": 1,
+        "dtype": str(policy.compute_dtype).removeprefix("torch."), "unnorm_key": policy.statistics.key,
+        "target_passes": 1,
         "timing_ms": {"load": round(load_ms, 3), "forward": round(forward_ms, 3), "total": round(forward_ms, 3)},
     }
 

@@ -12,8 +12,12 @@ Flow VLAs (``smolvla``, ``pi0``, ``pi05``: LeRobot's, at the sizes :mod:`.flow_m
 ``towers`` (3 cameras), ``vlm`` (the VLM over the prefix), ``flow_step`` (the expert over the chunk's
 50 action tokens), ``prefix_incremental_unchanged`` (an unchanged frame: the image rows reused, the
 language and SmolVLA's state row recomputed); composed from them: ``prefix`` (towers + vlm),
-``chunk_10_steps``, ``chunk_2_steps`` and ``chunk_2_steps_incremental_unchanged``. On a GPU the
-full prefix and the 10- and 2-step samplers are also timed as CUDA graph replays (``*_graph``,
+``chunk_10_steps``, ``chunk_2_steps`` and ``chunk_2_steps_incremental_unchanged``;
+``flow_10_steps_guided`` (real-time chunking's guided sampler, static-shape form). Bucketed
+incremental vision (:func:`bucket_passes`): ``towers_1_cameras``, ``towers_2_cameras``, each
+bucket's rows pass ``prefix_rows_bucket_<rows>`` and its partial prefix ``prefix_bucket_<rows>``
+beside the full ``prefix``. On a GPU the full prefix, the 10- and 2-step samplers, the guided
+sampler, the towers and each bucket's rows pass are also timed as CUDA graph replays (``*_graph``,
 :mod:`vla_accel_ros.models.lerobot.cuda_graph`; the graphed prefix at the real depth only).
 
 Built with fewer text layers than the real depth, a pass's text part is scaled to the real depth
@@ -31,6 +35,7 @@ import numpy as np
 import torch
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.models.lerobot.cuda_graph import CudaGraphs, clone_prefix, prefix_tensors, with_tensors
 
 INSTRUCTION = "pick up the red cube"
 VERIFY_TOKENS = 6
@@ -137,8 +142,9 @@ def flow_plan(kind: str, layers: int, device: torch.device, dtype: torch.dtype, 
     """LeRobot's ``kind`` (smolvla, pi0, pi05): its passes (module docstring); ``shape``: its
     towers' layers (None: the published depth, :func:`~.flow_models.build`)."""
     from vla_accel_ros.evaluation.flow_models import N_CAMERAS, build
-    from vla_accel_ros.models.lerobot.cuda_graph import CudaGraphs, clone_prefix, prefix_tensors, with_tensors
+    from vla_accel_ros.models.lerobot.modules import model_velocity
     from vla_accel_ros.models.lerobot.policy import euler
+    from vla_accel_ros.models.realtime_chunking import ChunkGuide, guide_tensors, guided_euler_static
 
     model, config, depth = build(kind, layers, device, dtype, shape)
     built = layers or depth
@@ -171,8 +177,25 @@ def flow_plan(kind: str, layers: int, device: torch.device, dtype: torch.dtype, 
                 "chunk_10_steps": {"towers": 1, "vlm": 1, "flow_step": 10},
                 "chunk_2_steps": {"towers": 1, "vlm": 1, "flow_step": 2},
                 "chunk_2_steps_incremental_unchanged": {"prefix_incremental_unchanged": 1, "flow_step": 2}}
-    graphs: list[Any] = []
+    guide = guide_tensors(ChunkGuide(noise.flip(1), torch.ones(config.chunk_size, 1, device=device), 5, 5.0),
+                          noise.shape, device)
+
+    def guided(prefix: Any, state: torch.Tensor, noise: torch.Tensor, *guide: torch.Tensor, steps: int = 10) -> Any:
+        def velocity(x: torch.Tensor, tau: float) -> torch.Tensor:
+            t = torch.full((x.shape[0],), 1.0 - tau, dtype=torch.float32, device=x.device)
+            return -model_velocity(model, prefix, state, x, t)
+
+        return guided_euler_static(velocity, noise, steps, *guide)
+
+    passes.append(PassSpec("flow_10_steps_guided", lambda: guided(prefix, state, noise, *guide),
+                           work_of={"flow_step": 10}))
+    buckets, graphs = bucket_passes(model, prefix, images, tokens, lang, lang_mask, state, passes, composed)
     if device.type == "cuda":
+        flat = prefix_tensors(prefix)
+        sampler = CudaGraphs(lambda *x: guided(with_tensors(prefix, x[:-6]), *x[-6:]), torch.Tensor.clone)
+        passes.append(PassSpec("flow_10_steps_guided_graph", lambda: sampler(*flat, state, noise, *guide),
+                               work_of={"flow_step": 10}))
+        graphs.append(sampler)
         flat = prefix_tensors(prefix)
         for steps in (10, 2):
             sampler = CudaGraphs(lambda *x, k=steps: euler(model, with_tensors(prefix, x[:-2]), x[-2], x[-1], k),
@@ -192,5 +215,55 @@ def flow_plan(kind: str, layers: int, device: torch.device, dtype: torch.dtype, 
             composed["chunk_2_steps_graph"] = {"prefix_graph": 1, "flow_2_steps_graph": 1}
             composed["chunk_10_steps_graph"] = {"prefix_graph": 1, "flow_10_steps_graph": 1}
         graphs.append(whole)
-    facts = {"prefix_tokens": int(emb.shape[1]), "parameters_built": int(sum(p.numel() for p in model.parameters()))}
+    facts = {"prefix_tokens": int(emb.shape[1]), "parameters_built": int(sum(p.numel() for p in model.parameters())),
+             "image_tokens": int(N_CAMERAS * tokens[0].shape[1]), "buckets": list(buckets)}
     return PassPlan(passes, composed, built, depth, [model], facts, graphs=graphs)
+
+
+def bucket_passes(model: Any, prefix: Any, images: list[torch.Tensor], tokens: list[torch.Tensor], lang: torch.Tensor,
+                  lang_mask: torch.Tensor, state: torch.Tensor, passes: list[PassSpec],
+                  composed: dict[str, dict[str, float]]) -> tuple[tuple[int, ...], list[Any]]:
+    """Bucketed incremental vision's passes (:mod:`vla_accel_ros.models.lerobot.buckets`), added to
+    ``passes`` and ``composed``: the towers of 1 and 2 cameras (``towers_1_cameras``,
+    ``towers_2_cameras``; all 3 are ``towers``), each bucket's rows pass over its first image rows
+    (``prefix_rows_bucket_<rows>``) and the partial prefix of each bucket (``prefix_bucket_<rows>``:
+    the towers of the cameras those rows lie in, and the rows pass), beside the full ``prefix``; on a
+    GPU also each as graph replays (``*_graph``). The bucket sizes, and the graph recorders."""
+    from vla_accel_ros.evaluation.flow_models import N_CAMERAS
+    from vla_accel_ros.models.lerobot.buckets import (
+        DEFAULT_BUCKETS,
+        bucket_rows,
+        bucket_sizes,
+        first_rows,
+        padded_rows_pass,
+    )
+
+    device = state.device
+    per_camera = int(tokens[0].shape[1])
+    sizes = bucket_sizes(N_CAMERAS * per_camera, DEFAULT_BUCKETS)
+    pixels = torch.cat(images)
+    cuda = device.type == "cuda"
+    towers = CudaGraphs(lambda p: model.embed_images([p])[0], torch.Tensor.clone)
+    rows_graphs = CudaGraphs(lambda *x: padded_rows_pass(model, N_CAMERAS, prefix, *x), clone_prefix)
+    flat = prefix_tensors(prefix)
+    tower_names = {N_CAMERAS: "towers"}
+    for k in range(1, N_CAMERAS):
+        tower_names[k] = f"towers_{k}_cameras"
+        passes.append(PassSpec(tower_names[k], lambda k=k: model.embed_images([pixels[:k]]), scaled=False))
+    for k in range(1, N_CAMERAS + 1) if cuda else ():
+        passes.append(PassSpec(f"{tower_names[k]}_graph", lambda k=k: towers(pixels[:k]), scaled=False,
+                               work_of={tower_names[k]: 1}))
+    for size in sizes:
+        dynamic = first_rows(size, N_CAMERAS, per_camera, device)
+        args = (torch.zeros(1, size, tokens[0].shape[-1], dtype=tokens[0].dtype, device=device),
+                bucket_rows(dynamic, size, per_camera, prefix.length), lang, lang_mask, state, *flat)
+        name = f"prefix_rows_bucket_{size}"
+        passes.append(PassSpec(name, lambda a=args: padded_rows_pass(model, N_CAMERAS, prefix, *a)))
+        cameras = sum(1 for rows in dynamic if len(rows))
+        parts = {name: 1.0, **({tower_names[cameras]: 1.0} if cameras else {})}
+        composed[f"prefix_bucket_{size}"] = parts
+        if cuda:
+            passes.append(PassSpec(f"{name}_graph", lambda a=args: rows_graphs(*a), work_of={name: 1}))
+            composed[f"prefix_bucket_{size}_graph"] = {f"{p}_graph": n for p, n in parts.items()}
+    return sizes, [towers, rows_graphs] if cuda else []
+

@@ -230,6 +230,11 @@ class PolicyLike(Protocol):
 
     config: Any  # a PolicyConfig
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype its passes compute in (parts kept in float32 in a bfloat16 model aside)."""
+        ...
+
     def capabilities(self) -> PolicyCapabilities: ...
 
     def prefill(self, obs: Observation) -> Prefix:

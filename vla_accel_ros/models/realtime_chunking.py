@@ -94,3 +94,39 @@ def guided_euler(velocity: Callable[[torch.Tensor, float], torch.Tensor], noise:
         if guide.frozen:
             x[..., : guide.frozen, :] = torch.broadcast_to(guide.target, x.shape)[..., : guide.frozen, :]
     return x
+
+
+def guide_tensors(guide: ChunkGuide, shape: torch.Size | tuple[int, ...],
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``guide`` as the tensors :func:`guided_euler_static` takes for a sample of ``shape`` (B, H, D)
+    on ``device``: the target and the weights broadcast to the shape, the frozen steps' mask
+    (H, 1) and the guidance cap (a 0-d float32 tensor)."""
+    horizon = shape[-2]
+    target = torch.broadcast_to(guide.target.to(device=device, dtype=torch.float32), shape).contiguous()
+    weights = torch.broadcast_to(guide.weights.to(device=device, dtype=torch.float32), shape).contiguous()
+    frozen = (torch.arange(horizon, device=device) < guide.frozen)[:, None]
+    return target, weights, frozen, torch.tensor(guide.max_guidance, dtype=torch.float32, device=device)
+
+
+def guided_euler_static(velocity: Callable[[torch.Tensor, float], torch.Tensor], noise: torch.Tensor, steps: int,
+                        target: torch.Tensor, weights: torch.Tensor, frozen: torch.Tensor,
+                        max_guidance: torch.Tensor) -> torch.Tensor:
+    """:func:`guided_euler` without the vector-Jacobian product (``differentiable=False``) with
+    every value of the guide a tensor (:func:`guide_tensors`): the same kernels whatever the guide,
+    so that a CUDA graph records it once per shape and replays it for any target, weights, frozen
+    count and cap. The gain's cap is a device clamp, the frozen steps a device select."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    dt = 1.0 / steps
+    x = noise
+    for i in range(steps):
+        tau = i * dt
+        v = velocity(x, tau)
+        pull = (target - (x + (1.0 - tau) * v)) * weights
+        if tau == 0.0:
+            gain = max_guidance
+        else:  # as guided_euler: the cap min(max_guidance, (1 - tau) / (tau r^2))
+            r2 = (1.0 - tau) ** 2 / (tau**2 + (1.0 - tau) ** 2)
+            gain = max_guidance.clamp(max=(1.0 - tau) / (tau * r2))
+        x = x + dt * (v + gain * pull)
+    return torch.where(frozen, target, x)

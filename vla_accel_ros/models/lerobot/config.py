@@ -113,6 +113,12 @@ class LeRobotConfig:
         return int(self.image_resolution[0]), int(self.image_resolution[1])
 
 
+def intermediate_size(hidden: int, multiplier: int = 4, multiple_of: int = 256) -> int:
+    """The expert MLP's width LeRobot derives from its hidden width."""
+    width = multiplier * int(2 * hidden / 3)
+    return multiple_of * ((width + multiple_of - 1) // multiple_of)
+
+
 def _feature_shape(path: Path, name: str, feature: Any) -> list[int]:
     if not isinstance(feature, dict) or not isinstance(feature.get("shape"), list):
         raise ValueError(f"{path}: feature {name!r} has no shape list")

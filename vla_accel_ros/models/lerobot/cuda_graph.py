@@ -6,8 +6,10 @@ small kernels over 50 action tokens (an eager step of SmolVLA or π0 took 14-27 
 (every Euler step, or a fitted student's two) once per input shape and replays them with one
 launch. Each call copies its prefix's keys and values, the state and the noise into the graph's
 static inputs, replays, and returns a copy of the graph's output. The full prefix (towers and VLM
-over a new frame) is recorded the same way, from the pixels, the state and the tokens; incremental
-vision's passes over the changed rows differ in shape from frame to frame and run eagerly.
+over a new frame) is recorded the same way, from the pixels, the state and the tokens; so are
+real-time chunking's guided sampler (in its static-shape form, per steps and student) and bucketed
+incremental vision's towers and rows passes (:mod:`.buckets`: the changed rows padded to a few
+fixed sizes, one graph per bucket).
 
 A recorded pass must launch the same kernels whatever the values: it creates no tensor from host
 data while it runs (the flow times and the block marks are device fills) and reads no value back.

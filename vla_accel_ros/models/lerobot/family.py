@@ -8,7 +8,7 @@ from typing import Any
 
 from vla_accel_ros.core.errors import SettingError
 from vla_accel_ros.models.api import Family
-from vla_accel_ros.models.files import CONFIG_FILE, check_safetensors
+from vla_accel_ros.models.files import CONFIG_FILE
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -18,16 +18,19 @@ def recognises(directory: Path, config: dict[str, Any] | None) -> bool:
 
 
 def check_files(directory: Path, config: dict[str, Any] | None, unnorm_key: str = "") -> None:
-    """``config.json`` of a supported type, ``model.safetensors`` complete."""
+    """``config.json`` of a supported type, ``model.safetensors`` complete and holding the shapes
+    the config implies (read from its header: refused before a network of the config's size is
+    built)."""
     from vla_accel_ros.models.lerobot.config import parse_config
+    from vla_accel_ros.models.lerobot.shapes import check_weight_shapes
 
     if unnorm_key:
         raise SettingError(f"{directory}: a LeRobot policy has one set of statistics; unnorm_key does not apply",
                            "unnorm_key")
-    parse_config(directory / CONFIG_FILE, config or {})
+    parsed = parse_config(directory / CONFIG_FILE, config or {})
     if not (directory / WEIGHTS_FILE).is_file():
         raise ValueError(f"{directory / WEIGHTS_FILE}: missing (the policy's weights)")
-    check_safetensors(directory / WEIGHTS_FILE)
+    check_weight_shapes(parsed, directory / WEIGHTS_FILE)  # reads the header, so a truncated file is named too
 
 
 FAMILY = Family(

@@ -64,35 +64,51 @@ class IncrementalPrefix:
         device = inputs.state.device
         masks = [torch.ones(1, dtype=torch.bool, device=device) for _ in pixels]
         if reason:
-            tokens = model.embed_images(inputs.images)
-            self._prefix = model.run_prefix(*model.embed_inputs(tokens, masks, inputs.lang_tokens, inputs.lang_masks,
-                                                                inputs.state))
-            self._reference = pixels
-            self._instruction = inputs.instruction
-            self._since_refresh = 1
-            self.last = ReuseStats(n_tokens, n_tokens, True, reason)
-            return self._prefix
+            return self._full(inputs, pixels, n_tokens, reason)
         assert self._prefix is not None and self._reference is not None
-        per_camera = side * side
-        tokens, dynamic_rows = [], []
-        for camera, (image, change) in enumerate(zip(inputs.images, changes, strict=True)):
-            dynamic = torch.nonzero(change > self.config.threshold).squeeze(1)
-            if len(dynamic):
-                tokens.append(model.embed_images([image])[0])
-                dynamic_rows.append(dynamic + camera * per_camera)
+        dynamic = [torch.nonzero(change > self.config.threshold).squeeze(1) for change in changes]
+        self._prefix = self._partial(inputs, dynamic, masks, n_tokens)
+        if self._prefix is None:  # the full prefix was cheaper: a refresh
+            return self._full(inputs, pixels, n_tokens, self.cheaper_in_full)
+        for camera, rows in enumerate(dynamic):
+            if len(rows):
                 self._reference[camera] = self._reference[camera].clone()
-                self._patch_reference(camera, dynamic, pixels[camera], side, cell)
+                self._patch_reference(camera, rows, pixels[camera], side, cell)
+        self._since_refresh += 1
+        self.last = ReuseStats(int(sum(len(rows) for rows in dynamic)), n_tokens, False)
+        return self._prefix
+
+    cheaper_in_full = "full prefix cheaper"  # the refresh reason when a cost table chose the full prefix
+
+    def _full(self, inputs: Any, pixels: list[torch.Tensor], n_tokens: int, reason: str) -> Any:
+        """Every token recomputed (the policy's full prefix: a CUDA graph on a GPU); the frame's
+        pixels become the reference."""
+        self._prefix = self.policy.prefix(inputs)
+        self._reference = pixels
+        self._instruction = inputs.instruction
+        self._since_refresh = 1
+        self.last = ReuseStats(n_tokens, n_tokens, True, reason)
+        return self._prefix
+
+    def _partial(self, inputs: Any, dynamic: list[torch.Tensor], masks: list[torch.Tensor], n_tokens: int) -> Any:
+        """The prefix with the ``dynamic`` image tokens (per camera, indices into its tokens), the
+        language and SmolVLA's state recomputed, every other row's keys and values reused (None:
+        the full prefix is to be computed instead, which this pass never asks for)."""
+        model = self.policy.model
+        device = inputs.state.device
+        per_camera = n_tokens // len(inputs.images)
+        tokens, dynamic_rows = [], []
+        for camera, (image, rows) in enumerate(zip(inputs.images, dynamic, strict=True)):
+            if len(rows):
+                tokens.append(model.embed_images([image])[0])
+                dynamic_rows.append(rows + camera * per_camera)
             else:  # no token of this camera moved: its embeddings never reach the recomputed rows
                 tokens.append(torch.zeros(1, per_camera, model.image_token_width, dtype=model.image_token_dtype,
                                           device=device))
         emb, *masks_of_prefix = model.embed_inputs(tokens, masks, inputs.lang_tokens, inputs.lang_masks, inputs.state)
         rest = torch.arange(n_tokens, emb.shape[1], device=device)  # the language (and the state): always recomputed
         rows = torch.cat([*dynamic_rows, rest])
-        self._prefix = model.run_prefix_rows(rows, emb[:, rows], *masks_of_prefix, self._prefix)
-        self._since_refresh += 1
-        n_dynamic = int(sum(len(r) for r in dynamic_rows))
-        self.last = ReuseStats(n_dynamic, n_tokens, False)
-        return self._prefix
+        return model.run_prefix_rows(rows, emb[:, rows], *masks_of_prefix, self._prefix)
 
     def _patch_reference(self, camera: int, dynamic: torch.Tensor, now: torch.Tensor, side: int, cell: int) -> None:
         """The dynamic tokens' pixels become their reference."""

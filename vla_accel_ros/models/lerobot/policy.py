@@ -39,7 +39,7 @@ from vla_accel_ros.models.lerobot.processor import (
     tokenize_text,
 )
 from vla_accel_ros.models.lerobot.student import FlowStudent
-from vla_accel_ros.models.realtime_chunking import ChunkGuide, guided_euler
+from vla_accel_ros.models.realtime_chunking import ChunkGuide, guide_tensors, guided_euler, guided_euler_static
 
 
 @dataclass(frozen=True)
@@ -98,11 +98,20 @@ class LeRobotPolicy:
         # on a GPU the full prefix and the unguided sampler replay as CUDA graphs (:mod:`.cuda_graph`)
         self.cuda_graphs = self.device.type == "cuda"
         self._sampler_graphs: dict[tuple[int, bool], CudaGraphs] = {}  # per (steps, student)
+        self._guided_graphs: dict[tuple[int, bool], CudaGraphs] = {}  # real-time chunking's, per (steps, student)
         self._prefix_graphs = CudaGraphs(self._prefix_pass, clone_prefix)
 
     @property
     def dtype(self) -> torch.dtype:
         return next(p.dtype for n, p in self.model.named_parameters() if n.startswith(("vlm.", "paligemma.")))
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the passes compute in: the language model's layers' (the tower, projector and
+        norms LeRobot keeps in float32 in a bfloat16 model do not set it)."""
+        stack = self.model.vlm.text_model if self.config.type == "smolvla" else self.model.language_model
+        dtype: torch.dtype = stack.layers[0].self_attn.q_proj.weight.dtype
+        return dtype
 
     def capabilities(self) -> PolicyCapabilities:
         return PolicyCapabilities(flow_head=True, flow_chunks=True, chunk_guidance=True,
@@ -142,9 +151,14 @@ class LeRobotPolicy:
                 t = torch.tensor(1.0 - tau, dtype=torch.float32, device=self.device).expand(x.shape[0])
                 return -self.velocity(cache.kv, cache.inputs, x.to(self.device), t, field).to(x.device)
 
-            # the guide lives on the CPU with the chunk; the cached prefix was made in inference
-            # mode: no backward pass through it
-            sample = guided_euler(velocity, noise, steps, guide, differentiable=False)[0]
+            if self.cuda_graphs:
+                with torch.inference_mode():
+                    sample = self.guided_flow(cache.kv, cache.inputs.state, noise.to(self.device), steps, guide,
+                                              fitted)[0]
+            else:
+                # the guide lives on the CPU with the chunk; the cached prefix was made in inference
+                # mode: no backward pass through it
+                sample = guided_euler(velocity, noise, steps, guide, differentiable=False)[0]
         actions = self.statistics.action.unnormalise(sample[:, : self.config.action_dim].cpu())
         return np.asarray(actions.detach().numpy(), dtype=np.float64)
 
@@ -223,13 +237,15 @@ class LeRobotPolicy:
     def graph_shapes(self) -> int:
         """How many CUDA graphs were recorded: the prefix's, one per input shape, and the sampler's,
         one per steps, student and input shape."""
-        return len(self._prefix_graphs) + sum(len(graphs) for graphs in self._sampler_graphs.values())
+        return len(self._prefix_graphs) + sum(len(graphs) for graphs in
+                                              [*self._sampler_graphs.values(), *self._guided_graphs.values()])
 
     @property
     def graph_errors(self) -> list[str]:
         """Why a pass runs eagerly on the GPU although graphs were asked for (empty: none does)."""
         every = [("prefix", self._prefix_graphs),
-                 *((f"{steps}-step sampler", graphs) for (steps, _), graphs in self._sampler_graphs.items())]
+                 *((f"{steps}-step sampler", graphs) for (steps, _), graphs in self._sampler_graphs.items()),
+                 *((f"{steps}-step guided sampler", graphs) for (steps, _), graphs in self._guided_graphs.items())]
         return [f"{name}: {graphs.error}" for name, graphs in every if graphs.error]
 
     def flow(self, prefix: Any, state: torch.Tensor, noise: torch.Tensor, steps: int,
@@ -249,15 +265,50 @@ class LeRobotPolicy:
                 lambda *t, shape=prefix: sample(with_tensors(shape, t[:-2]), t[-2], t[-1]), torch.Tensor.clone)
         return self._sampler_graphs[key](*prefix_tensors(prefix), state, noise)
 
+    def guided_flow(self, prefix: Any, state: torch.Tensor, noise: torch.Tensor, steps: int, guide: ChunkGuide,
+                    fitted: FlowStudent | None = None) -> torch.Tensor:
+        """Real-time chunking's guided sample (B, H, max_action_dim) from ``noise`` on the device:
+        ``steps`` guided Euler steps (the fitted student's field and step count with ``fitted``) in
+        the static-shape form (:func:`~vla_accel_ros.models.realtime_chunking.guided_euler_static`),
+        the guide in the sampler's space; on a GPU replayed as a CUDA graph per steps and student."""
+        field = fitted.velocity_model() if fitted is not None else None
+        steps = fitted.steps if fitted is not None else steps
+        guided = guide_tensors(guide, noise.shape, noise.device)
+
+        def sample(prefix: Any, state: torch.Tensor, noise: torch.Tensor, *guided: torch.Tensor) -> torch.Tensor:
+            def velocity(x: torch.Tensor, tau: float) -> torch.Tensor:  # LeRobot's time runs from 1 (noise) to 0
+                t = torch.full((x.shape[0],), 1.0 - tau, dtype=torch.float32, device=x.device)
+                return -model_velocity(self.model if field is None else field, prefix, state, x, t)
+
+            return guided_euler_static(velocity, noise, steps, *guided)
+
+        if not self.cuda_graphs:
+            return sample(prefix, state, noise, *guided)
+        key = (steps, fitted is not None)
+        if key not in self._guided_graphs:  # the first prefix gives the structure every run rebuilds
+            self._guided_graphs[key] = CudaGraphs(
+                lambda *t, shape=prefix: sample(with_tensors(shape, t[:-6]), *t[-6:]), torch.Tensor.clone)
+        return self._guided_graphs[key](*prefix_tensors(prefix), state, noise, *guided)
+
     def noise_shape(self) -> tuple[int, int]:
         return self.config.chunk_size, self.config.max_action_dim
 
-    def incremental_vision(self, settings: Any = None) -> Any:
+    def incremental_vision(self, settings: Any = None, buckets: Sequence[float] | None = None,
+                           costs: Any = None) -> Any:
         """The incremental prefix over a stream of frames under ``settings`` (a
-        :class:`~vla_accel_ros.models.configuration.VisionReuseConfig`; :mod:`.incremental`)."""
+        :class:`~vla_accel_ros.models.configuration.VisionReuseConfig`; :mod:`.incremental`).
+        ``buckets``: fractions of the image tokens the changed rows are padded to, each bucket a
+        CUDA graph on a GPU, chosen per frame against the full prefix from ``costs`` (a
+        :class:`~.buckets.PrefixCosts`; None: measured on the first frame on a GPU; :mod:`.buckets`);
+        empty: unbucketed; None: bucketed on a GPU (:data:`~.buckets.DEFAULT_BUCKETS`), not on the CPU."""
+        from vla_accel_ros.models.lerobot.buckets import DEFAULT_BUCKETS, BucketedIncrementalPrefix
         from vla_accel_ros.models.lerobot.incremental import IncrementalPrefix
 
-        return IncrementalPrefix(self, settings)
+        if buckets is None:
+            buckets = DEFAULT_BUCKETS if self.device.type == "cuda" else ()
+        if not buckets:
+            return IncrementalPrefix(self, settings)
+        return BucketedIncrementalPrefix(self, settings, buckets, costs)
 
     def incremental_prefill(self, settings: Any) -> Any:
         """The runtime's incremental prefill (``vision_reuse*``) over :meth:`incremental_vision`."""

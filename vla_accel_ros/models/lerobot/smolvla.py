@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vla_accel_ros.models.lerobot.config import LeRobotConfig
+from vla_accel_ros.models.lerobot.config import LeRobotConfig, intermediate_size
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, max_wavelength: float = 10_000.0) -> torch.Tensor:
@@ -72,12 +72,6 @@ def sinusoidal_time(t: torch.Tensor, dimension: int, min_period: float, max_peri
     period = min_period * (max_period / min_period) ** fraction
     angles = (1.0 / period * 2 * math.pi)[None, :] * t[:, None]
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
-
-
-def intermediate_size(hidden: int, multiplier: int = 4, multiple_of: int = 256) -> int:
-    """The expert MLP's width LeRobot derives from its hidden width."""
-    width = multiplier * int(2 * hidden / 3)
-    return multiple_of * ((width + multiple_of - 1) // multiple_of)
 
 
 @dataclass(frozen=True, eq=False)

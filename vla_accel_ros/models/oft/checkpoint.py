@@ -5,8 +5,9 @@ sharded weights, processor and tokenizer files: the OpenVLA loader reads them,
 :func:`~vla_accel_ros.models.openvla.checkpoint.read_parts`) with an action head and, usually, a
 proprio projector beside it (:mod:`.weights`; safetensors only: ``vla-accel convert DIR``
 makes them from OFT's ``.pt`` files). What no file stores (the chunk size, the bounds style, the
-image count) comes from ``vla_spec.json`` or the parameters (:mod:`.config`), checked against the
-head's and the projector's shapes. ``config.json`` is parsed once, when the checkpoint is resolved
+image count) comes from ``vla_spec.json`` or the parameters, else (the chunk size and bounds) from
+the platform the statistics' dataset names (:mod:`.config`), checked against the head's and the
+projector's shapes. ``config.json`` is parsed once, when the checkpoint is resolved
 (:func:`load_resolved` reads the record's).
 """
 
@@ -25,6 +26,8 @@ from vla_accel_ros.models.oft.weights import ACTION_HEAD, PROPRIO_PROJECTOR, fin
 from vla_accel_ros.models.openvla.checkpoint import build_modules, read_parts
 from vla_accel_ros.models.openvla.weights import ShardReader
 from vla_accel_ros.models.token_vla.policy import TORCH_DTYPES
+from vla_accel_ros.models.token_vla.spec import STATISTICS_FILE
+from vla_accel_ros.models.token_vla.statistics import dataset_statistics
 
 
 def load_resolved(checkpoint: ResolvedCheckpoint, options: LoadOptions) -> OFTPolicy:
@@ -48,8 +51,10 @@ def load_oft(path: Path | str, *, unnorm_key: str | None = None, device: str | N
     files = find_components(directory)
     head_reader = ShardReader(files[ACTION_HEAD])
     shape = head_shape({name: t.shape for name, t in head_reader.tensors.items()}, str(files[ACTION_HEAD]))
+    _, dataset, _ = dataset_statistics(directory, STATISTICS_FILE, parts.spec.unnorm_key, parts.config.raw)
     chunk = chunk_spec(parts.stored, directory / "vla_spec.json", head_action_dim=shape.action_dim,
-                       chunk_size=chunk_size, action_dim=action_dim, bounds=bounds, n_images=n_images)
+                       chunk_size=chunk_size, action_dim=action_dim, bounds=bounds, n_images=n_images,
+                       dataset=dataset)
     projector_reader = ShardReader(files[PROPRIO_PROJECTOR]) if PROPRIO_PROJECTOR in files else None
     state_dim = None
     if projector_reader is not None:

@@ -4,8 +4,11 @@ OFT's own code picks the chunk size, the action and state sizes and the bounds s
 command line (LIBERO 8 x 7 with q01/q99 bounds, ALOHA 25 x 14 with min/max, Bridge 5 x 7): no
 file of the checkpoint holds them. Here they come from ``vla_spec.json`` (or the loader's
 parameters, which win), and are checked against the weights: the action dimension is the head's
-output, the state dimension the proprio projector's input. The chunk size is read from nothing;
-it must be given.
+output, the state dimension the proprio projector's input. Where neither gives the chunk size (a
+directory as published), it is the platform's that the statistics' dataset names, as OFT's
+``prismatic/vla/constants.py`` picks it (the first of "libero", "aloha", "bridge" in the name,
+ignoring case; the bounds style too unless given), and a warning says so; a dataset that names
+none of them is refused.
 
 - ``chunk_size``: actions per chunk (H);
 - ``action_dim``: values per action (D; optional, the head's);
@@ -21,6 +24,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,19 @@ DEFAULT_BOUNDS = "q01_q99"  # OFT's default platform (LIBERO)
 RANGE_EPSILON = 1e-8  # OFT adds it to every range (OpenVLA's predict_action does not)
 # what OFT's constants give per platform, for messages
 PLATFORMS = "LIBERO 8 x 7 q01_q99, ALOHA 25 x 14 min_max, Bridge 5 x 7 q01_q99"
+# OFT's prismatic/vla/constants.py: (the name it looks for, in this order; chunk size; bounds style)
+PLATFORM_CHUNKS = (("libero", 8, "q01_q99"), ("aloha", 25, "min_max"), ("bridge", 5, "q01_q99"))
+log = logging.getLogger(__name__)
+
+
+def platform_chunk(dataset: str) -> tuple[str, int, str] | None:
+    """(platform, chunk size, bounds style) of the first platform ``dataset`` names, as OFT's
+    constants pick them; None when it names none."""
+    lowered = dataset.lower()
+    for platform, size, style in PLATFORM_CHUNKS:
+        if platform in lowered:
+            return platform, size, style
+    return None
 
 
 @dataclass(frozen=True)
@@ -55,15 +72,24 @@ class ChunkSpec:
 
 def chunk_spec(stored: dict[str, Any], source: Path, *, head_action_dim: int, chunk_size: int | None = None,
                action_dim: int | None = None, bounds: str | None = None,
-               n_images: int | None = None) -> ChunkSpec:
+               n_images: int | None = None, dataset: str = "") -> ChunkSpec:
     """The chunk of an OFT model: the parameters given, else ``stored`` (``vla_spec.json``, at
-    ``source``), checked against the head's action dimension; ValueError in one line naming the
-    key at fault or the contradiction."""
+    ``source``), else the platform of ``dataset`` (the statistics' dataset; module docstring),
+    checked against the head's action dimension; ValueError in one line naming the key at fault or
+    the contradiction."""
     values = {"chunk_size": chunk_size, "action_dim": action_dim, "bounds": bounds, "n_images": n_images}
     for key, given in values.items():
         if given is None and key in stored:
             values[key] = stored[key]
     size = values["chunk_size"]
+    platform = platform_chunk(dataset) if size is None else None
+    if platform is not None:
+        name, size, style = platform
+        values["chunk_size"] = size
+        values["bounds"] = style if values["bounds"] is None else values["bounds"]
+        log.warning("%s: no chunk size stored; a chunk of %d actions (bounds %s), as OFT's constants give it for "
+                    "dataset '%s' (%s); chunk_size in vla_spec.json or --chunk-size overrides it",
+                    source.parent, size, values["bounds"], dataset, name.upper())
     if size is None:
         raise ValueError(f"{source}: an OFT checkpoint does not store its chunk size; give chunk_size in "
                          f"vla_spec.json, or --chunk-size to vla-accel predict ({PLATFORMS})")

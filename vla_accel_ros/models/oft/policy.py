@@ -112,6 +112,7 @@ class OFTPolicy:
         self.chunk, self.statistics, self.head, self.projector = chunk, statistics, head, projector
         self.source = source
         self.device, self.dtype = modules.device, modules.dtype
+        self.compute_dtype = modules.dtype  # the head and the projector are cast to it too
         self.bos_id, self.stop_id = int(text_tokenizer.bos_token_id), int(text_tokenizer.eos_token_id)
         self._stop_ids = torch.tensor([[self.stop_id]], device=self.device)  # made once: a graph reads no host data
         self._graphs = (CudaGraphs(self._parallel_pass, lambda out: tuple(t.clone() for t in out))

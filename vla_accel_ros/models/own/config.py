@@ -1,12 +1,15 @@
 """The own VLA's configuration (:class:`VLAConfig`): its image and patch sizes, widths and depths,
-checked, and the sequence lengths that follow from them (``model.json``'s ``config``). Torch-free."""
+checked, the sequence lengths that follow from them (``model.json``'s ``config``), and the tensor
+shapes they imply (:func:`expected_shapes`). Torch-free."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from vla_accel_ros.core.json_config import JsonConfig
 from vla_accel_ros.models.tokenizer import ACTION_DIM, N_BINS
+from vla_accel_ros.models.weights_check import ExpectedShapes
 
 PROPRIO_DIM = 8
 
@@ -78,3 +81,32 @@ class VLAConfig(JsonConfig):
     @property
     def max_len(self) -> int:
         return self.prefix_len + self.n_action_tokens
+
+
+def expected_shapes(config: VLAConfig, meta_file: Path) -> ExpectedShapes:
+    """The shapes of ``model.safetensors``'s target network that ``model.json``'s ``config``
+    implies (torch-free, compared with the header before the network is built): each field's
+    tensors, and each stack's depth."""
+    d, stem = config.d_model, 3 * 4 * 4  # the patch stem: 4x4 RGB patches
+    expected = ExpectedShapes(meta_file)
+    expected.add("target.pos_emb", (config.max_len, None), "config.image_size/patch_size/max_text_len/keypoints")
+    expected.add("target.pos_emb", (None, d), "config.d_model")
+    expected.add("target.vision_pos", (config.n_patches, None), "config.image_size/patch_size")
+    expected.add("target.patch_encoder.stem.weight", (config.local_channels, stem), "config.local_channels")
+    expected.add("target.proprio_proj.weight", (d, config.proprio_dim), "config.d_model")
+    for stack, layers, depth_field in (("blocks", config.n_layers, "n_layers"),
+                                       ("vision_blocks", config.vision_layers, "vision_layers"),
+                                       ("text_blocks", config.text_layers, "text_layers")):
+        expected.add_depth(f"target.{stack}.", layers, f"config.{depth_field}")
+        for i in range(layers):
+            block = f"target.{stack}.{i}."
+            expected.add(block + "attn.qkv.weight", (3 * d, d), "config.d_model")
+            expected.add(block + "mlp.fc.weight", (config.mlp_ratio * d, None), "config.mlp_ratio")
+    if config.text_layers:
+        expected.add("target.text_pos", (config.max_text_len, d), "config.max_text_len")
+    if config.keypoints:
+        expected.add("target.patch_encoder.keypoint_logits.weight", (config.keypoints, config.local_channels),
+                     "config.keypoints")
+    expected.add("draft.mlp.fc.weight", (config.draft_mlp_ratio * d, d), "config.draft_mlp_ratio", required=False)
+    expected.add("contact_head.net.0.weight", (config.contact_hidden, d), "config.contact_hidden", required=False)
+    return expected

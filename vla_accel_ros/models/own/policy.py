@@ -142,6 +142,11 @@ class Policy:
     def device(self) -> torch.device:
         return self.target.lm_head.weight.device
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """float32: the own family's weights load in it."""
+        return self.target.lm_head.weight.dtype
+
     def n_parameters(self) -> dict[str, int]:
         counts = {
             "target": count_parameters(self.target),

@@ -184,6 +184,7 @@ class HFPasses:
         self.bos_id, self.image_token_id = int(bos), int(modules.image_token_id)
         weight = head.weight.detach()
         self.device, self.dtype = weight.device, weight.dtype
+        self.compute_dtype = weight.dtype  # the language model's: what every pass computes in
         self.action_ids = action_ids  # (256,) our bin -> HF id
         self._hf_ids = torch.from_numpy(action_ids).to(self.device)
         # The LM head's 256 action rows, gathered once; logits in float32 whatever the weights' dtype.

@@ -11,10 +11,20 @@ taking it would hold this one's interpreter), use_sim_time set at runtime, a 3-s
 glitch, a joint state from the future, a measured position beyond the limits, corrupt PNGs (libpng's
 complaints throttled), a flood of long instructions, a gripper the policy flips every tick, a
 callback that stalls the loop, and a clock that stops.
+
+Every attack runs with a model inferring, once per policy (each policy's nodes start once, one at a
+time: two nodes inferring at once would share the machine's cores): the shipped policy in the
+inference child (``inference_mode: process``), a tiny random OpenVLA-layout model, and a tiny
+SmolVLA-layout chunked policy with ``chunk_execution: async``. The gap bound is 3 periods; where an
+attack's worst gap exceeds it, the node's stall monitor must name a cause, and the same node's worst
+gap over a window without any attack, plus one period, is the bound applied instead when larger (the
+assertion and the printed line say which bound was applied).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +33,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import cv2
 import numpy as np
@@ -41,7 +54,6 @@ from std_msgs.msg import Float64MultiArray, String  # noqa: E402
 from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.core.resources import default_urdf  # noqa: E402
 from vla_accel_ros.ros.node import VlaAccelNode  # noqa: E402
-from vla_accel_ros.runtime.stalls import KEPT_WAITING, UNKNOWN_CAUSE  # noqa: E402
 
 KIN = ArmKinematics(default_urdf())
 Q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
@@ -49,8 +61,36 @@ PERIOD = 0.05
 BOUND = 3 * PERIOD  # the stall bound (stall_after_periods: 3) and the issue's
 STEP = KIN.limits.velocity * PERIOD
 FINGER_STEP = KIN.gripper_limits.velocity * PERIOD
+QUIET_S = 1.5  # a window without any attack, for the node's baseline
 ROSOUT = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-_domains = iter(range(120, 130))
+_domains = iter([*range(120, 130), *range(140, 150)])
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+POLICIES = ("shipped", "openvla", "smolvla")
+
+
+def _layout(family: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"{family}_layout", FIXTURES / family / "layout.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def policy_params(name: str, root: Path, env: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The node parameters that run policy ``name`` in the inference child (``env``: what the child
+    needs in its environment)."""
+    common = {"inference": True, "inference_mode": "process"}
+    if name == "shipped":
+        return common | {"checkpoint": ""}
+    if name == "openvla":
+        directory = _layout("openvla").write_openvla_dir(root / "openvla-7b-finetuned-tiny")
+        (directory / "vla_spec.json").write_text(json.dumps({"dtype": "float32"}))
+        return common | {"checkpoint": str(directory), "decoder": "kerv"}
+    lerobot = _layout("lerobot")
+    env.setenv("HF_HOME", str(lerobot.hf_cache(root / "hf")))  # the tokenizer stand-in, for the child too
+    env.delenv("HF_HUB_CACHE", raising=False)
+    return common | {"checkpoint": str(lerobot.write_smolvla_dir(root / "smolvla_tiny")), "decoder": "flow10",
+                     "chunk_execution": "async"}
 
 
 @dataclass
@@ -58,12 +98,13 @@ class Window:
     """What the node did while an attack ran."""
 
     ticks: list[tuple[float, int]]  # (wall, published) of each tick
+    measured: np.ndarray  # the arm position each tick went by (the node's gated measurement)
     commands: np.ndarray  # every arm command the peer received, from the window's start
     fingers: np.ndarray
     stats_before: dict
     stats_after: dict
     diagnostics: list = field(default_factory=list)
-    quiet_gap: Callable[[], float] = lambda: 0.0  # the largest tick gap of a window without any attack
+    baseline: Callable[[], float] = lambda: 0.0  # the node's worst tick gap over its windows without any attack
     stall_causes: list[str] = field(default_factory=list)  # of the stalls the node saw meanwhile
 
     @property
@@ -79,7 +120,7 @@ class Rig:
         self.dds = dds_rig(next(_domains), "robot")
         self.peer = self.dds.peer
         self.compressed, self.sim_time = compressed, sim_time
-        base = {"inference": False, "autostart": True, "instruction": "pick up the red cube",
+        base = {"autostart": True, "instruction": "pick up the red cube",
                 "robot_description_timeout_s": 0.0, "control_rate_hz": 1 / PERIOD, "stats_rate_hz": 10.0,
                 "compressed_image": compressed, "image_reliable": True, "use_sim_time": sim_time}
         self.clock_pub = self.peer.create_publisher(Clock, "/clock", 10)
@@ -105,6 +146,7 @@ class Rig:
         self.peer.create_subscription(Log, "/rosout", lambda m: self.rosout.append(m.msg) if m.name ==
                                       "vla_accel_node" else None, ROSOUT)
         self.q = Q.copy()
+        self.quiet_gaps: list[float] = []  # the worst tick gap of each window measured without any attack
         self.send_frames = True
         self.script: deque[tuple[np.ndarray, float]] = deque()  # samples to send instead: (q, stamp ahead by)
         rgb = np.full((48, 64, 3), 100, np.uint8)
@@ -145,8 +187,15 @@ class Rig:
             self.dds.stop.wait(0.01)
 
     def settle(self) -> None:
-        assert self.wait(lambda: self.node.stats()["source"] == "fallback" and len(self.commands) > 5,
-                         timeout=30.0), self.node.stats()
+        """Until the policy drives the arm (its first actions arrived and commanded ticks)."""
+        assert self.wait(lambda: self.node.stats()["policy_ticks"] > 0 and len(self.commands) > 5,
+                         timeout=180.0), self.node.stats()
+        self.quiet_gaps.append(self.quiet_gap())
+
+    def driving(self) -> bool:
+        """The inputs are fresh and the model's actions (or the fallback between them) command the arm."""
+        stats = self.node.stats()
+        return stats["source"] != "hold" and stats["inference_alive"]
 
     def send_image(self, msg, times: int, every_s: float) -> None:
         """Publish ``msg`` on the camera topic ``times`` times, stamped now, ``every_s`` apart."""
@@ -160,7 +209,7 @@ class Rig:
         self.script.extend(samples)
         assert self.wait(lambda: not self.script)
 
-    def attack(self, run: Callable[[], None], named: str | None, settle_s: float = 0.5) -> Window:
+    def attack(self, run: Callable[[], None], named: str | None, settle_s: float = 0.6) -> Window:
         """Run the attack, then let the node go on for ``settle_s``; what it did meanwhile, once
         ``/diagnostics`` has named ``named`` (WARN or ERROR)."""
         n_cmd, n_fingers, n_diag = len(self.commands), len(self.fingers), len(self.diagnostics)
@@ -171,18 +220,27 @@ class Rig:
             assert self.wait(lambda: self.diagnosed(named, n_diag), timeout=60.0), (named, self.node.stats())
         time.sleep(settle_s)
         after = self.node.stats()
-        ticks = [(t[0], int(np.isfinite(t[3]).all())) for t in list(self.node.ticks.entries) if t[0] >= start]
+        entries = [t for t in list(self.node.ticks.entries) if t[0] >= start]
+        ticks = [(t[0], int(np.isfinite(t[3]).all())) for t in entries]
+        measured = np.array([t[4] for t in entries])
         commands = np.array(self.commands[max(n_cmd - 1, 0):])  # the one before the window too: its step counts
         fingers = np.array(self.fingers[max(n_fingers - 1, 0):])
         causes = [stall.cause for stall in list(self.node._stalls._recent) if stall.ended >= start]
-        return Window(ticks, commands, fingers, before, after, self.diagnostics[n_diag:], self.quiet_gap, causes)
+        return Window(ticks, measured, commands, fingers, before, after, self.diagnostics[n_diag:], self.baseline,
+                      causes)
 
-    def quiet_gap(self, duration_s: float = 2.0) -> float:
+    def quiet_gap(self, duration_s: float = QUIET_S) -> float:
         """The largest gap between two ticks over ``duration_s`` without any attack."""
         start = time.monotonic()
         time.sleep(duration_s)
         walls = [t[0] for t in list(self.node.ticks.entries) if t[0] >= start]
         return float(np.diff(walls).max())
+
+    def baseline(self) -> float:
+        """The node's worst tick gap without any attack: over a window measured now and the one
+        measured once the policy drove (the machine's load comes and goes)."""
+        self.quiet_gaps.append(self.quiet_gap())
+        return max(self.quiet_gaps)
 
     def diagnosed(self, words: str, since: int = 0) -> bool:
         return any(s.level >= b"\x01" and (words in s.message or any(words in kv.value for kv in s.values))
@@ -192,34 +250,44 @@ class Rig:
         self.dds.close()
 
 
-def assert_loop_kept_going(window: Window) -> None:
-    """Every tick published, nothing unsafe on the arm or the gripper, and none later than the bound.
-    A late tick the node blames on no work of its own gets no verdict on an overloaded machine
-    (load average above the CPU count) or one that delays ticks as much without any attack: there the
-    machine, not the attack, decides the timing."""
+def assert_loop_kept_going(window: Window, *, model_ran: bool = True) -> None:
+    """Every tick published, nothing unsafe on the arm or the gripper, the model inferring meanwhile
+    (``model_ran``: when the attack leaves it fresh observations) and no tick later than the bound:
+    3 periods, or where a gap exceeded that, the node's own worst gap over its windows without any
+    attack (:meth:`Rig.baseline`) plus one period when that is larger (a loaded machine's gaps are
+    not the attack's). A gap over 3 periods that the node's stall monitor names no cause for is a
+    failure."""
     before, after = window.stats_before, window.stats_after
     ticks = after["ticks"] - before["ticks"]
     unsafe_arm, unsafe_gripper = unsafe(window.commands, STEP, KIN.limits), unsafe(window.fingers, FINGER_STEP,
                                                                                      KIN.gripper_limits)
+    worst = float(window.gaps.max())
+    bound, applied = BOUND, f"3 periods ({BOUND:.3f} s)"
+    if worst > BOUND + 1e-3:
+        baseline = window.baseline()
+        said = f"the same node's worst gap without any attack ({baseline:.3f} s) + one period"
+        if baseline + PERIOD > BOUND:
+            bound, applied = baseline + PERIOD, f"{said} = {baseline + PERIOD:.3f} s, above 3 periods"
+        else:
+            applied += f", above {said}"
     test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[-1].split(" ")[0]
-    print(f"{test}: {ticks} ticks, {after['ticks_published'] - before['ticks_published']} published, largest gap "
-          f"{window.gaps.max():.3f} s (bound {BOUND:.3f} s), unsafe commands: arm {unsafe_arm} of "
-          f"{len(window.commands)}, gripper {unsafe_gripper} of {len(window.fingers)}")
+    inferred = after["inference_actions"] - before["inference_actions"]
+    print(f"{test}: {ticks} ticks, {after['ticks_published'] - before['ticks_published']} published, "
+          f"{inferred} actions inferred, largest gap {worst:.3f} s (bound applied: {applied}), unsafe commands: "
+          f"arm {unsafe_arm} of {len(window.commands)}, gripper {unsafe_gripper} of {len(window.fingers)}, "
+          f"stall causes {window.stall_causes}")
     assert ticks >= 10 and after["ticks_published"] - before["ticks_published"] == ticks, (before, after)
     assert all(published for _, published in window.ticks)
     assert_safe(window.commands, window.fingers)
-    if window.gaps.max() > BOUND + 1e-3 and all(c == UNKNOWN_CAUSE or KEPT_WAITING in c for c in window.stall_causes):
-        # The node blames no work of its own (none ran that long, or it was kept waiting for the CPU):
-        # other processes held the CPU. On an overloaded
-        # machine, or one that delays ticks as much without any attack, the gap is the machine's.
-        load = os.getloadavg()[0]
-        if load > (os.cpu_count() or 1) or (quiet := window.quiet_gap()) > BOUND + 1e-3:
-            print(f"{test}: no verdict on the gap: the node blames no work of its own, and the machine's load "
-                  f"average is {load:.1f}" + ("" if load > (os.cpu_count() or 1) else
-                                              f" and a window without any attack has a {quiet:.3f} s gap too"))
-            return
-    assert window.gaps.max() <= BOUND + 1e-3, f"a tick came {window.gaps.max():.3f} s after the one before"
-    assert after["stalls"] == before["stalls"]
+    assert after["inference_alive"], after["inference_down_reason"]
+    if model_ran:
+        assert inferred > 0, (before, after)
+    if worst > BOUND + 1e-3:
+        assert window.stall_causes and all(window.stall_causes), \
+            f"a {worst:.3f} s gap, and the node's stall monitor named no cause: {window.stall_causes}"
+    assert worst <= bound + 1e-3, f"a tick came {worst:.3f} s after the one before; bound applied: {applied}"
+    if worst <= BOUND + 1e-3:
+        assert after["stalls"] == before["stalls"]
 
 
 def unsafe(commands: np.ndarray, step: np.ndarray, limits) -> int:
@@ -237,20 +305,50 @@ def assert_safe(commands: np.ndarray, fingers: np.ndarray) -> None:
     assert unsafe(commands, STEP, KIN.limits) == 0 and unsafe(fingers, FINGER_STEP, KIN.gripper_limits) == 0
 
 
-@pytest.fixture(scope="module")
-def raw(dds_rig):
-    rig = Rig(dds_rig, {})
-    rig.settle()
-    yield rig
-    rig.close()
+class Rigs:
+    """The rigs of one policy, one node at a time: asking for another kind closes the one up."""
+
+    def __init__(self, dds_rig, params: dict) -> None:
+        self.dds_rig, self.params = dds_rig, params
+        self.kind = ""
+        self.rig: Rig | None = None
+
+    def get(self, kind: str) -> Rig:
+        if self.kind != kind:
+            self.close()
+            self.rig = Rig(self.dds_rig, self.params, compressed=kind == "compressed", sim_time=kind == "sim_time")
+            self.kind = kind
+            self.rig.settle()
+        assert self.rig is not None
+        return self.rig
+
+    def close(self) -> None:
+        if self.rig is not None:
+            self.rig.close()
+        self.rig, self.kind = None, ""
 
 
-@pytest.fixture(scope="module")
-def compressed(dds_rig):
-    rig = Rig(dds_rig, {}, compressed=True)
-    rig.settle()
-    yield rig
-    rig.close()
+@pytest.fixture(scope="module", params=POLICIES)
+def rigs(request, dds_rig, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as env:
+        held = Rigs(dds_rig, policy_params(request.param, tmp_path_factory.mktemp(request.param), env))
+        yield held
+        held.close()
+
+
+@pytest.fixture
+def raw(rigs) -> Rig:
+    return rigs.get("raw")
+
+
+@pytest.fixture
+def compressed(rigs) -> Rig:
+    return rigs.get("compressed")
+
+
+@pytest.fixture
+def sim_time(rigs) -> Rig:
+    return rigs.get("sim_time")
 
 
 # --- images ---------------------------------------------------------------------------------------------
@@ -261,7 +359,7 @@ def test_a_png_bomb_is_refused_from_its_header_and_the_loop_never_notices(compre
                                "PNG of 32768x32768 (1073741824 pixels) exceeds max_image_pixels")
     assert_loop_kept_going(window)
     assert window.stats_after["camera_refused"] > window.stats_before["camera_refused"]
-    assert compressed.wait(lambda: compressed.node.stats()["source"] == "fallback")  # the good frames go on
+    assert compressed.wait(compressed.driving)  # the good frames go on
 
 
 def test_corrupt_pngs_are_refused_and_libpng_is_heard_once(compressed):
@@ -310,9 +408,9 @@ def test_a_10000x10000_raw_image_is_refused_undecoded_in_the_camera_process(raw)
         raw.send_frames = True
         attacker.kill()
         attacker.wait()
-    assert_loop_kept_going(window)
+    assert_loop_kept_going(window, model_ran=False)  # no new frame, no new observation: the child waits, alive
     assert "camera stale" in window.stats_after["hold_reason"] or window.stats_after["source"] != "hold"
-    assert raw.wait(lambda: raw.node.stats()["source"] == "fallback", timeout=10.0)
+    assert raw.wait(raw.driving, timeout=10.0)
 
 
 # --- time --------------------------------------------------------------------------------------------------
@@ -344,29 +442,6 @@ def test_a_joint_state_from_the_future_is_refused_and_the_good_ones_go_on(raw):
     assert window.stats_after["input_errors"] - window.stats_before["input_errors"] == 1
 
 
-def test_a_stopped_clock_is_caught_by_the_wall_clock_watchdog(dds_rig):
-    rig = Rig(dds_rig, {}, sim_time=True)
-    try:
-        rig.settle()
-
-        def stop() -> None:
-            rig.clock_running = False
-
-        window = rig.attack(stop, "clock stopped", settle_s=1.0)
-        # the watchdog takes over once the clock has stood for 0.5 s, then one command per period
-        assert window.gaps.max() <= 0.5 + PERIOD + 0.05, window.gaps.max()
-        # checked every half period, it ticks once a period or, just missed, half a period later
-        assert PERIOD - 0.01 <= np.percentile(window.gaps[window.gaps < 0.3], 50) <= 1.5 * PERIOD + 0.01
-        status = next(s for s in window.diagnostics if "clock stopped" in s.message)
-        assert status.level == b"\x02"  # ERROR
-        assert rig.node.stats()["source"] == "hold"
-        assert_safe(window.commands, window.fingers)
-        rig.clock_running = True
-        assert rig.wait(lambda: rig.node.stats()["clock_fault"] == "" and rig.node.stats()["source"] == "fallback")
-    finally:
-        rig.close()
-
-
 # --- joint states -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_a_three_sample_glitch_of_one_radian_is_never_followed(raw, sign):
@@ -375,7 +450,8 @@ def test_a_three_sample_glitch_of_one_radian_is_never_followed(raw, sign):
     assert_loop_kept_going(window)
     assert window.stats_after["outliers_rejected"] - window.stats_before["outliers_rejected"] >= 3
     assert window.stats_after["jumps_accepted"] == window.stats_before["jumps_accepted"]
-    np.testing.assert_allclose(window.commands, np.tile(raw.q, (len(window.commands), 1)), atol=1e-6)
+    # no tick went by the glitch: the policy's commands came from the robot's true position
+    np.testing.assert_allclose(window.measured, np.tile(raw.q, (len(window.measured), 1)), atol=1e-6)
 
 
 def test_a_measured_position_beyond_the_limits_is_a_fault_and_a_hold(raw):
@@ -385,8 +461,9 @@ def test_a_measured_position_beyond_the_limits_is_a_fault_and_a_hold(raw):
     assert_loop_kept_going(window)
     assert window.stats_after["hold_ticks"] > window.stats_before["hold_ticks"]
     assert window.stats_after["jumps_accepted"] == window.stats_before["jumps_accepted"]
-    np.testing.assert_allclose(window.commands, np.tile(raw.q, (len(window.commands), 1)), atol=1e-6)
-    assert raw.wait(lambda: raw.node.stats()["source"] == "fallback")
+    # the node went by the last valid position throughout: the one beyond the limits was never taken
+    np.testing.assert_allclose(window.measured, np.tile(raw.q, (len(window.measured), 1)), atol=1e-6)
+    assert raw.wait(raw.driving)
 
 
 # --- the rest ------------------------------------------------------------------------------------------------
@@ -462,3 +539,24 @@ def test_a_callback_that_stalls_the_loop_is_named_on_diagnostics(raw):
     assert stats["stalls"] >= 1 and stats["longest_tick_gap_s"] >= 0.4
     status = next(s for s in raw.diagnostics[n_diag:] if "likely cause" in s.message)
     assert status.level >= b"\x01" and "control loop stalled" in status.message
+
+
+# --- the clock (last: the node of this kind is the policy's last) ------------------------------------------
+def test_a_stopped_clock_is_caught_by_the_wall_clock_watchdog(sim_time):
+    rig = sim_time
+
+    def stop() -> None:
+        rig.clock_running = False
+
+    window = rig.attack(stop, "clock stopped", settle_s=1.0)
+    # the watchdog takes over once the clock has stood for 0.5 s, then one command per period
+    assert window.gaps.max() <= 0.5 + PERIOD + 0.05, window.gaps.max()
+    # checked every half period, it ticks once a period or, just missed, half a period later
+    assert PERIOD - 0.01 <= np.percentile(window.gaps[window.gaps < 0.3], 50) <= 1.5 * PERIOD + 0.01
+    status = next(s for s in window.diagnostics if "clock stopped" in s.message)
+    assert status.level == b"\x02"  # ERROR
+    assert rig.node.stats()["source"] == "hold"
+    assert_safe(window.commands, window.fingers)
+    assert window.stats_after["inference_alive"]
+    rig.clock_running = True
+    assert rig.wait(lambda: rig.node.stats()["clock_fault"] == "" and rig.driving())

@@ -12,7 +12,8 @@ child is busy.
 
 The child's output (rclpy's log lines, and what libpng, libjpeg and OpenCV print about bad images)
 goes through a pipe to the node, which logs it throttled. A child that dies is restarted after
-``RESTART_DELAY_S`` (the camera counts as stale meanwhile); a child whose memory grew past
+``RESTART_DELAY_S`` (the camera counts as stale meanwhile; the death and the restart are each
+reported through ``on_event``, which the node shows on ``/diagnostics``); a child whose memory grew past
 ``RECYCLE_RSS_MB`` (a huge message keeps the middleware's buffers at its size) exits after the
 message, and is restarted at once. The child exits with the node (parent-death signal, socket EOF).
 Run as ``python -m vla_accel_ros.ros.camera_intake`` only by :class:`CameraIntake`. Importing this
@@ -243,6 +244,7 @@ class CameraIntake:
             child.close(STOP_TIMEOUT_S)
             return
         self._child = child
+        self.on_event(f"camera intake restarted (pid {child.proc.pid}; {self.restarts} restart(s) so far)")
 
 
 # --- the child ----------------------------------------------------------------------------------

@@ -132,6 +132,6 @@ class NodeReport:
     def run_summary(self) -> dict[str, Any]:
         """Statistics of the whole run plus the tick log (for ``stats_file``)."""
         node = self._node
-        return {**self.stats(), **node.ticks.jitter_ms(node.cfg.period_s), "executor": node.cfg.executor,
-                "switch_interval_s": node.cfg.switch_interval_s, "joint_names": node.joint_names,
-                "tick_log": node.ticks.to_json()}
+        return {**self.stats(), **node.ticks.jitter_ms(node.cfg.period_s), **node.ticks.affected_ticks(),
+                "executor": node.cfg.executor, "switch_interval_s": node.cfg.switch_interval_s,
+                "joint_names": node.joint_names, "tick_log": node.ticks.to_json()}

@@ -1,6 +1,7 @@
 """The control node's record of a run for ``stats_file``: every tick (wall time, stamp, the command's
 source, the command and the measured position; NaN where there was none) up to ``MAX_TICK_LOG``,
-the tick-period jitter, and the file written whole at shutdown. Without a ``stats_file`` nothing
+the tick-period jitter, the ticks a fault affected (every tick of the run whose command did not come
+from the policy, counted by its cause) and the file written whole at shutdown. Without a ``stats_file`` nothing
 needs the whole run: the log is a ring of the newest ``RECENT_TICKS``, so the node's memory stays
 flat however long it runs. Also the process's peak RSS, which ``~/stats`` reports. ROS-free.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 from collections import deque
 from pathlib import Path
@@ -32,6 +34,15 @@ def own_peak_rss_mb() -> float:
 # (wall, stamp, source code, command, measured, a plan started, jumps accepted so far)
 TickEntry = tuple[float, float, int, np.ndarray, np.ndarray, bool, int]
 SETTLED_RAD = 0.1  # a command this close to the measured arm after a reset: the ramp to it is over
+_CAUSE_END = re.compile(r"[:;(\d]")  # a reason's details (times, pids, limits) start at the first of these
+
+
+def tick_cause(source: str, reason: str) -> str:
+    """What made a tick's command: its source and the leading words of its reason, without the
+    details that differ from tick to tick ("hold: inference unavailable", "fallback: no fresh
+    action", "hold: camera stale")."""
+    words = _CAUSE_END.split(reason, maxsplit=1)[0].strip()
+    return f"{source}: {words}" if words else source
 
 
 class TickLog:
@@ -41,8 +52,12 @@ class TickLog:
     def __init__(self, whole_run: bool = True) -> None:
         self.whole_run = whole_run
         self.entries: list[TickEntry] | deque[TickEntry] = [] if whole_run else deque(maxlen=RECENT_TICKS)
+        self.affected: dict[str, int] = {}  # over the whole run, the ring's evicted ticks too
 
     def add(self, wall: float, result: TickResult, dof: int) -> None:
+        if result.source != "policy":
+            cause = tick_cause(result.source, result.reason)
+            self.affected[cause] = self.affected.get(cause, 0) + 1
         if self.whole_run and len(self.entries) >= MAX_TICK_LOG:
             return
         measured = result.q_measured if result.q_measured is not None else np.full(dof, np.nan)
@@ -57,6 +72,11 @@ class TickLog:
         return {"period_jitter_ms_p50": float(np.percentile(jitter, 50)) if jitter.size else 0.0,
                 "period_jitter_ms_p99": float(np.percentile(jitter, 99)) if jitter.size else 0.0,
                 "period_jitter_ms_max": float(jitter.max()) if jitter.size else 0.0}
+
+    def affected_ticks(self) -> dict[str, Any]:
+        """``affected_ticks``: the ticks of the run whose command did not come from the policy (the
+        fallback or a hold), by cause (:func:`tick_cause`), the most frequent first."""
+        return {"affected_ticks": dict(sorted(self.affected.items(), key=lambda kv: -kv[1]))}
 
     def to_json(self) -> dict[str, list[Any]]:
         return {

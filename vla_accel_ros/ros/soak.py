@@ -2,11 +2,13 @@
 
 Starts the node as ``ros2 run`` would (``python -m vla_accel_ros.ros.node``: its own process, the
 policy in the inference child, the camera in the intake child) at ``rate_hz`` with the shipped
-policy, plays the robot (joint states at 100 Hz that follow the commands, a camera at 20 Hz whose
-frame changes), and samples each process's resident set size every ``sample_s`` seconds. The
-summary gives, for the node and each child, the RSS at the start and at the end and the slope (least
-squares, MB/min) of the samples after the warm-up, plus the ticks, their publication and the
-commands received. Imports rclpy only when it runs.
+policy or ``checkpoint`` (a chunked one executed as ``chunk_execution`` says), plays the robot
+(joint states at 100 Hz that follow the commands, a camera at 20 Hz whose frame changes), and
+samples each process's resident set size every ``sample_s`` seconds. The summary gives, for the
+node and each child, the RSS at the start and at the end and the slope (least squares, MB/min) of
+the samples after the warm-up, plus the ticks, their publication, the commands received and, for a
+chunked policy, the chunks planned and the ticks that waited for one. Imports rclpy only when it
+runs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from vla_accel_ros.core.chunks import ChunkSettings
 from vla_accel_ros.core.errors import RunFailed
 from vla_accel_ros.core.resources import default_checkpoint
 from vla_accel_ros.decoding.specs import DEFAULT
@@ -39,6 +42,7 @@ class SoakOptions:
     sample_s: float = 10.0
     decoder: str = DEFAULT
     checkpoint: str = ""  # empty: the shipped policy
+    chunk_execution: str = ChunkSettings().chunk_execution  # the node's, for a chunked policy
     domain_id: int = 97
     image_size: int = 128
 
@@ -135,6 +139,13 @@ class Robot:
         self.ros.close()
 
 
+def node_parameters(opts: SoakOptions) -> dict[str, Any]:
+    """The node's parameters for the soak ``opts`` describes."""
+    return {"autostart": True, "control_rate_hz": opts.rate_hz, "instruction": "pick up the red cube",
+            "decoder": opts.decoder, "checkpoint": opts.checkpoint, "chunk_execution": opts.chunk_execution,
+            "robot_description_timeout_s": 0.0, "stats_rate_hz": 1.0}
+
+
 def run_soak(opts: SoakOptions, out: Path, on_sample: Callable[[dict[str, Any]], None] = lambda s: None,
              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the soak; its summary and samples. ``on_sample`` sees each sample as it is taken; the
@@ -145,11 +156,8 @@ def run_soak(opts: SoakOptions, out: Path, on_sample: Callable[[dict[str, Any]],
     check_checkpoint(opts.checkpoint or default_checkpoint())  # a bad one is one line, not a refusing node
 
     out.mkdir(parents=True, exist_ok=True)
-    params = {"autostart": True, "control_rate_hz": opts.rate_hz, "instruction": "pick up the red cube",
-              "decoder": opts.decoder, "checkpoint": opts.checkpoint, "robot_description_timeout_s": 0.0,
-              "stats_rate_hz": 1.0}
     env = dict(os.environ, ROS_DOMAIN_ID=str(opts.domain_id))
-    node = NodeProcess.start("vla_accel_ros.ros.node", ["--ros-args", *parameter_arguments(params)],
+    node = NodeProcess.start("vla_accel_ros.ros.node", ["--ros-args", *parameter_arguments(node_parameters(opts))],
                              out / "node.log", env)
     robot = Robot(opts.domain_id, opts.image_size)
     samples: list[dict[str, Any]] = []
@@ -199,6 +207,6 @@ def summarize(samples: list[dict[str, Any]], final: dict[str, Any], opts: SoakOp
         summary[key] = last[key] - first[key]
     summary["ticks_expected"] = int(round((last["t_s"] - first["t_s"]) * opts.rate_hz))
     for key, default in (("stalls", 0), ("longest_tick_gap_s", 0.0), ("jitter_ms_p99", 0.0),
-                         ("inference_actions", 0)):
+                         ("inference_actions", 0), ("chunks_planned", 0), ("chunk_wait_ticks", 0)):
         summary[key] = final.get(key, default)
     return summary

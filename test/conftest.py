@@ -11,6 +11,8 @@ modules cannot import this file):
 - ``openpi_serving(server, port=0)``: an :class:`~vla_accel_ros.runtime.openpi_server.OpenPIServer`
   listening on loopback in a thread of its own (``.port``; ``.close()`` ends it and its connections);
 - ``wait_until(predicate, timeout=10.0, every=None)``: poll until true or the timeout;
+- ``fixture_layout(family)``: the module ``test/fixtures/<family>/layout.py``, which writes that
+  family's random-weight directories in the published layout;
 - ``ros_context(domain_id)``: a private rclpy context on its own ROS_DOMAIN_ID (a context manager);
 - ``dds_rig(domain_id, peer_name)``: a :class:`DdsRig`, a node under test and a peer node spun in
   background threads. Each test module keeps its own domain ids so that modules never share DDS
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import os
 import struct
 import threading
@@ -36,6 +39,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -64,6 +68,7 @@ def _tiny_checkpoint(path: Path, **config: Any) -> Path:
     return path
 
 
+FIXTURES = Path(__file__).parent / "fixtures"
 TINY_HF_DATASET = "tiny_dataset"  # the one dataset in a tiny_hf_vla's dataset_statistics.json
 # The tiny Llama vocabulary: every character a test prompt uses ("▁" is the space), a few merges.
 _TINY_HF_CHARS = "▁abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789?:.,'-!\n"
@@ -436,6 +441,19 @@ def png_bomb() -> bytes:
 @pytest.fixture(scope="session")
 def wait_until() -> Callable[..., bool]:
     return _wait_until
+
+
+def _fixture_layout(family: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"{family}_layout", FIXTURES / family / "layout.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def fixture_layout() -> Callable[[str], ModuleType]:
+    return _fixture_layout
 
 
 @pytest.fixture(autouse=True)

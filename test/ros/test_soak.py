@@ -3,9 +3,7 @@ policy with ``--chunk-execution async`` (the soak itself, 30 minutes, is a bench
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +11,6 @@ import pytest
 from vla_accel_ros.cli import main
 from vla_accel_ros.ros.soak import PROCESSES, SoakOptions, node_parameters, slope_mb_per_min, summarize
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "lerobot"
 SOAK_DOMAIN_ID = 139
 
 
@@ -55,12 +52,10 @@ def test_the_chunk_execution_flag_reaches_the_node_and_a_bad_one_is_refused(caps
     assert exit_info.value.code == 2 and "--chunk-execution: invalid choice: 'later'" in capsys.readouterr().err
 
 
-def test_a_short_soak_of_a_chunked_policy_in_async_execution(tmp_path, monkeypatch, capsys):
+def test_a_short_soak_of_a_chunked_policy_in_async_execution(tmp_path, monkeypatch, capsys, fixture_layout):
     pytest.importorskip("rclpy")
     pytest.importorskip("transformers")
-    spec = importlib.util.spec_from_file_location("lerobot_layout", FIXTURES / "layout.py")
-    layout = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(layout)
+    layout = fixture_layout("lerobot")
     monkeypatch.setenv("HF_HOME", str(layout.hf_cache(tmp_path / "hf")))  # the tokenizer, for the node's child
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     policy = layout.write_smolvla_dir(tmp_path / "smolvla_tiny")

@@ -23,7 +23,6 @@ assertion and the printed line say which bound was applied).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -64,29 +63,21 @@ FINGER_STEP = KIN.gripper_limits.velocity * PERIOD
 QUIET_S = 1.5  # a window without any attack, for the node's baseline
 ROSOUT = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 _domains = iter([*range(120, 130), *range(140, 150)])
-FIXTURES = Path(__file__).parents[1] / "fixtures"
 POLICIES = ("shipped", "openvla", "smolvla")
 
 
-def _layout(family: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"{family}_layout", FIXTURES / family / "layout.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def policy_params(name: str, root: Path, env: pytest.MonkeyPatch) -> dict[str, Any]:
+def policy_params(name: str, root: Path, env: pytest.MonkeyPatch,
+                  layout: Callable[[str], ModuleType]) -> dict[str, Any]:
     """The node parameters that run policy ``name`` in the inference child (``env``: what the child
-    needs in its environment)."""
+    needs in its environment; ``layout``: the ``fixture_layout`` fixture)."""
     common = {"inference": True, "inference_mode": "process"}
     if name == "shipped":
         return common | {"checkpoint": ""}
     if name == "openvla":
-        directory = _layout("openvla").write_openvla_dir(root / "openvla-7b-finetuned-tiny")
+        directory = layout("openvla").write_openvla_dir(root / "openvla-7b-finetuned-tiny")
         (directory / "vla_spec.json").write_text(json.dumps({"dtype": "float32"}))
         return common | {"checkpoint": str(directory), "decoder": "kerv"}
-    lerobot = _layout("lerobot")
+    lerobot = layout("lerobot")
     env.setenv("HF_HOME", str(lerobot.hf_cache(root / "hf")))  # the tokenizer stand-in, for the child too
     env.delenv("HF_HUB_CACHE", raising=False)
     return common | {"checkpoint": str(lerobot.write_smolvla_dir(root / "smolvla_tiny")), "decoder": "flow10",
@@ -329,9 +320,10 @@ class Rigs:
 
 
 @pytest.fixture(scope="module", params=POLICIES)
-def rigs(request, dds_rig, tmp_path_factory):
+def rigs(request, dds_rig, tmp_path_factory, fixture_layout):
     with pytest.MonkeyPatch.context() as env:
-        held = Rigs(dds_rig, policy_params(request.param, tmp_path_factory.mktemp(request.param), env))
+        root = tmp_path_factory.mktemp(request.param)
+        held = Rigs(dds_rig, policy_params(request.param, root, env, fixture_layout))
         yield held
         held.close()
 

@@ -45,6 +45,8 @@ setup(
         "websockets",
         "msgpack",
     ],
+    # Ray Serve: `vla-accel serve-openpi --engine ray` and `fleet-bench --server ray`
+    extras_require={"fleet": ["ray[serve]==2.60.0"]},
     zip_safe=False,
     maintainer="vla_accel_ros maintainers",
     maintainer_email="maintainers@vla-accel-ros.dev",

@@ -1,13 +1,24 @@
 """``vla-accel fleet-bench``: the fleet benchmark. N simulated robots are served by one inference
 process that batches their observations into shared forward passes, against N separate inference
 processes, one per robot: actions per second and per-robot latency at each fleet size.
+
+With ``--server dds,openpi,ray`` it measures servers instead (:mod:`vla_accel_ros.evaluation.fleet_servers`):
+N robots replaying recorded observations at the control rate against one ``vla_inference_node``
+(DDS), one ``serve-openpi`` process, and the Ray Serve application (``--replicas``), all in one run:
+actions/s, round-trip p50/p99, ticks without a fresh action; one table, one plot, summary.json.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from vla_accel_ros.evaluation.fleet_bench import FleetBenchOptions
+from vla_accel_ros.evaluation.fleet_servers import SERVER_KINDS, ServerBenchOptions
+
+if TYPE_CHECKING:
+    from vla_accel_ros.core.observation import Observation
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +34,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch threads of each separate process (and of the fleet's, by default)")
     parser.add_argument("--server-threads", type=int, default=d.server_threads,
                         help="torch threads of the fleet's process at every fleet size, 1 included (0 = --threads)")
+    servers = ServerBenchOptions()
+    parser.add_argument("--server", default="", help="server kinds to compare, comma-separated, among "
+                                                     f"{','.join(SERVER_KINDS)} (default: the in-process comparison)")
+    parser.add_argument("--replicas", default="1", help="--server ray: replica counts, comma-separated")
+    parser.add_argument("--ticks", type=int, default=servers.ticks, help="--server: control periods measured per run")
+    parser.add_argument("--rate", type=float, default=1 / servers.period_s, help="--server: control rate (Hz)")
+    parser.add_argument("--max-batch", type=int, default=servers.max_batch, help="--server ray: most robots a round")
+    parser.add_argument("--batch-wait-ms", type=float, default=servers.batch_wait_ms,
+                        help="--server ray: how long a round waits for more robots")
+    parser.add_argument("--kill-replica-at-tick", type=int, default=0,
+                        help="--server ray: kill one replica at this tick of each run (Ray starts another); "
+                             "the summary counts the failed requests and the recovery time (0: none)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,10 +54,9 @@ def run(args: argparse.Namespace) -> int:
 
     if not check_rendering("fleet-bench"):
         return 2
-    try:
-        robots = tuple(int(n) for n in args.robots.split(",") if n.strip())
-    except ValueError:
-        raise ValueError(f"--robots must be comma-separated counts, got {args.robots!r}") from None
+    robots = _counts(args.robots, "--robots")
+    if args.server:
+        return _run_servers(args, robots)
     opts = FleetBenchOptions(robots=robots, out=args.out, checkpoint=args.checkpoint, decoder=args.decoder,
                              temperature=args.temperature, steps=args.steps, seed=args.seed, threads=args.threads,
                              server_threads=args.server_threads)
@@ -50,4 +72,67 @@ def run(args: argparse.Namespace) -> int:
               f"{r['separate_latency_ms_p50']:.1f} / {r['separate_latency_ms_p99']:.1f} | "
               f"{r['stage_ms']['batched_pass']:.1f} |")
     print(f"fleet-bench -> {opts.out} (summary.json, fleet.png)")
+    return 0
+
+
+def _counts(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(n) for n in text.split(",") if n.strip())
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated counts, got {text!r}") from None
+
+
+def _run_servers(args: argparse.Namespace, robots: tuple[int, ...]) -> int:
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.resources import default_checkpoint, default_urdf
+    from vla_accel_ros.evaluation.fleet_bench import record_streams
+    from vla_accel_ros.evaluation.fleet_servers import plot_servers, run_label, server_bench
+    from vla_accel_ros.models.load import load_policy
+    from vla_accel_ros.ros.fleet_clients import dds_run
+    from vla_accel_ros.runtime.ray_options import FLEET_INSTALL
+
+    if not args.rate > 0:
+        raise ValueError(f"--rate must be > 0, got {args.rate}")
+    opts = ServerBenchOptions(servers=tuple(s.strip() for s in args.server.split(",") if s.strip()), robots=robots,
+                              replicas=_counts(args.replicas, "--replicas"), out=args.out,
+                              checkpoint=args.checkpoint, decoder=args.decoder, steps=args.steps, seed=args.seed,
+                              threads=args.threads, ticks=args.ticks, period_s=1 / args.rate,
+                              max_batch=args.max_batch, batch_wait_ms=args.batch_wait_ms,
+                              kill_replica_at_tick=args.kill_replica_at_tick)
+    if "ray" in opts.servers:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ValueError(f"--server ray needs Ray Serve, which is not installed ({FLEET_INSTALL})") from None
+    kin = ArmKinematics(default_urdf())
+    image_size = int(load_policy(opts.checkpoint or default_checkpoint()).config.image_size)
+    streams = record_streams(max(robots), opts.steps, opts.seed, image_size)
+
+    def dds(robot_streams: Sequence[Sequence[Observation]], o: ServerBenchOptions
+            ) -> tuple[list[tuple[list[float], list[float]]], float]:
+        return dds_run(robot_streams, checkpoint=o.checkpoint, decoder=o.decoder, threads=o.threads,
+                       period_s=o.period_s, ticks=o.ticks)
+
+    runs = server_bench(opts, streams, float(kin.gripper_limits.upper.max()), dds)
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    options = {**asdict(opts), "servers": list(opts.servers), "robots": list(robots), "replicas": list(opts.replicas)}
+    (out / "summary.json").write_text(json.dumps({"runs": runs, "options": options}, indent=2) + "\n")
+    plot_servers(runs, out / "fleet_servers.png")
+    print(f"{opts.decoder}, {args.rate:g} Hz control, {opts.ticks} ticks per run, {opts.threads} torch thread(s) "
+          f"per server process / replica")
+    print("| server | robots | actions/s | round trip p50 / p99 ms | ticks without a fresh action | robots per round |")
+    print("|---|---|---|---|---|---|")
+    for r in runs:
+        fault = (f"; {r['failed_requests']} failed requests, recovered in {r['recovery_s']:.2f} s"
+                 if "recovery_s" in r else "")
+        missed = f"{r['ticks_without_fresh_action']} ({1 - r['fresh_tick_fraction']:.0%})"
+        batch = f"{r['mean_batch_size']:.1f}" if "mean_batch_size" in r else "-"
+        print(f"| {run_label(r)} | {r['robots']} | {r['actions_per_s']:.1f} | {r['rtt_ms_p50']:.1f} / "
+              f"{r['rtt_ms_p99']:.1f} | {missed}{fault} | {batch} |")
+    print(f"fleet-bench -> {opts.out} (summary.json, fleet_servers.png)")
     return 0

@@ -5,6 +5,11 @@ so that clients written for openpi (LIBERO and DROID evaluation scripts, ``openp
 It binds to 127.0.0.1 unless ``--host`` says otherwise. The keys are openpi's LIBERO example's
 (``observation/image``, ``observation/wrist_image`` optional, ``observation/state``, ``prompt``)
 unless ``--policy-spec`` maps others (:mod:`vla_accel_ros.models.openpi.config`).
+
+``--engine ray`` serves the same protocol as a Ray Serve application (:mod:`vla_accel_ros.runtime.ray_serve`):
+``--replicas`` copies of the policy, each batching the observations of its robots into one round
+(``--max-batch``, ``--batch-wait-ms``), on ``--num-gpus-per-replica`` GPUs, on the cluster at
+``--address ray://HOST:PORT`` or a local Ray. Ray is optional: ``pip install 'vla_accel_ros[fleet]'``.
 """
 
 from __future__ import annotations
@@ -12,9 +17,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vla_accel_ros.decoding.specs import DEFAULT, names
+from vla_accel_ros.runtime.ray_options import FLEET_INSTALL, RayServeOptions
+
+if TYPE_CHECKING:
+    from vla_accel_ros.models.openpi.config import PolicySpec
+    from vla_accel_ros.runtime.builder import RunnerConfig
+
+ENGINES = ("websockets", "ray")
+RAY_FLAGS = {"replicas": "--replicas", "max_batch": "--max-batch", "batch_wait_ms": "--batch-wait-ms",
+             "num_gpus_per_replica": "--num-gpus-per-replica", "address": "--address"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +46,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unnorm-key", default="", help="hf:DIR only: the dataset of its dataset_statistics.json")
     parser.add_argument("--device", default="", help="where the policy runs: cpu, cuda or cuda:N (default: the CPU); "
                                                      "a device this torch cannot use is refused before loading")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (of each Ray replica)")
+    parser.add_argument("--engine", default="websockets", choices=ENGINES,
+                        help="websockets: one process, one request at a time (default); ray: a Ray Serve "
+                             "application batching across robots (pip install 'vla_accel_ros[fleet]')")
+    ray = RayServeOptions()  # the defaults, for the help
+    parser.add_argument("--replicas", type=int, default=None, help=f"--engine ray: policy replicas "
+                                                                   f"(default {ray.replicas})")
+    parser.add_argument("--max-batch", type=int, default=None, help=f"--engine ray: most robots per batched round "
+                                                                    f"(default {ray.max_batch})")
+    parser.add_argument("--batch-wait-ms", type=float, default=None,
+                        help=f"--engine ray: how long a round waits for more robots (default {ray.batch_wait_ms:g})")
+    parser.add_argument("--num-gpus-per-replica", type=float, default=None,
+                        help="--engine ray: GPUs per replica (default 0: the CPU)")
+    parser.add_argument("--address", default=None, help="--engine ray: a running Ray cluster, ray://HOST:PORT "
+                                                        "(default: start a local Ray)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,11 +73,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {args.port}")
+        ray_options = _ray_options(args)
         spec = LIBERO if args.policy_spec is None else PolicySpec.read(args.policy_spec)
         if spec.action_space != "ee_delta":
             raise ValueError(f"--policy-spec: our policies answer in ee_delta, not {spec.action_space}")
         config = RunnerConfig(checkpoint=args.checkpoint, decoder=args.decoder, unnorm_key=args.unnorm_key,
                               torch_threads=max(1, args.threads), device=args.device)
+        if ray_options is not None:
+            return _serve_ray(config, spec, ray_options, args.host, args.port)
         kin = ArmKinematics(default_urdf())
         runner = build_runner(config, kin)
     except ValueError as error:
@@ -63,6 +97,40 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         pass
+    return 0
+
+
+def _ray_options(args: argparse.Namespace) -> RayServeOptions | None:
+    """The Ray engine's options (None: the websockets engine); ValueError on a Ray flag without it."""
+    given = {name: getattr(args, name) for name in RAY_FLAGS if getattr(args, name) is not None}
+    if args.engine != "ray":
+        if given:
+            raise ValueError(f"{', '.join(RAY_FLAGS[n] for n in given)} only apply with --engine ray")
+        return None
+    return RayServeOptions(**given)
+
+
+def _serve_ray(config: RunnerConfig, spec: PolicySpec, options: RayServeOptions, host: str, port: int) -> int:
+    try:
+        from vla_accel_ros.runtime import ray_serve
+    except ImportError as error:
+        if error.name is None or error.name.split(".")[0] not in ("ray", "fastapi", "starlette"):
+            raise
+        raise ValueError(f"--engine ray needs Ray Serve, which is not installed ({FLEET_INSTALL})") from None
+    deployed = replace(options, cpus_per_replica=float(config.torch_threads))
+    metadata = {"server": "vla_accel_ros", "checkpoint": config.checkpoint_source, "decoder": config.decoder,
+                "engine": "ray"}
+    bound = ray_serve.start(config, spec, metadata, deployed, host=host, port=port)
+    print(f"serve-openpi: serving {config.checkpoint_source} ({config.decoder}) on Ray Serve, "
+          f"{options.replicas} replica(s), batches of <= {options.max_batch}, at ws://{host}:{bound} "
+          f"(health: http://{host}:{bound}/healthz)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ray_serve.stop()
     return 0
 
 

@@ -32,6 +32,8 @@ from vla_accel_ros.core.observation import Observation
 from vla_accel_ros.models.openpi.config import PART_WIDTH, PolicySpec, gripper_from_ours, gripper_to_ours
 
 if TYPE_CHECKING:
+    from vla_accel_ros.decoding.protocol import DecodeResult
+    from vla_accel_ros.models.api import PolicyLike
     from vla_accel_ros.runtime.runner import PolicyRunner
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,23 @@ def actions_reply(actions: np.ndarray, spec: PolicySpec) -> dict[str, Any]:
     return {"actions": out}
 
 
+def result_reply(result: DecodeResult, spec: PolicySpec) -> dict[str, Any]:
+    """A decoded step as the reply's ``actions``: its chunk, else its one action as a chunk of one."""
+    actions = result.action[None] if result.chunk is None else result.chunk
+    return actions_reply(np.asarray(actions, dtype=float), spec)
+
+
+def request_image_size(policy: PolicyLike) -> int | None:
+    """The image side a request's images are resized to for ``policy`` (None: the policy resizes)."""
+    return None if policy.capabilities().resizes_images else int(policy.config.image_size)
+
+
+def served_metadata(metadata: dict[str, Any], spec: PolicySpec) -> dict[str, Any]:
+    """The metadata a connection receives first: ``metadata`` with the action space and ``spec``'s keys."""
+    return {**metadata, "action_space": "ee_delta", "action_dim": 7,
+            "observation_keys": expected_keys(spec), "image_keys": list(spec.images)}
+
+
 class OpenPIServer:
     """``runner`` served over openpi's protocol (module docstring) under ``spec``'s keys."""
 
@@ -104,10 +123,8 @@ class OpenPIServer:
         self.spec = spec
         self.n_joints = n_joints
         self.max_opening = max_opening
-        policy = runner.policy
-        self.image_size = None if policy.capabilities().resizes_images else int(policy.config.image_size)
-        self.metadata = {**metadata, "action_space": "ee_delta", "action_dim": 7,
-                         "observation_keys": expected_keys(spec), "image_keys": list(spec.images)}
+        self.image_size = request_image_size(runner.policy)
+        self.metadata = served_metadata(metadata, spec)
         self._lock = threading.Lock()  # one decode at a time, whatever the connections
         self.served = 0
         self.refused = 0
@@ -117,8 +134,7 @@ class OpenPIServer:
         obs = observation_from_request(request, self.spec, self.n_joints, self.max_opening, self.image_size)
         with self._lock:
             result = self.runner(obs)
-        actions = result.action[None] if result.chunk is None else result.chunk
-        return actions_reply(np.asarray(actions, dtype=float), self.spec)
+        return result_reply(result, self.spec)
 
     async def handle(self, connection: ServerConnection) -> None:
         packer = msgpack_numpy.Packer()

@@ -308,3 +308,141 @@ def test_the_inference_child_serves_a_policy_server_and_reports_its_counters(
         assert stats["server_replies"] >= 3 and stats["server_connected"] is True and stats["server_lost"] == 0
     finally:
         worker.stop()
+
+
+# --- the API key and the queue bound ---------------------------------------------------------
+class GatedRunner:
+    """A runner whose decodes wait while ``gate`` is shut: a request held in flight for as long as
+    a test needs, whatever the machine's speed."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.policy = runner.policy
+        self.gate = threading.Event()
+        self.gate.set()
+        self.held = threading.Event()  # a decode is waiting at the shut gate
+
+    def start_episode(self) -> None:
+        self.runner.start_episode()
+
+    def __call__(self, obs: Observation) -> Any:
+        if not self.gate.is_set():
+            self.held.set()
+            self.gate.wait(60)
+        return self.runner(obs)
+
+
+@pytest.fixture()
+def keyed(checkpoint: Path, kin: ArmKinematics, openpi_serving: Any) -> Iterator[Any]:
+    from vla_accel_ros.runtime.openpi_server import ApiKeyCheck
+
+    runner = GatedRunner(build_runner(RunnerConfig(checkpoint=str(checkpoint), decoder="ar", temperature=0.0), kin))
+    server = OpenPIServer(runner, LIBERO, n_joints=7, max_opening=0.04, metadata={"server": "test"},
+                          api_key=ApiKeyCheck("the-key"), max_queue=1)
+    running = openpi_serving(server)
+    running.runner = runner
+    yield running
+    runner.gate.set()
+    running.close()
+
+
+def test_a_server_with_a_key_refuses_a_connection_without_it(keyed: Any) -> None:
+    from websockets.exceptions import InvalidStatus
+
+    reply = WebsocketClientPolicy("127.0.0.1", keyed.port, api_key="the-key").infer(libero_request())
+    assert reply["actions"].shape == (1, 7)
+    for key, why in ((None, "requires the header 'Authorization: Api-Key KEY'"), ("the-kez", "wrong API key")):
+        with pytest.raises(InvalidStatus) as refused:
+            WebsocketClientPolicy("127.0.0.1", keyed.port, api_key=key)
+        assert refused.value.response.status_code == 401
+        assert why in bytes(refused.value.response.body).decode()
+    with pytest.raises(InvalidStatus, match="HTTP 401"):
+        connect(f"ws://127.0.0.1:{keyed.port}", additional_headers={"Authorization": "Bearer the-key"})
+    assert keyed.server.unauthorized == 3 and keyed.server.served == 1
+
+
+def test_a_key_refused_leaves_the_health_check_open(keyed: Any) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{keyed.port}/healthz", timeout=10) as response:
+        assert response.status == 200
+    assert keyed.server.unauthorized == 0
+
+
+def test_a_full_queue_answers_busy_at_once(keyed: Any) -> None:
+    first = WebsocketClientPolicy("127.0.0.1", keyed.port, api_key="the-key")
+    second = WebsocketClientPolicy("127.0.0.1", keyed.port, api_key="the-key")
+    keyed.runner.gate.clear()
+    answered: list[dict[str, Any]] = []
+    held = threading.Thread(target=lambda: answered.append(first.infer(libero_request())))
+    held.start()
+    try:
+        assert keyed.runner.held.wait(30)
+        with pytest.raises(RuntimeError, match="busy: 1 requests waiting \\(bound 1\\)"):
+            second.infer(libero_request())
+        with pytest.raises(ConnectionClosed) as closed:
+            second._ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        assert answered == []  # busy came while the first request was still held
+    finally:
+        keyed.runner.gate.set()
+        held.join(60)
+    assert len(answered) == 1 and answered[0]["actions"].shape == (1, 7)
+    assert keyed.server.busy == 1 and keyed.server.in_flight == 0
+
+
+def test_the_client_tells_a_refused_key_and_a_busy_server_apart(keyed: Any, kin: ArmKinematics,
+                                                                 tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-the-key\n")
+    refused = connect_policy(f"openpi://127.0.0.1:{keyed.port}?api_key_file={wrong}", arm=kin)
+    with pytest.raises(ServerError, match=r"refused the API key \(HTTP 401: API key refused: wrong API key\)"):
+        refused.request_chunk(observation())
+    with pytest.raises(ServerError, match="not connected .*refused the API key"):  # the reason stays in view
+        refused.request_chunk(observation())
+    stats = refused.remote_stats()
+    assert stats["server_api_key_refusals"] == 1 and "HTTP 401" in stats["server_api_key_refused"]
+    assert "the-key" not in stats["server_api_key_refused"].replace("not-the-key", "")
+    without = connect_policy(f"openpi://127.0.0.1:{keyed.port}?api_key_env=VLA_ACCEL_TEST_UNSET_KEY", arm=kin)
+    with pytest.raises(ServerError, match="the address names none"):
+        without.request_chunk(observation())
+
+    key = tmp_path / "key"
+    key.write_text("the-key\n")
+    policy = connect_policy(f"openpi://127.0.0.1:{keyed.port}?api_key_file={key}&timeout_s=5", arm=kin)
+    assert policy.request_chunk(observation()).shape == (1, 7)
+    keyed.runner.gate.clear()
+    holder = WebsocketClientPolicy("127.0.0.1", keyed.port, api_key="the-key")
+    held = threading.Thread(target=lambda: holder.infer(libero_request()))
+    held.start()
+    try:
+        assert keyed.runner.held.wait(30)
+        with pytest.raises(ServerError, match="busy \\(overloaded\\), retrying on the next observation"):
+            policy.request_chunk(observation())
+        assert policy.counts["busy"] == 1 and policy.counts["bad_replies"] == 0 and policy.counts["lost"] == 0
+        with pytest.raises(ServerError, match="busy"):  # tried again at once: a new connection, busy again
+            policy.request_chunk(observation())
+        assert policy.counts["connects"] == 2 and policy.counts["busy"] == 2
+    finally:
+        keyed.runner.gate.set()
+        held.join(60)
+    assert policy.request_chunk(observation()).shape == (1, 7)  # served again, without waiting out an interval
+    assert policy.counts["connects"] == 3
+    assert policy.remote_stats()["server_api_key_refused"] == ""
+
+
+@pytest.mark.parametrize("flags, env, match", [
+    (["--api-key-file", "KEYFILE", "--api-key-env", "VLA_ACCEL_TEST_KEY"], "k", "not both"),
+    (["--api-key-file", "EMPTY"], "", "holds no key"),
+    (["--api-key-file", "MISSING"], "", "cannot read the API key"),
+    (["--api-key-env", "VLA_ACCEL_TEST_KEY"], "", "not set or empty"),
+])
+def test_a_bad_api_key_flag_is_one_error_line(flags: list[str], env: str, match: str, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from vla_accel_ros.cli import main
+
+    (tmp_path / "KEYFILE").write_text("k")
+    (tmp_path / "EMPTY").write_text("\n")
+    monkeypatch.setenv("VLA_ACCEL_TEST_KEY", env)
+    paths = [str(tmp_path / f) if f in ("KEYFILE", "EMPTY", "MISSING") else f for f in flags]
+    assert main(["serve-openpi", "--port", "0", *paths]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and match in lines[0], lines

@@ -24,7 +24,7 @@ from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.models.openpi.config import LIBERO
 from vla_accel_ros.runtime import ray_serve
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
-from vla_accel_ros.runtime.openpi_server import observation_from_request, result_reply
+from vla_accel_ros.runtime.openpi_server import ApiKeyCheck, observation_from_request, result_reply
 from vla_accel_ros.runtime.ray_options import RayServeOptions
 
 HOST = "127.0.0.1"
@@ -42,9 +42,10 @@ def checkpoint(tmp_path_factory, tiny_checkpoint) -> Path:
 def deploy(checkpoint):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
-    def deploy_with(checkpoint_source: str = str(checkpoint), **options: Any) -> int:
+    def deploy_with(checkpoint_source: str = str(checkpoint), api_key: str = "", **options: Any) -> int:
         config = RunnerConfig(checkpoint=checkpoint_source, decoder=DECODER, temperature=0.0)
-        return ray_serve.start(config, LIBERO, {"server": "test"}, RayServeOptions(**options), host=HOST, port=0)
+        return ray_serve.start(config, LIBERO, {"server": "test"}, RayServeOptions(**options), host=HOST, port=0,
+                               api_key=ApiKeyCheck(api_key) if api_key else None)
 
     try:
         yield deploy_with
@@ -148,6 +149,25 @@ def test_an_overloaded_replica_answers_busy_at_once(deploy, wait_until):
         worker.join(timeout=60)
     assert len(answered) == 1 and np.asarray(answered[0]["actions"]).shape == (1, 7)
     assert stats(port)["busy"] == 1
+
+
+def test_a_replica_with_a_key_refuses_a_connection_without_it(deploy):
+    from websockets.exceptions import InvalidStatus
+
+    port = deploy(replicas=1, max_batch=2, batch_wait_ms=2, api_key="the-key")
+    before = stats(port)  # /stats and /healthz stay open
+    with urllib.request.urlopen(f"http://{HOST}:{port}/healthz", timeout=10) as health:
+        assert health.status == 200
+    client = WebsocketClientPolicy(HOST, port, api_key="the-key")
+    assert np.asarray(client.infer(stream(5, 1)[0])["actions"]).shape == (1, 7)
+    for key, why in ((None, "requires the header 'Authorization: Api-Key KEY'"), ("the-kez", "wrong API key")):
+        with pytest.raises(InvalidStatus) as refused:
+            WebsocketClientPolicy(HOST, port, api_key=key)
+        assert refused.value.response.status_code == 401
+        assert why in bytes(refused.value.response.body).decode()
+    after = stats(port)
+    assert after["unauthorized"] - before["unauthorized"] == 2
+    assert after["connections"] - before["connections"] == 1  # the refused ones never reached a runner
 
 
 def test_engine_ray_without_ray_is_one_error_line(checkpoint):

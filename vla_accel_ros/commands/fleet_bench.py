@@ -6,6 +6,8 @@ With ``--server dds,openpi,ray`` it measures servers instead (:mod:`vla_accel_ro
 N robots replaying recorded observations at the control rate against one ``vla_inference_node``
 (DDS), one ``serve-openpi`` process, and the Ray Serve application (``--replicas``), all in one run:
 actions/s, round-trip p50/p99, ticks without a fresh action; one table, one plot, summary.json.
+``--server ray --netns`` runs Ray on a head and a worker in two network namespaces, the robots in a
+third (:mod:`vla_accel_ros.evaluation.ray_cluster`), and names each run's replicas per host.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kill-replica-at-tick", type=int, default=0,
                         help="--server ray: kill one replica at this tick of each run (Ray starts another); "
                              "the summary counts the failed requests and the recovery time (0: none)")
+    parser.add_argument("--netns", action="store_true",
+                        help="--server ray: a Ray cluster of a head and a worker in two network namespaces, the "
+                             "robots in a third, all on one bridge (needs root and iproute2)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,7 +88,9 @@ def _counts(text: str, flag: str) -> tuple[int, ...]:
 
 
 def _run_servers(args: argparse.Namespace, robots: tuple[int, ...]) -> int:
+    import contextlib
     import json
+    import os
     from dataclasses import asdict
     from pathlib import Path
 
@@ -102,7 +109,9 @@ def _run_servers(args: argparse.Namespace, robots: tuple[int, ...]) -> int:
                               checkpoint=args.checkpoint, decoder=args.decoder, steps=args.steps, seed=args.seed,
                               threads=args.threads, ticks=args.ticks, period_s=1 / args.rate,
                               max_batch=args.max_batch, batch_wait_ms=args.batch_wait_ms,
-                              kill_replica_at_tick=args.kill_replica_at_tick)
+                              kill_replica_at_tick=args.kill_replica_at_tick, netns=args.netns)
+    if opts.netns and os.geteuid() != 0:
+        raise ValueError("--netns needs root (it makes network namespaces)")
     if "ray" in opts.servers:
         try:
             import ray  # noqa: F401
@@ -117,7 +126,18 @@ def _run_servers(args: argparse.Namespace, robots: tuple[int, ...]) -> int:
         return dds_run(robot_streams, checkpoint=o.checkpoint, decoder=o.decoder, threads=o.threads,
                        period_s=o.period_s, ticks=o.ticks)
 
-    runs = server_bench(opts, streams, float(kin.gripper_limits.upper.max()), dds)
+    with contextlib.ExitStack() as stack:
+        cluster = None
+        if opts.netns:  # a Ray head and worker in two network namespaces, the robots in a third
+            from vla_accel_ros.evaluation.ray_cluster import HOSTS, RayCluster, cpus_per_node
+            from vla_accel_ros.ros.netns import NamespaceNetwork, NetworkNamespaceError
+
+            try:
+                lan = NamespaceNetwork(f"vla_ray{os.getpid()}", HOSTS)
+                cluster = stack.enter_context(RayCluster(cpus_per_node(opts.replicas, opts.threads), lan))
+            except NetworkNamespaceError as error:
+                raise ValueError(f"--netns: {error}") from None
+        runs = server_bench(opts, streams, float(kin.gripper_limits.upper.max()), dds, cluster)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     options = {**asdict(opts), "servers": list(opts.servers), "robots": list(robots), "replicas": list(opts.replicas)}
@@ -134,5 +154,9 @@ def _run_servers(args: argparse.Namespace, robots: tuple[int, ...]) -> int:
         batch = f"{r['mean_batch_size']:.1f}" if "mean_batch_size" in r else "-"
         print(f"| {run_label(r)} | {r['robots']} | {r['actions_per_s']:.1f} | {r['rtt_ms_p50']:.1f} / "
               f"{r['rtt_ms_p99']:.1f} | {missed}{fault} | {batch} |")
+    for r in runs:
+        if "replica_hosts" in r:
+            placed = ", ".join(f"{host} {count}" for host, count in r["replica_hosts"].items())
+            print(f"{run_label(r)}, {r['robots']} robot(s) in the robots namespace: replicas on {placed}")
     print(f"fleet-bench -> {opts.out} (summary.json, fleet_servers.png)")
     return 0

@@ -10,12 +10,20 @@ unless ``--policy-spec`` maps others (:mod:`vla_accel_ros.models.openpi.config`)
 ``--replicas`` copies of the policy, each batching the observations of its robots into one round
 (``--max-batch``, ``--batch-wait-ms``), on ``--num-gpus-per-replica`` GPUs, on the cluster at
 ``--address ray://HOST:PORT`` or a local Ray. Ray is optional: ``pip install 'vla_accel_ros[fleet]'``.
+
+``--api-key-file FILE`` (the key is the file's text) or ``--api-key-env NAME`` (an environment
+variable), the settings a node's ``openpi://`` address has, make either engine refuse a connection
+without ``Authorization: Api-Key KEY`` at the handshake (HTTP 401); ``/healthz`` stays open. The key
+is never a flag's value. ``--max-queue N``: a request that finds N requests in flight already (Ray:
+waiting on its replica) is answered ``busy`` at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -28,6 +36,7 @@ from vla_accel_ros.runtime.ray_options import FLEET_INSTALL, RayServeOptions
 if TYPE_CHECKING:
     from vla_accel_ros.models.openpi.config import PolicySpec
     from vla_accel_ros.runtime.builder import RunnerConfig
+    from vla_accel_ros.runtime.openpi_server import ApiKeyCheck
 
 ENGINES = ("websockets", "ray")
 RAY_FLAGS = {"replicas": "--replicas", "max_batch": "--max-batch", "batch_wait_ms": "--batch-wait-ms",
@@ -47,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="", help="where the policy runs: cpu, cuda or cuda:N (default: the CPU); "
                                                      "a device this torch cannot use is refused before loading")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (of each Ray replica)")
+    parser.add_argument("--api-key-file", type=Path, default=None,
+                        help="refuse connections without 'Authorization: Api-Key KEY' (HTTP 401), KEY being this "
+                             "file's text; /healthz stays open")
+    parser.add_argument("--api-key-env", default="", metavar="NAME",
+                        help="the same, KEY being this environment variable's value")
+    parser.add_argument("--max-queue", type=int, default=None,
+                        help="answer 'busy' at once to a request that finds this many in flight (websockets "
+                             "default: no bound; ray: waiting per replica, default 4 x --max-batch)")
     parser.add_argument("--engine", default="websockets", choices=ENGINES,
                         help="websockets: one process, one request at a time (default); ray: a Ray Serve "
                              "application batching across robots (pip install 'vla_accel_ros[fleet]')")
@@ -73,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {args.port}")
+        if args.max_queue is not None and args.max_queue < 0:
+            raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+        api_key = _api_key(args)
         ray_options = _ray_options(args)
         spec = LIBERO if args.policy_spec is None else PolicySpec.read(args.policy_spec)
         if spec.action_space != "ee_delta":
@@ -80,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         config = RunnerConfig(checkpoint=args.checkpoint, decoder=args.decoder, unnorm_key=args.unnorm_key,
                               torch_threads=max(1, args.threads), device=args.device)
         if ray_options is not None:
-            return _serve_ray(config, spec, ray_options, args.host, args.port)
+            return _serve_ray(config, spec, ray_options, args.host, args.port, api_key)
         kin = ArmKinematics(default_urdf())
         runner = build_runner(config, kin)
     except ValueError as error:
@@ -89,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     max_opening = float(kin.gripper_limits.upper.max()) if kin.gripper_joint_names else 1.0
     server = OpenPIServer(runner, spec, n_joints=kin.n, max_opening=max_opening,
                           metadata={"server": "vla_accel_ros", "checkpoint": config.checkpoint_source,
-                                    "decoder": config.decoder})
+                                    "decoder": config.decoder}, api_key=api_key, max_queue=args.max_queue or 0)
     try:
         asyncio.run(_serve(server, args.host, args.port))
     except OSError as error:  # the port is taken, the address is not this machine's
@@ -100,6 +120,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _api_key(args: argparse.Namespace) -> ApiKeyCheck | None:
+    """The key ``--api-key-file`` or ``--api-key-env`` names (None: neither); ValueError when both
+    are given, or the one given holds no key."""
+    from vla_accel_ros.models.openpi.config import read_api_key
+    from vla_accel_ros.runtime.openpi_server import ApiKeyCheck
+
+    if args.api_key_file is not None and args.api_key_env:
+        raise ValueError("give --api-key-file or --api-key-env, not both")
+    if args.api_key_file is not None:
+        key = read_api_key(file=args.api_key_file)
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file}: the file holds no key")
+        return ApiKeyCheck(key)
+    if args.api_key_env:
+        if not os.environ.get(args.api_key_env, "").strip():
+            raise ValueError(f"--api-key-env {args.api_key_env}: the environment variable is not set or empty")
+        return ApiKeyCheck(read_api_key(env=args.api_key_env))
+    return None
+
+
 def _ray_options(args: argparse.Namespace) -> RayServeOptions | None:
     """The Ray engine's options (None: the websockets engine); ValueError on a Ray flag without it."""
     given = {name: getattr(args, name) for name in RAY_FLAGS if getattr(args, name) is not None}
@@ -107,10 +147,13 @@ def _ray_options(args: argparse.Namespace) -> RayServeOptions | None:
         if given:
             raise ValueError(f"{', '.join(RAY_FLAGS[n] for n in given)} only apply with --engine ray")
         return None
+    if args.max_queue is not None:
+        given["max_queue"] = args.max_queue
     return RayServeOptions(**given)
 
 
-def _serve_ray(config: RunnerConfig, spec: PolicySpec, options: RayServeOptions, host: str, port: int) -> int:
+def _serve_ray(config: RunnerConfig, spec: PolicySpec, options: RayServeOptions, host: str, port: int,
+               api_key: ApiKeyCheck | None) -> int:
     try:
         from vla_accel_ros.runtime import ray_serve
     except ImportError as error:
@@ -120,10 +163,13 @@ def _serve_ray(config: RunnerConfig, spec: PolicySpec, options: RayServeOptions,
     deployed = replace(options, cpus_per_replica=float(config.torch_threads))
     metadata = {"server": "vla_accel_ros", "checkpoint": config.checkpoint_source, "decoder": config.decoder,
                 "engine": "ray"}
-    bound = ray_serve.start(config, spec, metadata, deployed, host=host, port=port)
+    bound = ray_serve.start(config, spec, metadata, deployed, host=host, port=port, api_key=api_key)
     print(f"serve-openpi: serving {config.checkpoint_source} ({config.decoder}) on Ray Serve, "
           f"{options.replicas} replica(s), batches of <= {options.max_batch}, at ws://{host}:{bound} "
-          f"(health: http://{host}:{bound}/healthz)", flush=True)
+          f"(health: http://{host}:{bound}/healthz){_key_note(api_key)}", flush=True)
+    # SIGTERM (a service manager, `kill`) ends it as Ctrl-C does: the application stopped and the local
+    # Ray shut down at exit, not Ray's agents left behind
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
             time.sleep(3600)
@@ -132,6 +178,10 @@ def _serve_ray(config: RunnerConfig, spec: PolicySpec, options: RayServeOptions,
     finally:
         ray_serve.stop()
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 async def _serve(server: object, host: str, port: int) -> None:
@@ -145,5 +195,10 @@ async def _serve(server: object, host: str, port: int) -> None:
         task.result()  # it failed to listen: raise why
     bound = ready.result().sockets[0].getsockname()
     print(f"serve-openpi: serving {server.metadata['checkpoint']} ({server.metadata['decoder']}) on "
-          f"ws://{bound[0]}:{bound[1]} (health: http://{bound[0]}:{bound[1]}/healthz)", flush=True)
+          f"ws://{bound[0]}:{bound[1]} (health: http://{bound[0]}:{bound[1]}/healthz){_key_note(server.api_key)}",
+          flush=True)
     await task
+
+
+def _key_note(api_key: object) -> str:
+    return "; connections need the API key" if api_key is not None else ""

@@ -12,7 +12,9 @@ between are skipped. A DDS robot publishes at every tick, as a control node does
   publishing over DDS (:mod:`vla_accel_ros.ros.fleet_clients`);
 - ``openpi``: one ``vla-accel serve-openpi`` process, one request at a time (unbatched);
 - ``ray``: ``serve-openpi --engine ray`` (:mod:`vla_accel_ros.runtime.ray_serve`) with ``replicas``
-  replicas, each batching its robots' requests into one round.
+  replicas, each batching its robots' requests into one round; with ``netns``, on a Ray cluster of a
+  head and a worker in two network namespaces, the robots in a third
+  (:mod:`vla_accel_ros.evaluation.ray_cluster`).
 
 Per run (kind, robots, replicas): ``actions_per_s`` (answers of all robots / the measured window),
 ``rtt_ms_p50`` / ``rtt_ms_p99`` (request sent to reply read), ``ticks_without_fresh_action`` (ticks
@@ -22,7 +24,8 @@ websocket kinds ``failed_requests`` (lost or refused: the robot reconnects, as t
 robot's clock starts after its warm-up answers (connection and warm-up are not measured). With
 ``kill_replica_at_tick``, one Ray replica is killed at that tick of each Ray run (Ray Serve starts
 another) and the run adds ``replica_killed_at_tick`` and ``recovery_s`` (from the kill to the last
-robot's first answer to a request sent after it).
+robot's first answer to a request sent after it). A run on the namespace cluster adds
+``replica_hosts`` (replicas per host, as Serve's controller places them).
 """
 
 import math
@@ -112,13 +115,16 @@ class Fault:
     at: float = math.nan  # when it was injected (monotonic s)
 
 
-def websocket_robots(uri: str, requests: Sequence[Sequence[dict[str, Any]]], period_s: float, ticks: int,
-                     fault: Fault | None = None) -> tuple[list[RobotTrace], float, int]:
+def websocket_robots(uri: str | Sequence[str], requests: Sequence[Sequence[dict[str, Any]]], period_s: float,
+                     ticks: int, fault: Fault | None = None) -> tuple[list[RobotTrace], float, int]:
     """One openpi client per robot, in threads, replaying ``requests`` (one list per robot) at the
-    control rate for ``ticks`` periods after three warm-up answers each. A request that fails (the
-    connection lost, the server's refusal) is counted and the robot reconnects, as the node does,
-    at most every 0.1 s. Returns their traces, the window's start and the failed requests."""
-    clients: list[OpenPIClient | None] = [OpenPIClient(uri) for _ in requests]
+    control rate for ``ticks`` periods after three warm-up answers each; with several ``uri``, robot
+    i connects to the i-th in turn. A request that fails (the connection lost, the server's refusal)
+    is counted and the robot reconnects, as the node does, at most every 0.1 s. Returns their
+    traces, the window's start and the failed requests."""
+    uris = [uri] if isinstance(uri, str) else list(uri)
+    robot_uris = [uris[i % len(uris)] for i in range(len(requests))]
+    clients: list[OpenPIClient | None] = [OpenPIClient(u) for u in robot_uris]
     failed = [0] * len(requests)
     try:
         for client, stream in zip(clients, requests, strict=True):
@@ -135,7 +141,7 @@ def websocket_robots(uri: str, requests: Sequence[Sequence[dict[str, Any]]], per
                 time.sleep(max(0.0, start + tick * period_s - time.monotonic()))
                 sent = time.monotonic()
                 try:
-                    client = clients[index] or OpenPIClient(uri)
+                    client = clients[index] or OpenPIClient(robot_uris[index])
                     clients[index] = client
                     reply = client.infer(stream[tick % len(stream)], timeout_s=5.0)
                     timing = reply.get("server_timing", {})
@@ -259,6 +265,7 @@ class ServerBenchOptions:
     max_batch: int = 16
     batch_wait_ms: float = 5.0
     kill_replica_at_tick: int = 0  # ray: one replica killed at this tick of each run (0: none)
+    netns: bool = False  # ray: on a head and a worker in network namespaces, the robots in a third
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.servers if s not in SERVER_KINDS]
@@ -269,6 +276,12 @@ class ServerBenchOptions:
             raise ValueError(f"--robots and --replicas must be positive counts, got {self.robots}, {self.replicas}")
         if self.ticks < 2 or self.steps < 1 or self.threads < 1 or not self.period_s > 0:
             raise ValueError("--ticks must be >= 2, --steps and --threads >= 1")
+        if self.netns and "ray" not in self.servers:
+            raise ValueError("--netns needs --server ray (it runs the Ray cluster's head, worker and robots in "
+                             "network namespaces)")
+        if self.netns and self.kill_replica_at_tick:
+            raise ValueError("--kill-replica-at-tick does not run with --netns (the robots and the cluster are in "
+                             "namespaces of their own)")
 
 
 # runs the DDS kind: (the robots' streams, the options) -> (each robot's (sent, answered) times, the window's start)
@@ -277,38 +290,56 @@ DdsRun = Callable[[Sequence[Sequence[Observation]], ServerBenchOptions],
 
 
 def server_bench(opts: ServerBenchOptions, streams: Sequence[Sequence[Observation]], max_opening: float,
-                 dds: DdsRun | None, progress: bool = True) -> list[dict[str, Any]]:
+                 dds: DdsRun | None, cluster: Any = None, progress: bool = True) -> list[dict[str, Any]]:
     """Every (server kind, replica count, robots) run, in that order; ``dds`` runs the DDS kind
-    (:func:`vla_accel_ros.ros.fleet_clients.dds_run`, passed in by the command: evaluation imports no ROS)."""
+    (:func:`vla_accel_ros.ros.fleet_clients.dds_run`, passed in by the command: evaluation imports no ROS).
+    With ``opts.netns`` the Ray runs are on ``cluster``, a running
+    :class:`~vla_accel_ros.evaluation.ray_cluster.RayCluster` (two hosts in network namespaces, made
+    by the command), and each adds ``replica_hosts`` (replicas per host)."""
     from vla_accel_ros.core.progress import progress_bar
 
+    if opts.netns and cluster is None:
+        raise ValueError("--netns needs the namespace cluster")
     requests = stream_requests(streams, max_opening)
     plan = [(kind, replicas, n) for kind in opts.servers for replicas in (opts.replicas if kind == "ray" else (1,))
             for n in opts.robots]
     runs = []
     for kind, replicas, n in progress_bar(plan, desc="server runs", disable=not progress):
-        fault: Fault | None = None
-        if kind == "dds":
-            if dds is None:
-                raise ValueError("--server dds needs ROS 2 (rclpy)")
-            times, start = dds(streams[:n], opts)
-            traces = [RobotTrace(sent, answered) for sent, answered in times]
+        if kind == "ray" and opts.netns:
+            with cluster.application(opts, replicas) as hosts:
+                traces, start, failed = cluster.robots(streams[:n], max_opening, hosts, opts.period_s, opts.ticks)
+            runs.append({"server": kind, "robots": n, "replicas": replicas,
+                         **trace_summary(traces, start, opts.ticks, opts.period_s), "failed_requests": failed,
+                         "replica_hosts": {h: hosts.count(h) for h in sorted(set(hosts))}})
         else:
-            serving = (ray_application(opts, replicas) if kind == "ray" else
-                       openpi_process(opts.checkpoint, opts.decoder, opts.threads, free_port()))
-            if kind == "ray" and opts.kill_replica_at_tick:
-                fault = Fault(opts.kill_replica_at_tick, kill_a_replica)
-            failed = 0
-            with serving as uri:
-                traces, start, failed = websocket_robots(uri, requests[:n], opts.period_s, opts.ticks, fault)
-        run = {"server": kind, "robots": n, "replicas": replicas,
-               **trace_summary(traces, start, opts.ticks, opts.period_s)}
-        if kind != "dds":
-            run["failed_requests"] = failed
-        if fault is not None:
-            run.update(replica_killed_at_tick=fault.at_tick, recovery_s=recovery_s(traces, fault))
-        runs.append(run)
+            runs.append(_local_run(opts, kind, replicas, n, streams, requests, dds))
     return runs
+
+
+def _local_run(opts: ServerBenchOptions, kind: str, replicas: int, n: int, streams: Sequence[Sequence[Observation]],
+               requests: Sequence[Sequence[dict[str, Any]]], dds: DdsRun | None) -> dict[str, Any]:
+    """One run with the server on this host (the Ray application on a local Ray)."""
+    fault: Fault | None = None
+    if kind == "dds":
+        if dds is None:
+            raise ValueError("--server dds needs ROS 2 (rclpy)")
+        times, start = dds(streams[:n], opts)
+        traces = [RobotTrace(sent, answered) for sent, answered in times]
+    else:
+        serving = (ray_application(opts, replicas) if kind == "ray" else
+                   openpi_process(opts.checkpoint, opts.decoder, opts.threads, free_port()))
+        if kind == "ray" and opts.kill_replica_at_tick:
+            fault = Fault(opts.kill_replica_at_tick, kill_a_replica)
+        failed = 0
+        with serving as uri:
+            traces, start, failed = websocket_robots(uri, requests[:n], opts.period_s, opts.ticks, fault)
+    run = {"server": kind, "robots": n, "replicas": replicas,
+           **trace_summary(traces, start, opts.ticks, opts.period_s)}
+    if kind != "dds":
+        run["failed_requests"] = failed
+    if fault is not None:
+        run.update(replica_killed_at_tick=fault.at_tick, recovery_s=recovery_s(traces, fault))
+    return run
 
 
 def free_port() -> int:
@@ -347,4 +378,6 @@ def plot_servers(runs: list[dict[str, Any]], path: Path) -> None:
 
 
 def run_label(run: dict[str, Any]) -> str:
-    return f"ray x{run['replicas']}" if run["server"] == "ray" else run["server"]
+    if run["server"] != "ray":
+        return str(run["server"])
+    return f"ray x{run['replicas']}" + (", 2-host cluster" if "replica_hosts" in run else "")

@@ -3,16 +3,19 @@ state, its statistics and the input it rejected lately. ROS-free; the node maps 
 diagnostic_msgs/DiagnosticStatus.
 
 The state sets the level: not active (WARN), no command yet (ERROR), the node's clock stopped
-(ERROR: the wall-clock watchdog holds), the inference worker stopped (ERROR), the arm holding because
-the policy gave no usable action for ``fallback_max_s`` while inference has run or failed (ERROR;
-:func:`starved_advice` says why: the actions expired before use, inference is slower than the
-fallback window, or inference fails, naming the measured inference time, ``action_timeout_s`` and
-what to change), holding (WARN), else running (OK). What degrades a configured node since the
-last report raises it to WARN at least: a standing warning (the checkpoint's robot differs, the
-decoder's fallbacks), a stall of the control loop (overdue now or within its hold-off,
-``runtime/stalls.py``), new inference failures, rejected input, gated joint-state outliers, and
-the Kalman fallback standing in for want of fresh policy actions.
-"""
+(ERROR: the wall-clock watchdog holds), the inference worker stopped (ERROR), a policy server that
+refuses the node's API key (ERROR, with the server's reason: the arm falls back, then holds, while
+it refuses it), the arm holding because the policy gave no usable action for ``fallback_max_s``
+while inference has run or failed (ERROR; :func:`starved_advice` says why: the actions expired
+before use, inference is slower than the fallback window, or inference fails, naming the measured
+inference time, ``action_timeout_s`` and what to change), holding (WARN), else running (OK). What
+degrades a configured node since the last report raises it to WARN at least: a standing warning (the
+checkpoint's robot differs, the decoder's fallbacks), a stall of the control loop (overdue now or
+within its hold-off, ``runtime/stalls.py``), a policy server's new ``busy`` answers (it is
+overloaded; the next observation is sent again, and these are not reported as failures), new
+inference failures, rejected input, gated joint-state outliers, and the Kalman fallback standing in
+for want of fresh policy actions. An arm starved while the server answers busy is an ERROR that
+says the server is busy."""
 
 from __future__ import annotations
 
@@ -67,6 +70,7 @@ class Health:
         self.fallback_max_s = fallback_max_s
         self._expired_seen = 0
         self._inference_errors_seen = 0
+        self._busy_seen = 0
         self._outliers_seen = 0
         self._last_policy_stamp: float | None = None
 
@@ -78,16 +82,19 @@ class Health:
     def assess(self, state: NodeState) -> Report:
         expired = int(state.stats.get("actions_expired", 0) or 0)
         new_expired, self._expired_seen = expired - self._expired_seen, expired
-        level, message = self._level(state, new_expired)
+        busy = int(state.stats.get("inference_server_busy", 0) or 0)
+        new_busy, self._busy_seen = busy - self._busy_seen, busy
+        busy_line = busy_note(new_busy) if new_busy > 0 else ""
+        level, message = self._level(state, new_expired, busy_line)
         if not state.configured:
             return Report(level, message, [])
-        warning = self._warning(state)
+        warning = self._warning(state, max(new_busy, 0), "" if busy_line in message else busy_line)
         if warning:
             level = max(level, WARN)
             message = warning if message.startswith("running") else f"{message}; {warning}"
         return Report(level, message, list(state.recent_input_errors))
 
-    def _level(self, state: NodeState, new_expired: int) -> tuple[int, str]:
+    def _level(self, state: NodeState, new_expired: int, busy_line: str) -> tuple[int, str]:
         stats = state.stats
         if not state.configured or state.lifecycle != "active":
             return WARN, f"{state.lifecycle}: not commanding (lifecycle)"
@@ -98,8 +105,15 @@ class Health:
         if state.inference and not state.inference_alive:
             why = stats.get("inference_down_reason") or stats.get("inference_last_error") or "thread ended"
             return ERROR, f"inference worker stopped: {why}"
+        refused = str(stats.get("inference_server_api_key_refused") or "") if state.inference else ""
+        if refused:
+            doing = f"holding: {state.tick_reason}" if state.tick_source == "hold" else f"running ({state.tick_source})"
+            return ERROR, f"{refused}; {doing}"
         if (state.inference and state.action_starved_s > 0.0
                 and (stats.get("inference_errors") or stats.get("inference_actions"))):
+            if busy_line:  # the server is overloaded, not the policy slow: say that
+                return ERROR, (f"{busy_line}; no fresh policy action for {state.action_starved_s:.2f} s "
+                               f"(fallback_max_s = {self.fallback_max_s:g} s)")
             return ERROR, starved_advice(
                 starved_s=state.action_starved_s, inference_ms=stats.get("inference_latency_ms_p50"),
                 action_timeout_s=self.action_timeout_s, fallback_max_s=self.fallback_max_s,
@@ -109,16 +123,21 @@ class Health:
             return WARN, f"holding: {state.tick_reason}"
         return OK, f"running ({state.tick_source})"
 
-    def _warning(self, state: NodeState) -> str:
-        """What degrades the node since the last report, '' when nothing does."""
+    def _warning(self, state: NodeState, new_busy: int, busy_line: str) -> str:
+        """What degrades the node since the last report, '' when nothing does (``new_busy``: the
+        server's busy answers since then; ``busy_line``: what to say of them, '' when said already)."""
         stats = state.stats
         warnings = list(state.warnings)
         if state.stall:
             warnings.append(state.stall)
         errors = int(stats.get("inference_errors", 0) or 0)
         new_errors, self._inference_errors_seen = errors - self._inference_errors_seen, errors
-        if new_errors > 0:
-            warnings.append(f"inference failed {new_errors} time(s): {stats.get('inference_last_error', '')}")
+        if busy_line:
+            warnings.append(busy_line)
+        # a refused API key is the level's message already; a busy answer counts as a worker error too
+        if new_errors - new_busy > 0 and not stats.get("inference_server_api_key_refused"):
+            failed = new_errors - new_busy
+            warnings.append(f"inference failed {failed} time(s): {stats.get('inference_last_error', '')}")
         if state.recent_input_errors:
             warnings.append(f"input rejected: {state.recent_input_errors[-1]}")
         outliers = int(stats.get("outliers_rejected", 0) or 0)
@@ -130,6 +149,12 @@ class Health:
         if state.inference and state.tick_source == "fallback" and stale > self.stale_after_s:
             warnings.append(f"no fresh policy action for {stale:.2f} s (inference slow or stuck): Kalman fallback")
         return "; ".join(warnings)
+
+
+def busy_note(answers: int) -> str:
+    """What ``answers`` busy answers of a policy server since the last report say."""
+    return (f"policy server busy: {answers} request(s) answered 'busy' (overloaded); each next observation is "
+            "sent again")
 
 
 def starved_advice(*, starved_s: float, inference_ms: float | None, action_timeout_s: float, fallback_max_s: float,

@@ -8,13 +8,22 @@ msgpack-numpy. A request that cannot be served is answered by one text frame say
 server closes the connection (code 1011), as openpi's own server does. ``GET /healthz`` answers 200.
 A message larger than the spec's ``max_message_bytes`` closes the connection (code 1009) unread.
 
-Each connection is a new episode of the runner (its history, filter and decoder state start over);
-one request is decoded at a time.
+With an API key (:class:`ApiKeyCheck`, ``--api-key-file`` / ``--api-key-env``), a connection without
+the header ``Authorization: Api-Key KEY`` is refused at the handshake: HTTP 401, its body saying why,
+counted in ``unauthorized``; ``/healthz`` stays open. With a queue bound (``max_queue``), a request
+that finds that many requests in flight already is answered at once by a text frame ``busy: ...``
+and the close code 1013 (try again later), counted in ``busy``. The Ray engine
+(:mod:`vla_accel_ros.runtime.ray_serve`) makes the same check and the same answer.
+
+Each connection is a new episode of the runner (its history, filter and decoder state start over
+before its first request is decoded); one request is decoded at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import http
 import logging
 import threading
@@ -29,7 +38,14 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
 from vla_accel_ros.core.observation import Observation
-from vla_accel_ros.models.openpi.config import PART_WIDTH, PolicySpec, gripper_from_ours, gripper_to_ours
+from vla_accel_ros.models.openpi.config import (
+    API_KEY_SCHEME,
+    BUSY_PREFIX,
+    PART_WIDTH,
+    PolicySpec,
+    gripper_from_ours,
+    gripper_to_ours,
+)
 
 if TYPE_CHECKING:
     from vla_accel_ros.decoding.protocol import DecodeResult
@@ -38,6 +54,40 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 HEALTH_PATH = "/healthz"
+
+
+class ApiKeyCheck:
+    """A server's API key: which connections it refuses, and why (both engines). It keeps only the
+    key's SHA-256 digest, and compares digests in constant time (``hmac.compare_digest``), so the
+    time of a refusal says nothing of how much of a key was right."""
+
+    def __init__(self, key: str) -> None:
+        if not key:
+            raise ValueError("the API key is empty")
+        self._digest = hashlib.sha256(key.encode()).digest()
+
+    def refusal(self, authorizations: list[str]) -> str:
+        """Why a handshake with these ``Authorization`` header values is refused ('' when it is not)."""
+        if not authorizations:
+            return f"this server requires the header 'Authorization: {API_KEY_SCHEME} KEY'"
+        if len(authorizations) > 1:
+            return "more than one Authorization header"
+        scheme, _, offered = authorizations[0].strip().partition(" ")
+        if scheme != API_KEY_SCHEME:
+            return f"the Authorization header must be '{API_KEY_SCHEME} KEY'"
+        if not hmac.compare_digest(hashlib.sha256(offered.strip().encode()).digest(), self._digest):
+            return "wrong API key"
+        return ""
+
+
+def refusal_body(why: str) -> str:
+    """The body of an HTTP 401 refusal."""
+    return f"API key refused: {why}\n"
+
+
+def busy_answer(waiting: int, bound: int) -> str:
+    """The text frame of a server with ``waiting`` requests in flight against its ``bound``."""
+    return f"{BUSY_PREFIX} {waiting} requests waiting (bound {bound}); try again later"
 
 
 def observation_from_request(request: Any, spec: PolicySpec, n_joints: int, max_opening: float,
@@ -118,8 +168,14 @@ class OpenPIServer:
     """``runner`` served over openpi's protocol (module docstring) under ``spec``'s keys."""
 
     def __init__(self, runner: PolicyRunner, spec: PolicySpec, *, n_joints: int, max_opening: float,
-                 metadata: dict[str, Any]) -> None:
+                 metadata: dict[str, Any], api_key: ApiKeyCheck | None = None, max_queue: int = 0) -> None:
+        """``api_key``: refuse connections without it (None: take any); ``max_queue``: the requests
+        in flight (decoding or waiting to) beyond which one is answered busy (0: no bound)."""
+        if max_queue < 0:
+            raise ValueError(f"--max-queue must be >= 0, got {max_queue}")
         self.runner = runner
+        self.api_key = api_key
+        self.max_queue = max_queue
         self.spec = spec
         self.n_joints = n_joints
         self.max_opening = max_opening
@@ -128,18 +184,25 @@ class OpenPIServer:
         self._lock = threading.Lock()  # one decode at a time, whatever the connections
         self.served = 0
         self.refused = 0
+        self.unauthorized = 0  # handshakes refused for their API key
+        self.busy = 0  # requests answered busy
+        self.in_flight = 0  # requests decoding or waiting to (the event loop's count)
 
-    def infer(self, request: Any) -> dict[str, Any]:
-        """One request's reply (``actions``; the caller adds ``server_timing``); ValueError on a bad request."""
+    def infer(self, request: Any, new_episode: bool = False) -> dict[str, Any]:
+        """One request's reply (``actions``; the caller adds ``server_timing``), the runner's episode
+        started over first with ``new_episode``; ValueError on a bad request."""
         obs = observation_from_request(request, self.spec, self.n_joints, self.max_opening, self.image_size)
         with self._lock:
+            if new_episode:
+                self.runner.start_episode()
             result = self.runner(obs)
         return result_reply(result, self.spec)
 
     async def handle(self, connection: ServerConnection) -> None:
         packer = msgpack_numpy.Packer()
-        with self._lock:
-            self.runner.start_episode()
+        # The episode starts with the connection's first request, under the decode lock: a
+        # connection opened while another request decodes gets its metadata at once.
+        new_episode = True
         await connection.send(packer.pack(self.metadata))
         previous_total_ms: float | None = None
         while True:
@@ -148,12 +211,22 @@ class OpenPIServer:
             except ConnectionClosed:
                 return
             start = time.monotonic()
+            if self.max_queue and self.in_flight >= self.max_queue:
+                self.busy += 1
+                await self._answer_and_close(connection, busy_answer(self.in_flight, self.max_queue),
+                                             CloseCode.TRY_AGAIN_LATER, "busy")
+                return
             try:
                 if isinstance(message, str):
                     raise ValueError("a request must be a binary msgpack message, got a text frame")
                 request = msgpack_numpy.unpackb(message)
                 infer_start = time.monotonic()
-                reply = await asyncio.to_thread(self.infer, request)
+                self.in_flight += 1
+                try:
+                    reply = await asyncio.to_thread(self.infer, request, new_episode)
+                finally:  # decoded: it holds no place in the queue while its reply goes out
+                    self.in_flight -= 1
+                new_episode = False
                 timing = {"infer_ms": (time.monotonic() - infer_start) * 1e3}
                 if previous_total_ms is not None:
                     timing["prev_total_ms"] = previous_total_ms
@@ -164,26 +237,37 @@ class OpenPIServer:
             except Exception as error:  # a bad request or a failing policy: say why, then close
                 self.refused += 1
                 log.warning("request refused: %s", error)
-                try:
-                    await connection.send(f"{type(error).__name__}: {error}")
-                    await connection.close(CloseCode.INTERNAL_ERROR, "request refused; the reason is in the "
-                                                                     "previous frame")
-                except ConnectionClosed:
-                    pass
+                await self._answer_and_close(connection, f"{type(error).__name__}: {error}", CloseCode.INTERNAL_ERROR,
+                                             "request refused")
                 return
             self.served += 1
             previous_total_ms = (time.monotonic() - start) * 1e3
 
     @staticmethod
-    def health(connection: ServerConnection, request: Request) -> Response | None:
+    async def _answer_and_close(connection: ServerConnection, text: str, code: CloseCode, what: str) -> None:
+        try:
+            await connection.send(text)
+            await connection.close(code, f"{what}; the reason is in the previous frame")
+        except ConnectionClosed:
+            pass
+
+    def check_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        """The handshake's answer when it is not a websocket's: ``/healthz``, or the API key refused."""
         if request.path == HEALTH_PATH:
             return connection.respond(http.HTTPStatus.OK, "OK\n")
-        return None
+        why = self.api_key.refusal(request.headers.get_all("Authorization")) if self.api_key is not None else ""
+        if not why:
+            return None
+        self.unauthorized += 1
+        log.warning("connection from %s refused: %s", connection.remote_address, why)
+        response = connection.respond(http.HTTPStatus.UNAUTHORIZED, refusal_body(why))
+        response.headers["WWW-Authenticate"] = API_KEY_SCHEME
+        return response
 
     async def serve(self, host: str, port: int, ready: asyncio.Future[Server] | None = None) -> None:
         """Serve on ``host``:``port`` until cancelled (``ready`` gets the server once it listens)."""
         async with serve(self.handle, host, port, compression=None, max_size=self.spec.max_message_bytes,
-                         process_request=self.health) as server:
+                         process_request=self.check_request) as server:
             if ready is not None:
                 ready.set_result(server)
             await server.serve_forever()

@@ -20,10 +20,13 @@ The wire protocol is :mod:`~vla_accel_ros.runtime.openpi_server`'s: the metadata
 msgpack-numpy reply per observation with ``actions`` and ``server_timing`` (``infer_ms``,
 ``prev_total_ms``, and here ``batch_size``: how many robots the request's round decoded); a bad
 request is answered by one text frame saying why and the close code 1011; ``GET /healthz`` answers
-200. The ``Authorization`` header is accepted and not checked, as by ``serve-openpi``. A replica with
-``max_queue`` requests waiting already answers a further one at once with the text frame
-``busy: ...`` and closes with 1013 (try again later), rather than answering late. ``GET /stats``
-reports the replica's rounds, batch sizes, connections and refusals.
+200. With an API key, a websocket without ``Authorization: Api-Key KEY`` is refused before it is
+accepted, HTTP 401 with a body saying why (the check is ``serve-openpi``'s
+:class:`~vla_accel_ros.runtime.openpi_server.ApiKeyCheck`; the replicas get the key's digest, never
+the key). A replica with ``max_queue`` requests waiting already answers a further one at once with
+the text frame ``busy: ...`` and closes with 1013 (try again later), rather than answering late.
+``GET /stats`` reports the replica's rounds, batch sizes, connections and refusals (``unauthorized``:
+handshakes refused for their key; ``busy``; ``refused``: bad requests).
 
 Ray is imported by this module only; ``vla-accel serve-openpi`` imports it only with ``--engine ray``.
 """
@@ -45,11 +48,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from openpi_client import msgpack_numpy
 from ray import serve
 
-from vla_accel_ros.models.openpi.config import PolicySpec
+from vla_accel_ros.models.openpi.config import API_KEY_SCHEME, CLOSE_TRY_AGAIN_LATER, PolicySpec
 from vla_accel_ros.runtime.builder import RunnerConfig
 from vla_accel_ros.runtime.openpi_server import (
     HEALTH_PATH,
+    ApiKeyCheck,
+    busy_answer,
     observation_from_request,
+    refusal_body,
     request_image_size,
     result_reply,
     served_metadata,
@@ -62,7 +68,6 @@ if TYPE_CHECKING:
 APP_NAME = "vla_accel_openpi"
 STATS_PATH = "/stats"
 CLOSE_INTERNAL_ERROR = 1011
-CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_MESSAGE_TOO_BIG = 1009
 # Each websocket is one of a replica's ongoing requests for its whole life: this bounds the robots
 # one replica takes.
@@ -91,7 +96,7 @@ class OpenPIReplica:
     """One replica: the policy, a runner per connection, the batched rounds (module docstring)."""
 
     def __init__(self, config: dict[str, Any], spec: PolicySpec, metadata: dict[str, Any],
-                 options: RayServeOptions) -> None:
+                 options: RayServeOptions, api_key: ApiKeyCheck | None = None) -> None:
         from vla_accel_ros.core.kinematics import ArmKinematics
         from vla_accel_ros.core.resources import default_urdf
         from vla_accel_ros.runtime.builder import build_runner
@@ -100,6 +105,7 @@ class OpenPIReplica:
         self.kin = ArmKinematics(default_urdf())
         self.policy = build_runner(self.config, self.kin).policy  # loaded once; every connection's runner shares it
         self.spec = spec
+        self.api_key = api_key
         self.serving = options
         self.max_opening = float(self.kin.gripper_limits.upper.max()) if self.kin.gripper_joint_names else 1.0
         self.image_size = request_image_size(self.policy)
@@ -108,7 +114,8 @@ class OpenPIReplica:
         self.pending: list[tuple[tuple[str, Any], asyncio.Future]] = []  # requests for the next round
         self.decoding: asyncio.Task | None = None  # the rounds in progress
         self.waiting = 0
-        self.counts = {"rounds": 0, "decoded": 0, "largest_batch": 0, "connections": 0, "refused": 0, "busy": 0}
+        self.counts = {"rounds": 0, "decoded": 0, "largest_batch": 0, "connections": 0, "refused": 0, "busy": 0,
+                       "unauthorized": 0}
         self.batch_sizes: dict[int, int] = {}  # round size -> rounds
         self._batching = cast(Any, self.decode_batch)  # serve.batch's wrapper; its typing lacks the setters
         self._batching.set_batch_wait_timeout_s(options.batch_wait_ms / 1e3)
@@ -133,6 +140,12 @@ class OpenPIReplica:
     async def connect(self, websocket: WebSocket) -> None:
         from vla_accel_ros.runtime.builder import build_runner
 
+        why = self.api_key.refusal(websocket.headers.getlist("authorization")) if self.api_key is not None else ""
+        if why:
+            self.counts["unauthorized"] += 1
+            await websocket.send_denial_response(PlainTextResponse(
+                refusal_body(why), status_code=401, headers={"WWW-Authenticate": API_KEY_SCHEME}))
+            return
         await websocket.accept()
         connection = uuid.uuid4().hex
         runner = build_runner(self.config, self.kin, policy=self.policy)
@@ -163,8 +176,7 @@ class OpenPIReplica:
                 return
             if self.waiting >= self.serving.queue_bound:
                 self.counts["busy"] += 1
-                await self._refuse(websocket, ServerBusyError(f"busy: {self.waiting} requests waiting (bound "
-                                                              f"{self.serving.queue_bound}); try again later"),
+                await self._refuse(websocket, ServerBusyError(busy_answer(self.waiting, self.serving.queue_bound)),
                                    CLOSE_TRY_AGAIN_LATER)
                 return
             self.waiting += 1
@@ -264,12 +276,13 @@ def free_port(host: str) -> int:
 
 
 def start(config: RunnerConfig, spec: PolicySpec, metadata: dict[str, Any], options: RayServeOptions, *,
-          host: str, port: int) -> int:
+          host: str, port: int, api_key: ApiKeyCheck | None = None) -> int:
     """Deploy the application on Ray (the cluster at ``options.address``, else a local one started
     here, unless this process has one already) with its proxy on ``host``:``port`` (0: a free one);
-    returns the proxy's port. A second call in the same process replaces the application and keeps
-    the proxy where it is. The checkpoint is resolved here (ValueError naming the file at fault), so
-    a replica's host needs the same path."""
+    returns the proxy's port. ``api_key``: refuse connections without it (None: take any). A second
+    call in the same process replaces the application and keeps the proxy where it is. The
+    checkpoint is resolved here (ValueError naming the file at fault), so a replica's host needs
+    the same path."""
     from vla_accel_ros.models.load import resolve_checkpoint
 
     global _proxy_port
@@ -289,7 +302,7 @@ def start(config: RunnerConfig, spec: PolicySpec, metadata: dict[str, Any], opti
     deployment = cast(Any, OpenPIReplica).options(
         num_replicas=options.replicas,
         ray_actor_options={"num_cpus": options.cpus_per_replica, "num_gpus": options.num_gpus_per_replica})
-    serve.run(deployment.bind(config.to_json(), spec, metadata, options), name=APP_NAME, route_prefix="/",
+    serve.run(deployment.bind(config.to_json(), spec, metadata, options, api_key), name=APP_NAME, route_prefix="/",
               blocking=False)
     return _proxy_port
 

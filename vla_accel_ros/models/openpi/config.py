@@ -23,12 +23,18 @@ this robot and that server:
   ``gripper_state``: the same for the state, the opening as a fraction of the widest.
 - ``max_message_bytes``: the largest message either side accepts.
 
+Beside the spec, the protocol's two refusals are named here for both sides: a server that requires
+an API key refuses a connection without ``Authorization: Api-Key KEY`` at the handshake (HTTP 401),
+and an overloaded one answers a request with a text frame starting ``busy:`` and closes (code 1013,
+try again later). :func:`read_api_key` reads a key for either side.
+
 :data:`LIBERO` is the default; ``config/openpi/*.json`` ship the LIBERO and DROID examples.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +47,9 @@ STATE_PARTS = ("joints", "gripper", "tcp_position", "tcp_axis_angle")
 PART_WIDTH = {"gripper": 1, "tcp_position": 3, "tcp_axis_angle": 3}  # "joints": the arm's joint count
 MAIN_CAMERA = "main"
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+API_KEY_SCHEME = "Api-Key"  # Authorization: Api-Key KEY
+BUSY_PREFIX = "busy:"  # the text frame of an overloaded server
+CLOSE_TRY_AGAIN_LATER = 1013
 
 
 @dataclass(frozen=True)
@@ -137,3 +146,14 @@ def gripper_from_ours(fraction: float, open_closed: tuple[float, float]) -> floa
     """Our gripper value (1 = open, 0 = closed) on the server's scale."""
     opened, closed = open_closed
     return closed + min(1.0, max(0.0, fraction)) * (opened - closed)
+
+
+def read_api_key(*, file: str | Path | None = None, env: str = "") -> str:
+    """The API key in ``file`` (its text, surrounding whitespace dropped), else in the environment
+    variable ``env`` ('' when neither names one); ValueError naming a file that cannot be read."""
+    if file is not None:
+        try:
+            return Path(file).read_text().strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"{file}: cannot read the API key ({error})") from None
+    return os.environ.get(env, "").strip() if env else ""

@@ -16,18 +16,22 @@ the key is sent as ``Authorization: Api-Key KEY`` and is never a parameter's val
 receive) runs in the inference worker, never in the control loop: a server that is slow or gone costs
 the worker, while the controller falls back and holds. After a failure the connection is dropped (a
 late reply would answer the wrong request) and the next request reconnects, at most once per
-``RECONNECT_INTERVAL_S``. A bad reply (wrong shape, not finite, a text frame with the server's error,
-a message over the spec's ``max_message_bytes``) raises, which the worker reports once and counts.
+``RECONNECT_INTERVAL_S``; while it waits, each request's error repeats why the last attempt failed.
+A bad reply (wrong shape, not finite, a text frame with the server's error, a message over the spec's
+``max_message_bytes``) raises, which the worker reports once and counts.
+
+The server's two refusals are told apart (:mod:`.config`): a handshake refused with HTTP 401 or 403
+is the API key refused (``server_api_key_refusals``, and ``server_api_key_refused`` says why until an
+attempt ends otherwise), and a ``busy:`` answer (or a close with 1013) is an overloaded server
+(``server_busy``), after which the next request reconnects at once rather than after the interval.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -35,12 +39,22 @@ import numpy as np
 import pinocchio as pin
 import torch
 from openpi_client import msgpack_numpy
-from websockets.exceptions import WebSocketException
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.models.api import LoadOptions, PolicyCapabilities, Prefix, ResolvedCheckpoint
-from vla_accel_ros.models.openpi.config import LIBERO, MAIN_CAMERA, PolicySpec, gripper_from_ours, gripper_to_ours
+from vla_accel_ros.models.openpi.config import (
+    API_KEY_SCHEME,
+    BUSY_PREFIX,
+    CLOSE_TRY_AGAIN_LATER,
+    LIBERO,
+    MAIN_CAMERA,
+    PolicySpec,
+    gripper_from_ours,
+    gripper_to_ours,
+    read_api_key,
+)
 from vla_accel_ros.models.tokenizer import ActionTokenizer
 
 API_KEY_ENV = "VLA_ACCEL_OPENPI_API_KEY"
@@ -50,6 +64,7 @@ CONNECT_TIMEOUT_S = 2.0
 # clipped here, and the controller then clamps to the arm's limits.
 ACTION_BOUND = np.array([0.25, 0.25, 0.25, 1.0, 1.0, 1.0])
 STATS_WINDOW = 1000
+KEY_REFUSED_STATUSES = (401, 403)
 
 
 class ServerError(RuntimeError):
@@ -104,14 +119,7 @@ class ServerAddress:
         spec = PolicySpec.read(query["spec"]) if "spec" in query else LIBERO
         if spec.image_size < 1:
             raise ValueError(f"{address}: the spec's image_size must be > 0 for a client (the node resizes to it)")
-        api_key = ""
-        if "api_key_file" in query:
-            try:
-                api_key = Path(query["api_key_file"]).read_text().strip()
-            except OSError as error:
-                raise ValueError(f"{query['api_key_file']}: cannot read the API key ({error})") from None
-        else:
-            api_key = os.environ.get(query.get("api_key_env", API_KEY_ENV), "").strip()
+        api_key = read_api_key(file=query.get("api_key_file"), env=query.get("api_key_env", API_KEY_ENV))
         try:
             timeout_s = float(query.get("timeout_s", 1.0))
         except ValueError:
@@ -161,7 +169,9 @@ class OpenPIPolicy:
         self._rtt_ms: deque[float] = deque(maxlen=STATS_WINDOW)
         self._infer_ms: deque[float] = deque(maxlen=STATS_WINDOW)
         self.counts = {"requests": 0, "replies": 0, "lost": 0, "bad_replies": 0, "connects": 0,
-                       "connect_failures": 0}
+                       "connect_failures": 0, "api_key_refusals": 0, "busy": 0}
+        self.api_key_refused = ""  # why the server refused the key, until an attempt ends otherwise
+        self._down_reason = ""  # why the last attempt failed, until a reply comes
 
     # --- the policy contract ----------------------------------------------------------------
     @property
@@ -206,12 +216,19 @@ class OpenPIPolicy:
             message = ws.recv(timeout=self.address.timeout_s)
         except (TimeoutError, WebSocketException, OSError) as error:
             self._drop()
+            if isinstance(error, ConnectionClosed) and error.rcvd is not None \
+                    and error.rcvd.code == CLOSE_TRY_AGAIN_LATER:
+                raise self._busy(f"closed with code {CLOSE_TRY_AGAIN_LATER}, try again later") from None
             with self._lock:
                 self.counts["lost"] += 1
             why = f"no reply within {self.address.timeout_s:g} s" if isinstance(error, TimeoutError) else (
                 f"connection lost ({error})")
+            self._down_reason = why
             raise ServerError(f"{self.address.uri}: {why}") from None
         rtt_ms = (time.perf_counter() - start) * 1e3
+        if isinstance(message, str) and message.startswith(BUSY_PREFIX):
+            self._drop()  # the server closes after its answer
+            raise self._busy(message.strip()[-300:])
         try:
             if isinstance(message, str):
                 self._drop()  # the server closes after an error frame
@@ -227,6 +244,7 @@ class OpenPIPolicy:
             with self._lock:
                 self.counts["bad_replies"] += 1
             raise ServerError(f"{self.address.uri}: unusable reply ({error})") from None
+        self._down_reason = ""
         with self._lock:
             self.counts["replies"] += 1
             self._rtt_ms.append(rtt_ms)
@@ -234,6 +252,16 @@ class OpenPIPolicy:
             if isinstance(timing, dict) and isinstance(timing.get("infer_ms"), (int, float)):
                 self._infer_ms.append(float(timing["infer_ms"]))
         return chunk
+
+    def _busy(self, answer: str) -> ServerError:
+        """The server is overloaded (it answered ``answer``): counted apart from failures, and the
+        next request reconnects at once, since a busy answer comes at once rather than late."""
+        with self._lock:
+            self.counts["busy"] += 1
+        self._next_attempt = 0.0
+        self._down_reason = f"the openpi server is busy ({answer})"
+        return ServerError(f"{self.address.uri}: the openpi server is busy (overloaded), retrying on the next "
+                           f"observation: {answer}")
 
     def request(self, obs: Any) -> dict[str, Any]:
         """The observation dict the spec's keys name for ``obs``."""
@@ -295,25 +323,51 @@ class OpenPIPolicy:
             return self._ws
         now = time.monotonic()
         if now < self._next_attempt:
-            raise ServerError(f"{self.address.uri}: not connected (next attempt in {self._next_attempt - now:.1f} s)")
+            last = f": {self._down_reason}" if self._down_reason else ""
+            raise ServerError(f"{self.address.uri}: not connected (next attempt in {self._next_attempt - now:.1f} s)"
+                              f"{last}")
         self._next_attempt = now + RECONNECT_INTERVAL_S
-        headers = {"Authorization": f"Api-Key {self.address.api_key}"} if self.address.api_key else None
+        headers = {"Authorization": f"{API_KEY_SCHEME} {self.address.api_key}"} if self.address.api_key else None
         try:
             ws = connect(self.address.uri, compression=None, max_size=self.spec.max_message_bytes,
                          additional_headers=headers, open_timeout=CONNECT_TIMEOUT_S)
             first = ws.recv(timeout=CONNECT_TIMEOUT_S)
             metadata = msgpack_numpy.unpackb(first) if isinstance(first, bytes) else None
+        except InvalidStatus as error:
+            with self._lock:
+                self.counts["connect_failures"] += 1
+            self._down_reason = self._refused(error)
+            raise ServerError(f"{self.address.uri}: {self._down_reason}") from None
         except (TimeoutError, WebSocketException, OSError, ValueError) as error:
             with self._lock:
                 self.counts["connect_failures"] += 1
+                self.api_key_refused = ""  # the latest attempt says nothing of the key
+            self._down_reason = f"cannot connect ({error})"
             raise ServerError(f"{self.address.uri}: cannot connect ({error})") from None
         if not isinstance(metadata, dict):
             ws.close()
             raise ServerError(f"{self.address.uri}: the server's first message is not its metadata")
         with self._lock:
             self.counts["connects"] += 1
+            self.api_key_refused = ""
         self._ws, self.metadata = ws, metadata
         return ws
+
+    def _refused(self, error: InvalidStatus) -> str:
+        """Why the server refused the handshake, in one line; a refused key is counted and kept."""
+        status = error.response.status_code
+        body = bytes(error.response.body or b"").decode(errors="replace").strip()[:200]
+        said = f"HTTP {status}: {body}" if body else f"HTTP {status}"
+        if status not in KEY_REFUSED_STATUSES:
+            with self._lock:
+                self.api_key_refused = ""
+            return f"cannot connect (the server answered {said})"
+        unset = "" if self.address.api_key else "; the address names none (api_key_file= or api_key_env=)"
+        reason = f"the openpi server refused the API key ({said}){unset}"
+        with self._lock:
+            self.counts["api_key_refusals"] += 1
+            self.api_key_refused = reason
+        return reason
 
     def _drop(self) -> None:
         ws, self._ws = self._ws, None
@@ -321,11 +375,13 @@ class OpenPIPolicy:
             ws.close()
 
     def remote_stats(self) -> dict[str, Any]:
-        """Requests, replies, lost and bad replies, connections; round trip and server time (ms)."""
+        """Requests, replies, lost and bad replies, connections, busy answers and refused keys (with
+        why the key stands refused, '' when it does not); round trip and server time (ms)."""
         with self._lock:
             rtt = np.asarray(self._rtt_ms, dtype=float)
             infer = np.asarray(self._infer_ms, dtype=float)
             out: dict[str, Any] = {f"server_{k}": v for k, v in self.counts.items()}
+            out["server_api_key_refused"] = self.api_key_refused
         out["server_connected"] = self._ws is not None
         out["server_rtt_ms_p50"] = float(np.percentile(rtt, 50)) if rtt.size else 0.0
         out["server_rtt_ms_p99"] = float(np.percentile(rtt, 99)) if rtt.size else 0.0

@@ -17,6 +17,10 @@ modules cannot import this file):
 - ``dds_rig(domain_id, peer_name)``: a :class:`DdsRig`, a node under test and a peer node spun in
   background threads. Each test module keeps its own domain ids so that modules never share DDS
   traffic.
+- ``policy_node_fed(rig, params, frame=(48, 64), still=False, fingers=None)``: a control node with a
+  policy spun by the rig, its peer feeding joint states and a camera: (node, arm commands, /diagnostics
+  statuses); ``policy_node_over_dds(...)`` the same, after checking its first policy ticks: (node,
+  stats, statuses);
 - ``tiny_hf_vla(path, **overrides)``: a randomly initialised Hugging Face VLA in OpenVLA's layout
   (Llava: a tiny CLIP tower, a 2-layer Llama, a Llama tokenizer whose text vocabulary's top 256
   ids are unused: the action ids), written to ``path`` as ``save_pretrained`` writes it plus a
@@ -288,13 +292,12 @@ class DdsRig:
         rclpy.try_shutdown(context=self.context)
 
 
-def drive_policy_node(rig: DdsRig, params: dict[str, Any], *, frame: tuple[int, int] = (48, 64), still: bool = False,
-                      timeout: float = 90.0) -> tuple[Any, dict[str, Any], list[Any]]:
-    """A VlaAccelNode with a policy (``params``) fed over DDS by the rig's peer: the package arm's
-    joint states every 10 ms, a camera image (``frame`` H x W) every fifth, random, or one frame
-    again and again with ``still``. Waits for 5 policy ticks, then checks the next ticks: each
-    one published, no inference error, the last commands finite and within the limits. The node,
-    its stats after them, and the /diagnostics received."""
+def spin_policy_node(rig: DdsRig, params: dict[str, Any], *, frame: tuple[int, int] = (48, 64), still: bool = False,
+                     fingers: float | None = None) -> tuple[Any, list[np.ndarray], list[Any]]:
+    """A VlaAccelNode with a policy (``params``) spun by the rig and fed over DDS by its peer: the
+    package arm's joint states every 10 ms (the fingers at ``fingers`` where given), a camera image
+    (``frame`` H x W) every fifth, random, or one frame again and again with ``still``. The node,
+    the arm commands it publishes (arrays, as they arrive) and the /diagnostics statuses."""
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.parameter import Parameter
     from sensor_msgs.msg import Image, JointState
@@ -305,12 +308,16 @@ def drive_policy_node(rig: DdsRig, params: dict[str, Any], *, frame: tuple[int, 
     from vla_accel_ros.ros.node import VlaAccelNode
 
     kin = ArmKinematics(default_urdf())
-    q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
+    q = [0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7]
+    names, positions = list(kin.joint_names), q
+    if fingers is not None:
+        names, positions = [*names, "finger_joint1", "finger_joint2"], [*q, fingers, fingers]
     node = VlaAccelNode(context=rig.context, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
-    commands: list[Any] = []
-    diagnostics: list[Any] = []
-    rig.peer.create_subscription(Float64MultiArray, "/arm_controller/commands", commands.append, 100)
-    rig.peer.create_subscription(DiagnosticArray, "/diagnostics", diagnostics.append, 50)
+    commands: list[np.ndarray] = []
+    statuses: list[Any] = []
+    rig.peer.create_subscription(Float64MultiArray, "/arm_controller/commands",
+                                 lambda m: commands.append(np.asarray(m.data, dtype=float)), 100)
+    rig.peer.create_subscription(DiagnosticArray, "/diagnostics", lambda m: statuses.extend(m.status), 50)
     joints = rig.peer.create_publisher(JointState, "/joint_states", 10)
     camera = rig.peer.create_publisher(Image, "/camera/image_raw", 10)
     rng = np.random.default_rng(0)
@@ -320,7 +327,7 @@ def drive_policy_node(rig: DdsRig, params: dict[str, Any], *, frame: tuple[int, 
         k = 0
         pixels = rng.integers(0, 255, (height, width, 3), dtype=np.uint8)
         while not rig.stop.is_set():
-            joints.publish(JointState(name=list(kin.joint_names), position=q.tolist()))
+            joints.publish(JointState(name=names, position=positions))
             if k % 5 == 0:
                 if not still:
                     pixels = rng.integers(0, 255, (height, width, 3), dtype=np.uint8)
@@ -330,20 +337,38 @@ def drive_policy_node(rig: DdsRig, params: dict[str, Any], *, frame: tuple[int, 
             rig.stop.wait(0.01)
 
     rig.spin(node, feed=feed)
+    return node, commands, statuses
+
+
+def drive_policy_node(rig: DdsRig, params: dict[str, Any], *, frame: tuple[int, int] = (48, 64), still: bool = False,
+                      timeout: float = 90.0) -> tuple[Any, dict[str, Any], list[Any]]:
+    """:func:`spin_policy_node`, then: waits for 5 policy ticks, checks the next ticks: each one
+    published, no inference error, the last commands finite and within the limits. The node, its
+    stats after them, and the /diagnostics statuses received."""
+    from vla_accel_ros.core.kinematics import ArmKinematics
+    from vla_accel_ros.core.resources import default_urdf
+
+    kin = ArmKinematics(default_urdf())
+    node, commands, statuses = spin_policy_node(rig, params, frame=frame, still=still)
     assert rig.wait(lambda: node.stats().get("policy_ticks", 0) >= 5, timeout=timeout), node.stats()
     before = node.stats()
     assert rig.wait(lambda: node.stats()["ticks"] >= before["ticks"] + 5)
     after = node.stats()
     assert after["ticks_published"] - before["ticks_published"] == after["ticks"] - before["ticks"]
     assert after["inference_errors"] == 0 and after["inference_actions"] > 0
-    commands_now = np.array([c.data for c in commands[-10:]])
+    commands_now = np.array(commands[-10:])
     assert np.all(np.isfinite(commands_now)) and all(kin.within_limits(c) for c in commands_now)
-    return node, after, diagnostics
+    return node, after, statuses
 
 
 @pytest.fixture(scope="session")
 def policy_node_over_dds() -> Callable[..., tuple[Any, dict[str, Any], list[Any]]]:
     return drive_policy_node
+
+
+@pytest.fixture(scope="session")
+def policy_node_fed() -> Callable[..., tuple[Any, list[np.ndarray], list[Any]]]:
+    return spin_policy_node
 
 
 @pytest.fixture(scope="session")

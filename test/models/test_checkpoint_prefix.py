@@ -4,7 +4,6 @@ one line naming the family the directory is (OpenVLA, OpenVLA-OFT as published).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -14,20 +13,10 @@ import pytest
 from vla_accel_ros.cli import main
 from vla_accel_ros.models.load import load_policy, recognise, resolve_checkpoint
 
-FIXTURES = Path(__file__).parents[1] / "fixtures"
-
-
-def _layout(family: str) -> object:
-    spec = importlib.util.spec_from_file_location(f"{family}_layout", FIXTURES / family / "layout.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
-def openvla_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory: Path = _layout("openvla").write_openvla_dir(tmp_path_factory.mktemp("prefix") / "openvla-tiny")
+def openvla_dir(tmp_path_factory: pytest.TempPathFactory, fixture_layout) -> Path:
+    directory: Path = fixture_layout("openvla").write_openvla_dir(tmp_path_factory.mktemp("prefix") / "openvla-tiny")
     (directory / "vla_spec.json").write_text(json.dumps({"dtype": "float32"}))
     return directory
 
@@ -65,8 +54,8 @@ def test_a_plain_openvla_directory_runs_an_eval_episode(openvla_dir: Path, tmp_p
     assert (out / "summary.json").is_file()
 
 
-def test_hf_on_an_oft_directory_names_the_oft_family(tmp_path: Path) -> None:
-    directory: Path = _layout("oft").write_oft_dir(tmp_path / "oft-tiny")
+def test_hf_on_an_oft_directory_names_the_oft_family(tmp_path: Path, fixture_layout) -> None:
+    directory: Path = fixture_layout("oft").write_oft_dir(tmp_path / "oft-tiny")
     with pytest.raises(ValueError, match=rf"^{directory} is a checkpoint of the oft family .*without hf:$"):
         resolve_checkpoint(f"hf:{directory}")
 

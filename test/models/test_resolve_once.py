@@ -12,12 +12,10 @@ directory written by ``test/fixtures/{openvla,oft}/layout.py``, and the LeRobot 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -63,31 +61,23 @@ print(json.dumps({"opens": len(opens), "resolved": resolved.to_json()}))
 '''
 
 
-def _layout(family: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"{family}_layout", FIXTURES / family / "layout.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _openvla_dir(root: Path, layout) -> Path:
+    return layout("openvla").write_openvla_dir(root / "openvla")
 
 
-def _openvla_dir(root: Path) -> Path:
-    return _layout("openvla").write_openvla_dir(root / "openvla")
-
-
-def _oft_dir(root: Path) -> Path:
+def _oft_dir(root: Path, layout) -> Path:
     from vla_accel_ros.models.oft.weights import convert_directory
 
-    directory = _layout("oft").write_oft_dir(root / "oft")
+    directory = layout("oft").write_oft_dir(root / "oft")
     convert_directory(directory, report=lambda line: None)
     return directory
 
 
 CHECKPOINTS = {
-    "hf_small": (lambda root: HF_SMALL, ""),
+    "hf_small": (lambda root, layout: HF_SMALL, ""),
     "openvla": (_openvla_dir, ""),
     "oft": (_oft_dir, ""),
-    "lerobot_smolvla": (lambda root: SMOLVLA, str(SMOLVLA_TOKENIZER)),
+    "lerobot_smolvla": (lambda root, layout: SMOLVLA, str(SMOLVLA_TOKENIZER)),
 }
 
 
@@ -100,9 +90,9 @@ def _count_opens(directory: Path, mode: str, tokenizer: str, record: str = "") -
 
 
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
-def test_config_json_is_opened_once_per_start_and_never_by_the_child(name, tmp_path) -> None:
+def test_config_json_is_opened_once_per_start_and_never_by_the_child(name, tmp_path, fixture_layout) -> None:
     make, tokenizer = CHECKPOINTS[name]
-    directory = make(tmp_path)
+    directory = make(tmp_path, fixture_layout)
     assert (directory / "config.json").is_file()
     started = _count_opens(directory, "resolve", tokenizer)
     assert started["opens"] == 1, f"{directory / 'config.json'} opened {started['opens']} times by resolve + load"

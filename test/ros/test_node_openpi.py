@@ -12,25 +12,20 @@ import numpy as np
 import pytest
 
 rclpy = pytest.importorskip("rclpy")
-from rclpy.parameter import Parameter
-from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import Float64MultiArray
 
 from vla_accel_ros.core.kinematics import ArmKinematics
 from vla_accel_ros.core.resources import default_urdf
 from vla_accel_ros.models.openpi.config import PolicySpec
-from vla_accel_ros.ros.node import VlaAccelNode
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner
 from vla_accel_ros.runtime.openpi_server import OpenPIServer
 
 KIN = ArmKinematics(default_urdf())
-Q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
 RATE_HZ = 20.0
 DOMAIN_ID = 228
 
 
 def test_the_node_drives_through_a_server_and_survives_it_going_away(
-        dds_rig: Any, tmp_path: Path, tiny_checkpoint: Any, openpi_serving: Any) -> None:
+        dds_rig: Any, tmp_path: Path, tiny_checkpoint: Any, openpi_serving: Any, policy_node_fed: Any) -> None:
     checkpoint = tiny_checkpoint(tmp_path / "tiny")
     runner = build_runner(RunnerConfig(checkpoint=str(checkpoint), decoder="ar"), KIN)
 
@@ -45,26 +40,7 @@ def test_the_node_drives_through_a_server_and_survives_it_going_away(
     params = {"inference": True, "inference_mode": "thread", "autostart": True, "instruction": "pick up the red cube",
               "robot_description_timeout_s": 0.0, "control_rate_hz": RATE_HZ,
               "checkpoint": f"openpi://127.0.0.1:{port}?spec={spec}&timeout_s=0.5"}
-    node = VlaAccelNode(context=rig.context, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
-    commands: list[np.ndarray] = []
-    rig.peer.create_subscription(Float64MultiArray, "/arm_controller/commands",
-                                 lambda m: commands.append(np.asarray(m.data, dtype=float)), 10)
-    joints = rig.peer.create_publisher(JointState, "/joint_states", 10)
-    camera = rig.peer.create_publisher(Image, "/camera/image_raw", 10)
-
-    def feed() -> None:
-        image = Image(height=48, width=64, encoding="rgb8", step=64 * 3)
-        image.data = np.full((48, 64, 3), 120, np.uint8).tobytes()
-        names = list(KIN.joint_names) + ["finger_joint1", "finger_joint2"]
-        k = 0
-        while not rig.stop.is_set():
-            joints.publish(JointState(name=names, position=[*Q.tolist(), 0.03, 0.03]))
-            if k % 5 == 0:
-                camera.publish(image)
-            k += 1
-            rig.stop.wait(0.01)
-
-    rig.spin(node, feed=feed)
+    node, commands, _ = policy_node_fed(rig, params, still=True, fingers=0.03)
     try:
         assert rig.wait(lambda: node.stats()["policy_ticks"] >= 10, timeout=60.0), node.stats()
         stats = node.stats()

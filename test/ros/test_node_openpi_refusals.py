@@ -16,21 +16,16 @@ import numpy as np
 import pytest
 
 rclpy = pytest.importorskip("rclpy")
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
-from rclpy.parameter import Parameter  # noqa: E402
-from sensor_msgs.msg import Image, JointState  # noqa: E402
-from std_msgs.msg import Float64MultiArray  # noqa: E402
+from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
 
 from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.core.observation import Observation  # noqa: E402
 from vla_accel_ros.core.resources import default_urdf  # noqa: E402
 from vla_accel_ros.models.openpi.config import PolicySpec  # noqa: E402
-from vla_accel_ros.ros.node import VlaAccelNode  # noqa: E402
 from vla_accel_ros.runtime.builder import RunnerConfig, build_runner  # noqa: E402
 from vla_accel_ros.runtime.openpi_server import ApiKeyCheck, OpenPIServer  # noqa: E402
 
 KIN = ArmKinematics(default_urdf())
-Q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
 RATE_HZ = 20.0
 DOMAIN_ID = 165
 
@@ -54,7 +49,7 @@ class GatedRunner:
 
 
 def test_the_node_reports_a_refused_key_and_a_busy_server_and_keeps_publishing(
-        dds_rig: Any, tmp_path: Path, tiny_checkpoint: Any, openpi_serving: Any) -> None:
+        dds_rig: Any, tmp_path: Path, tiny_checkpoint: Any, openpi_serving: Any, policy_node_fed: Any) -> None:
     runner = GatedRunner(build_runner(RunnerConfig(checkpoint=str(tiny_checkpoint(tmp_path / "tiny")), decoder="ar"),
                                       KIN))
     server = OpenPIServer(runner, PolicySpec(), n_joints=KIN.n, max_opening=0.04, metadata={"server": "test"},
@@ -68,31 +63,10 @@ def test_the_node_reports_a_refused_key_and_a_busy_server_and_keeps_publishing(
     params = {"inference": True, "autostart": True, "instruction": "pick up the red cube",
               "robot_description_timeout_s": 0.0, "control_rate_hz": RATE_HZ, "stats_rate_hz": 5.0,
               "checkpoint": f"openpi://127.0.0.1:{serving.port}?spec={spec}&timeout_s=0.5&api_key_file={key}"}
-    node = VlaAccelNode(context=rig.context, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
-    commands: list[np.ndarray] = []
-    statuses: list[DiagnosticStatus] = []
-    rig.peer.create_subscription(Float64MultiArray, "/arm_controller/commands",
-                                 lambda m: commands.append(np.asarray(m.data, dtype=float)), 10)
-    rig.peer.create_subscription(DiagnosticArray, "/diagnostics", lambda m: statuses.extend(m.status), 100)
-    joints = rig.peer.create_publisher(JointState, "/joint_states", 10)
-    camera = rig.peer.create_publisher(Image, "/camera/image_raw", 10)
-
-    def feed() -> None:
-        image = Image(height=48, width=64, encoding="rgb8", step=64 * 3)
-        image.data = np.full((48, 64, 3), 120, np.uint8).tobytes()
-        names = list(KIN.joint_names) + ["finger_joint1", "finger_joint2"]
-        k = 0
-        while not rig.stop.is_set():
-            joints.publish(JointState(name=names, position=[*Q.tolist(), 0.03, 0.03]))
-            if k % 5 == 0:
-                camera.publish(image)
-            k += 1
-            rig.stop.wait(0.01)
-
     def said(words: str, since: int) -> DiagnosticStatus | None:
         return next((s for s in statuses[since:] if words in s.message), None)
 
-    rig.spin(node, feed=feed)
+    node, commands, statuses = policy_node_fed(rig, params, still=True, fingers=0.03)
     try:
         # the key refused: ERROR on /diagnostics with the server's reason; the arm holds, publishing
         assert rig.wait(lambda: node.stats().get("hold_ticks", 0) >= 10

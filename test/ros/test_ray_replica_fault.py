@@ -13,26 +13,21 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy")
 import ray  # noqa: E402
-from rclpy.parameter import Parameter  # noqa: E402
-from sensor_msgs.msg import Image, JointState  # noqa: E402
-from std_msgs.msg import Float64MultiArray  # noqa: E402
 
 from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.core.resources import default_urdf  # noqa: E402
 from vla_accel_ros.models.openpi.config import LIBERO  # noqa: E402
-from vla_accel_ros.ros.node import VlaAccelNode  # noqa: E402
 from vla_accel_ros.runtime import ray_serve  # noqa: E402
 from vla_accel_ros.runtime.builder import RunnerConfig  # noqa: E402
 from vla_accel_ros.runtime.ray_options import RayServeOptions  # noqa: E402
 
 KIN = ArmKinematics(default_urdf())
-Q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
 RATE_HZ = 20.0
 DOMAIN_ID = 163
 
 
 def test_a_killed_replica_costs_a_fallback_and_a_hold_never_an_unsafe_command(
-        dds_rig: Any, tmp_path: Path, tiny_checkpoint: Any) -> None:
+        dds_rig: Any, tmp_path: Path, tiny_checkpoint: Any, policy_node_fed: Any) -> None:
     checkpoint = tiny_checkpoint(tmp_path / "tiny")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     rig = None
@@ -45,27 +40,7 @@ def test_a_killed_replica_costs_a_fallback_and_a_hold_never_an_unsafe_command(
         params = {"inference": True, "inference_mode": "thread", "autostart": True,
                   "instruction": "pick up the red cube", "robot_description_timeout_s": 0.0,
                   "control_rate_hz": RATE_HZ, "checkpoint": f"openpi://127.0.0.1:{port}?spec={spec}&timeout_s=0.5"}
-        node = VlaAccelNode(context=rig.context,
-                            parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
-        commands: list[np.ndarray] = []
-        rig.peer.create_subscription(Float64MultiArray, "/arm_controller/commands",
-                                     lambda m: commands.append(np.asarray(m.data, dtype=float)), 10)
-        joints = rig.peer.create_publisher(JointState, "/joint_states", 10)
-        camera = rig.peer.create_publisher(Image, "/camera/image_raw", 10)
-
-        def feed() -> None:
-            image = Image(height=48, width=64, encoding="rgb8", step=64 * 3)
-            image.data = np.full((48, 64, 3), 120, np.uint8).tobytes()
-            names = list(KIN.joint_names) + ["finger_joint1", "finger_joint2"]
-            k = 0
-            while not rig.stop.is_set():
-                joints.publish(JointState(name=names, position=[*Q.tolist(), 0.03, 0.03]))
-                if k % 5 == 0:
-                    camera.publish(image)
-                k += 1
-                rig.stop.wait(0.01)
-
-        rig.spin(node, feed=feed)
+        node, commands, _ = policy_node_fed(rig, params, still=True, fingers=0.03)
         assert rig.wait(lambda: node.stats()["policy_ticks"] >= 10, timeout=90.0), node.stats()
         before = node.stats()
         (killed,) = ray_serve.replica_actors()

@@ -17,7 +17,9 @@ import shutil
 import signal
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from types import TracebackType
+from typing import TypeVar
 
 SUBNET = "10.212.{}.{}"  # a private /24 per namespace: 10.212.N.1 here, 10.212.N.2 inside
 
@@ -32,7 +34,32 @@ def _ip(*args: str) -> None:
         raise NetworkNamespaceError(f"ip {' '.join(args)}: {done.stderr.strip() or done.returncode}")
 
 
-class NetworkNamespace:
+_Made = TypeVar("_Made", bound="_MadeWithIp")
+
+
+class _MadeWithIp(ABC):
+    """Links and namespaces made by :meth:`_make` on entering, removed by :meth:`remove` on exit and
+    after a failed make."""
+
+    @abstractmethod
+    def _make(self) -> None: ...
+
+    @abstractmethod
+    def remove(self) -> None: ...
+
+    def __enter__(self: _Made) -> _Made:
+        try:
+            self._make()
+        except NetworkNamespaceError:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        self.remove()
+
+
+class NetworkNamespace(_MadeWithIp):
     """``with NetworkNamespace("vla_accel_7") as ns: subprocess.Popen(ns.command([...]))``."""
 
     def __init__(self, name: str, index: int | None = None) -> None:
@@ -43,23 +70,15 @@ class NetworkNamespace:
         self.host_if, self.ns_if = f"vh{self.index}", f"vn{self.index}"
         self.host_ip, self.ns_ip = SUBNET.format(self.index, 1), SUBNET.format(self.index, 2)
 
-    def __enter__(self) -> NetworkNamespace:
-        try:
-            _ip("netns", "add", self.name)
-            _ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
-            _ip("link", "set", self.ns_if, "netns", self.name)
-            _ip("addr", "add", f"{self.host_ip}/24", "dev", self.host_if)
-            _ip("link", "set", self.host_if, "up")
-            _ip("netns", "exec", self.name, "ip", "addr", "add", f"{self.ns_ip}/24", "dev", self.ns_if)
-            _ip("netns", "exec", self.name, "ip", "link", "set", self.ns_if, "up")
-            _ip("netns", "exec", self.name, "ip", "link", "set", "lo", "up")
-        except NetworkNamespaceError:
-            self.remove()
-            raise
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
-        self.remove()
+    def _make(self) -> None:
+        _ip("netns", "add", self.name)
+        _ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
+        _ip("link", "set", self.ns_if, "netns", self.name)
+        _ip("addr", "add", f"{self.host_ip}/24", "dev", self.host_if)
+        _ip("link", "set", self.host_if, "up")
+        _ip("netns", "exec", self.name, "ip", "addr", "add", f"{self.ns_ip}/24", "dev", self.ns_if)
+        _ip("netns", "exec", self.name, "ip", "link", "set", self.ns_if, "up")
+        _ip("netns", "exec", self.name, "ip", "link", "set", "lo", "up")
 
     def remove(self) -> None:
         """Delete the namespace (its end of the pair goes with it) and this end, if present."""
@@ -79,7 +98,7 @@ LAN_SUBNET = "10.213.0.{}"  # a NamespaceNetwork's hosts: .1, .2, ... (addresses
 STOP_GRACE_S = 10.0
 
 
-class NamespaceNetwork:
+class NamespaceNetwork(_MadeWithIp):
     """Several hosts on one machine: a network namespace per host, all on one /24 through a bridge
     that sits in a namespace of its own (the switch), so this namespace gets no link, address or
     route. ``with NamespaceNetwork("vla_ray_7", ("head", "worker")) as lan:
@@ -99,27 +118,18 @@ class NamespaceNetwork:
         self.namespaces = {host: f"{prefix}_{host}" for host in hosts}
         self.addresses = {host: LAN_SUBNET.format(i + 1) for i, host in enumerate(hosts)}
 
-    def __enter__(self) -> NamespaceNetwork:
-        try:
-            _ip("netns", "add", self.switch)
-            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-            _ip("-n", self.switch, "link", "set", "br0", "up")
-            for i, (host, namespace) in enumerate(self.namespaces.items()):
-                port = f"port{i}"
-                _ip("netns", "add", namespace)
-                _ip("link", "add", "eth0", "netns", namespace, "type", "veth", "peer", "name", port,
-                    "netns", self.switch)
-                _ip("-n", self.switch, "link", "set", port, "master", "br0", "up")
-                _ip("-n", namespace, "addr", "add", f"{self.addresses[host]}/24", "dev", "eth0")
-                _ip("-n", namespace, "link", "set", "eth0", "up")
-                _ip("-n", namespace, "link", "set", "lo", "up")
-        except NetworkNamespaceError:
-            self.remove()
-            raise
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
-        self.remove()
+    def _make(self) -> None:
+        _ip("netns", "add", self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        for i, (host, namespace) in enumerate(self.namespaces.items()):
+            port = f"port{i}"
+            _ip("netns", "add", namespace)
+            _ip("link", "add", "eth0", "netns", namespace, "type", "veth", "peer", "name", port, "netns", self.switch)
+            _ip("-n", self.switch, "link", "set", port, "master", "br0", "up")
+            _ip("-n", namespace, "addr", "add", f"{self.addresses[host]}/24", "dev", "eth0")
+            _ip("-n", namespace, "link", "set", "eth0", "up")
+            _ip("-n", namespace, "link", "set", "lo", "up")
 
     def command(self, host: str, argv: list[str]) -> list[str]:
         """``argv`` run on ``host`` (inside its namespace)."""

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from vla_accel_ros.core.observation import Observation
+from vla_accel_ros.decoding.specs import WorldAware
 
 SERVER_KINDS = ("dds", "openpi", "ray")
 SERVER_START_TIMEOUT_S = 180.0
@@ -256,7 +257,7 @@ class ServerBenchOptions:
     replicas: tuple[int, ...] = (1,)
     out: str = "outputs/fleet_bench"
     checkpoint: str = ""
-    decoder: str = "world_aware"
+    decoder: str = WorldAware.name
     steps: int = 40  # recorded observations per robot (replayed in a loop)
     seed: int = 0
     threads: int = 1  # torch threads of each server process / replica

@@ -5,8 +5,6 @@ skipped elsewhere), the node takes it and every tick publishes with the policy o
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,19 +18,15 @@ from vla_accel_ros.core.settings import ConfigError  # noqa: E402
 from vla_accel_ros.ros.inference_node import VlaInferenceNode  # noqa: E402
 from vla_accel_ros.ros.node import VlaAccelNode  # noqa: E402
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "openvla"
-_spec = importlib.util.spec_from_file_location("openvla_layout", FIXTURES / "layout.py")
-layout = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(layout)
 _domains = iter(range(200, 208))
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this torch sees a CUDA device")
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory, tiny_hf_vla: Any) -> dict[str, str]:
+def checkpoints(tmp_path_factory: pytest.TempPathFactory, tiny_hf_vla: Any, fixture_layout: Any) -> dict[str, str]:
     root = tmp_path_factory.mktemp("device")
-    return {"openvla": str(layout.write_openvla_dir(root / "openvla")),
+    return {"openvla": str(fixture_layout("openvla").write_openvla_dir(root / "openvla")),
             "hf": f"hf:{tiny_hf_vla(root / 'hf')}"}
 
 

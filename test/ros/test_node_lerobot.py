@@ -4,7 +4,6 @@ publishes, the flow decoders' chunks drive the arm within its limits."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,23 +11,19 @@ import pytest
 pytest.importorskip("rclpy")
 pytest.importorskip("transformers")
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "lerobot"
-_spec = importlib.util.spec_from_file_location("lerobot_layout", FIXTURES / "layout.py")
-layout = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(layout)
 
 _domains = iter(range(130, 133))
 
 
 @pytest.fixture(scope="module")
-def smolvla_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return layout.write_smolvla_dir(tmp_path_factory.mktemp("lerobot") / "smolvla_tiny")
+def smolvla_dir(tmp_path_factory: pytest.TempPathFactory, fixture_layout) -> Path:
+    return fixture_layout("lerobot").write_smolvla_dir(tmp_path_factory.mktemp("lerobot") / "smolvla_tiny")
 
 
 @pytest.mark.parametrize("decoder", ["flow10", "flow2"])
 def test_the_node_runs_a_smolvla_directory_and_every_tick_publishes(dds_rig, policy_node_over_dds, smolvla_dir,
-                                                                    tmp_path, monkeypatch, decoder):
-    monkeypatch.setenv("HF_HOME", str(layout.hf_cache(tmp_path / "hf")))
+                                                                    tmp_path, monkeypatch, decoder, fixture_layout):
+    monkeypatch.setenv("HF_HOME", str(fixture_layout("lerobot").hf_cache(tmp_path / "hf")))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     rig = dds_rig(next(_domains), "robot")
     params = {"inference": True, "inference_mode": "thread", "checkpoint": str(smolvla_dir), "decoder": decoder,

@@ -5,7 +5,6 @@ prefill."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -20,18 +19,14 @@ from vla_accel_ros.core.kinematics import ArmKinematics  # noqa: E402
 from vla_accel_ros.core.resources import default_urdf  # noqa: E402
 from vla_accel_ros.ros.node import VlaAccelNode  # noqa: E402
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "openvla"
-_spec = importlib.util.spec_from_file_location("openvla_layout", FIXTURES / "layout.py")
-layout = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(layout)
-
 KIN = ArmKinematics(default_urdf())
 Q = np.array([0.1, -0.7, 0.2, -2.3, 0.05, 1.6, 0.7])
 _domains = iter(range(90, 100))
 
 
 @pytest.fixture(scope="module")
-def openvla_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def openvla_dir(tmp_path_factory: pytest.TempPathFactory, fixture_layout) -> Path:
+    layout = fixture_layout("openvla")
     two = {**layout.STATISTICS, "libero_spatial": layout.STATISTICS[layout.DATASET]}  # unnorm_key picks one
     directory = layout.write_openvla_dir(tmp_path_factory.mktemp("openvla") / "openvla-7b-finetuned-tiny",
                                          statistics=two)
